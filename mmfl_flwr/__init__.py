@@ -1,0 +1,56 @@
+"""mmfl-flwr: multi-model federated learning (MMFL) for the Flower framework.
+
+Importing this package does not import torch: the server side (core math,
+``MultiModelStrategy``, presets) runs where torch is absent. Names are loaded
+lazily on first access.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "MultiModelStrategy": "mmfl_flwr.strategy",
+    "MultiModelResult": "mmfl_flwr.strategy",
+    "InProcessGrid": "mmfl_flwr.grid",
+    "make_strategy": "mmfl_flwr.presets",
+    "PRESETS": "mmfl_flwr.presets",
+    "random_allocation": "mmfl_flwr.presets",
+    "full_participation": "mmfl_flwr.presets",
+    "mfa_rand": "mmfl_flwr.presets",
+    "mfa_rr": "mmfl_flwr.presets",
+    "multi_fedavg": "mmfl_flwr.presets",
+    "make_client_app": "mmfl_flwr.client.app",
+    "ClientSpec": "mmfl_flwr.client.app",
+    "Settings": "mmfl_flwr.config",
+    "ClientTable": "mmfl_flwr.core",
+    "ClientInfo": "mmfl_flwr.core",
+    "Pick": "mmfl_flwr.core",
+    "Policy": "mmfl_flwr.core",
+    "Aggregator": "mmfl_flwr.core",
+    "Update": "mmfl_flwr.core",
+    "FedAvgAggregator": "mmfl_flwr.core",
+    "UnbiasedAggregator": "mmfl_flwr.core",
+    "RandomAllocation": "mmfl_flwr.core",
+    "FullParticipation": "mmfl_flwr.core",
+    "MFARand": "mmfl_flwr.core",
+    "MFARoundRobin": "mmfl_flwr.core",
+    "MultiFedAvg": "mmfl_flwr.core",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'mmfl_flwr' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,1 @@
+"""Client side: local training and evaluation of the models."""

@@ -1,0 +1,161 @@
+"""The MMFL ClientApp: one local trainer per task, handlers for every message.
+
+This module is framework-agnostic: a *trainer* is any object with the methods of
+:class:`LocalTrainer` (the torch implementation is
+:class:`mmfl_flwr.client.trainer.TorchTrainer`).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from mmfl_flwr import protocol as P
+from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
+
+Weights = dict[str, np.ndarray]
+
+
+class LocalTrainer(Protocol):
+    """What the ClientApp needs for one task on one client."""
+
+    @property
+    def num_examples(self) -> int:
+        """Training examples on this client."""
+
+    def train(
+        self, weights: Weights, epochs: int, lr: float, seed: int, batch_size: int | None = None
+    ) -> tuple[Weights, int, float]:
+        """Local training; returns (new weights, examples, mean training loss)."""
+
+    def loss(self, weights: Weights) -> float:
+        """Mean loss on the local training data, forward pass only."""
+
+    def evaluate(self, weights: Weights) -> tuple[float, float, int]:
+        """(loss, accuracy, examples) on the local test data."""
+
+
+@dataclass
+class ClientSpec:
+    """One client: its stable id, processors and one trainer per eligible task."""
+
+    client_id: str
+    trainers: dict[str, LocalTrainer]
+    processors: int = 1
+
+
+SpecFn = Callable[[Context], ClientSpec]
+
+
+def training_seed(seed: int, server_round: int, client_id: str, task: str) -> int:
+    """A 63-bit seed for one (run seed, round, client, task) local training."""
+    words = [seed, server_round, zlib.crc32(client_id.encode()), zlib.crc32(task.encode())]
+    return int(np.random.SeedSequence([abs(int(w)) for w in words]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def _tasks_in(msg: Message) -> dict[str, ArrayRecord]:
+    out = {}
+    for key, rec in msg.content.array_records.items():
+        task = P.task_of(key, P.ARRAYS_PREFIX)
+        if task is not None:
+            out[task] = rec
+    return out
+
+
+def make_client_app(
+    spec_fn: SpecFn, cache_key: Callable[[Context], Hashable] | None = None
+) -> ClientApp:
+    """Build the MMFL ClientApp.
+
+    Parameters
+    ----------
+    spec_fn : callable
+        ``spec_fn(context) -> ClientSpec``: this node's stable id, processors and
+        trainers (read ``context.node_config`` / ``context.run_config``).
+    cache_key : callable, optional
+        Specs are built once per process and key (default: the node config and
+        run config), since building data loaders on every message is wasteful.
+    """
+    app = ClientApp()
+    cache: dict[Hashable, ClientSpec] = {}
+
+    def default_key(ctx: Context) -> Hashable:
+        return (
+            tuple(sorted(ctx.node_config.items())),
+            tuple(sorted(ctx.run_config.items())),
+        )
+
+    key_fn = cache_key or default_key
+
+    def spec(ctx: Context) -> ClientSpec:
+        k = key_fn(ctx)
+        if k not in cache:
+            cache[k] = spec_fn(ctx)
+        return cache[k]
+
+    def trainer(s: ClientSpec, task: str) -> LocalTrainer:
+        if task not in s.trainers:
+            raise KeyError(f"client {s.client_id} holds no data for task {task!r}")
+        return s.trainers[task]
+
+    @app.query("info")
+    def info(msg: Message, context: Context) -> Message:
+        s = spec(context)
+        tasks = list(s.trainers)
+        rec = ConfigRecord(
+            {
+                P.CLIENT_ID: s.client_id,
+                P.TASKS: tasks,
+                P.NUM_EXAMPLES: [int(s.trainers[t].num_examples) for t in tasks],
+                P.PROCESSORS: int(s.processors),
+            }
+        )
+        return Message(RecordDict({P.INFO_KEY: rec}), reply_to=msg)
+
+    @app.query("losses")
+    def losses(msg: Message, context: Context) -> Message:
+        s = spec(context)
+        out = MetricRecord()
+        for task, rec in _tasks_in(msg).items():
+            out[task] = float(trainer(s, task).loss(arrays_to_numpy(rec)))
+        return Message(RecordDict({P.LOSSES_KEY: out}), reply_to=msg)
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        s = spec(context)
+        cfg = msg.content.config_records.get(P.CONFIG_KEY, ConfigRecord())
+        epochs = int(cfg.get(P.CFG_EPOCHS, 1))  # type: ignore[arg-type]
+        lr = float(cfg.get(P.CFG_LR, 0.05))  # type: ignore[arg-type]
+        batch = int(cfg.get(P.CFG_BATCH_SIZE, 32))  # type: ignore[arg-type]
+        seed = int(cfg.get(P.CFG_SEED, 0))  # type: ignore[arg-type]
+        rnd = int(cfg.get(P.CFG_ROUND, 0))  # type: ignore[arg-type]
+        content = RecordDict()
+        for task, rec in _tasks_in(msg).items():
+            new, n, loss = trainer(s, task).train(
+                arrays_to_numpy(rec), epochs, lr, training_seed(seed, rnd, s.client_id, task),
+                batch,
+            )
+            content[P.arrays_key(task)] = numpy_to_arrays(new)
+            content[P.metrics_key(task)] = MetricRecord(
+                {P.NUM_EXAMPLES: int(n), P.TRAIN_LOSS: float(loss)}
+            )
+        return Message(content, reply_to=msg)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        s = spec(context)
+        content = RecordDict()
+        for task, rec in _tasks_in(msg).items():
+            loss, acc, n = trainer(s, task).evaluate(arrays_to_numpy(rec))
+            content[P.metrics_key(task)] = MetricRecord(
+                {P.NUM_EXAMPLES: int(n), P.LOSS: float(loss), P.ACCURACY: float(acc)}
+            )
+        return Message(content, reply_to=msg)
+
+    return app

@@ -1,0 +1,293 @@
+"""Local training and evaluation of a torch model on numpy data.
+
+Weights travel as ``dict[str, np.ndarray]`` keyed by the model's ``state_dict`` keys
+(same order and dtypes). All functions are deterministic given their inputs and seed;
+the torch thread count is left to the caller.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from mmfl_flwr.tasks.data import Dataset
+
+__all__ = ["TorchTrainer", "initial_weights", "evaluate_arrays", "model_to_arrays", "load_arrays"]
+
+
+def model_to_arrays(model: nn.Module) -> dict[str, np.ndarray]:
+    """Copy a model's ``state_dict`` into numpy arrays (same keys, order, dtypes).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model.
+
+    Returns
+    -------
+    dict of str to np.ndarray
+        Independent copies of every state tensor.
+    """
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def load_arrays(model: nn.Module, weights: dict[str, np.ndarray]) -> None:
+    """Load numpy weights into ``model`` in place (strict key and shape match).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model to overwrite.
+    weights : dict of str to np.ndarray
+        Arrays keyed like ``model.state_dict()``; cast to each entry's dtype.
+    """
+    state = model.state_dict()
+    missing = set(state) - set(weights)
+    extra = set(weights) - set(state)
+    if missing or extra:
+        raise KeyError(f"weight keys mismatch: missing {sorted(missing)}, extra {sorted(extra)}")
+    new_state = {}
+    for key, ref in state.items():
+        arr = np.asarray(weights[key])
+        if tuple(arr.shape) != tuple(ref.shape):
+            raise ValueError(f"shape mismatch for {key}: {arr.shape} vs {tuple(ref.shape)}")
+        new_state[key] = torch.tensor(arr, dtype=ref.dtype)
+    model.load_state_dict(new_state, strict=True)
+
+
+def initial_weights(model_fn: Callable[[], nn.Module], seed: int) -> dict[str, np.ndarray]:
+    """Seeded initial weights of a model, as numpy arrays.
+
+    The global torch RNG state of the caller is restored afterwards.
+
+    Parameters
+    ----------
+    model_fn : callable
+        Builds a fresh model.
+    seed : int
+        Seed of the initialisation.
+
+    Returns
+    -------
+    dict of str to np.ndarray
+        The ``state_dict`` of the freshly built model.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        model = model_fn()
+    return model_to_arrays(model)
+
+
+def _tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch copies of a dataset's inputs (float32) and labels (int64)."""
+    x = torch.tensor(np.asarray(dataset.x, dtype=np.float32))
+    y = torch.tensor(np.asarray(dataset.y, dtype=np.int64))
+    return x, y
+
+
+@torch.no_grad()
+def _loss_accuracy(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
+) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy of ``model`` on ``(x, y)`` (non-empty)."""
+    model.eval()
+    total_loss = 0.0
+    correct = 0
+    n = int(y.shape[0])
+    for start in range(0, n, batch_size):
+        xb = x[start : start + batch_size]
+        yb = y[start : start + batch_size]
+        logits = model(xb)
+        total_loss += float(F.cross_entropy(logits, yb, reduction="sum"))
+        correct += int((logits.argmax(dim=1) == yb).sum())
+    return total_loss / n, correct / n
+
+
+def evaluate_arrays(
+    model_fn: Callable[[], nn.Module],
+    weights: dict[str, np.ndarray],
+    dataset: Dataset,
+    batch_size: int = 256,
+) -> tuple[float, float]:
+    """Mean cross-entropy loss and accuracy of given weights on a dataset.
+
+    Used by the server for central evaluation.
+
+    Parameters
+    ----------
+    model_fn : callable
+        Builds a fresh model of the right architecture.
+    weights : dict of str to np.ndarray
+        Weights keyed like the model's ``state_dict``.
+    dataset : Dataset
+        Evaluation data; must not be empty.
+    batch_size : int, default 256
+        Forward-pass batch size.
+
+    Returns
+    -------
+    tuple of float
+        ``(loss, accuracy)``.
+    """
+    if len(dataset) == 0:
+        raise ValueError("cannot evaluate on an empty dataset")
+    with torch.random.fork_rng(devices=[]):
+        model = model_fn()
+    load_arrays(model, weights)
+    x, y = _tensors(dataset)
+    return _loss_accuracy(model, x, y, batch_size)
+
+
+class TorchTrainer:
+    """Trains and evaluates one model on one client's data.
+
+    Parameters
+    ----------
+    model_fn : callable
+        Builds a fresh model (its random initialisation is always overwritten).
+    train : Dataset
+        Local training data (non-empty).
+    test : Dataset
+        Local test data (may be empty; see :meth:`evaluate`).
+    batch_size : int, default 32
+        Mini-batch size for training and evaluation.
+    """
+
+    def __init__(
+        self,
+        model_fn: Callable[[], nn.Module],
+        train: Dataset,
+        test: Dataset,
+        batch_size: int = 32,
+    ) -> None:
+        if len(train) == 0:
+            raise ValueError("the training set must not be empty")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.model_fn = model_fn
+        self.batch_size = int(batch_size)
+        self.num_train = len(train)
+        self.num_test = len(test)
+        self._x_train, self._y_train = _tensors(train)
+        self._x_test, self._y_test = _tensors(test)
+
+    def _model(self, weights: dict[str, np.ndarray]) -> nn.Module:
+        """Fresh model holding ``weights`` (global torch RNG left untouched)."""
+        with torch.random.fork_rng(devices=[]):
+            model = self.model_fn()
+        load_arrays(model, weights)
+        return model
+
+    @property
+    def num_examples(self) -> int:
+        """Number of local training examples."""
+        return self.num_train
+
+    def train(
+        self,
+        weights: dict[str, np.ndarray],
+        epochs: int,
+        lr: float,
+        seed: int,
+        batch_size: int | None = None,
+    ) -> tuple[dict[str, np.ndarray], int, float]:
+        """Run ``epochs`` local epochs of plain mini-batch SGD from ``weights``.
+
+        Mini-batches are reshuffled every epoch by a ``torch.Generator`` seeded with
+        ``seed``; ``torch.manual_seed(seed)`` is set too (inside a forked RNG, so the
+        caller's global torch RNG state is unchanged).
+
+        Parameters
+        ----------
+        weights : dict of str to np.ndarray
+            Starting weights keyed like the model's ``state_dict``.
+        epochs : int
+            Number of local epochs (>= 1).
+        lr : float
+            SGD learning rate.
+        seed : int
+            Seed of the batch order (and any other randomness).
+        batch_size : int, optional
+            Overrides the trainer's mini-batch size for this call.
+
+        Returns
+        -------
+        new_weights : dict of str to np.ndarray
+            Trained weights, same keys, order and dtypes as the ``state_dict``.
+        num_examples : int
+            Number of local training examples.
+        train_loss : float
+            Mean (per-example) cross-entropy over the mini-batches of the last epoch.
+        """
+        if epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {epochs}")
+        bs = self.batch_size if batch_size is None else int(batch_size)
+        if bs < 1:
+            raise ValueError(f"batch_size must be >= 1, got {bs}")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(seed))
+            generator = torch.Generator().manual_seed(int(seed))
+            model = self._model(weights)
+            model.train()
+            optimizer = torch.optim.SGD(model.parameters(), lr=float(lr))
+            n = self.num_train
+            last_loss = math.nan
+            for _ in range(int(epochs)):
+                order = torch.randperm(n, generator=generator)
+                total = 0.0
+                for start in range(0, n, bs):
+                    idx = order[start : start + bs]
+                    optimizer.zero_grad(set_to_none=True)
+                    loss = F.cross_entropy(model(self._x_train[idx]), self._y_train[idx])
+                    loss.backward()
+                    optimizer.step()
+                    total += float(loss.detach()) * int(idx.shape[0])
+                last_loss = total / n
+        return model_to_arrays(model), n, last_loss
+
+    def loss(self, weights: dict[str, np.ndarray]) -> float:
+        """Mean cross-entropy of ``weights`` over the local TRAIN data (no grad).
+
+        Parameters
+        ----------
+        weights : dict of str to np.ndarray
+            Weights keyed like the model's ``state_dict``; not modified.
+
+        Returns
+        -------
+        float
+            The mean training loss ``f_{i,s}(w)``.
+        """
+        model = self._model(weights)
+        loss, _ = _loss_accuracy(model, self._x_train, self._y_train, self.batch_size)
+        return loss
+
+    def evaluate(self, weights: dict[str, np.ndarray]) -> tuple[float, float, int]:
+        """Mean loss and accuracy of ``weights`` on the local test data.
+
+        If the local test set is empty, the loss and accuracy are computed on the
+        local TRAIN data instead (so the result is never NaN) and ``n`` is the
+        number of training examples.
+
+        Parameters
+        ----------
+        weights : dict of str to np.ndarray
+            Weights keyed like the model's ``state_dict``; not modified.
+
+        Returns
+        -------
+        tuple
+            ``(loss, accuracy, n)`` with ``n`` the number of examples evaluated.
+        """
+        model = self._model(weights)
+        if self.num_test > 0:
+            x, y = self._x_test, self._y_test
+        else:
+            x, y = self._x_train, self._y_train
+        loss, acc = _loss_accuracy(model, x, y, self.batch_size)
+        return loss, acc, int(y.shape[0])

@@ -1,0 +1,163 @@
+"""Run settings: one dataclass, read from Flower's ``run_config`` or the CLI.
+
+The keys (dashes, as in ``flwr run --run-config "num-rounds=20 strategy='mfa-rr'"``)
+and their defaults are the app's ``[tool.flwr.app.config]`` in pyproject.toml.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Settings:
+    """Everything that defines an MMFL run.
+
+    Attributes
+    ----------
+    strategy : str
+        Preset name: ``random``, ``full``, ``mfa-rand``, ``mfa-rr``, ``multi-fedavg``.
+    aggregator : str
+        ``""`` for the preset's own, or ``fedavg`` / ``unbiased``.
+    tasks : str
+        Comma-separated task kinds; repeats make separate models
+        (``digits,synthetic,digits`` -> models ``digits``, ``synthetic``, ``digits_2``).
+    num_clients : int
+        Clients in the federation (simulation: virtual SuperNodes).
+    num_rounds : int
+        Training rounds.
+    local_epochs, lr, batch_size : int, float, int
+        Local SGD settings.
+    budget_fraction : float
+        ``m / V`` for the budgeted policies (random allocation).
+    clients_per_round : int
+        ``K`` for MFA-Rand / MFA-RR / Multi-FedAvg; 0 means all clients.
+    labels_per_client : float
+        Fraction of the labels each client holds per image task (label skew).
+    synthetic_max_samples : int
+        Cap on a Synthetic(1,1) user's samples (0: no cap).
+    fraction_evaluate : float
+        Fraction of clients that also evaluate on local data each round.
+    seed : int
+        The one seed of the run.
+    output_dir : str
+        Where ``metrics.csv``, ``summary.json`` and ``accuracy.png`` go; empty to
+        write nothing.
+    timeout : float
+        Seconds to wait for the replies of one round trip.
+    """
+
+    strategy: str = "mfa-rr"
+    aggregator: str = ""
+    tasks: str = "digits,synthetic,digits"
+    num_clients: int = 20
+    num_rounds: int = 20
+    local_epochs: int = 5
+    lr: float = 0.1
+    batch_size: int = 16
+    budget_fraction: float = 0.1
+    clients_per_round: int = 0
+    labels_per_client: float = 0.3
+    synthetic_max_samples: int = 500
+    fraction_evaluate: float = 0.0
+    seed: int = 0
+    output_dir: str = "results/mmfl"
+    timeout: float = 600.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def task_kinds(self) -> list[str]:
+        """The task kinds, one per model."""
+        return [t.strip() for t in self.tasks.split(",") if t.strip()]
+
+    @property
+    def model_names(self) -> list[str]:
+        """The model (task) names, repeats suffixed (``digits_2``)."""
+        from mmfl_flwr.tasks.federation import task_names
+
+        return task_names(self.task_kinds)
+
+    @staticmethod
+    def engine_label(engine: str) -> str:
+        """Human name of an engine."""
+        return {
+            "simulation": "Flower's simulation engine (Ray)",
+            "inprocess": "the in-process engine",
+        }.get(engine, engine)
+
+    def to_run_config(self) -> dict[str, Any]:
+        """The ``run_config`` dict (dashed keys) equivalent to these settings."""
+        out = {}
+        for f in dataclasses.fields(self):
+            if f.name != "extra":
+                out[f.name.replace("_", "-")] = getattr(self, f.name)
+        return out
+
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, Any]) -> Settings:
+        """Read settings from Flower's ``run_config`` (dashed keys); unknown keys
+        are kept in ``extra``; missing keys take the defaults."""
+        names = {f.name: f for f in dataclasses.fields(cls) if f.name != "extra"}
+        kwargs: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        for key, value in run_config.items():
+            name = key.replace("-", "_")
+            if name in names:
+                default = getattr(cls(), name)
+                kwargs[name] = _coerce(key, value, type(default))
+            else:
+                extra[key] = value
+        s = cls(**kwargs)
+        s.extra = extra
+        s.validate()
+        return s
+
+    def validate(self) -> None:
+        """Raise ValueError with a clear message for settings that cannot run."""
+        from mmfl_flwr.presets import AGGREGATORS, PRESETS
+
+        if self.strategy not in PRESETS:
+            raise ValueError(
+                f"strategy={self.strategy!r} is unknown; choose from {', '.join(PRESETS)}"
+            )
+        if self.aggregator and self.aggregator not in AGGREGATORS:
+            raise ValueError(
+                f"aggregator={self.aggregator!r} is unknown; choose from "
+                f"{', '.join(AGGREGATORS)} (or leave empty for the preset's own)"
+            )
+        if not self.task_kinds:
+            raise ValueError("tasks must name at least one task, e.g. 'digits,synthetic'")
+        checks = [
+            (self.num_clients >= 1, "num-clients must be >= 1"),
+            (self.num_rounds >= 0, "num-rounds must be >= 0"),
+            (self.local_epochs >= 1, "local-epochs must be >= 1"),
+            (self.lr > 0, "lr must be > 0"),
+            (self.batch_size >= 1, "batch-size must be >= 1"),
+            (self.budget_fraction > 0, "budget-fraction must be > 0"),
+            (self.clients_per_round >= 0, "clients-per-round must be >= 0 (0 = all)"),
+            (0 < self.labels_per_client <= 1, "labels-per-client must be in (0, 1]"),
+            (self.synthetic_max_samples >= 0, "synthetic-max-samples must be >= 0"),
+            (0 <= self.fraction_evaluate <= 1, "fraction-evaluate must be in [0, 1]"),
+            (self.timeout > 0, "timeout must be > 0"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ValueError(msg)
+
+
+def _coerce(key: str, value: Any, typ: type) -> Any:
+    try:
+        if typ is bool:
+            return value if isinstance(value, bool) else str(value).lower() in ("1", "true")
+        if typ is int:
+            if isinstance(value, float) and value != int(value):
+                raise ValueError
+            return int(value)
+        if typ is float:
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{key}={value!r} is not a valid {typ.__name__}") from err

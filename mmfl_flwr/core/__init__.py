@@ -1,0 +1,48 @@
+"""Framework-free MMFL math: the client table, assignment policies, aggregators.
+
+Only numpy is needed here; nothing imports flwr or torch.
+"""
+
+from mmfl_flwr.core.aggregators import (
+    Aggregator,
+    FedAvgAggregator,
+    UnbiasedAggregator,
+    Update,
+    apply_step,
+)
+from mmfl_flwr.core.clients import (
+    ClientInfo,
+    ClientTable,
+    InvalidClientInfo,
+    validate_client_info,
+)
+from mmfl_flwr.core.policies import (
+    FullParticipation,
+    MFARand,
+    MFARoundRobin,
+    MultiFedAvg,
+    Pick,
+    Policy,
+    RandomAllocation,
+    picks_by_client,
+)
+
+__all__ = [
+    "Aggregator",
+    "ClientInfo",
+    "ClientTable",
+    "FedAvgAggregator",
+    "FullParticipation",
+    "InvalidClientInfo",
+    "MFARand",
+    "MFARoundRobin",
+    "MultiFedAvg",
+    "Pick",
+    "Policy",
+    "RandomAllocation",
+    "UnbiasedAggregator",
+    "Update",
+    "apply_step",
+    "picks_by_client",
+    "validate_client_info",
+]

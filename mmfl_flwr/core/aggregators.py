@@ -1,0 +1,133 @@
+"""Aggregators: turn one model's accepted client updates into new global weights.
+
+Framework-free (numpy only). An update is ``G_{i,s} = w_global - w_local`` (not
+divided by the learning rate); the global step size is 1, as in paper 003.
+Arithmetic is done in float64 and cast back to each array's dtype.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+Weights = list[np.ndarray]
+
+
+@dataclass
+class Update:
+    """One client's update for one model, with what the aggregators need.
+
+    Parameters
+    ----------
+    cid : str
+        Stable client id.
+    delta : list[np.ndarray]
+        ``G_{i,s} = w_global - w_local``, one array per model tensor.
+    num_examples : int
+        ``n_{i,s}``, the client's training examples for this task.
+    data_share : float
+        ``d_{i,s}``: ``n_{i,s}`` over the total of all eligible clients.
+    processors : int
+        ``B_i``.
+    prob : float
+        ``p_{s|(i,b)}``, probability that one processor of the client trains the
+        task this round.
+    count : int
+        Processors of the client that drew this task (paper 003, Remark 1).
+    """
+
+    cid: str
+    delta: Weights
+    num_examples: int
+    data_share: float
+    processors: int = 1
+    prob: float = 1.0
+    count: int = 1
+
+
+def apply_step(weights: Weights, deltas: Sequence[Weights], coeffs: Sequence[float]) -> Weights:
+    """Return ``w - sum_k coeffs[k] * deltas[k]`` computed in float64."""
+    if len(deltas) != len(coeffs):
+        raise ValueError(f"{len(deltas)} deltas but {len(coeffs)} coefficients")
+    for k, d in enumerate(deltas):
+        if len(d) != len(weights) or any(a.shape != w.shape for a, w in zip(d, weights)):
+            raise ValueError(f"delta {k} does not match the shapes of the weights")
+    out = []
+    for j, w in enumerate(weights):
+        step = np.zeros(w.shape, dtype=np.float64)
+        for d, c in zip(deltas, coeffs):
+            step += c * d[j].astype(np.float64, copy=False)
+        out.append((w.astype(np.float64) - step).astype(w.dtype, copy=False))
+    return out
+
+
+class Aggregator(ABC):
+    """Base class: new global weights of one model from its updates."""
+
+    name: ClassVar[str] = "aggregator"
+
+    @abstractmethod
+    def coefficients(self, updates: Sequence[Update]) -> list[float]:
+        """Weight of each update in the global step ``sum_k c_k G_k``."""
+
+    def aggregate(
+        self, task: str, weights: Weights, updates: Sequence[Update], server_round: int
+    ) -> Weights:
+        """Return the new global weights (unchanged when there is no update)."""
+        if not updates:
+            return [w.copy() for w in weights]
+        return apply_step(weights, [u.delta for u in updates], self.coefficients(updates))
+
+    def config(self) -> dict[str, Any]:
+        """Tunable parameters, for logs."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain-data state (for checkpoints)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the state returned by :meth:`state_dict`."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class FedAvgAggregator(Aggregator):
+    """FedAvg per model over the clients that trained it, weights ``n_{i,s}``.
+
+    ``w <- w - sum_i n_i G_i / sum_i n_i`` over the received updates: the
+    data-weighted mean of the returned local models. Used by MFA-Rand, MFA-RR,
+    Multi-FedAvg and full participation.
+    """
+
+    name = "fedavg"
+
+    def coefficients(self, updates: Sequence[Update]) -> list[float]:
+        total = float(sum(u.num_examples for u in updates))
+        return [u.num_examples / total for u in updates]
+
+
+class UnbiasedAggregator(Aggregator):
+    """Paper 003, Eq. 3: ``w <- w - sum d_{i,s} * l / (B_i p_{s|(i,b)}) * G_{i,s}``.
+
+    With the true inclusion probabilities its expectation over the sampling equals
+    the full-participation update ``sum_i d_{i,s} G_{i,s}``.
+    """
+
+    name = "unbiased"
+
+    def coefficients(self, updates: Sequence[Update]) -> list[float]:
+        coeffs = []
+        for u in updates:
+            if not u.prob > 0 or u.processors < 1:
+                raise ValueError(
+                    f"client {u.cid}: the unbiased rule needs prob > 0 and "
+                    f"processors >= 1, got prob={u.prob}, processors={u.processors}"
+                )
+            coeffs.append(u.data_share * u.count / (u.processors * u.prob))
+        return coeffs

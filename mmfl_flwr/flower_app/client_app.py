@@ -1,0 +1,83 @@
+"""ClientApp of the Flower App: the embedded default tasks, one trainer per task.
+
+A node's identity and resources come from its ``node_config``:
+
+- ``partition-id`` (int, required): which client of the federation this node is;
+  Flower's simulation engine sets it, a SuperNode gets it from ``--node-config``;
+- ``client-id`` (str, optional): stable id reported to the server (default: the
+  partition id);
+- ``processors`` (int, optional): ``B_i``, overriding the federation's value.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from flwr.app import Context
+from flwr.clientapp import ClientApp
+
+from mmfl_flwr.client.app import ClientSpec, make_client_app
+from mmfl_flwr.config import Settings
+from mmfl_flwr.tasks.federation import Federation, build_federation
+
+
+@lru_cache(maxsize=8)
+def _federation(
+    kinds: tuple[str, ...], num_clients: int, seed: int, labels: float, max_synth: int
+) -> Federation:
+    return build_federation(
+        list(kinds),
+        num_clients,
+        seed,
+        labels_per_client=labels,
+        max_synthetic_samples=max_synth or None,
+    )
+
+
+def federation_for(settings: Settings) -> Federation:
+    """The (cached) federation described by ``settings``."""
+    return _federation(
+        tuple(settings.task_kinds),
+        settings.num_clients,
+        settings.seed,
+        settings.labels_per_client,
+        settings.synthetic_max_samples,
+    )
+
+
+def client_spec(context: Context, settings: Settings | None = None) -> ClientSpec:
+    """Build this node's :class:`ClientSpec` from its node config and the settings."""
+    from mmfl_flwr.client.trainer import TorchTrainer
+    from mmfl_flwr.tasks.models import make_model
+
+    s = settings if settings is not None else Settings.from_run_config(context.run_config)
+    cfg = context.node_config
+    if "partition-id" not in cfg:
+        raise ValueError(
+            "node_config has no 'partition-id'; start the SuperNode with "
+            "--node-config \"partition-id=<i> num-partitions=<N>\""
+        )
+    pid = int(cfg["partition-id"])
+    if not 0 <= pid < s.num_clients:
+        raise ValueError(
+            f"partition-id={pid} is outside the federation of num-clients={s.num_clients} "
+            "(set --run-config num-clients to the number of partitions)"
+        )
+    fed = federation_for(s)
+    trainers = {}
+    for task in fed.client_tasks(pid):
+        train, test = fed.client_data(pid, task)
+        kind = fed.kinds[task]
+        trainers[task] = TorchTrainer(lambda k=kind: make_model(k), train, test, s.batch_size)
+    processors = int(cfg.get("processors", int(fed.processors[pid])))
+    return ClientSpec(
+        client_id=str(cfg.get("client-id", pid)), trainers=trainers, processors=processors
+    )
+
+
+def build_client_app(settings: Settings | None = None) -> ClientApp:
+    """The ClientApp; with ``settings`` given, ``run_config`` is not read."""
+    return make_client_app(lambda ctx: client_spec(ctx, settings))
+
+
+app = build_client_app()

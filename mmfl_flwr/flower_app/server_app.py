@@ -1,0 +1,132 @@
+"""ServerApp of the Flower App: an MMFL run on the embedded default tasks.
+
+Reads :class:`~mmfl_flwr.config.Settings` from ``context.run_config``, runs the
+chosen preset strategy over all models, evaluates every model on its server-side
+test set each round, and writes ``metrics.csv``, ``summary.json`` and
+``accuracy.png`` into ``output-dir``. The strategy is torch-free; torch is only
+imported here to make initial weights and evaluate.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from flwr.app import ArrayRecord, Context, MetricRecord
+from flwr.serverapp import Grid, ServerApp
+
+from mmfl_flwr.config import Settings
+from mmfl_flwr.presets import make_strategy
+from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
+from mmfl_flwr.strategy import MultiModelResult, MultiModelStrategy
+
+
+def strategy_from_settings(
+    s: Settings, on_round_end: Callable[[int, list[dict[str, Any]]], None] | None = None
+) -> MultiModelStrategy:
+    """The preset strategy that ``s`` names, with its parameters."""
+    kwargs: dict[str, Any] = {
+        "local_epochs": s.local_epochs,
+        "lr": s.lr,
+        "batch_size": s.batch_size,
+        "seed": s.seed,
+        "fraction_evaluate": s.fraction_evaluate,
+        "on_round_end": on_round_end,
+    }
+    if s.aggregator:
+        kwargs["aggregator"] = s.aggregator
+    if s.strategy == "random":
+        kwargs["budget_fraction"] = s.budget_fraction
+    if s.strategy in ("mfa-rand", "mfa-rr", "multi-fedavg"):
+        kwargs["clients_per_round"] = s.clients_per_round or None
+    return make_strategy(s.strategy, **kwargs)
+
+
+def initial_arrays(s: Settings) -> dict[str, ArrayRecord]:
+    """Seeded initial weights of every model."""
+    from mmfl_flwr.client.trainer import initial_weights
+    from mmfl_flwr.flower_app.client_app import federation_for
+    from mmfl_flwr.tasks.models import make_model
+
+    fed = federation_for(s)
+    out = {}
+    for i, task in enumerate(fed.tasks):
+        kind = fed.kinds[task]
+        out[task] = numpy_to_arrays(initial_weights(lambda k=kind: make_model(k), s.seed + i))
+    return out
+
+
+def central_evaluator(s: Settings) -> Callable[[int, str, ArrayRecord], MetricRecord]:
+    """Server-side evaluation of each model on its task's held-out test set."""
+    from mmfl_flwr.client.trainer import evaluate_arrays
+    from mmfl_flwr.flower_app.client_app import federation_for
+    from mmfl_flwr.tasks.models import make_model
+
+    fed = federation_for(s)
+
+    def evaluate(server_round: int, task: str, arrays: ArrayRecord) -> MetricRecord:
+        kind = fed.kinds[task]
+        loss, acc = evaluate_arrays(
+            lambda: make_model(kind), arrays_to_numpy(arrays), fed.server_test(task)
+        )
+        return MetricRecord({"loss": float(loss), "accuracy": float(acc)})
+
+    return evaluate
+
+
+def progress_printer(num_rounds: int) -> Callable[[int, list[dict[str, Any]]], None]:
+    """A per-round progress line on stdout."""
+    t0 = time.monotonic()
+
+    def show(rnd: int, rows: list[dict[str, Any]]) -> None:
+        accs = " ".join(f"{r['task']}={r['accuracy']:.3f}" for r in rows)
+        ups = sum(int(r["uploads"]) for r in rows)
+        print(
+            f"[mmfl] round {rnd:>3}/{num_rounds} | acc {accs} | uploads {ups} | "
+            f"{time.monotonic() - t0:6.1f}s",
+            flush=True,
+        )
+
+    return show
+
+
+def server_main(grid: Grid, context: Context, settings: Settings | None = None) -> MultiModelResult:
+    """Run the MMFL job described by ``settings`` (or ``context.run_config``)."""
+    from mmfl_flwr.results import write_outputs
+
+    s = settings if settings is not None else Settings.from_run_config(context.run_config)
+    strategy = strategy_from_settings(s, progress_printer(s.num_rounds))
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=initial_arrays(s),
+        num_rounds=s.num_rounds,
+        timeout=s.timeout,
+        evaluate_fn=central_evaluator(s),
+    )
+    if s.output_dir:
+        out = write_outputs(result, s, s.output_dir)
+        print(f"[mmfl] results written to {os.path.abspath(out)}", flush=True)
+    sys.stdout.flush()
+    return result
+
+
+def build_server_app(
+    settings: Settings | None = None, holder: dict[str, Any] | None = None
+) -> ServerApp:
+    """The ServerApp; with ``settings`` given, ``run_config`` is not read.
+    The result is stored in ``holder["result"]`` when a dict is given."""
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        result = server_main(grid, context, settings)
+        if holder is not None:
+            holder["result"] = result
+
+    return server
+
+
+app = build_server_app()

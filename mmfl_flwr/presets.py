@@ -1,0 +1,114 @@
+"""Named presets: each paper algorithm as one line.
+
+A preset pairs a policy with the aggregator its paper uses. Every preset takes the
+:class:`~mmfl_flwr.strategy.MultiModelStrategy` keyword arguments too
+(``local_epochs``, ``lr``, ``seed``, ``fraction_evaluate``, ...), and an
+``aggregator`` to override the pairing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mmfl_flwr.core.aggregators import Aggregator, FedAvgAggregator, UnbiasedAggregator
+from mmfl_flwr.core.policies import (
+    FullParticipation,
+    MFARand,
+    MFARoundRobin,
+    MultiFedAvg,
+    RandomAllocation,
+)
+from mmfl_flwr.strategy import MultiModelStrategy
+
+AGGREGATORS: dict[str, Callable[[], Aggregator]] = {
+    "fedavg": FedAvgAggregator,
+    "unbiased": UnbiasedAggregator,
+}
+
+
+def _aggregator(agg: Aggregator | str | None, default: Callable[[], Aggregator]) -> Aggregator:
+    if agg is None:
+        return default()
+    if isinstance(agg, Aggregator):
+        return agg
+    if agg not in AGGREGATORS:
+        raise ValueError(f"unknown aggregator {agg!r}; choose from {sorted(AGGREGATORS)}")
+    return AGGREGATORS[agg]()
+
+
+def random_allocation(
+    budget: float | None = None,
+    budget_fraction: float = 0.1,
+    aggregator: Aggregator | str | None = None,
+    **kwargs: Any,
+) -> MultiModelStrategy:
+    """Paper 003's random baseline: processor-level random allocation with
+    budget ``m`` (default ``0.1 V``), unbiased ``d/(B p)`` aggregation."""
+    return MultiModelStrategy(
+        RandomAllocation(budget=budget, budget_fraction=budget_fraction),
+        _aggregator(aggregator, UnbiasedAggregator),
+        **kwargs,
+    )
+
+
+def full_participation(
+    aggregator: Aggregator | str | None = None, **kwargs: Any
+) -> MultiModelStrategy:
+    """Every client trains every task it holds every round; FedAvg per model
+    (equal to ``w - sum_i d_{i,s} G_{i,s}``)."""
+    return MultiModelStrategy(
+        FullParticipation(), _aggregator(aggregator, FedAvgAggregator), **kwargs
+    )
+
+
+def mfa_rand(
+    clients_per_round: int | None = None,
+    aggregator: Aggregator | str | None = None,
+    **kwargs: Any,
+) -> MultiModelStrategy:
+    """MFA-Rand (paper 002): random near-equal groups each round; FedAvg."""
+    return MultiModelStrategy(
+        MFARand(clients_per_round), _aggregator(aggregator, FedAvgAggregator), **kwargs
+    )
+
+
+def mfa_rr(
+    clients_per_round: int | None = None,
+    aggregator: Aggregator | str | None = None,
+    **kwargs: Any,
+) -> MultiModelStrategy:
+    """MFA-RR (paper 002): groups fixed per frame of M rounds, models rotate;
+    FedAvg."""
+    return MultiModelStrategy(
+        MFARoundRobin(clients_per_round), _aggregator(aggregator, FedAvgAggregator), **kwargs
+    )
+
+
+def multi_fedavg(
+    clients_per_round: int | None = None,
+    aggregator: Aggregator | str | None = None,
+    **kwargs: Any,
+) -> MultiModelStrategy:
+    """Multi-FedAvg (paper 004): K random clients, a random model each; FedAvg."""
+    return MultiModelStrategy(
+        MultiFedAvg(clients_per_round), _aggregator(aggregator, FedAvgAggregator), **kwargs
+    )
+
+
+#: Preset name (as used by ``mmfl run --strategy`` and ``--run-config strategy=``)
+#: -> factory.
+PRESETS: dict[str, Callable[..., MultiModelStrategy]] = {
+    "random": random_allocation,
+    "full": full_participation,
+    "mfa-rand": mfa_rand,
+    "mfa-rr": mfa_rr,
+    "multi-fedavg": multi_fedavg,
+}
+
+
+def make_strategy(name: str, **kwargs: Any) -> MultiModelStrategy:
+    """Build a preset by name; unknown names raise a ValueError listing the choices."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(PRESETS)}")
+    return PRESETS[name](**kwargs)

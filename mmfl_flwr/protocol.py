@@ -1,0 +1,64 @@
+"""Wire protocol shared by the server (strategy) and the client (ClientApp).
+
+Everything here is plain Flower records; no torch. One message per node per round
+carries every model assigned to that node, each under its own record key.
+
+Message types
+-------------
+``query.info``     server -> client: nothing; reply: ConfigRecord ``info`` with
+                   ``client-id`` (str), ``tasks`` (list[str]), ``num-examples``
+                   (list[int], aligned with ``tasks``), ``processors`` (int).
+``query.losses``   server -> client: ``arrays.<task>`` for each task to score;
+                   reply: MetricRecord ``losses`` mapping task -> mean local loss
+                   (forward pass only, no training).
+``train``          server -> client: ``arrays.<task>`` per assigned task and the
+                   ConfigRecord ``config``; reply: ``arrays.<task>`` (the locally
+                   trained weights) and MetricRecord ``metrics.<task>`` with
+                   ``num-examples`` and ``train-loss`` per trained task.
+``evaluate``       server -> client: ``arrays.<task>`` per task; reply:
+                   MetricRecord ``metrics.<task>`` with ``num-examples``,
+                   ``loss`` and ``accuracy``.
+"""
+
+from __future__ import annotations
+
+ARRAYS_PREFIX = "arrays."
+METRICS_PREFIX = "metrics."
+CONFIG_KEY = "config"
+INFO_KEY = "info"
+LOSSES_KEY = "losses"
+
+QUERY_INFO = "query.info"
+QUERY_LOSSES = "query.losses"
+
+# Keys inside the records.
+CLIENT_ID = "client-id"
+TASKS = "tasks"
+NUM_EXAMPLES = "num-examples"
+PROCESSORS = "processors"
+TRAIN_LOSS = "train-loss"
+LOSS = "loss"
+ACCURACY = "accuracy"
+
+# Keys of the train ConfigRecord.
+CFG_ROUND = "server-round"
+CFG_TASKS = "tasks"
+CFG_EPOCHS = "local-epochs"
+CFG_LR = "lr"
+CFG_BATCH_SIZE = "batch-size"
+CFG_SEED = "seed"
+
+
+def arrays_key(task: str) -> str:
+    """Record key under which the weights of ``task`` travel."""
+    return ARRAYS_PREFIX + task
+
+
+def metrics_key(task: str) -> str:
+    """Record key under which the metrics of ``task`` travel."""
+    return METRICS_PREFIX + task
+
+
+def task_of(key: str, prefix: str) -> str | None:
+    """Return the task name of a record key, or None if it lacks ``prefix``."""
+    return key[len(prefix) :] if key.startswith(prefix) else None

@@ -1,0 +1,81 @@
+"""Conversions between Flower records and numpy, and reply validation helpers.
+
+No torch here: the server side runs where torch is absent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+
+NumpyWeights = dict[str, np.ndarray]
+
+
+class InvalidReply(ValueError):
+    """Part of a client's reply cannot be used; the message says why."""
+
+
+def arrays_to_numpy(record: ArrayRecord) -> NumpyWeights:
+    """ArrayRecord -> ``{key: ndarray}`` in record order."""
+    return {k: v.numpy() for k, v in record.items()}
+
+
+def numpy_to_arrays(weights: Mapping[str, np.ndarray]) -> ArrayRecord:
+    """``{key: ndarray}`` -> ArrayRecord, keeping key order."""
+    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in weights.items()})
+
+
+def check_weights(record: object, reference: Mapping[str, np.ndarray]) -> NumpyWeights:
+    """Decode a client's ArrayRecord and check it against the global weights.
+
+    The keys must be exactly the reference's, every array must have the
+    reference's shape and dtype, and every value must be finite. Returns the
+    arrays in the reference's key order; raises :class:`InvalidReply` otherwise.
+    """
+    if not isinstance(record, ArrayRecord):
+        raise InvalidReply(f"expected an ArrayRecord, got {type(record).__name__}")
+    keys, ref_keys = set(record.keys()), set(reference.keys())
+    if keys != ref_keys:
+        missing = sorted(ref_keys - keys)[:3]
+        extra = sorted(keys - ref_keys)[:3]
+        raise InvalidReply(f"array keys differ (missing {missing}, unexpected {extra})")
+    out: NumpyWeights = {}
+    for k, ref in reference.items():
+        arr = record[k]
+        try:
+            value = arr.numpy()
+        except Exception as err:  # corrupt bytes, wrong stype, ...
+            raise InvalidReply(f"array {k!r} cannot be decoded: {err}") from err
+        if value.shape != ref.shape:
+            raise InvalidReply(
+                f"array {k!r} has shape {value.shape}, expected {ref.shape}"
+            )
+        if value.dtype != ref.dtype:
+            raise InvalidReply(
+                f"array {k!r} has dtype {value.dtype}, expected {ref.dtype}"
+            )
+        if value.dtype.kind in "fc" and not np.isfinite(value).all():
+            raise InvalidReply(f"array {k!r} contains NaN or inf")
+        out[k] = value
+    return out
+
+
+def check_count(value: object, name: str, maximum: int) -> int:
+    """A positive integer-valued count no larger than ``maximum``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidReply(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value) or value != int(value) or not 0 < value <= maximum:
+        raise InvalidReply(f"{name} must be an integer in [1, {maximum}], got {value!r}")
+    return int(value)
+
+
+def check_loss(value: object, name: str, maximum: float) -> float:
+    """A finite, non-negative loss no larger than ``maximum``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidReply(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value) or not 0 <= value <= maximum:
+        raise InvalidReply(f"{name} must be finite and in [0, {maximum}], got {value!r}")
+    return float(value)

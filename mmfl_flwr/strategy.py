@@ -1,0 +1,684 @@
+"""MultiModelStrategy: one Flower strategy that trains several models at once.
+
+Imports flwr and numpy only (no torch), so a ServerApp using it runs where torch
+is absent.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from logging import ERROR, INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from mmfl_flwr import protocol as P
+from mmfl_flwr.core.aggregators import Aggregator, FedAvgAggregator, Update
+from mmfl_flwr.core.clients import (
+    MAX_NUM_EXAMPLES,
+    ClientInfo,
+    ClientTable,
+    InvalidClientInfo,
+    validate_client_info,
+)
+from mmfl_flwr.core.policies import Pick, Policy, RandomAllocation, picks_by_client
+from mmfl_flwr.records import (
+    InvalidReply,
+    NumpyWeights,
+    arrays_to_numpy,
+    check_count,
+    check_loss,
+    check_weights,
+    numpy_to_arrays,
+)
+
+#: Server-side evaluation: ``(server_round, task, arrays) -> metrics or None``.
+EvaluateFn = Callable[[int, str, ArrayRecord], "MetricRecord | Mapping[str, float] | None"]
+#: Called after every round with that round's history rows.
+RoundCallback = Callable[[int, list[dict[str, Any]]], None]
+
+
+@dataclass
+class MultiModelResult:
+    """What :meth:`MultiModelStrategy.start` returns.
+
+    Attributes
+    ----------
+    arrays : dict[str, ArrayRecord]
+        Final global weights, one ArrayRecord per task.
+    history : list[dict]
+        One row per (round, task): ``round``, ``task``, ``accuracy``, ``loss``
+        (server-side evaluation, NaN without ``evaluate_fn``), ``uploads``
+        (accepted updates), ``assigned`` (clients assigned), ``rejected``,
+        ``train_loss``, ``step_l1`` (``||w_old - w_new||_1``), and with
+        client-side evaluation ``client_accuracy`` and ``client_loss``.
+        Round 0 holds the evaluation of the initial weights.
+    assignments : dict[int, list[tuple[str, str, int]]]
+        Per round, the ``(client id, task, count)`` picks of the policy.
+    """
+
+    arrays: dict[str, ArrayRecord] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    assignments: dict[int, list[tuple[str, str, int]]] = field(default_factory=dict)
+    train_metrics_clientapp: dict[int, dict[str, MetricRecord]] = field(
+        default_factory=dict
+    )
+    evaluate_metrics_clientapp: dict[int, dict[str, MetricRecord]] = field(
+        default_factory=dict
+    )
+    evaluate_metrics_serverapp: dict[int, dict[str, MetricRecord]] = field(
+        default_factory=dict
+    )
+
+    def final(self) -> dict[str, dict[str, Any]]:
+        """The last history row of each task."""
+        out: dict[str, dict[str, Any]] = {}
+        for row in self.history:
+            out[row["task"]] = row
+        return out
+
+
+class MultiModelStrategy(Strategy):
+    """Train several models at once over one shared pool of clients.
+
+    Each round: register new nodes (``query.info``), optionally ask every client
+    for its loss on each model (``query.losses``, when the policy needs it), let
+    the policy assign models to clients, send **one** train message per node
+    carrying every model assigned to it, validate every reply per task (rejecting
+    bad parts one by one, with a log line naming the client), aggregate each model
+    with the aggregator, and evaluate every model.
+
+    Parameters
+    ----------
+    policy : Policy, optional
+        Who trains what (default: :class:`~mmfl_flwr.core.RandomAllocation`).
+    aggregator : Aggregator, optional
+        How each model's updates are combined (default: FedAvg per model).
+    local_epochs : int
+        Local epochs ``K`` sent to the clients (default 1).
+    lr : float
+        Client learning rate (default 0.05).
+    batch_size : int
+        Client mini-batch size (default 32).
+    seed : int
+        Seeds the strategy's ``numpy.random.Generator`` (every assignment draw) and
+        is sent to clients to seed their local training.
+    fraction_evaluate : float
+        Fraction of online clients asked to evaluate every model on their local
+        test data each evaluation round (default 0: server-side evaluation only).
+    evaluate_every : int
+        Evaluate every this many rounds (the last round is always evaluated).
+    min_available_nodes : int
+        Wait (at most ``node_wait_timeout`` seconds) for this many nodes before a
+        round; never waits without bound.
+    node_wait_timeout : float
+        Seconds to wait for ``min_available_nodes``.
+    max_loss : float
+        Reported losses above this are rejected as absurd.
+    on_round_end : callable, optional
+        ``f(server_round, rows)`` called after each round (progress display).
+    """
+
+    def __init__(
+        self,
+        policy: Policy | None = None,
+        aggregator: Aggregator | None = None,
+        *,
+        local_epochs: int = 1,
+        lr: float = 0.05,
+        batch_size: int = 32,
+        seed: int = 0,
+        fraction_evaluate: float = 0.0,
+        evaluate_every: int = 1,
+        min_available_nodes: int = 1,
+        node_wait_timeout: float = 60.0,
+        max_loss: float = 1e6,
+        on_round_end: RoundCallback | None = None,
+    ) -> None:
+        if local_epochs < 1:
+            raise ValueError(f"local_epochs must be >= 1, got {local_epochs}")
+        if not (lr > 0 and math.isfinite(lr)):
+            raise ValueError(f"lr must be a positive number, got {lr}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if not 0.0 <= fraction_evaluate <= 1.0:
+            raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate}")
+        if evaluate_every < 1:
+            raise ValueError(f"evaluate_every must be >= 1, got {evaluate_every}")
+        self.policy = policy if policy is not None else RandomAllocation()
+        self.aggregator = aggregator if aggregator is not None else FedAvgAggregator()
+        self.local_epochs = int(local_epochs)
+        self.lr = float(lr)
+        self.batch_size = int(batch_size)
+        self.seed = int(seed)
+        self.fraction_evaluate = float(fraction_evaluate)
+        self.evaluate_every = int(evaluate_every)
+        self.min_available_nodes = int(min_available_nodes)
+        self.node_wait_timeout = float(node_wait_timeout)
+        self.max_loss = float(max_loss)
+        self.on_round_end = on_round_end
+
+        self.rng = np.random.default_rng(self.seed)
+        self._eval_rng = np.random.default_rng([self.seed, 1])
+        self.table = ClientTable()
+        self.weights: dict[str, NumpyWeights] = {}
+        self.arrays: dict[str, ArrayRecord] = {}
+        self._node_to_cid: dict[int, str] = {}
+        self._cid_to_node: dict[str, int] = {}
+        self._round_picks: list[Pick] = []
+        self._round_rows: dict[str, dict[str, Any]] = {}
+
+    # ------------------------------------------------------------------ setup
+    @property
+    def tasks(self) -> list[str]:
+        """The models (tasks) this strategy trains, in order."""
+        return list(self.weights)
+
+    def set_models(self, initial_arrays: Mapping[str, ArrayRecord]) -> None:
+        """Install the initial global weights, one ArrayRecord per task."""
+        if not initial_arrays:
+            raise ValueError("initial_arrays must map at least one task name to an ArrayRecord")
+        for task, rec in initial_arrays.items():
+            if not isinstance(task, str) or not task:
+                raise ValueError(f"task names must be non-empty strings, got {task!r}")
+            if not isinstance(rec, ArrayRecord) or len(rec) == 0:
+                raise ValueError(f"task {task!r}: expected a non-empty ArrayRecord")
+        self.weights = {t: arrays_to_numpy(r) for t, r in initial_arrays.items()}
+        for task, w in self.weights.items():
+            for k, v in w.items():
+                if v.dtype.kind in "fc" and not np.isfinite(v).all():
+                    raise ValueError(f"task {task!r}: initial array {k!r} has NaN or inf")
+        self.arrays = {t: numpy_to_arrays(w) for t, w in self.weights.items()}
+
+    def summary(self) -> None:
+        """Log the configuration."""
+        log(INFO, "\t├──> MultiModelStrategy settings:")
+        log(INFO, "\t│\t├── Policy: %r (needs losses: %s)", self.policy, self.policy.needs_losses)
+        log(INFO, "\t│\t├── Aggregator: %r", self.aggregator)
+        log(INFO, "\t│\t├── Tasks: %s", ", ".join(self.tasks) or "(not set yet)")
+        log(
+            INFO,
+            "\t│\t├── Local epochs: %d, lr: %g, batch size: %d",
+            self.local_epochs,
+            self.lr,
+            self.batch_size,
+        )
+        log(INFO, "\t│\t├── Client-side evaluation fraction: %g", self.fraction_evaluate)
+        log(INFO, "\t│\t└── Seed: %d", self.seed)
+
+    # ------------------------------------------------------------- clients
+    def _wait_for_nodes(self, grid: Grid) -> list[int]:
+        deadline = time.monotonic() + self.node_wait_timeout
+        while True:
+            nodes = sorted(grid.get_node_ids())
+            if len(nodes) >= self.min_available_nodes or time.monotonic() >= deadline:
+                if len(nodes) < self.min_available_nodes:
+                    log(
+                        WARNING,
+                        "Only %d of the %d requested nodes are online after %.0f s; "
+                        "continuing with them",
+                        len(nodes),
+                        self.min_available_nodes,
+                        self.node_wait_timeout,
+                    )
+                return nodes
+            time.sleep(1.0)
+
+    def refresh_clients(self, grid: Grid, server_round: int, timeout: float) -> None:
+        """Register new nodes and mark which clients are online."""
+        nodes = self._wait_for_nodes(grid)
+        # Forget nodes that are gone: a client that reconnects comes back with a
+        # new node id and registers again under its stable id.
+        for nid in list(self._node_to_cid):
+            if nid not in nodes:
+                self._node_to_cid.pop(nid)
+        new = [n for n in nodes if n not in self._node_to_cid]
+        if new:
+            msgs = [
+                Message(
+                    RecordDict(),
+                    dst_node_id=n,
+                    message_type=P.QUERY_INFO,
+                    group_id=str(server_round),
+                )
+                for n in new
+            ]
+            for reply in grid.send_and_receive(msgs, timeout=timeout):
+                self._register(reply)
+        online = {self._node_to_cid[n] for n in nodes if n in self._node_to_cid}
+        self._cid_to_node = {
+            cid: nid for nid, cid in self._node_to_cid.items() if cid in online
+        }
+        self.table.set_online(online)
+
+    def _register(self, reply: Message) -> None:
+        node = reply.metadata.src_node_id
+        if reply.has_error():
+            log(WARNING, "Node %d could not describe itself (error %s: %s); "
+                "it is left out this round", node, reply.error.code, reply.error.reason)
+            return
+        try:
+            info = reply.content.config_records[P.INFO_KEY]
+            cid = str(info[P.CLIENT_ID])
+            tasks = list(info[P.TASKS])  # type: ignore[arg-type]
+            counts = list(info[P.NUM_EXAMPLES])  # type: ignore[arg-type]
+            procs = info.get(P.PROCESSORS, 1)
+            if len(tasks) != len(counts):
+                raise InvalidClientInfo(
+                    f"{len(tasks)} tasks but {len(counts)} sample counts"
+                )
+            if len(set(tasks)) != len(tasks):
+                raise InvalidClientInfo(f"duplicated tasks in {tasks}")
+            usable, unknown = validate_client_info(
+                cid, dict(zip(tasks, counts)), procs, self.tasks  # type: ignore[arg-type]
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            log(WARNING, "Node %d sent an invalid self-description, left out: %s", node, err)
+            return
+        if unknown:
+            log(WARNING, "Client %s declared unknown tasks %s; ignoring them", cid, unknown)
+        other = self._cid_to_node.get(cid)
+        if other is not None and other != node and other in self._node_to_cid:
+            log(WARNING, "Client id %s is claimed by nodes %d and %d; keeping %d",
+                cid, other, node, other)
+            return
+        self._node_to_cid[node] = cid
+        self.table.upsert(ClientInfo(cid=cid, num_examples=usable, processors=int(procs)))  # type: ignore[arg-type]
+
+    def query_losses(self, grid: Grid, server_round: int, timeout: float) -> int:
+        """Ask every online client for its loss on each of its tasks (no training).
+
+        Returns the number of accepted (client, task) losses.
+        """
+        msgs = []
+        for c in self.table.clients():
+            tasks = [t for t in c.tasks if t in self.weights]
+            if not tasks:
+                continue
+            content = RecordDict({P.arrays_key(t): self.arrays[t] for t in tasks})
+            msgs.append(
+                Message(
+                    content,
+                    dst_node_id=self._cid_to_node[c.cid],
+                    message_type=P.QUERY_LOSSES,
+                    group_id=str(server_round),
+                )
+            )
+        accepted = 0
+        seen: set[str] = set()
+        for reply in grid.send_and_receive(msgs, timeout=timeout):
+            cid = self._node_to_cid.get(reply.metadata.src_node_id)
+            if cid is None or cid in seen:
+                continue
+            seen.add(cid)
+            if reply.has_error():
+                log(WARNING, "Client %s failed the loss query (error %s: %s)",
+                    cid, reply.error.code, reply.error.reason)
+                continue
+            losses = reply.content.metric_records.get(P.LOSSES_KEY)
+            if losses is None:
+                log(WARNING, "Client %s: loss reply has no '%s' record; ignored", cid, P.LOSSES_KEY)
+                continue
+            for task, value in losses.items():
+                if task not in self.table[cid].num_examples:
+                    log(WARNING, "Client %s reported a loss for task %r it was not asked "
+                        "about; ignored", cid, task)
+                    continue
+                try:
+                    loss = check_loss(value, f"loss of task {task!r}", self.max_loss)
+                except InvalidReply as err:
+                    log(WARNING, "Client %s: rejected loss: %s", cid, err)
+                    continue
+                self.table.set_loss(cid, task, loss, server_round)
+                accepted += 1
+        return accepted
+
+    # -------------------------------------------------------------- training
+    def configure_train(
+        self,
+        server_round: int,
+        arrays: ArrayRecord | None,
+        config: ConfigRecord,
+        grid: Grid,
+    ) -> Iterable[Message]:
+        """Assign models to clients and build one train message per node.
+
+        ``arrays`` is ignored: the strategy holds one ArrayRecord per task in
+        :attr:`arrays`.
+        """
+        picks = self.policy.assign(self.table, self.tasks, server_round, self.rng)
+        picks = [p for p in picks if p.cid in self._cid_to_node and p.task in self.weights]
+        self._round_picks = picks
+        messages = []
+        for cid, mine in picks_by_client(picks).items():
+            tasks = [p.task for p in mine]
+            cfg = ConfigRecord(dict(config))
+            cfg[P.CFG_ROUND] = server_round
+            cfg[P.CFG_TASKS] = tasks
+            cfg.setdefault(P.CFG_EPOCHS, self.local_epochs)
+            cfg.setdefault(P.CFG_LR, self.lr)
+            cfg.setdefault(P.CFG_BATCH_SIZE, self.batch_size)
+            cfg.setdefault(P.CFG_SEED, self.seed)
+            content = RecordDict({P.arrays_key(t): self.arrays[t] for t in tasks})
+            content[P.CONFIG_KEY] = cfg
+            messages.append(
+                Message(
+                    content,
+                    dst_node_id=self._cid_to_node[cid],
+                    message_type=MessageType.TRAIN,
+                    group_id=str(server_round),
+                )
+            )
+        return messages
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Validate every reply per task and aggregate each model.
+
+        Updates :attr:`arrays` in place and returns ``(None, metrics)``: there is
+        no single ArrayRecord to thread through rounds.
+        """
+        expected: dict[str, dict[str, Pick]] = {}
+        for p in self._round_picks:
+            expected.setdefault(p.cid, {})[p.task] = p
+        updates: dict[str, list[Update]] = {t: [] for t in self.tasks}
+        train_losses: dict[str, list[tuple[float, int]]] = {t: [] for t in self.tasks}
+        rejected = {t: 0 for t in self.tasks}
+        shares = {t: self.table.data_share(t) for t in self.tasks}
+        seen: set[str] = set()
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            cid = self._node_to_cid.get(node)
+            if cid is None or cid not in expected:
+                log(WARNING, "Ignoring a train reply from node %d, which was not asked", node)
+                continue
+            if cid in seen:
+                log(WARNING, "Client %s: duplicated train reply ignored", cid)
+                continue
+            seen.add(cid)
+            asked = expected[cid]
+            if reply.has_error():
+                log(WARNING, "Client %s failed to train %s (error %s: %s)",
+                    cid, sorted(asked), reply.error.code, reply.error.reason)
+                for t in asked:
+                    rejected[t] += 1
+                continue
+            content = reply.content
+            for key in content.array_records:
+                task = P.task_of(key, P.ARRAYS_PREFIX)
+                if task not in asked:
+                    log(WARNING, "Client %s: rejected arrays under %r (task not assigned "
+                        "to it this round)", cid, key)
+            for task, pick in asked.items():
+                try:
+                    if P.arrays_key(task) not in content.array_records:
+                        raise InvalidReply("no weights returned")
+                    local = check_weights(content[P.arrays_key(task)], self.weights[task])
+                    metrics = content.metric_records.get(P.metrics_key(task))
+                    if metrics is None:
+                        raise InvalidReply(f"no '{P.metrics_key(task)}' MetricRecord")
+                    check_count(metrics.get(P.NUM_EXAMPLES), P.NUM_EXAMPLES, MAX_NUM_EXAMPLES)
+                    tl = metrics.get(P.TRAIN_LOSS)
+                    train_loss = (
+                        None if tl is None else check_loss(tl, P.TRAIN_LOSS, self.max_loss)
+                    )
+                except InvalidReply as err:
+                    log(WARNING, "Client %s: rejected update for task %r: %s", cid, task, err)
+                    rejected[task] += 1
+                    continue
+                info = self.table[cid]
+                n = info.num_examples[task]
+                glob = self.weights[task]
+                updates[task].append(
+                    Update(
+                        cid=cid,
+                        delta=[glob[k].astype(np.float64) - local[k] for k in glob],
+                        num_examples=n,
+                        data_share=shares[task].get(cid, 0.0),
+                        processors=info.processors,
+                        prob=pick.prob,
+                        count=pick.count,
+                    )
+                )
+                if train_loss is not None:
+                    train_losses[task].append((train_loss, n))
+        for cid, asked in expected.items():
+            if cid not in seen:
+                log(WARNING, "Client %s sent no train reply this round (tasks %s); "
+                    "its updates are missing from the aggregate", cid, sorted(asked))
+                for t in asked:
+                    rejected[t] += 1
+        metrics = MetricRecord()
+        self._round_rows = {}
+        for task in self.tasks:
+            old = self.weights[task]
+            keys = list(old)
+            new_list = self.aggregator.aggregate(
+                task, [old[k] for k in keys], updates[task], server_round
+            )
+            if not all(
+                np.isfinite(a).all() for a in new_list if a.dtype.kind in "fc"
+            ):
+                log(ERROR, "Task %r: aggregation produced NaN/inf (overflow); the global "
+                    "model is left unchanged this round", task)
+                new_list = [old[k] for k in keys]
+            step_l1 = float(
+                sum(np.abs(a.astype(np.float64) - old[k]).sum() for a, k in zip(new_list, keys))
+            )
+            self.weights[task] = dict(zip(keys, new_list))
+            self.arrays[task] = numpy_to_arrays(self.weights[task])
+            tl = train_losses[task]
+            mean_tl = (
+                float(sum(v * n for v, n in tl) / sum(n for _, n in tl)) if tl else math.nan
+            )
+            self._round_rows[task] = {
+                "uploads": len(updates[task]),
+                "assigned": sum(1 for p in self._round_picks if p.task == task),
+                "rejected": rejected[task],
+                "train_loss": mean_tl,
+                "step_l1": step_l1,
+            }
+            metrics[f"{task}.uploads"] = len(updates[task])
+            if tl:
+                metrics[f"{task}.train-loss"] = mean_tl
+        return None, metrics
+
+    # ------------------------------------------------------------ evaluation
+    def configure_evaluate(
+        self,
+        server_round: int,
+        arrays: ArrayRecord | None,
+        config: ConfigRecord,
+        grid: Grid,
+    ) -> Iterable[Message]:
+        """Client-side evaluation of every model on a fraction of the clients."""
+        if self.fraction_evaluate <= 0:
+            return []
+        ids = self.table.ids()
+        k = max(1, int(round(self.fraction_evaluate * len(ids)))) if ids else 0
+        chosen = sorted(self._eval_rng.choice(len(ids), size=k, replace=False)) if k else []
+        messages = []
+        for j in chosen:
+            cid = ids[int(j)]
+            tasks = [t for t in self.table[cid].tasks if t in self.weights]
+            if not tasks:
+                continue
+            content = RecordDict({P.arrays_key(t): self.arrays[t] for t in tasks})
+            cfg = ConfigRecord(dict(config))
+            cfg[P.CFG_ROUND] = server_round
+            cfg[P.CFG_TASKS] = tasks
+            content[P.CONFIG_KEY] = cfg
+            messages.append(
+                Message(
+                    content,
+                    dst_node_id=self._cid_to_node[cid],
+                    message_type=MessageType.EVALUATE,
+                    group_id=str(server_round),
+                )
+            )
+        return messages
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Example-weighted mean of client-side loss and accuracy, per task."""
+        sums: dict[str, list[float]] = {}
+        seen: set[str] = set()
+        for reply in replies:
+            cid = self._node_to_cid.get(reply.metadata.src_node_id)
+            if cid is None or cid in seen:
+                continue
+            seen.add(cid)
+            if reply.has_error():
+                log(WARNING, "Client %s failed to evaluate (error %s: %s)",
+                    cid, reply.error.code, reply.error.reason)
+                continue
+            for task in self.tasks:
+                m = reply.content.metric_records.get(P.metrics_key(task))
+                if m is None:
+                    continue
+                try:
+                    n = check_count(m.get(P.NUM_EXAMPLES), P.NUM_EXAMPLES, MAX_NUM_EXAMPLES)
+                    loss = check_loss(m.get(P.LOSS), P.LOSS, self.max_loss)
+                    acc = check_loss(m.get(P.ACCURACY), P.ACCURACY, 1.0)
+                except InvalidReply as err:
+                    log(WARNING, "Client %s: rejected evaluation of %r: %s", cid, task, err)
+                    continue
+                s = sums.setdefault(task, [0.0, 0.0, 0.0])
+                s[0] += n * loss
+                s[1] += n * acc
+                s[2] += n
+        if not sums:
+            return None
+        out = MetricRecord()
+        for task, (l_sum, a_sum, n) in sums.items():
+            out[f"{task}.loss"] = l_sum / n
+            out[f"{task}.accuracy"] = a_sum / n
+        return out
+
+    # ------------------------------------------------------------------ start
+    def start(  # type: ignore[override]
+        self,
+        grid: Grid,
+        initial_arrays: Mapping[str, ArrayRecord],
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: EvaluateFn | None = None,
+    ) -> MultiModelResult:
+        """Run ``num_rounds`` MMFL rounds over every model.
+
+        Parameters
+        ----------
+        grid : Grid
+            Flower's Grid (simulation, deployment, or
+            :class:`~mmfl_flwr.grid.InProcessGrid`).
+        initial_arrays : Mapping[str, ArrayRecord]
+            Initial weights, one ArrayRecord per task (model) name.
+        num_rounds : int
+            Rounds to run.
+        timeout : float
+            Seconds to wait for the replies of one send (late replies are dropped).
+        train_config, evaluate_config : ConfigRecord, optional
+            Extra configuration sent to the clients with every train / evaluate
+            message.
+        evaluate_fn : callable, optional
+            Server-side evaluation ``(server_round, task, arrays) -> metrics``,
+            called for every task before the first round and after each
+            evaluation round. Metrics named ``accuracy`` and ``loss`` go to the
+            history.
+
+        Returns
+        -------
+        MultiModelResult
+            Final weights per task and the per-round, per-task history.
+        """
+        self.set_models(initial_arrays)
+        log(INFO, "Starting %s over %d models for %d rounds",
+            type(self).__name__, len(self.tasks), num_rounds)
+        self.summary()
+        train_config = ConfigRecord() if train_config is None else train_config
+        evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
+        result = MultiModelResult()
+
+        rows0 = []
+        for task in self.tasks:
+            row = {"round": 0, "task": task, "uploads": 0, "assigned": 0, "rejected": 0,
+                   "train_loss": math.nan, "step_l1": 0.0}
+            row.update(self._server_eval(evaluate_fn, 0, task, result))
+            rows0.append(row)
+        result.history.extend(rows0)
+        if self.on_round_end:
+            self.on_round_end(0, rows0)
+
+        for rnd in range(1, num_rounds + 1):
+            t0 = time.monotonic()
+            log(INFO, "")
+            log(INFO, "[ROUND %s/%s]", rnd, num_rounds)
+            self.refresh_clients(grid, rnd, timeout)
+            log(INFO, "%d clients online", len(self.table.ids()))
+            if self.policy.needs_losses:
+                n = self.query_losses(grid, rnd, timeout)
+                log(INFO, "Loss query: %d (client, task) losses received", n)
+            messages = list(self.configure_train(rnd, None, train_config, grid))
+            result.assignments[rnd] = [(p.cid, p.task, p.count) for p in self._round_picks]
+            log(INFO, "configure_train: %d picks on %d nodes", len(self._round_picks), len(messages))
+            replies = list(grid.send_and_receive(messages, timeout=timeout)) if messages else []
+            _, train_metrics = self.aggregate_train(rnd, replies)
+            if train_metrics is not None:
+                result.train_metrics_clientapp[rnd] = {"all": train_metrics}
+
+            rows = []
+            is_eval_round = rnd % self.evaluate_every == 0 or rnd == num_rounds
+            client_eval = None
+            if is_eval_round:
+                ev_msgs = list(self.configure_evaluate(rnd, None, evaluate_config, grid))
+                if ev_msgs:
+                    client_eval = self.aggregate_evaluate(
+                        rnd, grid.send_and_receive(ev_msgs, timeout=timeout)
+                    )
+                    if client_eval is not None:
+                        result.evaluate_metrics_clientapp[rnd] = {"all": client_eval}
+            for task in self.tasks:
+                row = {"round": rnd, "task": task, **self._round_rows[task]}
+                if is_eval_round:
+                    row.update(self._server_eval(evaluate_fn, rnd, task, result))
+                else:
+                    row.update({"accuracy": math.nan, "loss": math.nan})
+                if client_eval is not None:
+                    row["client_accuracy"] = client_eval.get(f"{task}.accuracy", math.nan)
+                    row["client_loss"] = client_eval.get(f"{task}.loss", math.nan)
+                row["seconds"] = time.monotonic() - t0
+                rows.append(row)
+            result.history.extend(rows)
+            for row in rows:
+                log(INFO, "  %-12s acc %.4f loss %.4f uploads %d", row["task"],
+                    row["accuracy"], row["loss"], row["uploads"])
+            if self.on_round_end:
+                self.on_round_end(rnd, rows)
+        result.arrays = dict(self.arrays)
+        return result
+
+    def _server_eval(
+        self, evaluate_fn: EvaluateFn | None, rnd: int, task: str, result: MultiModelResult
+    ) -> dict[str, float]:
+        if evaluate_fn is None:
+            return {"accuracy": math.nan, "loss": math.nan}
+        res = evaluate_fn(rnd, task, self.arrays[task])
+        if res is None:
+            return {"accuracy": math.nan, "loss": math.nan}
+        rec = res if isinstance(res, MetricRecord) else MetricRecord(dict(res))
+        result.evaluate_metrics_serverapp.setdefault(rnd, {})[task] = rec
+        return {
+            "accuracy": float(rec.get("accuracy", math.nan)),  # type: ignore[arg-type]
+            "loss": float(rec.get("loss", math.nan)),  # type: ignore[arg-type]
+        }

@@ -1,0 +1,1 @@
+"""Tasks: datasets, the simulated federation and the models (import submodules directly)."""

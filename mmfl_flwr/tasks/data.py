@@ -1,0 +1,252 @@
+"""Datasets used by the MMFL tasks (numpy and scikit-learn only, no torch).
+
+Two sources are provided:
+
+* the scikit-learn ``digits`` images (8x8 grey-scale, 10 classes), split once into a
+  global train and test set;
+* the FedProx ``Synthetic(alpha, beta)`` generator (and its IID variant), one
+  independent generator per user so that user ``k`` is the same no matter how many
+  users are requested.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Dataset", "load_digits_data", "synthetic_users", "concat_datasets"]
+
+#: Stream index of the generator that draws the parameters shared by all users in
+#: Synthetic-IID (kept apart from every per-user stream ``[seed, k]``).
+_SHARED_STREAM = 2**31 - 1
+
+
+@dataclass
+class Dataset:
+    """A labelled set of examples.
+
+    Attributes
+    ----------
+    x : np.ndarray
+        Inputs, float32, first axis indexes examples.
+    y : np.ndarray
+        Integer class labels, int64, shape ``(n,)``.
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+
+    def __post_init__(self) -> None:
+        self.x = np.asarray(self.x, dtype=np.float32)
+        self.y = np.asarray(self.y, dtype=np.int64)
+        if self.x.shape[0] != self.y.shape[0]:
+            raise ValueError(
+                f"x has {self.x.shape[0]} examples but y has {self.y.shape[0]}"
+            )
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+    def subset(self, indices: np.ndarray) -> "Dataset":
+        """Return the examples at ``indices`` (a copy).
+
+        Parameters
+        ----------
+        indices : np.ndarray
+            Integer indices into this dataset.
+
+        Returns
+        -------
+        Dataset
+            A new dataset holding copies of the selected examples.
+        """
+        idx = np.asarray(indices, dtype=np.int64)
+        return Dataset(self.x[idx], self.y[idx])
+
+
+def concat_datasets(parts: list[Dataset]) -> Dataset:
+    """Concatenate datasets along the example axis.
+
+    Parameters
+    ----------
+    parts : list of Dataset
+        Datasets with identical input shapes; must not be empty.
+
+    Returns
+    -------
+    Dataset
+        All examples of ``parts`` in order.
+    """
+    if not parts:
+        raise ValueError("cannot concatenate an empty list of datasets")
+    return Dataset(
+        np.concatenate([p.x for p in parts], axis=0),
+        np.concatenate([p.y for p in parts], axis=0),
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def _raw_digits() -> tuple[np.ndarray, np.ndarray]:
+    """Load the sklearn digits once, scaled to [0, 1] and shaped (n, 1, 8, 8)."""
+    # Imported lazily: scikit-learn is slow to import and only digits needs it.
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = (np.asarray(bunch.data, dtype=np.float32) / np.float32(16.0)).reshape(-1, 1, 8, 8)
+    y = np.asarray(bunch.target, dtype=np.int64)
+    x.setflags(write=False)
+    y.setflags(write=False)
+    return x, y
+
+
+@functools.lru_cache(maxsize=32)
+def _digits_split_indices(seed: int, test_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """Stratified train/test indices of the digits data for ``seed`` (cached)."""
+    from sklearn.model_selection import train_test_split
+
+    _, y = _raw_digits()
+    idx = np.arange(y.shape[0])
+    train_idx, test_idx = train_test_split(
+        idx, test_size=test_fraction, random_state=seed, stratify=y, shuffle=True
+    )
+    train_idx = np.asarray(train_idx, dtype=np.int64)
+    test_idx = np.asarray(test_idx, dtype=np.int64)
+    train_idx.setflags(write=False)
+    test_idx.setflags(write=False)
+    return train_idx, test_idx
+
+
+def load_digits_data(seed: int, test_fraction: float = 0.2) -> tuple[Dataset, Dataset]:
+    """Load the scikit-learn digits as a stratified train/test split.
+
+    Pixel values are divided by 16 so they lie in [0, 1]. The split depends only on
+    ``seed`` and ``test_fraction``; the (cheap) index computation and the raw load are
+    cached, and fresh array copies are returned on every call.
+
+    Parameters
+    ----------
+    seed : int
+        Seed of the stratified split.
+    test_fraction : float, default 0.2
+        Fraction of the examples placed in the test set, in (0, 1).
+
+    Returns
+    -------
+    tuple of Dataset
+        ``(train, test)``; ``x`` is float32 of shape ``(n, 1, 8, 8)``, ``y`` is int64.
+    """
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    x, y = _raw_digits()
+    train_idx, test_idx = _digits_split_indices(int(seed), float(test_fraction))
+    return (
+        Dataset(x[train_idx].copy(), y[train_idx].copy()),
+        Dataset(x[test_idx].copy(), y[test_idx].copy()),
+    )
+
+
+def _split_user(x: np.ndarray, y: np.ndarray) -> tuple[Dataset, Dataset]:
+    """90/10 train/test split of one user's samples (first 90% train, as FedProx)."""
+    n_train = int(0.9 * y.shape[0])
+    return Dataset(x[:n_train], y[:n_train]), Dataset(x[n_train:], y[n_train:])
+
+
+def _num_samples(rng: np.random.Generator, max_samples: int | None) -> int:
+    """Samples of one user: floor(lognormal(4, 2)) + 50, optionally capped."""
+    n = int(np.floor(rng.lognormal(4.0, 2.0))) + 50
+    if max_samples is not None:
+        n = min(n, int(max_samples))
+    return n
+
+
+def synthetic_users(
+    alpha: float,
+    beta: float,
+    num_users: int,
+    dim: int = 60,
+    num_classes: int = 5,
+    seed: int = 0,
+    iid: bool = False,
+    max_samples: int | None = None,
+) -> list[tuple[Dataset, Dataset]]:
+    """Generate the FedProx ``Synthetic(alpha, beta)`` users.
+
+    For each user ``k`` (its own generator ``np.random.default_rng([seed, k])``)::
+
+        u_k ~ N(0, alpha),  B_k ~ N(0, beta)          (alpha, beta standard deviations)
+        W_k ~ N(u_k, 1)  (dim x C),  b_k ~ N(u_k, 1)  (C)
+        v_k ~ N(B_k, 1)  (dim)
+        n_k = floor(lognormal(4, 2)) + 50              (capped at ``max_samples``)
+        x ~ N(v_k, diag(j^-1.2)), j = 1..dim           (diagonal covariance)
+        y = argmax softmax(x W_k + b_k)
+
+    With ``iid=True`` (FedProx's Synthetic-IID) a single ``W, b ~ N(0, 1)`` is drawn
+    from ``np.random.default_rng([seed, 2**31 - 1])`` and shared by all users, and
+    ``x ~ N(0, diag(j^-1.2))``; ``alpha`` and ``beta`` are then unused.
+
+    Each user's samples are split 90/10 into train and test (the first
+    ``int(0.9 n_k)`` samples are train; samples are i.i.d. within a user).
+
+    Parameters
+    ----------
+    alpha : float
+        Standard deviation of the per-user model mean ``u_k`` (>= 0).
+    beta : float
+        Standard deviation of the per-user input mean ``B_k`` (>= 0).
+    num_users : int
+        Number of users to generate.
+    dim : int, default 60
+        Input dimension.
+    num_classes : int, default 5
+        Number of classes ``C``.
+    seed : int, default 0
+        Base seed; user ``k`` depends only on ``(seed, k)`` (and the shared stream
+        for the IID variant), not on ``num_users``.
+    iid : bool, default False
+        Generate Synthetic-IID instead of Synthetic(alpha, beta).
+    max_samples : int or None, default None
+        Upper bound on the samples per user (before the train/test split).
+
+    Returns
+    -------
+    list of tuple of Dataset
+        ``[(train_k, test_k) for k in range(num_users)]``; ``x`` float32 ``(n, dim)``,
+        ``y`` int64.
+    """
+    if num_users < 0:
+        raise ValueError(f"num_users must be >= 0, got {num_users}")
+    if alpha < 0 or beta < 0:
+        raise ValueError("alpha and beta are standard deviations and must be >= 0")
+    if max_samples is not None and max_samples < 2:
+        raise ValueError("max_samples must be >= 2 so that train and test are non-empty")
+    seed = int(seed)
+    # Diagonal covariance j^-1.2 -> per-coordinate standard deviation j^-0.6.
+    x_std = np.power(np.arange(1, dim + 1, dtype=np.float64), -0.6)
+
+    shared_w = shared_b = None
+    if iid:
+        shared_rng = np.random.default_rng([seed, _SHARED_STREAM])
+        shared_w = shared_rng.normal(0.0, 1.0, size=(dim, num_classes))
+        shared_b = shared_rng.normal(0.0, 1.0, size=num_classes)
+
+    users: list[tuple[Dataset, Dataset]] = []
+    for k in range(num_users):
+        rng = np.random.default_rng([seed, k])
+        if iid:
+            assert shared_w is not None and shared_b is not None
+            w, b = shared_w, shared_b
+            v = np.zeros(dim)
+        else:
+            u_k = rng.normal(0.0, alpha)
+            big_b_k = rng.normal(0.0, beta)
+            w = rng.normal(u_k, 1.0, size=(dim, num_classes))
+            b = rng.normal(u_k, 1.0, size=num_classes)
+            v = rng.normal(big_b_k, 1.0, size=dim)
+        n_k = _num_samples(rng, max_samples)
+        x = v + rng.standard_normal(size=(n_k, dim)) * x_std
+        # argmax of softmax(z) == argmax of z (softmax is monotone).
+        y = np.argmax(x @ w + b, axis=1)
+        users.append(_split_user(x.astype(np.float32), y.astype(np.int64)))
+    return users

@@ -1,0 +1,425 @@
+"""The simulated federation: which client holds which data for which task.
+
+numpy only (no torch). Everything is a deterministic function of the seed, so every
+simulated client process can rebuild the same federation cheaply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mmfl_flwr.tasks.data import Dataset, concat_datasets, load_digits_data, synthetic_users
+
+__all__ = [
+    "KindSpec",
+    "KINDS",
+    "task_names",
+    "Federation",
+    "build_federation",
+    "label_skew_partition",
+]
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    """Description of one task kind.
+
+    Attributes
+    ----------
+    num_classes : int
+        Number of output classes.
+    input_shape : tuple of int
+        Shape of one input example (without the batch axis).
+    model : str
+        Model family used for the kind (``"cnn"`` or ``"logreg"``).
+    """
+
+    num_classes: int
+    input_shape: tuple[int, ...]
+    model: str
+
+
+#: The task kinds known to the package.
+KINDS: dict[str, KindSpec] = {
+    "digits": KindSpec(num_classes=10, input_shape=(1, 8, 8), model="cnn"),
+    "synthetic": KindSpec(num_classes=5, input_shape=(60,), model="logreg"),
+}
+
+#: Synthetic(alpha, beta) parameters of the ``"synthetic"`` kind.
+SYNTHETIC_ALPHA = 1.0
+SYNTHETIC_BETA = 1.0
+
+# Fixed integers mixed into seed sequences so that the random streams of the
+# different task kinds never coincide.
+_KIND_STREAM = {"digits": 1, "synthetic": 2}
+
+
+def task_names(kinds: list[str]) -> list[str]:
+    """Unique model names for a list of task kinds.
+
+    The first occurrence of a kind keeps the kind's name; the ``c``-th repeat
+    (``c >= 2``) is named ``f"{kind}_{c}"``.
+
+    Parameters
+    ----------
+    kinds : list of str
+        Task kinds, each a key of :data:`KINDS`.
+
+    Returns
+    -------
+    list of str
+        One name per entry of ``kinds``, e.g.
+        ``["digits", "synthetic", "digits"] -> ["digits", "synthetic", "digits_2"]``.
+    """
+    counts: dict[str, int] = {}
+    names: list[str] = []
+    for kind in kinds:
+        if kind not in KINDS:
+            raise ValueError(f"unknown task kind {kind!r}; known: {sorted(KINDS)}")
+        counts[kind] = counts.get(kind, 0) + 1
+        names.append(kind if counts[kind] == 1 else f"{kind}_{counts[kind]}")
+    return names
+
+
+def _stream_seed(seed: int, kind: str, copy: int) -> np.random.SeedSequence:
+    """Seed sequence of copy ``copy`` (0-based) of task ``kind``."""
+    return np.random.SeedSequence([int(seed), _KIND_STREAM[kind], int(copy)])
+
+
+def label_skew_partition(
+    labels: np.ndarray,
+    num_clients: int,
+    labels_per_client: int,
+    rng: np.random.Generator,
+    num_classes: int,
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Partition examples among clients so that each client holds few labels.
+
+    Each client draws ``labels_per_client`` distinct labels uniformly at random. A
+    label that no client drew is handed to a random client: if some label is held by
+    two or more clients, one such redundant holding of a random client is replaced
+    by the uncovered label (so nobody exceeds ``labels_per_client``); only when that
+    is impossible (``num_clients * labels_per_client < num_classes``) is the label
+    added on top. The examples of every label are shuffled and split as evenly as
+    possible among its holders (in random order). Finally every client left with no
+    example (only possible when a label has more holders than examples) takes one
+    random example from the currently largest client, and its held labels become
+    that example's label.
+
+    Parameters
+    ----------
+    labels : np.ndarray
+        Label of every example, shape ``(n,)``.
+    num_clients : int
+        Number of clients; must not exceed ``n``.
+    labels_per_client : int
+        Labels drawn per client (clipped to ``num_classes``).
+    rng : np.random.Generator
+        Source of randomness.
+    num_classes : int
+        Number of classes.
+
+    Returns
+    -------
+    indices : list of np.ndarray
+        Per client, the sorted example indices it holds; together a partition of
+        ``range(n)``.
+    held : list of np.ndarray
+        Per client, the sorted labels assigned to it (a superset of the labels it
+        actually has examples of).
+    """
+    labels = np.asarray(labels)
+    n = labels.shape[0]
+    if num_clients < 1 or num_clients > n:
+        raise ValueError(f"need 1 <= num_clients <= {n}, got {num_clients}")
+    per = int(min(max(1, labels_per_client), num_classes))
+    held_sets: list[set[int]] = [
+        set(int(c) for c in rng.choice(num_classes, size=per, replace=False))
+        for _ in range(num_clients)
+    ]
+
+    def holders_of(label: int) -> list[int]:
+        return [i for i in range(num_clients) if label in held_sets[i]]
+
+    present = np.unique(labels)
+    uncovered = [int(c) for c in present if not holders_of(int(c))]
+    rng.shuffle(uncovered)
+    for label in uncovered:
+        counts = np.zeros(num_classes, dtype=np.int64)
+        for s in held_sets:
+            for c in s:
+                counts[c] += 1
+        # (client, label) pairs whose label is held by >= 2 clients.
+        candidates = [
+            (i, c) for i in range(num_clients) for c in sorted(held_sets[i]) if counts[c] >= 2
+        ]
+        if candidates:
+            i, c = candidates[int(rng.integers(len(candidates)))]
+            held_sets[i].remove(c)
+            held_sets[i].add(label)
+        else:
+            held_sets[int(rng.integers(num_clients))].add(label)
+
+    held = [np.array(sorted(s), dtype=np.int64) for s in held_sets]
+    indices = _split_by_holders(labels, held, rng)
+    for i in range(num_clients):
+        if indices[i].shape[0] == 0:
+            donor = int(np.argmax([ix.shape[0] for ix in indices]))
+            take = int(rng.integers(indices[donor].shape[0]))
+            indices[i] = indices[donor][take : take + 1].copy()
+            indices[donor] = np.delete(indices[donor], take)
+            # The client holds no example of its drawn labels; its only label is now
+            # the one of the example it took.
+            held[i] = np.array([int(labels[indices[i][0]])], dtype=np.int64)
+    indices = [np.sort(ix) for ix in indices]
+    return indices, held
+
+
+def _split_by_holders(
+    labels: np.ndarray, held: list[np.ndarray], rng: np.random.Generator
+) -> list[np.ndarray]:
+    """Split examples of each label evenly (at random) among the clients holding it.
+
+    Labels that no client holds are dropped; clients may end up with nothing.
+    """
+    num_clients = len(held)
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for label in np.unique(labels):
+        holders = np.array([i for i in range(num_clients) if label in held[i]], dtype=np.int64)
+        if holders.shape[0] == 0:
+            continue
+        idx = np.flatnonzero(labels == label)
+        idx = idx[rng.permutation(idx.shape[0])]
+        holders = holders[rng.permutation(holders.shape[0])]
+        for client, chunk in zip(holders, np.array_split(idx, holders.shape[0])):
+            parts[int(client)].append(chunk)
+    return [
+        np.sort(np.concatenate(p)).astype(np.int64) if p else np.zeros(0, dtype=np.int64)
+        for p in parts
+    ]
+
+
+@dataclass
+class Federation:
+    """A simulated federation of clients holding data for several tasks.
+
+    Attributes
+    ----------
+    seed : int
+        Seed the federation was built from.
+    num_clients : int
+        Number of clients ``N``; client ids are ``0 .. N-1``.
+    tasks : list of str
+        Model (task) names, unique.
+    kinds : dict of str to str
+        Task name -> task kind (a key of :data:`KINDS`).
+    processors : np.ndarray
+        Shape ``(N,)`` int, processors ``B_i >= 1`` of each client.
+    eligible : dict of str to np.ndarray
+        Task name -> bool array ``(N,)``, whether the client holds data for the task.
+    data : dict of str to list of tuple of Dataset
+        Task name -> per client ``(train, local_test)``; ``None`` entries are not
+        allowed for eligible clients.
+    server_tests : dict of str to Dataset
+        Task name -> held-out server-side test set.
+    """
+
+    seed: int
+    num_clients: int
+    tasks: list[str]
+    kinds: dict[str, str]
+    processors: np.ndarray
+    eligible: dict[str, np.ndarray]
+    data: dict[str, list[tuple[Dataset, Dataset]]] = field(default_factory=dict, repr=False)
+    server_tests: dict[str, Dataset] = field(default_factory=dict, repr=False)
+
+    def _check_cid(self, cid: int) -> int:
+        cid = int(cid)
+        if not 0 <= cid < self.num_clients:
+            raise KeyError(f"client id {cid} out of range [0, {self.num_clients})")
+        return cid
+
+    def client_data(self, cid: int, task: str) -> tuple[Dataset, Dataset]:
+        """Training data and local test data of client ``cid`` for ``task``.
+
+        Parameters
+        ----------
+        cid : int
+            Client id.
+        task : str
+            Task (model) name.
+
+        Returns
+        -------
+        tuple of Dataset
+            ``(train, local_test)``. The local test set may be empty (digits clients
+            get the global test examples of their labels split among the holders).
+
+        Raises
+        ------
+        KeyError
+            If the task is unknown, the id is out of range or the client is not
+            eligible for the task.
+        """
+        cid = self._check_cid(cid)
+        if task not in self.eligible:
+            raise KeyError(f"unknown task {task!r}")
+        if not bool(self.eligible[task][cid]):
+            raise KeyError(f"client {cid} is not eligible for task {task!r}")
+        return self.data[task][cid]
+
+    def client_tasks(self, cid: int) -> list[str]:
+        """Tasks client ``cid`` is eligible for, in the order of :attr:`tasks`.
+
+        Parameters
+        ----------
+        cid : int
+            Client id.
+
+        Returns
+        -------
+        list of str
+            Eligible task names.
+        """
+        cid = self._check_cid(cid)
+        return [t for t in self.tasks if bool(self.eligible[t][cid])]
+
+    def num_examples(self, cid: int) -> dict[str, int]:
+        """Training sample count of client ``cid`` per eligible task.
+
+        Parameters
+        ----------
+        cid : int
+            Client id.
+
+        Returns
+        -------
+        dict of str to int
+            Task name -> number of training examples (always > 0).
+        """
+        return {t: len(self.client_data(cid, t)[0]) for t in self.client_tasks(cid)}
+
+    def server_test(self, task: str) -> Dataset:
+        """Held-out server-side test set of ``task``.
+
+        Parameters
+        ----------
+        task : str
+            Task (model) name.
+
+        Returns
+        -------
+        Dataset
+            Digits: the global test split. Synthetic: the union of all users' test
+            splits.
+        """
+        if task not in self.server_tests:
+            raise KeyError(f"unknown task {task!r}")
+        return self.server_tests[task]
+
+
+def _build_digits(
+    num_clients: int, seed: int, copy: int, labels_per_client: float
+) -> tuple[list[tuple[Dataset, Dataset]], Dataset]:
+    """Per-client data and server test set for one copy of the digits task."""
+    train, test = load_digits_data(seed)
+    rng = np.random.default_rng(_stream_seed(seed, "digits", copy))
+    per = max(1, int(round(labels_per_client * KINDS["digits"].num_classes)))
+    train_parts, held = label_skew_partition(
+        train.y, num_clients, per, rng, KINDS["digits"].num_classes
+    )
+    test_parts = _split_by_holders(test.y, held, rng)
+    clients = [
+        (train.subset(tr), test.subset(te)) for tr, te in zip(train_parts, test_parts)
+    ]
+    return clients, test
+
+
+def _build_synthetic(
+    num_clients: int, seed: int, copy: int, max_samples: int | None
+) -> tuple[list[tuple[Dataset, Dataset]], Dataset]:
+    """Per-client data and server test set for one copy of the synthetic task."""
+    spec = KINDS["synthetic"]
+    gen_seed = int(_stream_seed(seed, "synthetic", copy).generate_state(1, dtype=np.uint32)[0])
+    users = synthetic_users(
+        SYNTHETIC_ALPHA,
+        SYNTHETIC_BETA,
+        num_clients,
+        dim=spec.input_shape[0],
+        num_classes=spec.num_classes,
+        seed=gen_seed,
+        max_samples=max_samples,
+    )
+    server = concat_datasets([te for _, te in users])
+    return users, server
+
+
+def build_federation(
+    kinds: list[str],
+    num_clients: int,
+    seed: int,
+    labels_per_client: float = 0.3,
+    max_synthetic_samples: int | None = 500,
+) -> Federation:
+    """Build the simulated federation deterministically from ``seed``.
+
+    * ``"digits"``: the global train split of :func:`load_digits_data` is partitioned
+      with a label skew (:func:`label_skew_partition`), each client holding
+      ``max(1, round(labels_per_client * 10))`` labels. Every copy of the task draws
+      its own partition from its own stream. All training examples are used exactly
+      once per copy and every client gets at least one. A client's local test set is
+      the global test examples of its labels, split evenly among the holders.
+    * ``"synthetic"``: client ``k`` is FedProx Synthetic(1, 1) user ``k`` (60 dims,
+      5 classes); each copy uses a different generator seed.
+
+    All clients are eligible for all tasks and have one processor.
+
+    Parameters
+    ----------
+    kinds : list of str
+        Task kinds, one per model (repeats allowed; see :func:`task_names`).
+    num_clients : int
+        Number of clients.
+    seed : int
+        Seed of everything.
+    labels_per_client : float, default 0.3
+        Fraction of the digits labels each client holds.
+    max_synthetic_samples : int or None, default 500
+        Cap on the samples per synthetic user.
+
+    Returns
+    -------
+    Federation
+        The federation.
+    """
+    if num_clients < 1:
+        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    names = task_names(list(kinds))
+    copies: dict[str, int] = {}
+    data: dict[str, list[tuple[Dataset, Dataset]]] = {}
+    server_tests: dict[str, Dataset] = {}
+    for name, kind in zip(names, kinds):
+        copy = copies.get(kind, 0)
+        copies[kind] = copy + 1
+        if kind == "digits":
+            data[name], server_tests[name] = _build_digits(
+                num_clients, seed, copy, labels_per_client
+            )
+        elif kind == "synthetic":
+            data[name], server_tests[name] = _build_synthetic(
+                num_clients, seed, copy, max_synthetic_samples
+            )
+        else:  # pragma: no cover - task_names already validated the kinds
+            raise ValueError(f"unknown task kind {kind!r}")
+    return Federation(
+        seed=int(seed),
+        num_clients=int(num_clients),
+        tasks=names,
+        kinds=dict(zip(names, kinds)),
+        processors=np.ones(num_clients, dtype=np.int64),
+        eligible={name: np.ones(num_clients, dtype=bool) for name in names},
+        data=data,
+        server_tests=server_tests,
+    )

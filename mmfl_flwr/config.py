@@ -44,7 +44,8 @@ class Settings:
     seed : int
         The one seed of the run.
     output_dir : str
-        Where ``metrics.csv``, ``summary.json`` and ``accuracy.png`` go; empty to
+        Where ``metrics.csv``, ``summary.json``, ``assignments.csv`` and
+        ``accuracy.png`` go; empty to
         write nothing.
     timeout : float
         Seconds to wait for the replies of one round trip.

@@ -52,6 +52,18 @@ def write_metrics_csv(history: Sequence[dict[str, Any]], path: str | os.PathLike
             w.writerow([_fmt(row.get(c, "")) for c in cols])
 
 
+def write_assignments_csv(
+    assignments: dict[int, list[tuple[str, str, int]]], path: str | os.PathLike[str]
+) -> None:
+    """Who trained what: one row per (round, client, task) pick, with its count."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["round", "client", "task", "count"])
+        for rnd in sorted(assignments):
+            for cid, task, count in assignments[rnd]:
+                w.writerow([rnd, cid, task, count])
+
+
 def read_metrics_csv(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Read ``metrics.csv`` back (numbers as float/int, empty cells as NaN)."""
     rows = []
@@ -135,5 +147,6 @@ def write_outputs(
     with open(out / "summary.json", "w") as f:
         json.dump(summarize(result, settings), f, indent=2, sort_keys=True)
         f.write("\n")
+    write_assignments_csv(result.assignments, out / "assignments.csv")
     plot_accuracy(result.history, out / "accuracy.png")
     return out

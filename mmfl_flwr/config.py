@@ -131,6 +131,13 @@ class Settings:
             )
         if not self.task_kinds:
             raise ValueError("tasks must name at least one task, e.g. 'digits,synthetic'")
+        from mmfl_flwr.tasks.federation import KINDS
+
+        unknown = [k for k in self.task_kinds if k not in KINDS]
+        if unknown:
+            raise ValueError(
+                f"unknown task kind(s) {unknown}; choose from {', '.join(KINDS)}"
+            )
         checks = [
             (self.num_clients >= 1, "num-clients must be >= 1"),
             (self.num_rounds >= 0, "num-rounds must be >= 0"),

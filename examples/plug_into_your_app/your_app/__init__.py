@@ -1,0 +1,1 @@
+"""An existing Flower app that trains two models at once with mmfl-flwr."""

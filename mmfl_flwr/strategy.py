@@ -284,8 +284,10 @@ class MultiModelStrategy(Strategy):
             return
         if unknown:
             log(WARNING, "Client %s declared unknown tasks %s; ignoring them", cid, unknown)
-        other = self._cid_to_node.get(cid)
-        if other is not None and other != node and other in self._node_to_cid:
+        # Nodes that went away were already forgotten, so another live node with
+        # this id is a duplicate claim: keep the first one.
+        other = next((n for n, c in self._node_to_cid.items() if c == cid and n != node), None)
+        if other is not None:
             log(WARNING, "Client id %s is claimed by nodes %d and %d; keeping %d",
                 cid, other, node, other)
             return

@@ -13,6 +13,8 @@ from typing import Any
 
 from mmfl_flwr.core.aggregators import Aggregator, FedAvgAggregator, UnbiasedAggregator
 from mmfl_flwr.core.policies import (
+    GVR,
+    LVR,
     FullParticipation,
     MFARand,
     MFARoundRobin,
@@ -96,6 +98,39 @@ def multi_fedavg(
     )
 
 
+def lvr(
+    budget: float | None = None,
+    budget_fraction: float = 0.1,
+    floor: float = 1e-6,
+    aggregator: Aggregator | str | None = None,
+    **kwargs: Any,
+) -> MultiModelStrategy:
+    """MMFL-LVR (paper 003, Algorithm 1): loss query every round, optimal
+    loss-based probabilities (Eq. 13), unbiased ``d/(B p)`` aggregation."""
+    return MultiModelStrategy(
+        LVR(budget=budget, budget_fraction=budget_fraction, floor=floor),
+        _aggregator(aggregator, UnbiasedAggregator),
+        **kwargs,
+    )
+
+
+def gvr(
+    budget: float | None = None,
+    budget_fraction: float = 0.1,
+    floor: float = 1e-6,
+    aggregator: Aggregator | str | None = None,
+    **kwargs: Any,
+) -> MultiModelStrategy:
+    """MMFL-GVR (paper 003, Section 4.2): every client trains every task, the
+    server samples updates with probabilities from their norms (Eq. 13 with
+    ``||G||``), unbiased ``d/(B p)`` aggregation."""
+    return MultiModelStrategy(
+        GVR(budget=budget, budget_fraction=budget_fraction, floor=floor),
+        _aggregator(aggregator, UnbiasedAggregator),
+        **kwargs,
+    )
+
+
 #: Preset name (as used by ``mmfl run --strategy`` and ``--run-config strategy=``)
 #: -> factory.
 PRESETS: dict[str, Callable[..., MultiModelStrategy]] = {
@@ -104,6 +139,8 @@ PRESETS: dict[str, Callable[..., MultiModelStrategy]] = {
     "mfa-rand": mfa_rand,
     "mfa-rr": mfa_rr,
     "multi-fedavg": multi_fedavg,
+    "lvr": lvr,
+    "gvr": gvr,
 }
 
 

@@ -6,6 +6,7 @@ is absent.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -57,7 +58,9 @@ class MultiModelResult:
         One row per (round, task): ``round``, ``task``, ``accuracy``, ``loss``
         (server-side evaluation, NaN without ``evaluate_fn``), ``uploads``
         (accepted updates), ``assigned`` (clients assigned), ``rejected``,
-        ``train_loss``, ``step_l1`` (``||w_old - w_new||_1``), and with
+        ``train_loss``, ``step_l1`` (``||w_old - w_new||_1``), ``round_step_l1``
+        (the sum of ``step_l1`` over the tasks: paper 003's summed global step
+        size ``sum_s ||H_s||_1``), and with
         client-side evaluation ``client_accuracy`` and ``client_loss``.
         Round 0 holds the evaluation of the initial weights.
     assignments : dict[int, list[tuple[str, str, int]]]
@@ -458,6 +461,8 @@ class MultiModelStrategy(Strategy):
                     "its updates are missing from the aggregate", cid, sorted(asked))
                 for t in asked:
                     rejected[t] += 1
+        if getattr(self.policy, "selects_after_training", False):
+            updates = self._select_after_training(server_round, updates)
         metrics = MetricRecord()
         self._round_rows = {}
         for task in self.tasks:
@@ -492,6 +497,32 @@ class MultiModelStrategy(Strategy):
             if tl:
                 metrics[f"{task}.train-loss"] = mean_tl
         return None, metrics
+
+    def _select_after_training(
+        self, server_round: int, updates: dict[str, list[Update]]
+    ) -> dict[str, list[Update]]:
+        """GVR-style policies: sample among the trained updates on their norms."""
+        norms = {
+            (u.cid, task): float(np.sqrt(sum(float(np.square(d).sum()) for d in u.delta)))
+            for task, us in updates.items()
+            for u in us
+        }
+        chosen = {
+            (p.cid, p.task): p
+            for p in self.policy.select(  # type: ignore[attr-defined]
+                self.table, self.tasks, norms, server_round, self.rng
+            )
+        }
+        return {
+            task: [
+                dataclasses.replace(
+                    u, prob=chosen[(u.cid, task)].prob, count=chosen[(u.cid, task)].count
+                )
+                for u in us
+                if (u.cid, task) in chosen
+            ]
+            for task, us in updates.items()
+        }
 
     # ------------------------------------------------------------ evaluation
     def configure_evaluate(
@@ -650,8 +681,10 @@ class MultiModelStrategy(Strategy):
                     )
                     if client_eval is not None:
                         result.evaluate_metrics_clientapp[rnd] = {"all": client_eval}
+            round_l1 = sum(r["step_l1"] for r in self._round_rows.values())
             for task in self.tasks:
-                row = {"round": rnd, "task": task, **self._round_rows[task]}
+                row = {"round": rnd, "task": task, **self._round_rows[task],
+                       "round_step_l1": round_l1}
                 if is_eval_round:
                     row.update(self._server_eval(evaluate_fn, rnd, task, result))
                 else:

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from mmfl_flwr.core.clients import ClientTable
+from mmfl_flwr.core.lvr import lvr_probabilities, sample_processors
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,53 @@ class FullParticipation(Policy):
         ]
 
 
+def resolve_budget(budget: float | None, budget_fraction: float, total_processors: int) -> float:
+    """``m``: the absolute ``budget`` if given, else ``budget_fraction * V``."""
+    return float(budget) if budget is not None else budget_fraction * total_processors
+
+
+def _check_budget(budget: float | None, budget_fraction: float) -> None:
+    if budget is not None and not (math.isfinite(budget) and budget > 0):
+        raise ValueError(f"budget must be a positive number, got {budget!r}")
+    if not (math.isfinite(budget_fraction) and 0 < budget_fraction):
+        raise ValueError(
+            f"budget_fraction must be a positive number, got {budget_fraction!r}"
+        )
+
+
+def eligibility_view(
+    table: ClientTable, tasks: Sequence[str]
+) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """Online clients holding at least one active task, as dense arrays.
+
+    Returns ``(ids, n, processors, losses)``: ``n`` and ``losses`` of shape
+    (S, N) (0 / NaN where ineligible or unknown), ``processors`` of shape (N,).
+    """
+    ids, n, procs, losses = table.matrices(list(tasks))
+    keep = n.sum(axis=0) > 0
+    if not keep.all():
+        ids = [c for c, k in zip(ids, keep) if k]
+        n, procs, losses = n[:, keep], procs[keep], losses[:, keep]
+    return ids, n, procs, losses
+
+
+def data_shares(n: np.ndarray) -> np.ndarray:
+    """``d_{i,s}`` from the (S, N) sample counts (each row sums to 1)."""
+    totals = n.sum(axis=1, keepdims=True)
+    return np.divide(n, totals, out=np.zeros_like(n), where=totals > 0)
+
+
+def picks_from_counts(
+    ids: Sequence[str], tasks: Sequence[str], counts: np.ndarray, probs: np.ndarray
+) -> list[Pick]:
+    """Picks for every (task, client) with a positive processor count, ordered by
+    client then task."""
+    out = []
+    for j, s in zip(*np.nonzero(counts.T)):
+        out.append(Pick(ids[int(j)], tasks[int(s)], int(counts[s, j]), float(probs[s, j])))
+    return out
+
+
 class RandomAllocation(Policy):
     """Paper 003's random baseline, at processor level.
 
@@ -157,12 +205,7 @@ class RandomAllocation(Policy):
     name = "random"
 
     def __init__(self, budget: float | None = None, budget_fraction: float = 0.1):
-        if budget is not None and not (math.isfinite(budget) and budget > 0):
-            raise ValueError(f"budget must be a positive number, got {budget!r}")
-        if not (math.isfinite(budget_fraction) and 0 < budget_fraction):
-            raise ValueError(
-                f"budget_fraction must be a positive number, got {budget_fraction!r}"
-            )
+        _check_budget(budget, budget_fraction)
         self.budget = budget
         self.budget_fraction = budget_fraction
 
@@ -173,12 +216,19 @@ class RandomAllocation(Policy):
         """``q = min(1, m / V)``."""
         if total_processors <= 0:
             return 0.0
-        m = (
-            self.budget
-            if self.budget is not None
-            else self.budget_fraction * total_processors
-        )
+        m = resolve_budget(self.budget, self.budget_fraction, total_processors)
         return min(1.0, m / total_processors)
+
+    def probabilities(
+        self, table: ClientTable, tasks: Sequence[str]
+    ) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """``(ids, p (S, N), processors)`` for this round."""
+        ids, n, procs, _ = eligibility_view(table, tasks)
+        eligible = n > 0
+        q = self.activation_probability(int(procs.sum()))
+        sizes = eligible.sum(axis=0)
+        p = np.where(eligible, q / np.maximum(sizes, 1)[None, :], 0.0)
+        return ids, p, procs
 
     def assign(
         self,
@@ -187,22 +237,144 @@ class RandomAllocation(Policy):
         server_round: int,
         rng: np.random.Generator,
     ) -> list[Pick]:
-        active = set(tasks)
-        clients = [
-            (c, [t for t in c.tasks if t in active]) for c in table.clients()
-        ]
-        clients = [(c, ts) for c, ts in clients if ts]
-        q = self.activation_probability(sum(c.processors for c, _ in clients))
-        picks: list[Pick] = []
-        for c, ts in clients:
-            busy = int(rng.binomial(c.processors, q))
-            if busy == 0:
-                continue
-            counts = rng.multinomial(busy, np.full(len(ts), 1.0 / len(ts)))
-            for t, k in zip(ts, counts):
-                if k > 0:
-                    picks.append(Pick(c.cid, t, int(k), q / len(ts)))
-        return picks
+        ids, p, procs = self.probabilities(table, tasks)
+        if not ids:
+            return []
+        return picks_from_counts(ids, tasks, sample_processors(p, procs, rng), p)
+
+
+class LVR(Policy):
+    """MMFL-LVR (paper 003, Theorem 2): loss-based variance-reduced sampling.
+
+    Every round the strategy first asks every client for its loss on each of its
+    tasks (forward pass only); the policy then computes the optimal probabilities
+    of Eq. 13 (:func:`~mmfl_flwr.core.lvr.lvr_probabilities`) with budget ``m``
+    and draws an independent task (or idleness) for every processor. Pair it with
+    the unbiased ``d/(B p)`` aggregator. A client whose loss is missing this round
+    keeps its latest reported loss; a pair that never reported one gets only the
+    ``floor`` share.
+
+    Parameters
+    ----------
+    budget : float, optional
+        ``m``; overrides ``budget_fraction``.
+    budget_fraction : float
+        ``m / V`` (default 0.1).
+    floor : float
+        Lower-bound constant added to every eligible ``U`` (Assumption 5).
+    """
+
+    name = "lvr"
+    needs_losses = True
+
+    def __init__(
+        self, budget: float | None = None, budget_fraction: float = 0.1, floor: float = 1e-6
+    ):
+        _check_budget(budget, budget_fraction)
+        if not (math.isfinite(floor) and floor >= 0):
+            raise ValueError(f"floor must be a non-negative number, got {floor!r}")
+        self.budget = budget
+        self.budget_fraction = budget_fraction
+        self.floor = floor
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "budget": self.budget,
+            "budget_fraction": self.budget_fraction,
+            "floor": self.floor,
+        }
+
+    def probabilities(
+        self, table: ClientTable, tasks: Sequence[str]
+    ) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """``(ids, p (S, N), processors)`` from the table's latest losses."""
+        ids, n, procs, losses = eligibility_view(table, tasks)
+        if not ids:
+            return ids, np.zeros((len(tasks), 0)), procs
+        m = resolve_budget(self.budget, self.budget_fraction, int(procs.sum()))
+        return ids, lvr_probabilities(losses, data_shares(n), procs, m, self.floor), procs
+
+    def assign(
+        self,
+        table: ClientTable,
+        tasks: Sequence[str],
+        server_round: int,
+        rng: np.random.Generator,
+    ) -> list[Pick]:
+        ids, p, procs = self.probabilities(table, tasks)
+        if not ids:
+            return []
+        return picks_from_counts(ids, tasks, sample_processors(p, procs, rng), p)
+
+
+class GVR(Policy):
+    """MMFL-GVR (paper 003, Section 4.2): gradient(update)-norm-based sampling.
+
+    Every client trains every task it holds every round (``assign`` returns all
+    pairs); after training, :meth:`select` computes the Eq. 13 probabilities with
+    the update norms ``||G_{i,s}||`` as the signal, draws every processor's task,
+    and only the drawn updates are aggregated (unbiased ``d/(B p)`` rule). In
+    this implementation clients send all updates and the server samples among
+    them; ``uploads`` in the metrics counts the sampled ones, which is what a
+    two-phase deployment (norms first, then the sampled updates) would upload.
+    """
+
+    name = "gvr"
+    selects_after_training = True
+
+    def __init__(
+        self, budget: float | None = None, budget_fraction: float = 0.1, floor: float = 1e-6
+    ):
+        _check_budget(budget, budget_fraction)
+        if not (math.isfinite(floor) and floor >= 0):
+            raise ValueError(f"floor must be a non-negative number, got {floor!r}")
+        self.budget = budget
+        self.budget_fraction = budget_fraction
+        self.floor = floor
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "budget": self.budget,
+            "budget_fraction": self.budget_fraction,
+            "floor": self.floor,
+        }
+
+    def assign(
+        self,
+        table: ClientTable,
+        tasks: Sequence[str],
+        server_round: int,
+        rng: np.random.Generator,
+    ) -> list[Pick]:
+        return FullParticipation().assign(table, tasks, server_round, rng)
+
+    def select(
+        self,
+        table: ClientTable,
+        tasks: Sequence[str],
+        norms: dict[tuple[str, str], float],
+        server_round: int,
+        rng: np.random.Generator,
+    ) -> list[Pick]:
+        """Sample among the trained pairs, with ``norms[(cid, task)] = ||G||``.
+
+        Pairs without a (valid) update are not eligible this round; ``d`` and
+        ``B`` stay those of the whole federation.
+        """
+        ids, n, procs, _ = eligibility_view(table, tasks)
+        if not ids:
+            return []
+        d = data_shares(n)
+        sig = np.full(n.shape, np.nan)
+        col = {cid: j for j, cid in enumerate(ids)}
+        row = {t: s for s, t in enumerate(tasks)}
+        for (cid, task), value in norms.items():
+            if cid in col and task in row:
+                sig[row[task], col[cid]] = value
+        d_avail = np.where(np.isnan(sig), 0.0, d)
+        m = resolve_budget(self.budget, self.budget_fraction, int(procs.sum()))
+        p = lvr_probabilities(np.nan_to_num(sig, nan=0.0), d_avail, procs, m, self.floor)
+        return picks_from_counts(ids, tasks, sample_processors(p, procs, rng), p)
 
 
 class MultiFedAvg(Policy):

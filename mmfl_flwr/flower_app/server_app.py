@@ -38,7 +38,7 @@ def strategy_from_settings(
     }
     if s.aggregator:
         kwargs["aggregator"] = s.aggregator
-    if s.strategy == "random":
+    if s.strategy in ("random", "lvr", "gvr"):
         kwargs["budget_fraction"] = s.budget_fraction
     if s.strategy in ("mfa-rand", "mfa-rr", "multi-fedavg"):
         kwargs["clients_per_round"] = s.clients_per_round or None

@@ -1,0 +1,157 @@
+"""Variance-reduced sampling probabilities (paper 003, Theorem 2, Eq. 13).
+
+Framework-free (numpy only) and vectorised: 10^5 clients x 10 tasks take a few
+tens of milliseconds.
+
+For each processor ``(i, b)`` of client ``i`` and task ``s`` let
+``U_{s,i} = d_{i,s} * signal_{s,i} / B_i`` (plus the lower-bound constant
+``floor`` on eligible pairs) and ``M_i = sum_s U_{s,i}``. Eq. 12 minimises
+``sum_i B_i sum_s U_{s,i}^2 / p_{s,i}`` subject to ``sum_s p_{s,i} <= 1`` and
+``sum_{s,i} B_i p_{s,i} = m``. Within a processor the optimum is proportional to
+``U``; across processors it is water-filling: ``q_i = min(1, c M_i)`` with ``c``
+such that ``sum_i B_i q_i = m``. The processors with the largest ``M`` are capped
+at ``q = 1`` (the set V0 of the theorem). The solution is unique.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _as_2d(name: str, a: object) -> np.ndarray:
+    arr = np.asarray(a, dtype=np.float64)
+    if arr.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D array (S tasks x N clients), got shape {arr.shape}")
+    return arr
+
+
+def lvr_probabilities(
+    signal: np.ndarray,
+    data_share: np.ndarray,
+    processors: np.ndarray,
+    budget: float,
+    floor: float = 1e-6,
+) -> np.ndarray:
+    """Optimal per-processor task probabilities of MMFL-LVR / MMFL-GVR.
+
+    Parameters
+    ----------
+    signal : array (S, N)
+        Per-client signal: the local loss ``f_{i,s}`` (LVR) or the update norm
+        ``||G_{i,s}||`` (GVR). NaN or 0 where client ``i`` has no data for task
+        ``s``; NaN on an eligible pair counts as 0 (no signal).
+    data_share : array (S, N)
+        ``d_{i,s}`` (0 where ineligible).
+    processors : array (N,)
+        ``B_i >= 1``.
+    budget : float
+        ``m > 0``, the expected number of (processor, task) updates per round.
+    floor : float
+        The paper's small constant (Assumption 5) added to ``U`` on every eligible
+        pair, so every eligible pair keeps a probability bounded away from 0.
+
+    Returns
+    -------
+    array (S, N)
+        ``p[s, i]``: probability that one processor of client ``i`` trains task
+        ``s`` (the same for each of its ``B_i`` processors). ``sum_s p[:, i] <= 1``
+        and ``sum_{s,i} B_i p[s, i] = min(m, number of processors with a positive
+        signal)``. All-zero signal (and ``floor = 0``) falls back to uniform
+        ``U`` over the eligible pairs.
+
+    Raises
+    ------
+    ValueError
+        Negative or infinite signal, negative or non-finite data share, shape
+        mismatch, ``budget <= 0``, ``processors < 1``, negative ``floor``.
+    """
+    sig = _as_2d("signal", signal)
+    d = _as_2d("data_share", data_share)
+    b = np.asarray(processors, dtype=np.float64)
+    if sig.shape != d.shape:
+        raise ValueError(f"signal has shape {sig.shape} but data_share has shape {d.shape}")
+    if b.shape != (sig.shape[1],):
+        raise ValueError(f"processors must have shape ({sig.shape[1]},), got {b.shape}")
+    if not (np.isfinite(budget) and budget > 0):
+        raise ValueError(f"budget must be a positive number, got {budget!r}")
+    if not (np.isfinite(floor) and floor >= 0):
+        raise ValueError(f"floor must be a non-negative number, got {floor!r}")
+    if not np.isfinite(b).all() or (b < 1).any() or (b != np.round(b)).any():
+        raise ValueError("processors must be integers >= 1")
+    if not np.isfinite(d).all() or (d < 0).any():
+        raise ValueError("data_share must be finite and >= 0")
+    if np.isinf(sig).any():
+        raise ValueError("signal must not be infinite")
+    if (sig < 0).any():
+        raise ValueError("signal must be >= 0 (NaN marks pairs without data)")
+
+    eligible = d > 0
+    u = np.where(eligible, d * np.nan_to_num(sig, nan=0.0) / b[None, :], 0.0)
+    if floor > 0:
+        u = np.where(eligible, u + floor, 0.0)
+    elif not (u > 0).any():
+        u = eligible.astype(np.float64)  # all-zero signal: uniform over eligible pairs
+    m_proc = u.sum(axis=0)  # M_i
+    q = water_fill(m_proc, b, float(budget))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = np.where(m_proc[None, :] > 0, u * (q / m_proc)[None, :], 0.0)
+    return p
+
+
+def water_fill(weights: np.ndarray, counts: np.ndarray, budget: float) -> np.ndarray:
+    """Solve ``q_i = min(1, c * w_i)`` with ``sum_i counts_i q_i = budget``.
+
+    ``w_i = 0`` gives ``q_i = 0``. If the budget reaches the total count of
+    positive-weight items, they all get ``q = 1``. O(N log N).
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    n = np.asarray(counts, dtype=np.float64)
+    q = np.zeros_like(w)
+    pos = np.flatnonzero(w > 0)
+    if pos.size == 0:
+        return q
+    if budget >= n[pos].sum():
+        q[pos] = 1.0
+        return q
+    order = pos[np.argsort(-w[pos])]  # ties: any order gives the same q
+    ws, ns = w[order], n[order]
+    capped = np.concatenate(([0.0], np.cumsum(ns)[:-1]))  # count of the top j items
+    bw = ns * ws
+    rest = np.cumsum(bw[::-1])[::-1]  # sum_{k >= j} n_k w_k
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c = (budget - capped) / rest
+    # The first j for which the item j (largest uncapped) stays <= 1 is the
+    # solution: items above it are capped, all others get c * w.
+    ok = (budget - capped > 0) & (c * ws <= 1.0 + 1e-12)
+    j = int(np.argmax(ok))
+    qs = np.minimum(1.0, c[j] * ws)
+    qs[:j] = 1.0
+    q[order] = qs
+    return q
+
+
+def sample_processors(
+    probs: np.ndarray, processors: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
+    """Independent categorical draw for every processor.
+
+    Processor ``b`` of client ``i`` trains task ``s`` with probability
+    ``probs[s, i]`` and is idle with probability ``1 - sum_s probs[s, i]``.
+
+    Returns
+    -------
+    array (S, N) of int
+        How many processors of client ``i`` drew task ``s`` (paper 003, Remark 1:
+        the client trains once and the update counts that many times).
+    """
+    p = np.asarray(probs, dtype=np.float64)
+    s_count, n_count = p.shape
+    b = np.asarray(processors, dtype=np.int64)
+    owner = np.repeat(np.arange(n_count), b)
+    cum = np.cumsum(p, axis=0)  # (S, N)
+    u = rng.random(owner.size)
+    # category = number of cumulative bounds <= u; S means idle
+    cat = (u[None, :] >= cum[:, owner]).sum(axis=0)
+    counts = np.zeros((s_count + 1, n_count), dtype=np.int64)
+    np.add.at(counts, (cat, owner), 1)
+    return counts[:s_count]

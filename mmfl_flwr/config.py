@@ -19,7 +19,8 @@ class Settings:
     Attributes
     ----------
     strategy : str
-        Preset name: ``random``, ``full``, ``mfa-rand``, ``mfa-rr``, ``multi-fedavg``.
+        Preset name: ``random``, ``full``, ``mfa-rand``, ``mfa-rr``, ``multi-fedavg``,
+        ``lvr``, ``gvr``.
     aggregator : str
         ``""`` for the preset's own, or ``fedavg`` / ``unbiased``.
     tasks : str
@@ -32,11 +33,16 @@ class Settings:
     local_epochs, lr, batch_size : int, float, int
         Local SGD settings.
     budget_fraction : float
-        ``m / V`` for the budgeted policies (random allocation).
+        ``m / V`` for the budgeted policies (random, lvr, gvr).
     clients_per_round : int
         ``K`` for MFA-Rand / MFA-RR / Multi-FedAvg; 0 means all clients.
     labels_per_client : float
         Fraction of the labels each client holds per image task (label skew).
+    profile : str
+        Client heterogeneity: ``uniform`` (all tasks, one processor, equal data
+        weight) or ``paper003`` (10% high-data clients per task with ~10x the
+        samples, 10% of clients without one task, B_i = |S_i| / ceil(|S_i|/2) / 1
+        for 25% / 50% / 25% of clients).
     synthetic_max_samples : int
         Cap on a Synthetic(1,1) user's samples (0: no cap).
     fraction_evaluate : float
@@ -62,6 +68,7 @@ class Settings:
     budget_fraction: float = 0.1
     clients_per_round: int = 0
     labels_per_client: float = 0.3
+    profile: str = "uniform"
     synthetic_max_samples: int = 500
     fraction_evaluate: float = 0.0
     seed: int = 0
@@ -133,6 +140,12 @@ class Settings:
             raise ValueError("tasks must name at least one task, e.g. 'digits,synthetic'")
         from mmfl_flwr.tasks.federation import KINDS
 
+        from mmfl_flwr.tasks.federation import PROFILES
+
+        if self.profile not in PROFILES:
+            raise ValueError(
+                f"profile={self.profile!r} is unknown; choose from {', '.join(PROFILES)}"
+            )
         unknown = [k for k in self.task_kinds if k not in KINDS]
         if unknown:
             raise ValueError(

@@ -104,7 +104,12 @@ def run(
     if engine == "simulation":
         return run_simulation_engine(settings, num_cpus=num_cpus, verbose=verbose)
     if engine == "inprocess":
+        flwr_logger = logging.getLogger("flwr")
+        old_level = flwr_logger.level
         if not verbose:
-            logging.getLogger("flwr").setLevel(logging.WARNING)
-        return run_inprocess(settings)
+            flwr_logger.setLevel(logging.WARNING)
+        try:
+            return run_inprocess(settings)
+        finally:
+            flwr_logger.setLevel(old_level)
     raise ValueError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")

@@ -359,7 +359,17 @@ class MultiModelStrategy(Strategy):
         :attr:`arrays`.
         """
         picks = self.policy.assign(self.table, self.tasks, server_round, self.rng)
-        picks = [p for p in picks if p.cid in self._cid_to_node and p.task in self.weights]
+        valid = [
+            p
+            for p in picks
+            if p.cid in self._cid_to_node
+            and p.task in self.weights
+            and p.task in self.table[p.cid].num_examples
+        ]
+        if len(valid) != len(picks):
+            log(WARNING, "Policy %r made %d picks of offline clients or of tasks a "
+                "client holds no data for; dropped", self.policy, len(picks) - len(valid))
+        picks = valid
         self._round_picks = picks
         messages = []
         for cid, mine in picks_by_client(picks).items():
@@ -574,7 +584,13 @@ class MultiModelStrategy(Strategy):
                 log(WARNING, "Client %s failed to evaluate (error %s: %s)",
                     cid, reply.error.code, reply.error.reason)
                 continue
-            for task in self.tasks:
+            sent = [t for t in self.table[cid].tasks if t in self.weights]
+            for key in reply.content.metric_records:
+                task = P.task_of(key, P.METRICS_PREFIX)
+                if task not in sent:
+                    log(WARNING, "Client %s: rejected evaluation record %r (model not "
+                        "sent to it)", cid, key)
+            for task in sent:
                 m = reply.content.metric_records.get(P.metrics_key(task))
                 if m is None:
                     continue

@@ -778,14 +778,8 @@ def test_client_declaring_only_unknown_tasks_is_never_sent_work(caplog):
     assert any("zed" in m and "zzz" in m for m in warnings_of(caplog))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG strategy.py _register: a client id claimed by two nodes that both "
-    "register in the same round is not detected (the check reads _cid_to_node, "
-    "which is only rebuilt after all new nodes registered); the second node "
-    "silently overwrites the first node's declaration",
-)
 def test_two_new_nodes_claiming_one_client_id_in_the_same_round(caplog):
+    """Both nodes are new in round 1; only one may own the id "alice"."""
     caplog.set_level(logging.WARNING, logger="flwr")
     clients = honest()
     clients["impostor"] = ClientDef({"a": (10**6, 100.0)})
@@ -800,11 +794,21 @@ def test_two_new_nodes_claiming_one_client_id_in_the_same_round(caplog):
 
         return call
 
-    run = run_strategy(clients, rounds=1, wrap=wrap)
+    run = run_strategy(clients, rounds=2, wrap=wrap)
     msgs = warnings_of(caplog)
-    assert any("alice" in m and "claimed" in m for m in msgs), msgs
-    # alice's declaration is the one kept
-    assert run.strategy.table["alice"].num_examples == {"a": 10, "b": 30}
+    claims = [m for m in msgs if "alice" in m and "claimed" in m]
+    assert len(claims) == 2, msgs  # the losing node is asked again each round
+    # exactly one node trains as "alice" each round, and the table holds that
+    # node's declaration
+    for rnd in (1, 2):
+        alice_nodes = {r.node for r in run.rec.of_type("train") if r.round == rnd
+                       and r.node in (node_of(run.grid, "alice"), node_of(run.grid, "impostor"))}
+        assert len(alice_nodes) == 1
+    (kept,) = alice_nodes
+    owner = run.grid.context(kept).node_config["cid"]
+    declared = {"alice": {"a": 10, "b": 30}, "impostor": {"a": 10**6}}[owner]
+    assert run.strategy.table["alice"].num_examples == declared
+    assert str(kept) in claims[0].split("keeping")[-1]
 
 
 # ===================================================== 4. the loss query
@@ -985,3 +989,54 @@ def test_server_side_evaluate_fn_sees_the_aggregated_model():
             assert row["loss"] == pytest.approx(rnd * step, rel=1e-6)
             assert row["accuracy"] == 0.5
     assert [(r, t) for r, t, _ in seen] == [(r, t) for r in (0, 1, 2) for t in TASKS]
+
+
+def test_client_evaluation_of_a_task_it_was_not_sent_is_rejected(caplog):
+    caplog.set_level(logging.WARNING, logger="flwr")
+    clients = honest()
+    for c in clients.values():
+        c.evals = {t: (1.0, 0.5, 10) for t in c.tasks}
+
+    def wrap(app):
+        def call(msg, ctx):
+            reply = app(msg, ctx)
+            if ctx.node_config["cid"] == "dave" and msg.metadata.message_type == "evaluate":
+                # dave holds only "b" and was sent only "b"
+                reply.content[P.metrics_key("a")] = MetricRecord(
+                    {P.NUM_EXAMPLES: 10**6, P.LOSS: 0.0, P.ACCURACY: 1.0}
+                )
+            return reply
+
+        return call
+
+    run = run_strategy(clients, rounds=1, wrap=wrap, fraction_evaluate=1.0)
+    assert rows_of(run.result, 1)["a"]["client_accuracy"] == pytest.approx(0.5)
+    assert any("dave" in m for m in warnings_of(caplog))
+
+
+
+
+def test_policy_assigning_an_ineligible_task_does_not_crash_the_run():
+    clients = honest()  # carol holds only "a"
+    picks = [(c, t) for c in GOOD for t in clients[c].tasks] + [("carol", "b")]
+
+    def wrap(app):
+        def call(msg, ctx):
+            if ctx.node_config["cid"] == "carol" and msg.metadata.message_type == "train":
+                # a lenient client trains whatever it is sent
+                content = RecordDict()
+                for key, rec in msg.content.array_records.items():
+                    w = arrays_to_numpy(rec)
+                    content[key] = numpy_to_arrays({k: v - np.float32(2.0) for k, v in w.items()})
+                    task = P.task_of(key, P.ARRAYS_PREFIX)
+                    content[P.metrics_key(task)] = MetricRecord(
+                        {P.NUM_EXAMPLES: 20, P.TRAIN_LOSS: 0.5}
+                    )
+                return Message(content, reply_to=msg)
+            return app(msg, ctx)
+
+        return call
+
+    run = run_strategy(clients, FixedPolicy(picks), rounds=1, wrap=wrap)
+    assert ("carol", "b", 1) not in run.result.assignments[1]
+    assert_global(run, "b", -fedavg_step(clients, "b", good_for(clients, "b")))

@@ -6,7 +6,9 @@ A node's identity and resources come from its ``node_config``:
   Flower's simulation engine sets it, a SuperNode gets it from ``--node-config``;
 - ``client-id`` (str, optional): stable id reported to the server (default: the
   partition id);
-- ``processors`` (int, optional): ``B_i``, overriding the federation's value.
+- ``processors`` (int, optional): ``B_i``, overriding the federation's value;
+- ``tasks`` (str, optional): comma-separated model names this node trains (a
+  subset of the ones its partition holds data for).
 """
 
 from __future__ import annotations
@@ -23,7 +25,12 @@ from mmfl_flwr.tasks.federation import Federation, build_federation
 
 @lru_cache(maxsize=8)
 def _federation(
-    kinds: tuple[str, ...], num_clients: int, seed: int, labels: float, max_synth: int
+    kinds: tuple[str, ...],
+    num_clients: int,
+    seed: int,
+    labels: float,
+    max_synth: int,
+    profile: str,
 ) -> Federation:
     return build_federation(
         list(kinds),
@@ -31,6 +38,7 @@ def _federation(
         seed,
         labels_per_client=labels,
         max_synthetic_samples=max_synth or None,
+        profile=profile,
     )
 
 
@@ -42,6 +50,7 @@ def federation_for(settings: Settings) -> Federation:
         settings.seed,
         settings.labels_per_client,
         settings.synthetic_max_samples,
+        settings.profile,
     )
 
 
@@ -64,8 +73,18 @@ def client_spec(context: Context, settings: Settings | None = None) -> ClientSpe
             "(set --run-config num-clients to the number of partitions)"
         )
     fed = federation_for(s)
+    tasks = fed.client_tasks(pid)
+    if "tasks" in cfg:
+        declared = [t.strip() for t in str(cfg["tasks"]).split(",") if t.strip()]
+        unknown = [t for t in declared if t not in fed.tasks]
+        if unknown:
+            raise ValueError(
+                f"node_config tasks {unknown} are not models of this run "
+                f"({', '.join(fed.tasks)})"
+            )
+        tasks = [t for t in tasks if t in declared]
     trainers = {}
-    for task in fed.client_tasks(pid):
+    for task in tasks:
         train, test = fed.client_data(pid, task)
         kind = fed.kinds[task]
         trainers[task] = TorchTrainer(lambda k=kind: make_model(k), train, test, s.batch_size)

@@ -19,6 +19,8 @@ __all__ = [
     "Federation",
     "build_federation",
     "label_skew_partition",
+    "Profile",
+    "PROFILES",
 ]
 
 
@@ -94,6 +96,7 @@ def label_skew_partition(
     labels_per_client: int,
     rng: np.random.Generator,
     num_classes: int,
+    weights: np.ndarray | None = None,
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Partition examples among clients so that each client holds few labels.
 
@@ -120,6 +123,9 @@ def label_skew_partition(
         Source of randomness.
     num_classes : int
         Number of classes.
+    weights : np.ndarray, optional
+        Per-client weights: a label's examples are split among its holders in
+        proportion to them (paper 003's high/low-data clients); equal by default.
 
     Returns
     -------
@@ -163,7 +169,7 @@ def label_skew_partition(
             held_sets[int(rng.integers(num_clients))].add(label)
 
     held = [np.array(sorted(s), dtype=np.int64) for s in held_sets]
-    indices = _split_by_holders(labels, held, rng)
+    indices = _split_by_holders(labels, held, rng, weights)
     for i in range(num_clients):
         if indices[i].shape[0] == 0:
             donor = int(np.argmax([ix.shape[0] for ix in indices]))
@@ -177,10 +183,28 @@ def label_skew_partition(
     return indices, held
 
 
-def _split_by_holders(
-    labels: np.ndarray, held: list[np.ndarray], rng: np.random.Generator
+def _weighted_chunks(
+    idx: np.ndarray, weights: np.ndarray, rng: np.random.Generator
 ) -> list[np.ndarray]:
-    """Split examples of each label evenly (at random) among the clients holding it.
+    """Split ``idx`` into ``len(weights)`` consecutive chunks with sizes
+    proportional to ``weights`` (largest-remainder rounding, ties at random)."""
+    share = weights / weights.sum() * idx.shape[0]
+    sizes = np.floor(share).astype(np.int64)
+    left = idx.shape[0] - int(sizes.sum())
+    if left > 0:
+        frac = share - sizes + rng.random(share.shape[0]) * 1e-9
+        sizes[np.argsort(-frac)[:left]] += 1
+    return np.split(idx, np.cumsum(sizes)[:-1])
+
+
+def _split_by_holders(
+    labels: np.ndarray,
+    held: list[np.ndarray],
+    rng: np.random.Generator,
+    weights: np.ndarray | None = None,
+) -> list[np.ndarray]:
+    """Split examples of each label (at random) among the clients holding it,
+    evenly or, with ``weights``, in proportion to the holders' weights.
 
     Labels that no client holds are dropped; clients may end up with nothing.
     """
@@ -193,7 +217,11 @@ def _split_by_holders(
         idx = np.flatnonzero(labels == label)
         idx = idx[rng.permutation(idx.shape[0])]
         holders = holders[rng.permutation(holders.shape[0])]
-        for client, chunk in zip(holders, np.array_split(idx, holders.shape[0])):
+        if weights is None:
+            chunks = np.array_split(idx, holders.shape[0])
+        else:
+            chunks = _weighted_chunks(idx, np.asarray(weights, dtype=np.float64)[holders], rng)
+        for client, chunk in zip(holders, chunks):
             parts[int(client)].append(chunk)
     return [
         np.sort(np.concatenate(p)).astype(np.int64) if p else np.zeros(0, dtype=np.int64)
@@ -320,29 +348,90 @@ class Federation:
         return self.server_tests[task]
 
 
+@dataclass(frozen=True)
+class Profile:
+    """How heterogeneous the clients of a federation are.
+
+    Attributes
+    ----------
+    high_data_fraction : float
+        Fraction of the clients that are "high-data" for a task, drawn
+        independently per task (0: all clients alike).
+    high_data_ratio : float
+        How many times more samples a high-data client gets than the others.
+    partial_fraction : float
+        Fraction of the clients that hold data for only ``S - 1`` tasks (one
+        random task dropped); the rest hold all ``S``.
+    processors : str
+        ``"one"`` (``B_i = 1``) or ``"paper003"``: 25% of the clients get
+        ``|S_i|``, 50% ``ceil(|S_i| / 2)`` and 25% one processor.
+    """
+
+    high_data_fraction: float = 0.0
+    high_data_ratio: float = 10.0
+    partial_fraction: float = 0.0
+    processors: str = "one"
+
+
+#: Named profiles: ``uniform`` (every client alike, one processor, all tasks)
+#: and ``paper003`` (paper 003's heterogeneous setting, Section 6).
+PROFILES: dict[str, Profile] = {
+    "uniform": Profile(),
+    "paper003": Profile(
+        high_data_fraction=0.1, high_data_ratio=10.0, partial_fraction=0.1, processors="paper003"
+    ),
+}
+
+
+def _empty(kind: str) -> Dataset:
+    spec = KINDS[kind]
+    return Dataset(np.zeros((0, *spec.input_shape), np.float32), np.zeros(0, np.int64))
+
+
 def _build_digits(
-    num_clients: int, seed: int, copy: int, labels_per_client: float
+    num_clients: int,
+    seed: int,
+    copy: int,
+    labels_per_client: float,
+    eligible: np.ndarray,
+    weights: np.ndarray | None,
 ) -> tuple[list[tuple[Dataset, Dataset]], Dataset]:
-    """Per-client data and server test set for one copy of the digits task."""
+    """Per-client data and server test set for one copy of the digits task; the
+    training examples are shared out among the eligible clients only."""
     train, test = load_digits_data(seed)
     rng = np.random.default_rng(_stream_seed(seed, "digits", copy))
     per = max(1, int(round(labels_per_client * KINDS["digits"].num_classes)))
+    members = np.flatnonzero(eligible)
     train_parts, held = label_skew_partition(
-        train.y, num_clients, per, rng, KINDS["digits"].num_classes
+        train.y,
+        members.shape[0],
+        per,
+        rng,
+        KINDS["digits"].num_classes,
+        None if weights is None else weights[members],
     )
     test_parts = _split_by_holders(test.y, held, rng)
-    clients = [
-        (train.subset(tr), test.subset(te)) for tr, te in zip(train_parts, test_parts)
-    ]
+    clients = [(_empty("digits"), _empty("digits"))] * num_clients
+    for j, cid in enumerate(members):
+        clients[int(cid)] = (train.subset(train_parts[j]), test.subset(test_parts[j]))
     return clients, test
 
 
 def _build_synthetic(
-    num_clients: int, seed: int, copy: int, max_samples: int | None
+    num_clients: int,
+    seed: int,
+    copy: int,
+    max_samples: int | None,
+    eligible: np.ndarray,
+    high: np.ndarray | None,
+    ratio: float,
 ) -> tuple[list[tuple[Dataset, Dataset]], Dataset]:
-    """Per-client data and server test set for one copy of the synthetic task."""
+    """Per-client data and server test set for one copy of the synthetic task.
+    With ``high`` given, the other (low-data) users keep ``1 / ratio`` of their
+    training samples."""
     spec = KINDS["synthetic"]
-    gen_seed = int(_stream_seed(seed, "synthetic", copy).generate_state(1, dtype=np.uint32)[0])
+    stream = _stream_seed(seed, "synthetic", copy)
+    gen_seed = int(stream.generate_state(1, dtype=np.uint32)[0])
     users = synthetic_users(
         SYNTHETIC_ALPHA,
         SYNTHETIC_BETA,
@@ -353,7 +442,45 @@ def _build_synthetic(
         max_samples=max_samples,
     )
     server = concat_datasets([te for _, te in users])
+    if high is not None:
+        rng = np.random.default_rng(stream.spawn(1)[0])
+        for k in range(num_clients):
+            if not high[k]:
+                tr, te = users[k]
+                keep = max(1, int(np.ceil(len(tr) / ratio)))
+                users[k] = (tr.subset(np.sort(rng.permutation(len(tr))[:keep])), te)
+    users = [u if eligible[k] else (_empty("synthetic"), _empty("synthetic"))
+             for k, u in enumerate(users)]
     return users, server
+
+
+def _heterogeneity(
+    num_clients: int, num_tasks: int, seed: int, profile: Profile
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Eligibility (S, N), high-data flags (S, N) and processors (N,) of a profile."""
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 99]))
+    eligible = np.ones((num_tasks, num_clients), dtype=bool)
+    if profile.partial_fraction > 0 and num_tasks >= 2:
+        k = int(round(profile.partial_fraction * num_clients))
+        for cid in rng.choice(num_clients, size=k, replace=False):
+            eligible[int(rng.integers(num_tasks)), int(cid)] = False
+    high = np.zeros((num_tasks, num_clients), dtype=bool)
+    if profile.high_data_fraction > 0:
+        for s in range(num_tasks):
+            members = np.flatnonzero(eligible[s])
+            k = max(1, int(round(profile.high_data_fraction * members.shape[0])))
+            high[s, rng.choice(members, size=min(k, members.shape[0]), replace=False)] = True
+    sizes = eligible.sum(axis=0)
+    processors = np.ones(num_clients, dtype=np.int64)
+    if profile.processors == "paper003":
+        order = rng.permutation(num_clients)
+        a = int(round(0.25 * num_clients))
+        b = a + int(round(0.5 * num_clients))
+        processors[order[:a]] = sizes[order[:a]]
+        processors[order[a:b]] = np.ceil(sizes[order[a:b]] / 2).astype(np.int64)
+    elif profile.processors != "one":
+        raise ValueError(f"unknown processors rule {profile.processors!r}; use 'one' or 'paper003'")
+    return eligible, high, np.maximum(processors, 1)
 
 
 def build_federation(
@@ -362,19 +489,23 @@ def build_federation(
     seed: int,
     labels_per_client: float = 0.3,
     max_synthetic_samples: int | None = 500,
+    profile: str | Profile = "uniform",
 ) -> Federation:
     """Build the simulated federation deterministically from ``seed``.
 
     * ``"digits"``: the global train split of :func:`load_digits_data` is partitioned
-      with a label skew (:func:`label_skew_partition`), each client holding
-      ``max(1, round(labels_per_client * 10))`` labels. Every copy of the task draws
-      its own partition from its own stream. All training examples are used exactly
-      once per copy and every client gets at least one. A client's local test set is
-      the global test examples of its labels, split evenly among the holders.
+      among the task's eligible clients with a label skew
+      (:func:`label_skew_partition`), each client holding
+      ``max(1, round(labels_per_client * 10))`` labels (split in proportion to the
+      clients' data weights under a heterogeneous profile). Every copy of the task
+      draws its own partition from its own stream. All training examples are used
+      exactly once per copy and every eligible client gets at least one. A
+      client's local test set is the global test examples of its labels, split
+      evenly among the holders.
     * ``"synthetic"``: client ``k`` is FedProx Synthetic(1, 1) user ``k`` (60 dims,
-      5 classes); each copy uses a different generator seed.
-
-    All clients are eligible for all tasks and have one processor.
+      5 classes); each copy uses a different generator seed. Under a profile with
+      high-data clients, the low-data users keep ``1 / high_data_ratio`` of their
+      training samples.
 
     Parameters
     ----------
@@ -388,6 +519,10 @@ def build_federation(
         Fraction of the digits labels each client holds.
     max_synthetic_samples : int or None, default 500
         Cap on the samples per synthetic user.
+    profile : str or Profile, default "uniform"
+        Client heterogeneity: a :data:`PROFILES` name or a :class:`Profile`
+        (``"uniform"``: all clients hold all tasks with one processor and
+        label-skewed but equal-weight data; ``"paper003"``: paper 003's setting).
 
     Returns
     -------
@@ -396,20 +531,35 @@ def build_federation(
     """
     if num_clients < 1:
         raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    if isinstance(profile, str):
+        if profile not in PROFILES:
+            raise ValueError(f"unknown profile {profile!r}; choose from {', '.join(PROFILES)}")
+        profile = PROFILES[profile]
     names = task_names(list(kinds))
+    eligible, high, processors = _heterogeneity(num_clients, len(names), seed, profile)
+    heterogeneous_data = profile.high_data_fraction > 0
     copies: dict[str, int] = {}
     data: dict[str, list[tuple[Dataset, Dataset]]] = {}
     server_tests: dict[str, Dataset] = {}
-    for name, kind in zip(names, kinds):
+    for s, (name, kind) in enumerate(zip(names, kinds)):
         copy = copies.get(kind, 0)
         copies[kind] = copy + 1
         if kind == "digits":
+            weights = (
+                np.where(high[s], profile.high_data_ratio, 1.0) if heterogeneous_data else None
+            )
             data[name], server_tests[name] = _build_digits(
-                num_clients, seed, copy, labels_per_client
+                num_clients, seed, copy, labels_per_client, eligible[s], weights
             )
         elif kind == "synthetic":
             data[name], server_tests[name] = _build_synthetic(
-                num_clients, seed, copy, max_synthetic_samples
+                num_clients,
+                seed,
+                copy,
+                max_synthetic_samples,
+                eligible[s],
+                high[s] if heterogeneous_data else None,
+                profile.high_data_ratio,
             )
         else:  # pragma: no cover - task_names already validated the kinds
             raise ValueError(f"unknown task kind {kind!r}")
@@ -418,8 +568,8 @@ def build_federation(
         num_clients=int(num_clients),
         tasks=names,
         kinds=dict(zip(names, kinds)),
-        processors=np.ones(num_clients, dtype=np.int64),
-        eligible={name: np.ones(num_clients, dtype=bool) for name in names},
+        processors=processors,
+        eligible={name: eligible[s].copy() for s, name in enumerate(names)},
         data=data,
         server_tests=server_tests,
     )

@@ -1,0 +1,258 @@
+"""Slow end-to-end tests: the real engines, the real Flower CLI, real processes.
+
+1. ``mmfl run`` on Flower's simulation engine (Ray) and on the in-process engine:
+   the same seed gives the same assignments and the same metrics.
+2. ``flwr run . local``: the repository as a Flower App on the local SuperLink
+   (simulation), with a private FLWR_HOME and private ports.
+3. Deployment on loopback: one ``flower-superlink``, two ``flower-supernode``, a run
+   submitted with ``flwr run <repo> <connection>``.
+
+Run them with ``pytest -m slow tests/test_e2e_slow.py``. Each test ends every
+process it started (by pid, see ``e2e_utils.ProcessTracker``), also on failure, and
+prints how long it took.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from e2e_utils import (
+    FAB_MAX_BYTES,
+    REPO_ROOT,
+    ProcessTracker,
+    check_app_pyproject,
+    check_outputs,
+    default_model_names,
+    fab_size_report,
+    flower_env,
+    flower_exe,
+    flwr_run,
+    free_ports,
+    new_marker,
+    run_logs,
+    superlink_pids_on_port,
+    tail,
+    wait_for_http_health,
+    wait_for_online_nodes,
+    wait_for_run,
+)
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="process clean-up reads /proc"
+)
+
+#: Upper bounds (seconds). Measured on 2 cores: ~20 s, ~30 s and ~80 s of work.
+CLI_TIMEOUT = 300.0
+LOCAL_RUN_TIMEOUT = 300.0
+DEPLOYMENT_RUN_TIMEOUT = 360.0
+
+
+@pytest.fixture
+def timer(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """Print the wall time of the test (visible with ``-s``)."""
+    t0 = time.monotonic()
+    yield
+    print(f"\n[e2e] {request.node.name} took {time.monotonic() - t0:.1f} s", flush=True)
+
+
+def _mmfl_run(
+    procs: ProcessTracker, env: dict[str, str], cwd: Path, args: list[str]
+) -> tuple[int, str]:
+    """Run ``python -m mmfl_flwr.cli run ARGS`` with a timeout; return (rc, output)."""
+    log = cwd / f"mmfl-{len(procs.procs)}.log"
+    proc = procs.popen(
+        [sys.executable, "-m", "mmfl_flwr.cli", "run", *args], env=env, cwd=cwd, log_path=log
+    )
+    try:
+        rc = proc.wait(timeout=CLI_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        procs.cleanup()
+        raise AssertionError(
+            f"mmfl run {' '.join(args)} did not finish within {CLI_TIMEOUT:.0f} s:\n"
+            f"{tail(log)}"
+        ) from None
+    return rc, log.read_text(errors="replace")
+
+
+# ---------------------------------------------------------------------------- 1
+@pytest.mark.slow
+def test_mmfl_run_simulation_engine_matches_inprocess(tmp_path: Path, timer: None) -> None:
+    """``mmfl run`` on Ray writes its 4 outputs; the in-process engine agrees."""
+    models = default_model_names()
+    marker = new_marker()
+    env = flower_env(tmp_path / "flwr-home", marker)
+    common = ["--num-rounds", "2", "--num-clients", "6"]
+    sim_out, inp_out = tmp_path / "sim", tmp_path / "inprocess"
+    with ProcessTracker(marker) as procs:
+        t0 = time.monotonic()
+        rc, out = _mmfl_run(procs, env, tmp_path, [*common, "--output-dir", str(sim_out)])
+        t_sim = time.monotonic() - t0
+        assert rc == 0, f"mmfl run (simulation) exited with {rc}:\n{out[-6000:]}"
+        t0 = time.monotonic()
+        rc2, out2 = _mmfl_run(
+            procs, env, tmp_path,
+            [*common, "--engine", "inprocess", "--output-dir", str(inp_out)],
+        )
+        t_inp = time.monotonic() - t0
+        assert rc2 == 0, f"mmfl run (inprocess) exited with {rc2}:\n{out2[-6000:]}"
+    print(f"\n[e2e] mmfl run: simulation engine {t_sim:.1f} s, in-process {t_inp:.1f} s")
+
+    # The simulation engine's outputs and progress lines.
+    check_outputs(sim_out, models, num_rounds=2)
+    progress = [ln for ln in out.splitlines() if ln.startswith("[mmfl] round")]
+    rounds = {int(ln.split()[2].split("/")[0]) for ln in progress}
+    assert {1, 2} <= rounds <= {0, 1, 2}, f"progress lines per round:\n{out[-4000:]}"
+
+    # Same seed, same settings: the engines agree on who trained what, and on
+    # every number (metrics.csv leaves timings out so that it can be compared).
+    check_outputs(inp_out, models, num_rounds=2)
+    sim_assign = (sim_out / "assignments.csv").read_text()
+    inp_assign = (inp_out / "assignments.csv").read_text()
+    assert sim_assign == inp_assign, (
+        f"assignments differ between engines:\n--- simulation\n{sim_assign}\n"
+        f"--- inprocess\n{inp_assign}"
+    )
+    sim_metrics = (sim_out / "metrics.csv").read_text()
+    inp_metrics = (inp_out / "metrics.csv").read_text()
+    assert sim_metrics == inp_metrics, (
+        f"metrics differ between engines:\n--- simulation\n{sim_metrics}\n"
+        f"--- inprocess\n{inp_metrics}"
+    )
+
+
+# ---------------------------------------------------------------------------- 2
+@pytest.mark.slow
+def test_flwr_run_local_simulation(tmp_path: Path, timer: None) -> None:
+    """``flwr run . local`` runs the repository's Flower App to ``finished:completed``."""
+    models = default_model_names()
+    check_app_pyproject(REPO_ROOT)
+    size, largest = fab_size_report(REPO_ROOT)
+    assert size < FAB_MAX_BYTES, f"the FAB would be {size} bytes; largest files {largest}"
+
+    http_port, control_port = free_ports(2)
+    home = tmp_path / "flwr-home"
+    marker = new_marker()
+    env = flower_env(
+        home,
+        marker,
+        {
+            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
+            "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
+        },
+    )
+    out = tmp_path / "out"
+    superlink_log = home / "local-superlink" / "superlink.log"
+    with ProcessTracker(marker) as procs:
+        procs.watch_superlink_port(http_port)  # the detached local SuperLink
+        run_id = flwr_run(
+            ".", "local", env=env, cwd=REPO_ROOT,
+            run_config=f"num-rounds=2 num-clients=4 output-dir='{out.as_posix()}'",
+            federation_config="num-supernodes=4 client-resources-num-cpus=1",
+        )
+        assert superlink_pids_on_port(http_port), (
+            f"no local SuperLink on the private port {http_port}"
+        )
+        status, details, history = wait_for_run(
+            run_id, "local", env=env, cwd=REPO_ROOT, timeout=LOCAL_RUN_TIMEOUT
+        )
+        print(f"\n[e2e] flwr run . local: run {run_id} statuses {history}")
+        if status != "finished:completed":
+            logs = run_logs(run_id, "local", env=env, cwd=REPO_ROOT)
+            pytest.fail(
+                f"run {run_id} ended as {status!r} ({details}); statuses {history}\n"
+                f"--- flwr log ---\n{logs}\n--- superlink.log ---\n{tail(superlink_log)}"
+            )
+    assert not procs.leftovers, f"processes survived clean-up: {procs.leftovers}"
+
+    data = check_outputs(out, models, num_rounds=2)
+    config = data["summary"]["config"]
+    assert (config["num-rounds"], config["num-clients"]) == (2, 4), config
+    clients = {a["client"] for a in data["assignments"]}
+    assert clients <= {"0", "1", "2", "3"}, clients
+
+
+# ---------------------------------------------------------------------------- 3
+@pytest.mark.slow
+def test_deployment_superlink_two_supernodes(tmp_path: Path, timer: None) -> None:
+    """One SuperLink and two SuperNodes on loopback run ``mfa-rr`` to completion."""
+    models = default_model_names()
+    check_app_pyproject(REPO_ROOT)
+    link_port, node0_port, node1_port = free_ports(3)
+    marker = new_marker()
+    cli_env = flower_env(tmp_path / "cli-home", marker)
+    conn = "e2e"
+    (tmp_path / "cli-home" / "config.toml").write_text(
+        f'[superlink]\ndefault = "{conn}"\n\n'
+        f'[superlink.{conn}]\naddress = "127.0.0.1:{link_port}"\ninsecure = true\n'
+    )
+    out = tmp_path / "out"
+    link_log = tmp_path / "superlink.log"
+    node_logs = [tmp_path / "supernode-0.log", tmp_path / "supernode-1.log"]
+
+    with ProcessTracker(marker) as procs:
+        t0 = time.monotonic()
+        link = procs.popen(
+            [flower_exe("flower-superlink"), "--insecure", "--host", "127.0.0.1",
+             "--port", str(link_port), "--database", ":flwr-in-memory:"],
+            env=flower_env(tmp_path / "link-home", marker), cwd=tmp_path, log_path=link_log,
+        )
+        procs.watch_superlink_port(link_port)
+        try:
+            wait_for_http_health(link_port, timeout=60, proc=link)
+        except AssertionError as err:
+            pytest.fail(f"{err}\n--- superlink log ---\n{tail(link_log)}")
+        for i, (port, log) in enumerate(zip((node0_port, node1_port), node_logs)):
+            procs.popen(
+                [flower_exe("flower-supernode"), "--insecure",
+                 "--superlink", f"127.0.0.1:{link_port}", "--port", str(port),
+                 "--node-config", f"partition-id={i} num-partitions=2 processors=1"],
+                env=flower_env(tmp_path / f"node{i}-home", marker), cwd=tmp_path,
+                log_path=log,
+            )
+        # Submit only when both nodes are online: the ServerApp starts training
+        # with the nodes it finds (min_available_nodes=1).
+        try:
+            wait_for_online_nodes(2, conn, env=cli_env, cwd=tmp_path, timeout=90)
+        except AssertionError as err:
+            pytest.fail(
+                f"{err}\n--- superlink log ---\n{tail(link_log)}"
+                + "".join(f"\n--- {p.name} ---\n{tail(p)}" for p in node_logs)
+            )
+        t_up = time.monotonic() - t0
+
+        run_id = flwr_run(
+            REPO_ROOT, conn, env=cli_env, cwd=tmp_path,
+            run_config=(
+                f"num-rounds=2 num-clients=2 strategy='mfa-rr' output-dir='{out.as_posix()}'"
+            ),
+        )
+        status, details, history = wait_for_run(
+            run_id, conn, env=cli_env, cwd=tmp_path, timeout=DEPLOYMENT_RUN_TIMEOUT,
+            interval=3.0,
+        )
+        print(f"\n[e2e] deployment: federation up in {t_up:.1f} s; run {run_id} "
+              f"statuses {history}")
+        if status != "finished:completed":
+            logs = run_logs(run_id, conn, env=cli_env, cwd=tmp_path)
+            pytest.fail(
+                f"run {run_id} ended as {status!r} ({details}); statuses {history}\n"
+                f"--- flwr log ---\n{logs}\n--- superlink log ---\n{tail(link_log)}"
+                + "".join(f"\n--- {p.name} ---\n{tail(p)}" for p in node_logs)
+            )
+    assert not procs.leftovers, f"processes survived clean-up: {procs.leftovers}"
+
+    data = check_outputs(out, models, num_rounds=2)
+    config = data["summary"]["config"]
+    assert (config["strategy"], config["num-clients"]) == ("mfa-rr", 2), config
+    clients = {a["client"] for a in data["assignments"]}
+    assert clients == {"0", "1"}, f"clients in assignments.csv: {clients}"
+    # MFA-RR with K = all clients: both clients train in every round.
+    for rnd in (1, 2):
+        got = {a["client"] for a in data["assignments"] if int(a["round"]) == rnd}
+        assert got == {"0", "1"}, f"round {rnd}: clients {got}"
+

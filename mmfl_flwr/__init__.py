@@ -39,6 +39,11 @@ _EXPORTS = {
     "MFARand": "mmfl_flwr.core",
     "MFARoundRobin": "mmfl_flwr.core",
     "MultiFedAvg": "mmfl_flwr.core",
+    "LVR": "mmfl_flwr.core",
+    "GVR": "mmfl_flwr.core",
+    "lvr_probabilities": "mmfl_flwr.core",
+    "lvr": "mmfl_flwr.presets",
+    "gvr": "mmfl_flwr.presets",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -16,7 +16,10 @@ from mmfl_flwr.core.clients import (
     InvalidClientInfo,
     validate_client_info,
 )
+from mmfl_flwr.core.lvr import lvr_probabilities, sample_processors, water_fill
 from mmfl_flwr.core.policies import (
+    GVR,
+    LVR,
     FullParticipation,
     MFARand,
     MFARoundRobin,
@@ -28,6 +31,11 @@ from mmfl_flwr.core.policies import (
 )
 
 __all__ = [
+    "GVR",
+    "LVR",
+    "lvr_probabilities",
+    "sample_processors",
+    "water_fill",
     "Aggregator",
     "ClientInfo",
     "ClientTable",

@@ -153,9 +153,7 @@ def child_plain(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    # training_seed lives in mmfl_flwr.client.app (which imports flwr at module
-    # level); only this pure function is used, no Flower machinery.
-    from mmfl_flwr.client.app import training_seed
+    from mmfl_flwr.seeding import training_seed
     from mmfl_flwr.client.trainer import TorchTrainer, evaluate_arrays, initial_weights
     from mmfl_flwr.tasks.federation import build_federation
     from mmfl_flwr.tasks.models import make_model
@@ -444,8 +442,7 @@ def print_report(settings: Any, summary: dict[str, Any], cmp: dict[str, Any],
                   f"{'yes' if cmp['same_assignments_simulation_inprocess'] else 'NO'}")
         if "plain" in st:
             if st["plain"]["flwr_imported"]:
-                print("  plain process imported flwr: yes, only because training_seed lives "
-                      "in mmfl_flwr.client.app (no Flower code runs in the loop)")
+                print("  plain process imported flwr: yes (no Flower code runs in the loop)")
             else:
                 print("  plain process imported flwr: no")
     print()

@@ -7,7 +7,6 @@ This module is framework-agnostic: a *trainer* is any object with the methods of
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Protocol
@@ -18,6 +17,7 @@ from flwr.clientapp import ClientApp
 
 from mmfl_flwr import protocol as P
 from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
+from mmfl_flwr.seeding import training_seed
 
 Weights = dict[str, np.ndarray]
 
@@ -51,12 +51,6 @@ class ClientSpec:
 
 
 SpecFn = Callable[[Context], ClientSpec]
-
-
-def training_seed(seed: int, server_round: int, client_id: str, task: str) -> int:
-    """A 63-bit seed for one (run seed, round, client, task) local training."""
-    words = [seed, server_round, zlib.crc32(client_id.encode()), zlib.crc32(task.encode())]
-    return int(np.random.SeedSequence([abs(int(w)) for w in words]).generate_state(1, np.uint64)[0] >> 1)
 
 
 def _tasks_in(msg: Message) -> dict[str, ArrayRecord]:

@@ -20,7 +20,7 @@ class Settings:
     ----------
     strategy : str
         Preset name: ``random``, ``full``, ``mfa-rand``, ``mfa-rr``, ``multi-fedavg``,
-        ``lvr``, ``gvr``.
+        ``lvr``, ``gvr``, ``stalevr``, ``stalevre``, ``fedvarp``, ``fedstale``, ``mifa``.
     aggregator : str
         ``""`` for the preset's own, or ``fedavg`` / ``unbiased``.
     tasks : str
@@ -33,7 +33,7 @@ class Settings:
     local_epochs, lr, batch_size : int, float, int
         Local SGD settings.
     budget_fraction : float
-        ``m / V`` for the budgeted policies (random, lvr, gvr).
+        ``m / V`` for the budgeted policies (random, lvr, gvr and the stale ones).
     clients_per_round : int
         ``K`` for MFA-Rand / MFA-RR / Multi-FedAvg; 0 means all clients.
     labels_per_client : float
@@ -47,6 +47,14 @@ class Settings:
         Cap on a Synthetic(1,1) user's samples (0: no cap).
     fraction_evaluate : float
         Fraction of clients that also evaluate on local data each round.
+    stale_beta : float
+        ``beta`` of ``fedstale`` (Eq. 17).
+    stale_storage : str
+        Storage of the stale updates: ``float32``, ``float16`` or ``disk``.
+    stalevr_signal : str
+        Sampling signal of ``stalevr``: ``loss`` (paper) or ``stale-residual``.
+    stalevre_b0 : float
+        ``b0`` of ``stalevre`` (Eq. 21).
     seed : int
         The one seed of the run.
     output_dir : str
@@ -71,6 +79,10 @@ class Settings:
     profile: str = "uniform"
     synthetic_max_samples: int = 500
     fraction_evaluate: float = 0.0
+    stale_beta: float = 0.8
+    stale_storage: str = "float32"
+    stalevr_signal: str = "loss"
+    stalevre_b0: float = 1.0
     seed: int = 0
     output_dir: str = "results/mmfl"
     timeout: float = 600.0
@@ -163,6 +175,16 @@ class Settings:
             (self.synthetic_max_samples >= 0, "synthetic-max-samples must be >= 0"),
             (0 <= self.fraction_evaluate <= 1, "fraction-evaluate must be in [0, 1]"),
             (self.timeout > 0, "timeout must be > 0"),
+            (0 <= self.stale_beta <= 1, "stale-beta must be in [0, 1]"),
+            (
+                self.stale_storage in ("float32", "float16", "disk"),
+                "stale-storage must be float32, float16 or disk",
+            ),
+            (
+                self.stalevr_signal in ("loss", "stale-residual"),
+                "stalevr-signal must be loss or stale-residual",
+            ),
+            (self.stalevre_b0 > 0, "stalevre-b0 must be > 0"),
         ]
         for ok, msg in checks:
             if not ok:

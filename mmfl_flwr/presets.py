@@ -20,6 +20,14 @@ from mmfl_flwr.core.policies import (
     MFARoundRobin,
     MultiFedAvg,
     RandomAllocation,
+    StaleVRSampling,
+)
+from mmfl_flwr.core.stale import (
+    FedStaleAggregator,
+    FedVARPAggregator,
+    MIFAAggregator,
+    StaleVRAggregator,
+    StaleVREAggregator,
 )
 from mmfl_flwr.strategy import MultiModelStrategy
 
@@ -131,6 +139,86 @@ def gvr(
     )
 
 
+def stalevr(
+    budget: float | None = None,
+    budget_fraction: float = 0.1,
+    floor: float = 1e-6,
+    signal: str = "loss",
+    storage: str = "float32",
+    **kwargs: Any,
+) -> MultiModelStrategy:
+    """MMFL-StaleVR (paper 003, Section 5): every client trains every task, LVR
+    probabilities (Eq. 13) pick which updates count, and stale updates are reused
+    with the per-pair optimal ``beta`` of Eq. 20 (Eq. 18). ``signal`` may be
+    ``"stale-residual"`` (``||G - beta h||``, as the authors' code samples)."""
+    return MultiModelStrategy(
+        StaleVRSampling(budget, budget_fraction, floor, signal),
+        StaleVRAggregator(storage=storage),
+        **kwargs,
+    )
+
+
+def stalevre(
+    budget: float | None = None,
+    budget_fraction: float = 0.1,
+    floor: float = 1e-6,
+    b0: float = 1.0,
+    storage: str = "float32",
+    **kwargs: Any,
+) -> MultiModelStrategy:
+    """MMFL-StaleVRE: LVR sampling (only sampled clients train) and stale updates
+    weighted by the linear-decay estimate of the optimal ``beta`` (Eq. 21)."""
+    return MultiModelStrategy(
+        LVR(budget=budget, budget_fraction=budget_fraction, floor=floor),
+        StaleVREAggregator(b0=b0, storage=storage),
+        **kwargs,
+    )
+
+
+def fedvarp(
+    budget: float | None = None,
+    budget_fraction: float = 0.1,
+    storage: str = "float32",
+    **kwargs: Any,
+) -> MultiModelStrategy:
+    """FedVARP for MMFL: random allocation, Eq. 17 with ``beta = 1``."""
+    return MultiModelStrategy(
+        RandomAllocation(budget=budget, budget_fraction=budget_fraction),
+        FedVARPAggregator(storage=storage),
+        **kwargs,
+    )
+
+
+def fedstale(
+    beta: float = 0.8,
+    budget: float | None = None,
+    budget_fraction: float = 0.1,
+    storage: str = "float32",
+    **kwargs: Any,
+) -> MultiModelStrategy:
+    """FedStale for MMFL: random allocation, Eq. 17 with a fixed ``beta``."""
+    return MultiModelStrategy(
+        RandomAllocation(budget=budget, budget_fraction=budget_fraction),
+        FedStaleAggregator(beta=beta, storage=storage),
+        **kwargs,
+    )
+
+
+def mifa(
+    budget: float | None = None,
+    budget_fraction: float = 0.1,
+    storage: str = "float32",
+    **kwargs: Any,
+) -> MultiModelStrategy:
+    """MIFA for MMFL: random allocation; every eligible client's latest update
+    is averaged (fresh where it trained, stale elsewhere)."""
+    return MultiModelStrategy(
+        RandomAllocation(budget=budget, budget_fraction=budget_fraction),
+        MIFAAggregator(storage=storage),
+        **kwargs,
+    )
+
+
 #: Preset name (as used by ``mmfl run --strategy`` and ``--run-config strategy=``)
 #: -> factory.
 PRESETS: dict[str, Callable[..., MultiModelStrategy]] = {
@@ -141,6 +229,11 @@ PRESETS: dict[str, Callable[..., MultiModelStrategy]] = {
     "multi-fedavg": multi_fedavg,
     "lvr": lvr,
     "gvr": gvr,
+    "stalevr": stalevr,
+    "stalevre": stalevre,
+    "fedvarp": fedvarp,
+    "fedstale": fedstale,
+    "mifa": mifa,
 }
 
 

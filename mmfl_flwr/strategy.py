@@ -471,15 +471,22 @@ class MultiModelStrategy(Strategy):
                     "its updates are missing from the aggregate", cid, sorted(asked))
                 for t in asked:
                     rejected[t] += 1
+        trained = updates
         if getattr(self.policy, "selects_after_training", False):
             updates = self._select_after_training(server_round, updates)
+        needs_fresh = getattr(self.aggregator, "needs_fresh", False)
         metrics = MetricRecord()
         self._round_rows = {}
         for task in self.tasks:
             old = self.weights[task]
             keys = list(old)
             new_list = self.aggregator.aggregate(
-                task, [old[k] for k in keys], updates[task], server_round
+                task,
+                [old[k] for k in keys],
+                updates[task],
+                server_round,
+                shares=shares[task],
+                fresh={u.cid: u.delta for u in trained[task]} if needs_fresh else None,
             )
             if not all(
                 np.isfinite(a).all() for a in new_list if a.dtype.kind in "fc"
@@ -511,9 +518,21 @@ class MultiModelStrategy(Strategy):
     def _select_after_training(
         self, server_round: int, updates: dict[str, list[Update]]
     ) -> dict[str, list[Update]]:
-        """GVR-style policies: sample among the trained updates on their norms."""
+        """GVR-style policies: every pair trained; sample which updates count.
+
+        The signal is each update's norm ``||G||``, or ``||G - beta h||`` when the
+        policy asks for the ``stale-residual`` signal and the aggregator keeps
+        stale updates.
+        """
+        residual = getattr(self.policy, "signal", None) == "stale-residual" and hasattr(
+            self.aggregator, "residual_norm"
+        )
         norms = {
-            (u.cid, task): float(np.sqrt(sum(float(np.square(d).sum()) for d in u.delta)))
+            (u.cid, task): (
+                self.aggregator.residual_norm(task, u.cid, u.delta)  # type: ignore[attr-defined]
+                if residual
+                else float(np.sqrt(sum(float(np.square(d).sum()) for d in u.delta)))
+            )
             for task, us in updates.items()
             for u in us
         }

@@ -8,7 +8,7 @@ Arithmetic is done in float64 and cast back to each array's dtype.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -75,9 +75,34 @@ class Aggregator(ABC):
         """Weight of each update in the global step ``sum_k c_k G_k``."""
 
     def aggregate(
-        self, task: str, weights: Weights, updates: Sequence[Update], server_round: int
+        self,
+        task: str,
+        weights: Weights,
+        updates: Sequence[Update],
+        server_round: int,
+        *,
+        shares: Mapping[str, float] | None = None,
+        fresh: Mapping[str, Weights] | None = None,
     ) -> Weights:
-        """Return the new global weights (unchanged when there is no update)."""
+        """Return the new global weights (unchanged when there is no update).
+
+        Parameters
+        ----------
+        task : str
+            The model.
+        weights : list of arrays
+            Its current global weights.
+        updates : sequence of Update
+            The accepted (sampled) updates of this round.
+        server_round : int
+            The round.
+        shares : mapping, optional
+            ``d_{i,s}`` of every eligible online client (stale-update rules sum
+            over all of them, not only the sampled ones).
+        fresh : mapping, optional
+            Every eligible client's fresh update this round, when all clients
+            trained (MMFL-StaleVR's optimal ``beta`` needs it).
+        """
         if not updates:
             return [w.copy() for w in weights]
         return apply_step(weights, [u.delta for u in updates], self.coefficients(updates))

@@ -361,7 +361,7 @@ class GVR(Policy):
         Pairs without a (valid) update are not eligible this round; ``d`` and
         ``B`` stay those of the whole federation.
         """
-        ids, n, procs, _ = eligibility_view(table, tasks)
+        ids, n, procs, losses = eligibility_view(table, tasks)
         if not ids:
             return []
         d = data_shares(n)
@@ -372,9 +372,48 @@ class GVR(Policy):
             if cid in col and task in row:
                 sig[row[task], col[cid]] = value
         d_avail = np.where(np.isnan(sig), 0.0, d)
+        if self._signal_from_losses():
+            sig = np.where(np.isnan(sig), np.nan, losses)
         m = resolve_budget(self.budget, self.budget_fraction, int(procs.sum()))
         p = lvr_probabilities(np.nan_to_num(sig, nan=0.0), d_avail, procs, m, self.floor)
         return picks_from_counts(ids, tasks, sample_processors(p, procs, rng), p)
+
+    def _signal_from_losses(self) -> bool:
+        return False
+
+
+class StaleVRSampling(GVR):
+    """The sampling of MMFL-StaleVR (paper 003, Section 5).
+
+    Every client trains every task it holds each round (the optimal ``beta`` of
+    Eq. 20 needs every pair's fresh update); which updates are aggregated is drawn
+    with the Eq. 13 probabilities. The signal is the loss (``signal="loss"``,
+    the paper's LVR, default; the strategy sends a loss query first) or
+    ``signal="stale-residual"``: ``||G - beta h||``, the signal of the authors'
+    code (needs an aggregator with stale updates).
+    """
+
+    name = "stalevr-sampling"
+    SIGNALS = ("loss", "stale-residual")
+
+    def __init__(
+        self,
+        budget: float | None = None,
+        budget_fraction: float = 0.1,
+        floor: float = 1e-6,
+        signal: str = "loss",
+    ):
+        if signal not in self.SIGNALS:
+            raise ValueError(f"signal must be one of {self.SIGNALS}, got {signal!r}")
+        super().__init__(budget, budget_fraction, floor)
+        self.signal = signal
+        self.needs_losses = signal == "loss"  # type: ignore[misc]
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "signal": self.signal}
+
+    def _signal_from_losses(self) -> bool:
+        return self.signal == "loss"
 
 
 class MultiFedAvg(Policy):

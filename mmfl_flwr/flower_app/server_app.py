@@ -24,6 +24,12 @@ from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
 from mmfl_flwr.strategy import MultiModelResult, MultiModelStrategy
 
 
+#: Presets with a server budget m (``budget-fraction``).
+BUDGETED = ("random", "lvr", "gvr", "stalevr", "stalevre", "fedvarp", "fedstale", "mifa")
+#: Presets that keep stale updates (``stale-storage``).
+STALE = ("stalevr", "stalevre", "fedvarp", "fedstale", "mifa")
+
+
 def strategy_from_settings(
     s: Settings, on_round_end: Callable[[int, list[dict[str, Any]]], None] | None = None
 ) -> MultiModelStrategy:
@@ -38,8 +44,16 @@ def strategy_from_settings(
     }
     if s.aggregator:
         kwargs["aggregator"] = s.aggregator
-    if s.strategy in ("random", "lvr", "gvr"):
+    if s.strategy in BUDGETED:
         kwargs["budget_fraction"] = s.budget_fraction
+    if s.strategy in STALE:
+        kwargs["storage"] = s.stale_storage
+    if s.strategy == "fedstale":
+        kwargs["beta"] = s.stale_beta
+    if s.strategy == "stalevr":
+        kwargs["signal"] = s.stalevr_signal
+    if s.strategy == "stalevre":
+        kwargs["b0"] = s.stalevre_b0
     if s.strategy in ("mfa-rand", "mfa-rr", "multi-fedavg"):
         kwargs["clients_per_round"] = s.clients_per_round or None
     return make_strategy(s.strategy, **kwargs)

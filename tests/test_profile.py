@@ -1,0 +1,232 @@
+"""Tests of the client-heterogeneity profiles of ``build_federation``.
+
+``paper003`` is paper 003's setting (Section 6): 10% of the clients lack one
+(random) task; per task 10% of the eligible clients are "high-data" with ~10x the
+samples of the others, drawn independently per task; processors ``B_i`` are
+``|S_i|`` / ``ceil(|S_i| / 2)`` / ``1`` for 25% / 50% / 25% of the clients.
+``uniform`` must be exactly the federation of the package before profiles
+existed (fingerprints computed from commit 8078577).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import numpy as np
+import pytest
+
+from mmfl_flwr.config import Settings
+from mmfl_flwr.tasks.federation import PROFILES, Federation, build_federation
+
+N = 120
+KINDS3 = ["digits", "synthetic", "digits"]
+
+
+def counts(fed: Federation, task: str) -> np.ndarray:
+    return np.array([len(fed.data[task][i][0]) for i in range(fed.num_clients)])
+
+
+def eligibility(fed: Federation) -> np.ndarray:
+    return np.stack([fed.eligible[t] for t in fed.tasks])  # (S, N)
+
+
+def high_digits(fed: Federation, task: str) -> np.ndarray:
+    """The round(0.1 * eligible) clients with the most samples, checking that they
+    are separated from the others by a clear gap (so the identification is exact)."""
+    el = fed.eligible[task]
+    n = counts(fed, task)
+    k = int(round(0.1 * el.sum()))
+    members = np.flatnonzero(el)
+    order = members[np.argsort(-n[members], kind="stable")]
+    top, rest = order[:k], order[k:]
+    assert n[top].min() > 2 * n[rest].max(), "no clear gap between high- and low-data"
+    high = np.zeros(fed.num_clients, dtype=bool)
+    high[top] = True
+    return high
+
+
+def high_synthetic(fed: Federation, uniform: Federation, task: str) -> np.ndarray:
+    """Users that kept all their training samples (the others keep ceil(n/10))."""
+    n, full = counts(fed, task), counts(uniform, task)
+    return fed.eligible[task] & (n == full)
+
+
+@pytest.fixture(scope="module")
+def feds() -> dict[int, tuple[Federation, Federation]]:
+    return {
+        seed: (
+            build_federation(KINDS3, N, seed, profile="paper003"),
+            build_federation(KINDS3, N, seed, profile="uniform"),
+        )
+        for seed in range(6)
+    }
+
+
+def test_partial_eligibility(feds):
+    for fed, _ in feds.values():
+        el = eligibility(fed)
+        sizes = el.sum(axis=0)
+        assert set(np.unique(sizes)) <= {len(fed.tasks), len(fed.tasks) - 1}
+        assert int((sizes == len(fed.tasks) - 1).sum()) == round(0.1 * N)
+        for cid in range(N):
+            assert fed.client_tasks(cid) == [t for t in fed.tasks if fed.eligible[t][cid]]
+    # other sizes, and the dropped task is random (not always the same one)
+    for n_clients in (37, 60):
+        fed = build_federation(["synthetic"] * 3, n_clients, 1, profile="paper003")
+        el = eligibility(fed)
+        assert int((el.sum(axis=0) == 2).sum()) == round(0.1 * n_clients)
+    dropped = [int(np.flatnonzero(~eligibility(f)[:, c])[0])
+               for f, _ in feds.values() for c in np.flatnonzero(eligibility(f).sum(0) < 3)]
+    assert len(set(dropped)) == 3
+
+
+def test_processors_distribution_exact_with_five_tasks():
+    # With S = 5, |S_i| is 5 or 4, and |S_i|, ceil(|S_i|/2), 1 are all distinct
+    # (5, 3, 1 and 4, 2, 1), so each client's category is identifiable.
+    for seed in (0, 3):
+        fed = build_federation(["synthetic", "digits", "synthetic", "synthetic", "digits"],
+                               N, seed, profile="paper003")
+        sizes = eligibility(fed).sum(axis=0)
+        b = np.asarray(fed.processors)
+        full = b == sizes
+        half = b == np.ceil(sizes / 2)
+        one = b == 1
+        assert (full | half | one).all()
+        assert not (full & half).any() and not (half & one).any()
+        assert (int(full.sum()), int(half.sum()), int(one.sum())) == (30, 60, 30)
+        # the three groups are spread over all clients, not contiguous blocks
+        assert not (one[:30].all() or full[:30].all())
+
+
+def test_processors_with_three_tasks(feds):
+    for fed, uni in feds.values():
+        sizes = eligibility(fed).sum(axis=0)
+        b = np.asarray(fed.processors)
+        assert b.dtype.kind == "i" and (b >= 1).all() and (b <= sizes).all()
+        assert ((b == sizes) | (b == np.ceil(sizes / 2)) | (b == 1)).all()
+        # clients with all three tasks: B = 3 / 2 / 1 for ~25% / 50% / 25%
+        b3 = b[sizes == 3]
+        frac = np.array([(b3 == 3).mean(), (b3 == 2).mean(), (b3 == 1).mean()])
+        np.testing.assert_allclose(frac, [0.25, 0.5, 0.25], atol=0.06)
+        assert (np.asarray(uni.processors) == 1).all()
+
+
+def test_high_data_digits_ratio(feds):
+    for seed, (fed, _) in feds.items():
+        for task in ("digits", "digits_2"):
+            high = high_digits(fed, task)
+            el = fed.eligible[task]
+            assert int(high.sum()) == round(0.1 * el.sum())
+            n = counts(fed, task)
+            ratio = n[high].mean() / n[el & ~high].mean()
+            assert 6 <= ratio <= 14, f"seed {seed} {task}: ratio {ratio:.2f}"
+            # all digits training examples are still used exactly once
+            assert n.sum() == counts(feds[seed][1], task).sum()
+
+
+def test_high_data_synthetic_per_user(feds):
+    for seed, (fed, uni) in feds.items():
+        task = "synthetic"
+        el = fed.eligible[task]
+        n, full = counts(fed, task), counts(uni, task)
+        high = high_synthetic(fed, uni, task)
+        assert int(high.sum()) == round(0.1 * el.sum())
+        low = el & ~high
+        # low-data users keep ceil(n / 10) of their own training samples
+        np.testing.assert_array_equal(n[low], np.ceil(full[low] / 10).astype(int))
+        for i in np.flatnonzero(low)[:10]:
+            tr, te = fed.data[task][i]
+            tr_full, te_full = uni.data[task][i]
+            rows = {r.tobytes() for r in tr_full.x}
+            assert all(r.tobytes() in rows for r in tr.x), "kept samples not the user's own"
+            np.testing.assert_array_equal(te.x, te_full.x)  # local test set untouched
+        for i in np.flatnonzero(high):
+            np.testing.assert_array_equal(fed.data[task][i][0].x, uni.data[task][i][0].x)
+        # ineligible users hold nothing
+        assert (n[~el] == 0).all()
+
+
+def test_high_data_sets_drawn_independently_per_task(feds):
+    overlaps, identical = [], 0
+    for seed, (fed, uni) in feds.items():
+        sets = [high_digits(fed, "digits"), high_synthetic(fed, uni, "synthetic"),
+                high_digits(fed, "digits_2")]
+        for a in range(3):
+            for b in range(a + 1, 3):
+                overlaps.append(int((sets[a] & sets[b]).sum()))
+                identical += int((sets[a] == sets[b]).all())
+        # not simply the first indices
+        first = np.arange(N) < sets[0].sum()
+        assert not all((s == first).all() for s in sets)
+    # independent draws of 12 of ~116: expected overlap ~1.2
+    assert identical == 0
+    assert np.mean(overlaps) < 3.0
+
+
+@pytest.mark.parametrize("n_clients", [12, N])
+def test_every_eligible_client_has_data(n_clients):
+    fed = build_federation(KINDS3, n_clients, 4, profile="paper003")
+    for cid in range(n_clients):
+        ne = fed.num_examples(cid)
+        assert set(ne) == set(fed.client_tasks(cid))
+        assert all(v >= 1 for v in ne.values())
+        for t in fed.tasks:
+            if not fed.eligible[t][cid]:
+                with pytest.raises(KeyError):
+                    fed.client_data(cid, t)
+
+
+def test_deterministic_by_seed():
+    a = build_federation(KINDS3, 40, 11, profile="paper003")
+    b = build_federation(KINDS3, 40, 11, profile="paper003")
+    c = build_federation(KINDS3, 40, 12, profile="paper003")
+    assert fingerprint(a) == fingerprint(b)
+    assert fingerprint(a) != fingerprint(c)
+    np.testing.assert_array_equal(a.processors, b.processors)
+
+
+def fingerprint(fed: Federation) -> str:
+    h = hashlib.sha256()
+    for t in fed.tasks:
+        h.update(t.encode())
+        h.update(fed.eligible[t].tobytes())
+        for tr, te in fed.data[t]:
+            for ds in (tr, te):
+                h.update(np.ascontiguousarray(ds.x).tobytes())
+                h.update(np.ascontiguousarray(ds.y).tobytes())
+        st = fed.server_tests[t]
+        h.update(st.x.tobytes())
+        h.update(st.y.tobytes())
+    h.update(np.asarray(fed.processors, np.int64).tobytes())
+    return h.hexdigest()
+
+
+# Computed with the package at commit 8078577 (before profiles existed).
+UNIFORM_FINGERPRINTS = {
+    (("digits", "synthetic", "digits"), 20, 0):
+        "d4409b2cdb503dd7534c832155fb0a3a4156f6895f53189d2a115074a648d02e",
+    (("synthetic", "digits"), 37, 5):
+        "220929a342050b0af28ade8eb60512f3237bd72116f0724781e2922198ce53e4",
+}
+
+
+@pytest.mark.parametrize("key", list(UNIFORM_FINGERPRINTS))
+def test_uniform_profile_is_unchanged(key):
+    kinds, n_clients, seed = key
+    default = build_federation(list(kinds), n_clients, seed)
+    uniform = build_federation(list(kinds), n_clients, seed, profile="uniform")
+    assert fingerprint(default) == fingerprint(uniform) == UNIFORM_FINGERPRINTS[key]
+    assert all(uniform.eligible[t].all() for t in uniform.tasks)
+    assert (np.asarray(uniform.processors) == 1).all()
+
+
+def test_profiles_and_settings_validation():
+    assert set(PROFILES) >= {"uniform", "paper003"}
+    with pytest.raises(ValueError, match="profile"):
+        Settings(profile="bogus").validate()
+    Settings(profile="paper003").validate()
+    Settings(profile="uniform").validate()
+    with pytest.raises(ValueError, match="profile"):
+        build_federation(KINDS3, 10, 0, profile="bogus")
+    assert math.isclose(PROFILES["paper003"].high_data_ratio, 10.0)

@@ -119,8 +119,9 @@ class MultiModelStrategy(Strategy):
     evaluate_every : int
         Evaluate every this many rounds (the last round is always evaluated).
     min_available_nodes : int
-        Wait (at most ``node_wait_timeout`` seconds) for this many nodes before a
-        round; never waits without bound.
+        Before the first round, wait (at most ``node_wait_timeout`` seconds) for
+        this many nodes; never waits without bound. Later rounds use whoever is
+        online.
     node_wait_timeout : float
         Seconds to wait for ``min_available_nodes``.
     max_loss : float
@@ -176,6 +177,7 @@ class MultiModelStrategy(Strategy):
         self._node_to_cid: dict[int, str] = {}
         self._cid_to_node: dict[str, int] = {}
         self._round_picks: list[Pick] = []
+        self._waited = False
         self._round_rows: dict[str, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ setup
@@ -218,6 +220,11 @@ class MultiModelStrategy(Strategy):
 
     # ------------------------------------------------------------- clients
     def _wait_for_nodes(self, grid: Grid) -> list[int]:
+        # Wait for min_available_nodes only before the first round; afterwards a
+        # round goes ahead with whoever is online (late nodes join when they come).
+        if self._waited:
+            return sorted(grid.get_node_ids())
+        self._waited = True
         deadline = time.monotonic() + self.node_wait_timeout
         while True:
             nodes = sorted(grid.get_node_ids())
@@ -671,6 +678,7 @@ class MultiModelStrategy(Strategy):
             Final weights per task and the per-round, per-task history.
         """
         self.set_models(initial_arrays)
+        self._waited = False
         log(INFO, "Starting %s over %d models for %d rounds",
             type(self).__name__, len(self.tasks), num_rounds)
         self.summary()

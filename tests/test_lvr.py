@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, Context, Message
+from flwr.app import Context, Message
 from scipy import optimize, stats
 
 from mmfl_flwr import presets
@@ -44,7 +43,7 @@ from mmfl_flwr.core import (
 )
 from mmfl_flwr.core.policies import data_shares, eligibility_view
 from mmfl_flwr.grid import InProcessGrid
-from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
+from mmfl_flwr.records import numpy_to_arrays
 
 
 # ============================================================ references
@@ -718,7 +717,7 @@ def test_gvr_select_probabilities_unbiased_aggregate():
 
 # ====================================================== 9. strategy level
 SHAPES = {"w": (2, 3), "b": (3,)}
-NUM_ENTRIES = 9  # |G|_2 = |step| * 3 for a constant step
+# nine entries: ||G||_2 = |step| * 3 for a constant step
 
 
 class StepTrainer:

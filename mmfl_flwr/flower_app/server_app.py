@@ -40,6 +40,7 @@ def strategy_from_settings(
         "batch_size": s.batch_size,
         "seed": s.seed,
         "fraction_evaluate": s.fraction_evaluate,
+        "min_available_nodes": s.num_clients,
         "on_round_end": on_round_end,
     }
     if s.aggregator:

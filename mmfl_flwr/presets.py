@@ -109,7 +109,7 @@ def multi_fedavg(
 def lvr(
     budget: float | None = None,
     budget_fraction: float = 0.1,
-    floor: float = 1e-6,
+    floor: float = 1e-4,
     aggregator: Aggregator | str | None = None,
     **kwargs: Any,
 ) -> MultiModelStrategy:
@@ -125,7 +125,7 @@ def lvr(
 def gvr(
     budget: float | None = None,
     budget_fraction: float = 0.1,
-    floor: float = 1e-6,
+    floor: float = 1e-4,
     aggregator: Aggregator | str | None = None,
     **kwargs: Any,
 ) -> MultiModelStrategy:
@@ -142,7 +142,7 @@ def gvr(
 def stalevr(
     budget: float | None = None,
     budget_fraction: float = 0.1,
-    floor: float = 1e-6,
+    floor: float = 1e-4,
     signal: str = "loss",
     storage: str = "float32",
     **kwargs: Any,
@@ -161,7 +161,7 @@ def stalevr(
 def stalevre(
     budget: float | None = None,
     budget_fraction: float = 0.1,
-    floor: float = 1e-6,
+    floor: float = 1e-4,
     b0: float = 1.0,
     storage: str = "float32",
     **kwargs: Any,

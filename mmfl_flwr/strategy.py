@@ -46,6 +46,16 @@ EvaluateFn = Callable[[int, str, ArrayRecord], "MetricRecord | Mapping[str, floa
 RoundCallback = Callable[[int, list[dict[str, Any]]], None]
 
 
+def l2_norm(arrays: Iterable[np.ndarray]) -> float:
+    """``sqrt(sum of squares)`` over several arrays, scaled so it cannot overflow
+    for finite inputs (inf only if the true norm exceeds the float range)."""
+    arrays = [np.asarray(a, dtype=np.float64) for a in arrays]
+    scale = max((float(np.abs(a).max()) for a in arrays if a.size), default=0.0)
+    if scale == 0.0:
+        return 0.0
+    return scale * float(np.sqrt(sum(float(np.square(a / scale).sum()) for a in arrays)))
+
+
 @dataclass
 class MultiModelResult:
     """What :meth:`MultiModelStrategy.start` returns.
@@ -538,7 +548,7 @@ class MultiModelStrategy(Strategy):
             (u.cid, task): (
                 self.aggregator.residual_norm(task, u.cid, u.delta)  # type: ignore[attr-defined]
                 if residual
-                else float(np.sqrt(sum(float(np.square(d).sum()) for d in u.delta)))
+                else l2_norm(u.delta)
             )
             for task, us in updates.items()
             for u in us

@@ -10,7 +10,12 @@ For each processor ``(i, b)`` of client ``i`` and task ``s`` let
 ``sum_{s,i} B_i p_{s,i} = m``. Within a processor the optimum is proportional to
 ``U``; across processors it is water-filling: ``q_i = min(1, c M_i)`` with ``c``
 such that ``sum_i B_i q_i = m``. The processors with the largest ``M`` are capped
-at ``q = 1`` (the set V0 of the theorem). The solution is unique.
+at ``q = 1``; the others (the set V0 of the theorem) share ``m - V + |V0|`` in
+proportion to ``M``. The solution is unique.
+
+Numerics: ``p`` does not change when ``U`` is scaled, so ``U`` is normalised by
+its maximum first; tiny (subnormal) and huge (near-overflow) signals give the
+same, finite probabilities.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ def lvr_probabilities(
     data_share: np.ndarray,
     processors: np.ndarray,
     budget: float,
-    floor: float = 1e-6,
+    floor: float = 1e-4,
 ) -> np.ndarray:
     """Optimal per-processor task probabilities of MMFL-LVR / MMFL-GVR.
 
@@ -47,8 +52,10 @@ def lvr_probabilities(
     budget : float
         ``m > 0``, the expected number of (processor, task) updates per round.
     floor : float
-        The paper's small constant (Assumption 5) added to ``U`` on every eligible
-        pair, so every eligible pair keeps a probability bounded away from 0.
+        The paper's small constant (Assumption 5), added to ``U`` on every eligible
+        pair so that every eligible pair keeps a probability bounded away from 0.
+        It is *relative*: ``floor * mean(U over eligible pairs)`` is added, so it
+        stays negligible whatever the scale of ``U`` (which shrinks like ``1/N``).
 
     Returns
     -------
@@ -86,16 +93,25 @@ def lvr_probabilities(
         raise ValueError("signal must be >= 0 (NaN marks pairs without data)")
 
     eligible = d > 0
-    u = np.where(eligible, d * np.nan_to_num(sig, nan=0.0) / b[None, :], 0.0)
-    if floor > 0:
-        u = np.where(eligible, u + floor, 0.0)
-    elif not (u > 0).any():
+    # Scale-free: normalise the signal and the shares by their maxima before
+    # multiplying (p is invariant to scaling U), so nothing under- or overflows.
+    sig = np.where(np.isnan(sig), 0.0, sig)
+    sig_max = sig[eligible].max() if eligible.any() else 0.0
+    d_max = d.max() if d.size else 0.0
+    u = np.zeros_like(sig)
+    if sig_max > 0 and d_max > 0:
+        u = np.where(eligible, (d / d_max) * (sig / sig_max) / b[None, :], 0.0)
+    if not (u > 0).any():
         u = eligible.astype(np.float64)  # all-zero signal: uniform over eligible pairs
-    m_proc = u.sum(axis=0)  # M_i
+    elif floor > 0:
+        u = np.where(eligible, u + floor * u[eligible].mean(), 0.0)
+    u_max = u.max() if u.size else 0.0
+    if u_max > 0:
+        u = u / u_max
+    m_proc = u.sum(axis=0)  # M_i (relative)
     q = water_fill(m_proc, b, float(budget))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        p = np.where(m_proc[None, :] > 0, u * (q / m_proc)[None, :], 0.0)
-    return p
+    share = np.divide(u, m_proc[None, :], out=np.zeros_like(u), where=m_proc[None, :] > 0)
+    return share * q[None, :]
 
 
 def water_fill(weights: np.ndarray, counts: np.ndarray, budget: float) -> np.ndarray:
@@ -114,17 +130,17 @@ def water_fill(weights: np.ndarray, counts: np.ndarray, budget: float) -> np.nda
         q[pos] = 1.0
         return q
     order = pos[np.argsort(-w[pos])]  # ties: any order gives the same q
-    ws, ns = w[order], n[order]
+    ws = w[order] / w[order[0]]  # scale-free: the largest weight is 1
+    ns = n[order]
     capped = np.concatenate(([0.0], np.cumsum(ns)[:-1]))  # count of the top j items
-    bw = ns * ws
-    rest = np.cumsum(bw[::-1])[::-1]  # sum_{k >= j} n_k w_k
-    with np.errstate(divide="ignore", invalid="ignore"):
-        c = (budget - capped) / rest
-    # The first j for which the item j (largest uncapped) stays <= 1 is the
-    # solution: items above it are capped, all others get c * w.
-    ok = (budget - capped > 0) & (c * ws <= 1.0 + 1e-12)
+    rest = np.cumsum((ns * ws)[::-1])[::-1]  # sum_{k >= j} n_k w_k
+    left = budget - capped
+    # The first j for which item j (the largest uncapped) stays <= 1 with
+    # c = left_j / rest_j is the solution: items above it are capped, the others
+    # get c * w. Written without the division so nothing overflows.
+    ok = (left > 0) & (left * ws <= rest * (1.0 + 1e-12))
     j = int(np.argmax(ok))
-    qs = np.minimum(1.0, c[j] * ws)
+    qs = np.minimum(1.0, left[j] * (ws / rest[j]))
     qs[:j] = 1.0
     q[order] = qs
     return q

@@ -261,14 +261,15 @@ class LVR(Policy):
     budget_fraction : float
         ``m / V`` (default 0.1).
     floor : float
-        Lower-bound constant added to every eligible ``U`` (Assumption 5).
+        Lower-bound constant (Assumption 5), relative to the mean ``U``; see
+        :func:`~mmfl_flwr.core.lvr.lvr_probabilities`.
     """
 
     name = "lvr"
     needs_losses = True
 
     def __init__(
-        self, budget: float | None = None, budget_fraction: float = 0.1, floor: float = 1e-6
+        self, budget: float | None = None, budget_fraction: float = 0.1, floor: float = 1e-4
     ):
         _check_budget(budget, budget_fraction)
         if not (math.isfinite(floor) and floor >= 0):
@@ -323,7 +324,7 @@ class GVR(Policy):
     selects_after_training = True
 
     def __init__(
-        self, budget: float | None = None, budget_fraction: float = 0.1, floor: float = 1e-6
+        self, budget: float | None = None, budget_fraction: float = 0.1, floor: float = 1e-4
     ):
         _check_budget(budget, budget_fraction)
         if not (math.isfinite(floor) and floor >= 0):
@@ -375,7 +376,7 @@ class GVR(Policy):
         if self._signal_from_losses():
             sig = np.where(np.isnan(sig), np.nan, losses)
         m = resolve_budget(self.budget, self.budget_fraction, int(procs.sum()))
-        p = lvr_probabilities(np.nan_to_num(sig, nan=0.0), d_avail, procs, m, self.floor)
+        p = lvr_probabilities(np.where(np.isnan(sig), 0.0, sig), d_avail, procs, m, self.floor)
         return picks_from_counts(ids, tasks, sample_processors(p, procs, rng), p)
 
     def _signal_from_losses(self) -> bool:
@@ -400,7 +401,7 @@ class StaleVRSampling(GVR):
         self,
         budget: float | None = None,
         budget_fraction: float = 0.1,
-        floor: float = 1e-6,
+        floor: float = 1e-4,
         signal: str = "loss",
     ):
         if signal not in self.SIGNALS:

@@ -20,7 +20,8 @@ class Settings:
     ----------
     strategy : str
         Preset name: ``random``, ``full``, ``mfa-rand``, ``mfa-rr``, ``multi-fedavg``,
-        ``lvr``, ``gvr``, ``stalevr``, ``stalevre``, ``fedvarp``, ``fedstale``, ``mifa``.
+        ``lvr``, ``gvr``, ``stalevr``, ``stalevre``, ``fedvarp``, ``fedstale``, ``mifa``,
+        ``scaffold``.
     aggregator : str
         ``""`` for the preset's own, or ``fedavg`` / ``unbiased``.
     tasks : str

@@ -22,6 +22,7 @@ from mmfl_flwr.core.policies import (
     RandomAllocation,
     StaleVRSampling,
 )
+from mmfl_flwr.core.scaffold import ScaffoldAggregator
 from mmfl_flwr.core.stale import (
     FedStaleAggregator,
     FedVARPAggregator,
@@ -219,6 +220,22 @@ def mifa(
     )
 
 
+def scaffold(
+    budget: float | None = None,
+    budget_fraction: float = 0.1,
+    storage: str = "float32",
+    **kwargs: Any,
+) -> MultiModelStrategy:
+    """SCAFFOLD for MMFL: random allocation, per-task server control variates,
+    per-client control variates in the ClientApp's ``context.state``, corrected
+    local steps, unbiased aggregation."""
+    return MultiModelStrategy(
+        RandomAllocation(budget=budget, budget_fraction=budget_fraction),
+        ScaffoldAggregator(storage=storage),
+        **kwargs,
+    )
+
+
 #: Preset name (as used by ``mmfl run --strategy`` and ``--run-config strategy=``)
 #: -> factory.
 PRESETS: dict[str, Callable[..., MultiModelStrategy]] = {
@@ -234,6 +251,7 @@ PRESETS: dict[str, Callable[..., MultiModelStrategy]] = {
     "fedvarp": fedvarp,
     "fedstale": fedstale,
     "mifa": mifa,
+    "scaffold": scaffold,
 }
 
 

@@ -15,6 +15,10 @@ Message types
                    ConfigRecord ``config``; reply: ``arrays.<task>`` (the locally
                    trained weights) and MetricRecord ``metrics.<task>`` with
                    ``num-examples`` and ``train-loss`` per trained task.
+                   With SCAFFOLD the server adds ``control.<task>`` (the server
+                   control variate ``c_s``) and the client replies with its new
+                   ``c_{i,s}`` under the same key (it keeps ``c_{i,s}`` in
+                   ``context.state``).
 ``evaluate``       server -> client: ``arrays.<task>`` per task; reply:
                    MetricRecord ``metrics.<task>`` with ``num-examples``,
                    ``loss`` and ``accuracy``.
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 ARRAYS_PREFIX = "arrays."
 METRICS_PREFIX = "metrics."
+CONTROL_PREFIX = "control."
 CONFIG_KEY = "config"
 INFO_KEY = "info"
 LOSSES_KEY = "losses"
@@ -57,6 +62,11 @@ def arrays_key(task: str) -> str:
 def metrics_key(task: str) -> str:
     """Record key under which the metrics of ``task`` travel."""
     return METRICS_PREFIX + task
+
+
+def control_key(task: str) -> str:
+    """Record key of a task's SCAFFOLD control variate."""
+    return CONTROL_PREFIX + task
 
 
 def task_of(key: str, prefix: str) -> str | None:

@@ -388,6 +388,14 @@ class MultiModelStrategy(Strategy):
                 "client holds no data for; dropped", self.policy, len(picks) - len(valid))
         picks = valid
         self._round_picks = picks
+        controls: dict[str, ArrayRecord] = {}
+        if getattr(self.aggregator, "needs_control", False):
+            for t in {p.task for p in picks}:
+                keys = list(self.weights[t])
+                c = self.aggregator.server_control(  # type: ignore[attr-defined]
+                    t, [self.weights[t][k] for k in keys]
+                )
+                controls[t] = numpy_to_arrays(dict(zip(keys, c)))
         messages = []
         for cid, mine in picks_by_client(picks).items():
             tasks = [p.task for p in mine]
@@ -400,6 +408,9 @@ class MultiModelStrategy(Strategy):
             cfg.setdefault(P.CFG_SEED, self.seed)
             content = RecordDict({P.arrays_key(t): self.arrays[t] for t in tasks})
             content[P.CONFIG_KEY] = cfg
+            if getattr(self.aggregator, "needs_control", False):
+                for t in tasks:
+                    content[P.control_key(t)] = controls[t]
             messages.append(
                 Message(
                     content,
@@ -426,6 +437,7 @@ class MultiModelStrategy(Strategy):
         rejected = {t: 0 for t in self.tasks}
         shares = {t: self.table.data_share(t) for t in self.tasks}
         seen: set[str] = set()
+        needs_control = getattr(self.aggregator, "needs_control", False)
         for reply in replies:
             node = reply.metadata.src_node_id
             cid = self._node_to_cid.get(node)
@@ -446,6 +458,8 @@ class MultiModelStrategy(Strategy):
             content = reply.content
             for key in content.array_records:
                 task = P.task_of(key, P.ARRAYS_PREFIX)
+                if task is None and needs_control:
+                    task = P.task_of(key, P.CONTROL_PREFIX)
                 if task not in asked:
                     log(WARNING, "Client %s: rejected arrays under %r (task not assigned "
                         "to it this round)", cid, key)
@@ -458,6 +472,12 @@ class MultiModelStrategy(Strategy):
                     if metrics is None:
                         raise InvalidReply(f"no '{P.metrics_key(task)}' MetricRecord")
                     check_count(metrics.get(P.NUM_EXAMPLES), P.NUM_EXAMPLES, MAX_NUM_EXAMPLES)
+                    control = None
+                    if needs_control:
+                        if P.control_key(task) not in content.array_records:
+                            raise InvalidReply("no SCAFFOLD control variate returned")
+                        c = check_weights(content[P.control_key(task)], self.weights[task])
+                        control = [c[k] for k in self.weights[task]]
                     tl = metrics.get(P.TRAIN_LOSS)
                     train_loss = (
                         None if tl is None else check_loss(tl, P.TRAIN_LOSS, self.max_loss)
@@ -478,6 +498,7 @@ class MultiModelStrategy(Strategy):
                         processors=info.processors,
                         prob=pick.prob,
                         count=pick.count,
+                        control=control,
                     )
                 )
                 if train_loss is not None:

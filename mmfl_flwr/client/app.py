@@ -62,6 +62,45 @@ def _tasks_in(msg: Message) -> dict[str, ArrayRecord]:
     return out
 
 
+def _scaffold_train(
+    tr: LocalTrainer,
+    weights: Weights,
+    c_server: Weights,
+    context: Context,
+    task: str,
+    epochs: int,
+    lr: float,
+    seed: int,
+    batch: int,
+) -> tuple[Weights, int, float, Weights]:
+    """SCAFFOLD local training for one task.
+
+    Steps ``w <- w - lr (grad + c - c_i)``; afterwards
+    ``c_i <- c_i - c + (w_global - w_local) / (K lr)`` with ``K`` the number of
+    local steps. ``c_i`` persists in ``context.state`` under ``scaffold.<task>``.
+    """
+    key = "scaffold." + task
+    stored = context.state.array_records.get(key)
+    c_client = (
+        arrays_to_numpy(stored)
+        if stored is not None
+        else {k: np.zeros_like(v) for k, v in c_server.items()}
+    )
+    correction = {k: c_server[k] - c_client[k] for k in c_server}
+    new, n, loss = tr.train(weights, epochs, lr, seed, batch, correction=correction)  # type: ignore[call-arg]
+    steps = epochs * -(-int(n) // int(batch))
+    c_new = {
+        k: (
+            c_client[k].astype(np.float64)
+            - c_server[k]
+            + (weights[k].astype(np.float64) - new[k]) / (steps * lr)
+        ).astype(c_server[k].dtype)
+        for k in c_server
+    }
+    context.state[key] = numpy_to_arrays(c_new)
+    return new, n, loss, c_new
+
+
 def make_client_app(
     spec_fn: SpecFn, cache_key: Callable[[Context], Hashable] | None = None
 ) -> ClientApp:
@@ -131,10 +170,17 @@ def make_client_app(
         rnd = int(cfg.get(P.CFG_ROUND, 0))  # type: ignore[arg-type]
         content = RecordDict()
         for task, rec in _tasks_in(msg).items():
-            new, n, loss = trainer(s, task).train(
-                arrays_to_numpy(rec), epochs, lr, training_seed(seed, rnd, s.client_id, task),
-                batch,
-            )
+            weights = arrays_to_numpy(rec)
+            tseed = training_seed(seed, rnd, s.client_id, task)
+            tr = trainer(s, task)
+            if P.control_key(task) in msg.content.array_records:
+                new, n, loss, c_new = _scaffold_train(
+                    tr, weights, arrays_to_numpy(msg.content[P.control_key(task)]),
+                    context, task, epochs, lr, tseed, batch,
+                )
+                content[P.control_key(task)] = numpy_to_arrays(c_new)
+            else:
+                new, n, loss = tr.train(weights, epochs, lr, tseed, batch)
             content[P.arrays_key(task)] = numpy_to_arrays(new)
             content[P.metrics_key(task)] = MetricRecord(
                 {P.NUM_EXAMPLES: int(n), P.TRAIN_LOSS: float(loss)}

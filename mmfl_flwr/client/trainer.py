@@ -195,6 +195,7 @@ class TorchTrainer:
         lr: float,
         seed: int,
         batch_size: int | None = None,
+        correction: dict[str, np.ndarray] | None = None,
     ) -> tuple[dict[str, np.ndarray], int, float]:
         """Run ``epochs`` local epochs of plain mini-batch SGD from ``weights``.
 
@@ -214,6 +215,9 @@ class TorchTrainer:
             Seed of the batch order (and any other randomness).
         batch_size : int, optional
             Overrides the trainer's mini-batch size for this call.
+        correction : dict of str to np.ndarray, optional
+            Added to the gradient of each named parameter at every step
+            (SCAFFOLD's ``c - c_i``); buffers are not corrected.
 
         Returns
         -------
@@ -235,6 +239,18 @@ class TorchTrainer:
             model = self._model(weights)
             model.train()
             optimizer = torch.optim.SGD(model.parameters(), lr=float(lr))
+            corr = []
+            if correction is not None:
+                for name, param in model.named_parameters():
+                    if name not in correction:
+                        raise KeyError(f"correction has no entry for parameter {name!r}")
+                    c = torch.as_tensor(np.asarray(correction[name]), dtype=param.dtype)
+                    if c.shape != param.shape:
+                        raise ValueError(
+                            f"correction {name!r} has shape {tuple(c.shape)}, "
+                            f"expected {tuple(param.shape)}"
+                        )
+                    corr.append((param, c))
             n = self.num_train
             last_loss = math.nan
             for _ in range(int(epochs)):
@@ -245,6 +261,8 @@ class TorchTrainer:
                     optimizer.zero_grad(set_to_none=True)
                     loss = F.cross_entropy(model(self._x_train[idx]), self._y_train[idx])
                     loss.backward()
+                    for param, c in corr:
+                        param.grad.add_(c)
                     optimizer.step()
                     total += float(loss.detach()) * int(idx.shape[0])
                 last_loss = total / n

@@ -38,6 +38,8 @@ class Update:
         task this round.
     count : int
         Processors of the client that drew this task (paper 003, Remark 1).
+    control : list[np.ndarray], optional
+        The client's new SCAFFOLD control variate ``c_{i,s}``.
     """
 
     cid: str
@@ -47,6 +49,7 @@ class Update:
     processors: int = 1
     prob: float = 1.0
     count: int = 1
+    control: Weights | None = None
 
 
 def apply_step(weights: Weights, deltas: Sequence[Weights], coeffs: Sequence[float]) -> Weights:

@@ -25,9 +25,11 @@ from mmfl_flwr.strategy import MultiModelResult, MultiModelStrategy
 
 
 #: Presets with a server budget m (``budget-fraction``).
-BUDGETED = ("random", "lvr", "gvr", "stalevr", "stalevre", "fedvarp", "fedstale", "mifa")
-#: Presets that keep stale updates (``stale-storage``).
-STALE = ("stalevr", "stalevre", "fedvarp", "fedstale", "mifa")
+BUDGETED = (
+    "random", "lvr", "gvr", "stalevr", "stalevre", "fedvarp", "fedstale", "mifa", "scaffold"
+)
+#: Presets that keep per-client state on the server (``stale-storage``).
+STALE = ("stalevr", "stalevre", "fedvarp", "fedstale", "mifa", "scaffold")
 
 
 def strategy_from_settings(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -66,6 +67,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--num-cpus", type=int, default=None,
                        help="CPUs Ray may use (simulation engine; default: all)")
     p_run.add_argument("--verbose", action="store_true", help="show Flower's and Ray's logs")
+    p_run.add_argument(
+        "--resume", metavar="DIR", default=None,
+        help="continue the run whose output folder is DIR from its last checkpoint "
+             "(its config.json gives every setting; other setting flags are ignored)",
+    )
     _add_settings_args(p_run)
     args = parser.parse_args(argv)
 
@@ -75,8 +81,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             for f in dataclasses.fields(Settings)
             if f.name != "extra"
         }
-        settings = Settings(**values)
         try:
+            if args.resume:
+                cfg = os.path.join(args.resume, "config.json")
+                if not os.path.exists(cfg):
+                    parser.error(f"--resume {args.resume}: no config.json there (not an "
+                                 "output folder of mmfl run?)")
+                settings = Settings.load(cfg)
+                settings.output_dir = args.resume
+                settings.resume_from = args.resume
+            else:
+                settings = Settings(**values)
             settings.validate()
         except ValueError as err:
             parser.error(str(err))

@@ -62,6 +62,10 @@ class Settings:
         Where ``metrics.csv``, ``summary.json``, ``assignments.csv`` and
         ``accuracy.png`` go; empty to
         write nothing.
+    resume_from : str
+        A checkpoint (file, or folder holding ``checkpoint.pkl``) to continue
+        from; empty to start fresh. With ``output_dir`` set, a checkpoint is
+        written there after every round.
     timeout : float
         Seconds to wait for the replies of one round trip.
     """
@@ -86,6 +90,7 @@ class Settings:
     stalevre_b0: float = 1.0
     seed: int = 0
     output_dir: str = "results/mmfl"
+    resume_from: str = ""
     timeout: float = 600.0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -116,6 +121,22 @@ class Settings:
             if f.name != "extra":
                 out[f.name.replace("_", "-")] = getattr(self, f.name)
         return out
+
+    def save(self, path: str) -> None:
+        """Write the settings as JSON (``config.json`` of an output folder)."""
+        import json
+
+        with open(path, "w") as f:
+            json.dump(self.to_run_config(), f, indent=2, sort_keys=True)
+            f.write("\n")
+
+    @classmethod
+    def load(cls, path: str) -> Settings:
+        """Read settings written by :meth:`save`."""
+        import json
+
+        with open(path) as f:
+            return cls.from_run_config(json.load(f))
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> Settings:

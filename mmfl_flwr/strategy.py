@@ -138,6 +138,10 @@ class MultiModelStrategy(Strategy):
         Reported losses above this are rejected as absurd.
     on_round_end : callable, optional
         ``f(server_round, rows)`` called after each round (progress display).
+    checkpoint_path : str, optional
+        File (or folder, for ``checkpoint.pkl`` in it) where the full strategy
+        state is written atomically after every round;
+        ``start(..., resume_from=path)`` continues from it.
     """
 
     def __init__(
@@ -155,6 +159,7 @@ class MultiModelStrategy(Strategy):
         node_wait_timeout: float = 60.0,
         max_loss: float = 1e6,
         on_round_end: RoundCallback | None = None,
+        checkpoint_path: str | None = None,
     ) -> None:
         if local_epochs < 1:
             raise ValueError(f"local_epochs must be >= 1, got {local_epochs}")
@@ -178,6 +183,7 @@ class MultiModelStrategy(Strategy):
         self.node_wait_timeout = float(node_wait_timeout)
         self.max_loss = float(max_loss)
         self.on_round_end = on_round_end
+        self.checkpoint_path = checkpoint_path
 
         self.rng = np.random.default_rng(self.seed)
         self._eval_rng = np.random.default_rng([self.seed, 1])
@@ -680,6 +686,7 @@ class MultiModelStrategy(Strategy):
         train_config: ConfigRecord | None = None,
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: EvaluateFn | None = None,
+        resume_from: str | None = None,
     ) -> MultiModelResult:
         """Run ``num_rounds`` MMFL rounds over every model.
 
@@ -702,32 +709,47 @@ class MultiModelStrategy(Strategy):
             called for every task before the first round and after each
             evaluation round. Metrics named ``accuracy`` and ``loss`` go to the
             history.
+        resume_from : str, optional
+            A checkpoint written by this strategy (``checkpoint_path``): the run
+            continues after its last finished round, with its models, policy and
+            aggregator state, client table, RNG states and history
+            (``initial_arrays`` is then ignored). State that clients keep
+            themselves (SCAFFOLD's ``c_i``) is not part of it.
 
         Returns
         -------
         MultiModelResult
             Final weights per task and the per-round, per-task history.
         """
-        self.set_models(initial_arrays)
         self._waited = False
-        log(INFO, "Starting %s over %d models for %d rounds",
-            type(self).__name__, len(self.tasks), num_rounds)
-        self.summary()
         train_config = ConfigRecord() if train_config is None else train_config
         evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
         result = MultiModelResult()
+        first = 1
+        if resume_from is not None:
+            first = self._resume(resume_from, result) + 1
+            log(INFO, "Resuming %s from %s after round %d", type(self).__name__,
+                resume_from, first - 1)
+        else:
+            self.set_models(initial_arrays)
+        log(INFO, "Starting %s over %d models for %d rounds",
+            type(self).__name__, len(self.tasks), num_rounds)
+        self.summary()
 
-        rows0 = []
-        for task in self.tasks:
-            row = {"round": 0, "task": task, "uploads": 0, "assigned": 0, "rejected": 0,
-                   "train_loss": math.nan, "step_l1": 0.0}
-            row.update(self._server_eval(evaluate_fn, 0, task, result))
-            rows0.append(row)
-        result.history.extend(rows0)
-        if self.on_round_end:
-            self.on_round_end(0, rows0)
+        if resume_from is None:
+            rows0 = []
+            for task in self.tasks:
+                row = {"round": 0, "task": task, "uploads": 0, "assigned": 0, "rejected": 0,
+                       "train_loss": math.nan, "step_l1": 0.0}
+                row.update(self._server_eval(evaluate_fn, 0, task, result))
+                rows0.append(row)
+            result.history.extend(rows0)
+            if self.checkpoint_path:
+                self.save_checkpoint(0, result)
+            if self.on_round_end:
+                self.on_round_end(0, rows0)
 
-        for rnd in range(1, num_rounds + 1):
+        for rnd in range(first, num_rounds + 1):
             t0 = time.monotonic()
             log(INFO, "")
             log(INFO, "[ROUND %s/%s]", rnd, num_rounds)
@@ -772,10 +794,58 @@ class MultiModelStrategy(Strategy):
             for row in rows:
                 log(INFO, "  %-12s acc %.4f loss %.4f uploads %d", row["task"],
                     row["accuracy"], row["loss"], row["uploads"])
+            if self.checkpoint_path:
+                self.save_checkpoint(rnd, result)
             if self.on_round_end:
                 self.on_round_end(rnd, rows)
         result.arrays = dict(self.arrays)
         return result
+
+    # ------------------------------------------------------------ checkpoints
+    def state_dict(self, server_round: int, result: MultiModelResult) -> dict[str, Any]:
+        """Everything needed to continue after ``server_round`` (plain data)."""
+        return {
+            "round": server_round,
+            "weights": {t: dict(w) for t, w in self.weights.items()},
+            "policy": self.policy.state_dict(),
+            "aggregator": self.aggregator.state_dict(),
+            "table": self.table.state_dict(),
+            "rng": self.rng.bit_generator.state,
+            "eval_rng": self._eval_rng.bit_generator.state,
+            "history": [dict(r) for r in result.history],
+            "assignments": dict(result.assignments),
+            "policy_name": type(self.policy).__name__,
+            "aggregator_name": type(self.aggregator).__name__,
+            "seed": self.seed,
+        }
+
+    def save_checkpoint(self, server_round: int, result: MultiModelResult) -> None:
+        """Write :meth:`state_dict` atomically to ``checkpoint_path``."""
+        from mmfl_flwr.checkpoint import save_checkpoint
+
+        assert self.checkpoint_path is not None
+        save_checkpoint(self.checkpoint_path, self.state_dict(server_round, result))
+
+    def _resume(self, path: str, result: MultiModelResult) -> int:
+        from mmfl_flwr.checkpoint import load_checkpoint
+
+        state = load_checkpoint(path)
+        for key, mine in (("policy_name", type(self.policy).__name__),
+                          ("aggregator_name", type(self.aggregator).__name__)):
+            if state[key] != mine:
+                raise ValueError(
+                    f"checkpoint {path} was written with {state[key]}, but this strategy "
+                    f"uses {mine}; resume with the same strategy"
+                )
+        self.set_models({t: numpy_to_arrays(w) for t, w in state["weights"].items()})
+        self.policy.load_state_dict(state["policy"])
+        self.aggregator.load_state_dict(state["aggregator"])
+        self.table.load_state_dict(state["table"])
+        self.rng.bit_generator.state = state["rng"]
+        self._eval_rng.bit_generator.state = state["eval_rng"]
+        result.history.extend(state["history"])
+        result.assignments.update(state["assignments"])
+        return int(state["round"])
 
     def _server_eval(
         self, evaluate_fn: EvaluateFn | None, rnd: int, task: str, result: MultiModelResult

@@ -18,6 +18,7 @@ from typing import Any
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
+from mmfl_flwr.checkpoint import CHECKPOINT_FILE
 from mmfl_flwr.config import Settings
 from mmfl_flwr.presets import make_strategy
 from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
@@ -116,12 +117,17 @@ def server_main(grid: Grid, context: Context, settings: Settings | None = None) 
 
     s = settings if settings is not None else Settings.from_run_config(context.run_config)
     strategy = strategy_from_settings(s, progress_printer(s.num_rounds))
+    if s.output_dir:
+        os.makedirs(s.output_dir, exist_ok=True)
+        s.save(os.path.join(s.output_dir, "config.json"))
+        strategy.checkpoint_path = os.path.join(s.output_dir, CHECKPOINT_FILE)
     result = strategy.start(
         grid=grid,
         initial_arrays=initial_arrays(s),
         num_rounds=s.num_rounds,
         timeout=s.timeout,
         evaluate_fn=central_evaluator(s),
+        resume_from=s.resume_from or None,
     )
     if s.output_dir:
         out = write_outputs(result, s, s.output_dir)

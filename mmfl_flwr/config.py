@@ -21,7 +21,7 @@ class Settings:
     strategy : str
         Preset name: ``random``, ``full``, ``mfa-rand``, ``mfa-rr``, ``multi-fedavg``,
         ``lvr``, ``gvr``, ``stalevr``, ``stalevre``, ``fedvarp``, ``fedstale``, ``mifa``,
-        ``scaffold``.
+        ``scaffold``, ``ranklist-ucb``, ``pareto-ucb``.
     aggregator : str
         ``""`` for the preset's own, or ``fedavg`` / ``unbiased``.
     tasks : str
@@ -36,7 +36,8 @@ class Settings:
     budget_fraction : float
         ``m / V`` for the budgeted policies (random, lvr, gvr and the stale ones).
     clients_per_round : int
-        ``K`` for MFA-Rand / MFA-RR / Multi-FedAvg; 0 means all clients.
+        ``K`` for MFA-Rand / MFA-RR / Multi-FedAvg (0 means all clients) and the
+        UCB policies (required there).
     labels_per_client : float
         Fraction of the labels each client holds per image task (label skew).
     profile : str
@@ -56,6 +57,12 @@ class Settings:
         Sampling signal of ``stalevr``: ``loss`` (paper) or ``stale-residual``.
     stalevre_b0 : float
         ``b0`` of ``stalevre`` (Eq. 21).
+    ucb_gamma : float
+        Discount ``gamma`` of the UCB index (``ranklist-ucb``, ``pareto-ucb``).
+    ucb_init : str
+        How the UCB index gets its first observation per pair: ``loss-query``
+        (one forward pass of every pair) or ``train`` (train untried pairs first,
+        within K clients per round).
     seed : int
         The one seed of the run.
     output_dir : str
@@ -88,6 +95,8 @@ class Settings:
     stale_storage: str = "float32"
     stalevr_signal: str = "loss"
     stalevre_b0: float = 1.0
+    ucb_gamma: float = 0.9
+    ucb_init: str = "loss-query"
     seed: int = 0
     output_dir: str = "results/mmfl"
     resume_from: str = ""
@@ -207,6 +216,12 @@ class Settings:
                 "stalevr-signal must be loss or stale-residual",
             ),
             (self.stalevre_b0 > 0, "stalevre-b0 must be > 0"),
+            (0 < self.ucb_gamma < 1, "ucb-gamma must be in (0, 1)"),
+            (self.ucb_init in ("loss-query", "train"), "ucb-init must be loss-query or train"),
+            (
+                self.strategy not in ("ranklist-ucb", "pareto-ucb") or self.clients_per_round > 0,
+                f"strategy {self.strategy} needs clients-per-round (K) > 0",
+            ),
         ]
         for ok, msg in checks:
             if not ok:

@@ -23,6 +23,7 @@ from mmfl_flwr.core.policies import (
     StaleVRSampling,
 )
 from mmfl_flwr.core.scaffold import ScaffoldAggregator
+from mmfl_flwr.core.ucb import ParetoMultiUCB, RanklistMultiUCB
 from mmfl_flwr.core.stale import (
     FedStaleAggregator,
     FedVARPAggregator,
@@ -236,6 +237,38 @@ def scaffold(
     )
 
 
+def ranklist_ucb(
+    clients_per_round: int = 2,
+    gamma: float = 0.9,
+    init: str = "loss-query",
+    aggregator: Aggregator | str | None = None,
+    **kwargs: Any,
+) -> MultiModelStrategy:
+    """Ranklist-Multi-UCB (paper 004, Algorithm 3): K clients by per-model rank
+    lists of the discounted-loss UCB index; FedAvg per model."""
+    return MultiModelStrategy(
+        RanklistMultiUCB(clients_per_round, gamma, init),
+        _aggregator(aggregator, FedAvgAggregator),
+        **kwargs,
+    )
+
+
+def pareto_ucb(
+    clients_per_round: int = 2,
+    gamma: float = 0.9,
+    init: str = "loss-query",
+    aggregator: Aggregator | str | None = None,
+    **kwargs: Any,
+) -> MultiModelStrategy:
+    """Pareto-Multi-UCB (paper 004, Algorithm 4): K clients from the Pareto
+    front of the UCB score vectors, each on its best-rank model; FedAvg."""
+    return MultiModelStrategy(
+        ParetoMultiUCB(clients_per_round, gamma, init),
+        _aggregator(aggregator, FedAvgAggregator),
+        **kwargs,
+    )
+
+
 #: Preset name (as used by ``mmfl run --strategy`` and ``--run-config strategy=``)
 #: -> factory.
 PRESETS: dict[str, Callable[..., MultiModelStrategy]] = {
@@ -252,6 +285,8 @@ PRESETS: dict[str, Callable[..., MultiModelStrategy]] = {
     "fedstale": fedstale,
     "mifa": mifa,
     "scaffold": scaffold,
+    "ranklist-ucb": ranklist_ucb,
+    "pareto-ucb": pareto_ucb,
 }
 
 

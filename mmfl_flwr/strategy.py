@@ -444,6 +444,7 @@ class MultiModelStrategy(Strategy):
         shares = {t: self.table.data_share(t) for t in self.tasks}
         seen: set[str] = set()
         needs_control = getattr(self.aggregator, "needs_control", False)
+        observed: dict[tuple[str, str], float] = {}
         for reply in replies:
             node = reply.metadata.src_node_id
             cid = self._node_to_cid.get(node)
@@ -509,12 +510,15 @@ class MultiModelStrategy(Strategy):
                 )
                 if train_loss is not None:
                     train_losses[task].append((train_loss, n))
+                    observed[(cid, task)] = train_loss
         for cid, asked in expected.items():
             if cid not in seen:
                 log(WARNING, "Client %s sent no train reply this round (tasks %s); "
                     "its updates are missing from the aggregate", cid, sorted(asked))
                 for t in asked:
                     rejected[t] += 1
+        if hasattr(self.policy, "observe"):
+            self.policy.observe(server_round, observed)
         trained = updates
         if getattr(self.policy, "selects_after_training", False):
             updates = self._select_after_training(server_round, updates)

@@ -60,6 +60,12 @@ def strategy_from_settings(
         kwargs["b0"] = s.stalevre_b0
     if s.strategy in ("mfa-rand", "mfa-rr", "multi-fedavg"):
         kwargs["clients_per_round"] = s.clients_per_round or None
+    if s.strategy in ("ranklist-ucb", "pareto-ucb"):
+        if not s.clients_per_round:
+            raise ValueError(f"strategy {s.strategy!r} needs clients-per-round (K) > 0")
+        kwargs["clients_per_round"] = s.clients_per_round
+        kwargs["gamma"] = s.ucb_gamma
+        kwargs["init"] = s.ucb_init
     return make_strategy(s.strategy, **kwargs)
 
 

@@ -47,6 +47,11 @@ class KindSpec:
 KINDS: dict[str, KindSpec] = {
     "digits": KindSpec(num_classes=10, input_shape=(1, 8, 8), model="cnn"),
     "synthetic": KindSpec(num_classes=5, input_shape=(60,), model="logreg"),
+    # Paper 004's second model: Synthetic(1,1) with 30 dims and 10 classes.
+    "synthetic-b": KindSpec(num_classes=10, input_shape=(30,), model="logreg"),
+    # Synthetic-IID (FedProx): one shared model for all users, x ~ N(0, diag(j^-1.2)).
+    "synthetic-iid": KindSpec(num_classes=5, input_shape=(60,), model="logreg"),
+    "synthetic-iid-b": KindSpec(num_classes=10, input_shape=(30,), model="logreg"),
 }
 
 #: Synthetic(alpha, beta) parameters of the ``"synthetic"`` kind.
@@ -55,7 +60,10 @@ SYNTHETIC_BETA = 1.0
 
 # Fixed integers mixed into seed sequences so that the random streams of the
 # different task kinds never coincide.
-_KIND_STREAM = {"digits": 1, "synthetic": 2}
+_KIND_STREAM = {"digits": 1, "synthetic": 2, "synthetic-b": 3, "synthetic-iid": 4,
+                "synthetic-iid-b": 5}
+#: The Synthetic kinds (generated locally by the FedProx generator).
+SYNTHETIC_KINDS = ("synthetic", "synthetic-b", "synthetic-iid", "synthetic-iid-b")
 
 
 def task_names(kinds: list[str]) -> list[str]:
@@ -418,6 +426,7 @@ def _build_digits(
 
 
 def _build_synthetic(
+    kind: str,
     num_clients: int,
     seed: int,
     copy: int,
@@ -429,8 +438,8 @@ def _build_synthetic(
     """Per-client data and server test set for one copy of the synthetic task.
     With ``high`` given, the other (low-data) users keep ``1 / ratio`` of their
     training samples."""
-    spec = KINDS["synthetic"]
-    stream = _stream_seed(seed, "synthetic", copy)
+    spec = KINDS[kind]
+    stream = _stream_seed(seed, kind, copy)
     gen_seed = int(stream.generate_state(1, dtype=np.uint32)[0])
     users = synthetic_users(
         SYNTHETIC_ALPHA,
@@ -439,6 +448,7 @@ def _build_synthetic(
         dim=spec.input_shape[0],
         num_classes=spec.num_classes,
         seed=gen_seed,
+        iid=kind.startswith("synthetic-iid"),
         max_samples=max_samples,
     )
     server = concat_datasets([te for _, te in users])
@@ -449,7 +459,7 @@ def _build_synthetic(
                 tr, te = users[k]
                 keep = max(1, int(np.ceil(len(tr) / ratio)))
                 users[k] = (tr.subset(np.sort(rng.permutation(len(tr))[:keep])), te)
-    users = [u if eligible[k] else (_empty("synthetic"), _empty("synthetic"))
+    users = [u if eligible[k] else (_empty(kind), _empty(kind))
              for k, u in enumerate(users)]
     return users, server
 
@@ -503,7 +513,9 @@ def build_federation(
       client's local test set is the global test examples of its labels, split
       evenly among the holders.
     * ``"synthetic"``: client ``k`` is FedProx Synthetic(1, 1) user ``k`` (60 dims,
-      5 classes); each copy uses a different generator seed. Under a profile with
+      5 classes); each copy uses a different generator seed. ``"synthetic-b"`` is
+      the same with 30 dims and 10 classes (paper 004's second model), and
+      ``"synthetic-iid"`` / ``"synthetic-iid-b"`` are FedProx's Synthetic-IID. Under a profile with
       high-data clients, the low-data users keep ``1 / high_data_ratio`` of their
       training samples.
 
@@ -551,8 +563,9 @@ def build_federation(
             data[name], server_tests[name] = _build_digits(
                 num_clients, seed, copy, labels_per_client, eligible[s], weights
             )
-        elif kind == "synthetic":
+        elif kind in SYNTHETIC_KINDS:
             data[name], server_tests[name] = _build_synthetic(
+                kind,
                 num_clients,
                 seed,
                 copy,

@@ -15,7 +15,7 @@ from typing import Any
 from flwr.app import Context, RecordDict
 
 from mmfl_flwr.config import Settings
-from mmfl_flwr.strategy import MultiModelResult
+from mmfl_flwr.strategy import MultiModelResult, MultiModelStrategy
 
 ENGINES = ("simulation", "inprocess")
 
@@ -34,8 +34,13 @@ def _single_thread_torch() -> None:
     torch.set_num_threads(1)
 
 
-def run_inprocess(settings: Settings) -> MultiModelResult:
-    """Run on :class:`~mmfl_flwr.grid.InProcessGrid` (no Ray, no SuperLink)."""
+def run_inprocess(
+    settings: Settings, strategy: MultiModelStrategy | None = None
+) -> MultiModelResult:
+    """Run on :class:`~mmfl_flwr.grid.InProcessGrid` (no Ray, no SuperLink).
+
+    ``strategy`` replaces the preset named by the settings (for custom pairings
+    of policy and aggregator on the embedded tasks)."""
     from mmfl_flwr.flower_app.client_app import build_client_app
     from mmfl_flwr.flower_app.server_app import server_main
     from mmfl_flwr.grid import InProcessGrid
@@ -46,7 +51,7 @@ def run_inprocess(settings: Settings) -> MultiModelResult:
         build_client_app(settings), node_configs(settings), run_config, seed=settings.seed
     )
     ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
-    return server_main(grid, ctx, settings)
+    return server_main(grid, ctx, settings, strategy)
 
 
 def run_simulation_engine(

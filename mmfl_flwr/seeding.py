@@ -12,3 +12,9 @@ def training_seed(seed: int, server_round: int, client_id: str, task: str) -> in
     words = [seed, server_round, zlib.crc32(client_id.encode()), zlib.crc32(task.encode())]
     state = np.random.SeedSequence([abs(int(w)) for w in words]).generate_state(1, np.uint64)
     return int(state[0] >> 1)
+
+
+def task_seed(seed: int, task: str) -> int:
+    """A 31-bit seed for a model's initial weights, from the run seed and its name."""
+    state = np.random.SeedSequence([abs(int(seed)), zlib.crc32(task.encode())]).generate_state(1)
+    return int(state[0] >> 1)

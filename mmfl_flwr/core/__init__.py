@@ -20,6 +20,7 @@ from mmfl_flwr.core.lvr import lvr_probabilities, sample_processors, water_fill
 from mmfl_flwr.core.policies import (
     GVR,
     LVR,
+    FixedRates,
     FullParticipation,
     MFARand,
     MFARoundRobin,
@@ -31,6 +32,7 @@ from mmfl_flwr.core.policies import (
 )
 
 __all__ = [
+    "FixedRates",
     "GVR",
     "LVR",
     "lvr_probabilities",

@@ -243,6 +243,90 @@ class RandomAllocation(Policy):
         return picks_from_counts(ids, tasks, sample_processors(p, procs, rng), p)
 
 
+class FixedRates(Policy):
+    """Fixed client participation rates (paper 003, Fig. 5's "fixed sampling").
+
+    Clients are split, in id order, into groups of given fractions; every
+    processor of a client in a group with rate ``r`` is active with probability
+    ``r`` each round and trains a uniformly random eligible task
+    (``p = r / |S_i|``). With ``train_all=True`` every client trains every task
+    and the draw only decides which updates are aggregated (what MMFL-StaleVR's
+    optimal ``beta`` needs).
+
+    Parameters
+    ----------
+    groups : sequence of (fraction, rate)
+        E.g. ``((0.5, 0.04), (0.5, 0.16))``: half the clients at 4%, half at 16%.
+    train_all : bool
+        Train every pair, select after training.
+    """
+
+    name = "fixed-rates"
+
+    def __init__(
+        self,
+        groups: Sequence[tuple[float, float]] = ((0.5, 0.04), (0.5, 0.16)),
+        train_all: bool = False,
+    ):
+        fracs = [float(f) for f, _ in groups]
+        rates = [float(r) for _, r in groups]
+        if not groups or any(f <= 0 for f in fracs) or abs(sum(fracs) - 1.0) > 1e-9:
+            raise ValueError(f"group fractions must be positive and sum to 1, got {fracs}")
+        if any(not 0 < r <= 1 for r in rates):
+            raise ValueError(f"rates must be in (0, 1], got {rates}")
+        self.groups = [(f, r) for f, r in zip(fracs, rates)]
+        self.train_all = bool(train_all)
+        self.selects_after_training = self.train_all  # type: ignore[misc]
+
+    def config(self) -> dict[str, Any]:
+        return {"groups": self.groups, "train_all": self.train_all}
+
+    def rates(self, n: int) -> np.ndarray:
+        """The rate of each of ``n`` clients (in id order)."""
+        bounds = np.cumsum([f for f, _ in self.groups]) * n
+        idx = np.searchsorted(bounds, np.arange(n) + 0.5)
+        return np.array([r for _, r in self.groups])[np.minimum(idx, len(self.groups) - 1)]
+
+    def probabilities(
+        self, table: ClientTable, tasks: Sequence[str]
+    ) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """``(ids, p (S, N), processors)``."""
+        ids, n, procs, _ = eligibility_view(table, tasks)
+        eligible = n > 0
+        r = self.rates(len(ids))
+        sizes = np.maximum(eligible.sum(axis=0), 1)
+        return ids, np.where(eligible, (r / sizes)[None, :], 0.0), procs
+
+    def assign(
+        self,
+        table: ClientTable,
+        tasks: Sequence[str],
+        server_round: int,
+        rng: np.random.Generator,
+    ) -> list[Pick]:
+        if self.train_all:
+            return FullParticipation().assign(table, tasks, server_round, rng)
+        ids, p, procs = self.probabilities(table, tasks)
+        if not ids:
+            return []
+        return picks_from_counts(ids, tasks, sample_processors(p, procs, rng), p)
+
+    def select(
+        self,
+        table: ClientTable,
+        tasks: Sequence[str],
+        norms: dict[tuple[str, str], float],
+        server_round: int,
+        rng: np.random.Generator,
+    ) -> list[Pick]:
+        """``train_all`` mode: draw the aggregated pairs among those that trained."""
+        ids, p, procs = self.probabilities(table, tasks)
+        if not ids:
+            return []
+        picks = picks_from_counts(ids, tasks, sample_processors(p, procs, rng), p)
+        return [pk for pk in picks if (pk.cid, pk.task) in norms]
+
+
 class LVR(Policy):
     """MMFL-LVR (paper 003, Theorem 2): loss-based variance-reduced sampling.
 

@@ -70,16 +70,24 @@ def strategy_from_settings(
 
 
 def initial_arrays(s: Settings) -> dict[str, ArrayRecord]:
-    """Seeded initial weights of every model."""
+    """Seeded initial weights of every model.
+
+    A model's initial weights depend only on the seed and the model's name, so a
+    model starts from the same weights whatever else is trained beside it (the
+    single-model baselines compare like with like).
+    """
     from mmfl_flwr.client.trainer import initial_weights
     from mmfl_flwr.flower_app.client_app import federation_for
+    from mmfl_flwr.seeding import task_seed
     from mmfl_flwr.tasks.models import make_model
 
     fed = federation_for(s)
     out = {}
-    for i, task in enumerate(fed.tasks):
+    for task in fed.tasks:
         kind = fed.kinds[task]
-        out[task] = numpy_to_arrays(initial_weights(lambda k=kind: make_model(k), s.seed + i))
+        out[task] = numpy_to_arrays(
+            initial_weights(lambda k=kind: make_model(k), task_seed(s.seed, task))
+        )
     return out
 
 
@@ -117,12 +125,22 @@ def progress_printer(num_rounds: int) -> Callable[[int, list[dict[str, Any]]], N
     return show
 
 
-def server_main(grid: Grid, context: Context, settings: Settings | None = None) -> MultiModelResult:
-    """Run the MMFL job described by ``settings`` (or ``context.run_config``)."""
+def server_main(
+    grid: Grid,
+    context: Context,
+    settings: Settings | None = None,
+    strategy: MultiModelStrategy | None = None,
+) -> MultiModelResult:
+    """Run the MMFL job described by ``settings`` (or ``context.run_config``).
+
+    With ``strategy`` given, it is used instead of the preset that the settings
+    name (the tasks, data, rounds and outputs still come from the settings).
+    """
     from mmfl_flwr.results import write_outputs
 
     s = settings if settings is not None else Settings.from_run_config(context.run_config)
-    strategy = strategy_from_settings(s, progress_printer(s.num_rounds))
+    if strategy is None:
+        strategy = strategy_from_settings(s, progress_printer(s.num_rounds))
     if s.output_dir:
         os.makedirs(s.output_dir, exist_ok=True)
         s.save(os.path.join(s.output_dir, "config.json"))

@@ -660,12 +660,13 @@ def run_ucb(preset, k=2, rounds=6, n_clients=8, failing=("5",), init="loss-query
         cid = str(ctx.node_config["cid"])
         rnd = int(msg.metadata.group_id)
         mtype = msg.metadata.message_type
-        reply = app(msg, ctx)
+        sent = [P.task_of(key, P.ARRAYS_PREFIX) for key in msg.content.array_records]
         if mtype == P.QUERY_LOSSES:
             log.queries.append((rnd, cid))
         elif mtype == MessageType.TRAIN:
-            sent = [P.task_of(key, P.ARRAYS_PREFIX) for key in msg.content.array_records]
             log.trains.append((rnd, cid, sent))
+        reply = app(msg, ctx)  # may raise (the crashing client): no loss recorded
+        if mtype == MessageType.TRAIN:
             for t in sent:
                 m = reply.content.metric_records[P.metrics_key(t)]
                 log.losses.setdefault(rnd, {})[(cid, t)] = float(m[P.TRAIN_LOSS])

@@ -87,6 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if not os.path.exists(cfg):
                     parser.error(f"--resume {args.resume}: no config.json there (not an "
                                  "output folder of mmfl run?)")
+                from mmfl_flwr.checkpoint import checkpoint_file
+
+                if not checkpoint_file(args.resume).exists():
+                    parser.error(f"--resume {args.resume}: no checkpoint.pkl there (the "
+                                 "run wrote none: was its output-dir empty?)")
                 settings = Settings.load(cfg)
                 settings.output_dir = args.resume
                 settings.resume_from = args.resume

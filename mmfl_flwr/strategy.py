@@ -320,13 +320,18 @@ class MultiModelStrategy(Strategy):
         self._node_to_cid[node] = cid
         self.table.upsert(ClientInfo(cid=cid, num_examples=usable, processors=int(procs)))  # type: ignore[arg-type]
 
-    def query_losses(self, grid: Grid, server_round: int, timeout: float) -> int:
-        """Ask every online client for its loss on each of its tasks (no training).
+    def query_losses(
+        self, grid: Grid, server_round: int, timeout: float, only: set[str] | None = None
+    ) -> int:
+        """Ask every online client (or the ones in ``only``) for its loss on each of
+        its tasks (no training).
 
         Returns the number of accepted (client, task) losses.
         """
         msgs = []
         for c in self.table.clients():
+            if only is not None and c.cid not in only:
+                continue
             tasks = [t for t in c.tasks if t in self.weights]
             if not tasks:
                 continue
@@ -518,7 +523,7 @@ class MultiModelStrategy(Strategy):
                 for t in asked:
                     rejected[t] += 1
         if hasattr(self.policy, "observe"):
-            self.policy.observe(server_round, observed)
+            self.policy.observe(server_round, observed, self._round_picks)
         trained = updates
         if getattr(self.policy, "selects_after_training", False):
             updates = self._select_after_training(server_round, updates)
@@ -760,7 +765,12 @@ class MultiModelStrategy(Strategy):
             self.refresh_clients(grid, rnd, timeout)
             log(INFO, "%d clients online", len(self.table.ids()))
             if self.policy.needs_losses:
-                n = self.query_losses(grid, rnd, timeout)
+                only = (
+                    self.policy.loss_query_clients(self.table, self.tasks)  # type: ignore[attr-defined]
+                    if hasattr(self.policy, "loss_query_clients")
+                    else None
+                )
+                n = self.query_losses(grid, rnd, timeout, only)
                 log(INFO, "Loss query: %d (client, task) losses received", n)
             messages = list(self.configure_train(rnd, None, train_config, grid))
             result.assignments[rnd] = [(p.cid, p.task, p.count) for p in self._round_picks]
@@ -818,10 +828,33 @@ class MultiModelStrategy(Strategy):
             "eval_rng": self._eval_rng.bit_generator.state,
             "history": [dict(r) for r in result.history],
             "assignments": dict(result.assignments),
+            **self._identity(),
+        }
+
+    def _identity(self) -> dict[str, Any]:
+        """What must match for a checkpoint to be resumed by this strategy."""
+        agg = {k: v for k, v in self.aggregator.config().items() if k != "storage"}
+        return {
             "policy_name": type(self.policy).__name__,
             "aggregator_name": type(self.aggregator).__name__,
+            "policy_config": repr(sorted(self.policy.config().items())),
+            "aggregator_config": repr(sorted(agg.items())),
             "seed": self.seed,
         }
+
+    def check_resumable(self, path: str) -> dict[str, Any]:
+        """Load a checkpoint and check it was written by an identical strategy
+        (policy, aggregator, their parameters, seed); returns its state."""
+        from mmfl_flwr.checkpoint import load_checkpoint
+
+        state = load_checkpoint(path)
+        for key, mine in self._identity().items():
+            if key in state and state[key] != mine:
+                raise ValueError(
+                    f"checkpoint {path} was written with {key} = {state[key]!r}, but this "
+                    f"strategy has {mine!r}; resume with the same strategy and seed"
+                )
+        return state
 
     def save_checkpoint(self, server_round: int, result: MultiModelResult) -> None:
         """Write :meth:`state_dict` atomically to ``checkpoint_path``."""
@@ -831,16 +864,7 @@ class MultiModelStrategy(Strategy):
         save_checkpoint(self.checkpoint_path, self.state_dict(server_round, result))
 
     def _resume(self, path: str, result: MultiModelResult) -> int:
-        from mmfl_flwr.checkpoint import load_checkpoint
-
-        state = load_checkpoint(path)
-        for key, mine in (("policy_name", type(self.policy).__name__),
-                          ("aggregator_name", type(self.aggregator).__name__)):
-            if state[key] != mine:
-                raise ValueError(
-                    f"checkpoint {path} was written with {state[key]}, but this strategy "
-                    f"uses {mine}; resume with the same strategy"
-                )
+        state = self.check_resumable(path)
         self.set_models({t: numpy_to_arrays(w) for t, w in state["weights"].items()})
         self.policy.load_state_dict(state["policy"])
         self.aggregator.load_state_dict(state["aggregator"])

@@ -200,11 +200,6 @@ def test_resume_with_a_different_strategy_raises(reference, tmp_path):
                          num_rounds=5), engine="inprocess")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG mmfl_flwr/flower_app/server_app.py server_main: config.json is rewritten with "
-    "the new settings before strategy.start() checks the checkpoint, so a rejected "
-    "resume (wrong strategy) overwrites the run's config.json and the folder can no "
-    "longer be resumed with `mmfl run --resume`"))
 def test_rejected_resume_leaves_the_run_folder_resumable(reference, tmp_path, monkeypatch):
     src = reference("stalevre")
     out = tmp_path / "run"

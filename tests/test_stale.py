@@ -628,6 +628,19 @@ class TestStaleStore:
                 for x, y in zip(b.get(*key), a.get(*key)):
                     np.testing.assert_array_equal(x, y)
 
+    @pytest.mark.filterwarnings("ignore:overflow encountered")
+    def test_float16_keeps_large_finite_updates_finite(self):
+        store = StaleStore("float16")
+        store.set("a", "t", [np.array([7e4, -1e5, 1.0])])
+        got = store.get("a", "t")[0]
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got[:2], [7e4, -1e5], rtol=1e-3)
+        # and FedVARP on top of it stays finite: Delta = 1 * h = [7e4, -1e5, 1]
+        agg = FedVARPAggregator(storage="float16")
+        agg.store.set("a", "t", [np.array([7e4, -1e5, 1.0])])
+        new = agg.aggregate("t", [np.zeros(3)], [], 2, shares={"a": 1.0})
+        assert np.isfinite(new[0]).all()
+
     def test_invalid_storage(self):
         with pytest.raises(ValueError, match="storage"):
             StaleStore("int8")

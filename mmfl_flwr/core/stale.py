@@ -65,7 +65,8 @@ class StaleStore:
 
     Memory: one model-sized entry per pair that has ever uploaded, i.e. at most
     ``N x S x (parameters) x bytes``: 4 bytes per parameter with ``float32``,
-    2 with ``float16`` (updates are rounded to half precision), and only the
+    2 with ``float16`` (each array rounded to half precision relative to its
+    largest magnitude, which is kept in float32), and only the
     open file handles' page cache with ``disk`` (memory-mapped ``.npy`` files in
     ``directory``, a temporary folder by default).
 
@@ -82,6 +83,7 @@ class StaleStore:
             raise ValueError(f"storage must be one of {STORAGE}, got {storage!r}")
         self.storage = storage
         self._mem: dict[tuple[str, str], list[np.ndarray]] = {}
+        self._scales: dict[tuple[str, str], list[np.float32]] = {}
         self._dir = directory
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
@@ -105,7 +107,12 @@ class StaleStore:
     def get(self, cid: str, task: str) -> list[np.ndarray] | None:
         """The stored update (float64 copies), or None if the pair never uploaded."""
         arrays = self._mem.get((cid, task))
-        return None if arrays is None else [np.asarray(a, dtype=np.float64) for a in arrays]
+        if arrays is None:
+            return None
+        if self.storage == "float16":
+            scales = self._scales[(cid, task)]
+            return [np.asarray(a, dtype=np.float64) * float(c) for a, c in zip(arrays, scales)]
+        return [np.asarray(a, dtype=np.float64) for a in arrays]
 
     def set(self, cid: str, task: str, update: Sequence[np.ndarray]) -> None:
         """Store the latest update of a pair."""
@@ -121,12 +128,24 @@ class StaleStore:
                 mm.flush()
                 stored.append(mm)
             self._mem[(cid, task)] = stored
+        elif self.storage == "float16":
+            # Half precision relative to each array's largest magnitude (kept in
+            # float32), so large finite updates never overflow to inf.
+            stored, scales = [], []
+            for a in update:
+                a64 = np.asarray(a, dtype=np.float64)
+                scale = float(np.abs(a64).max()) if a64.size else 0.0
+                scale = scale if scale > 0 and np.isfinite(scale) else 1.0
+                stored.append((a64 / scale).astype(np.float16))
+                scales.append(np.float32(scale))
+            self._mem[(cid, task)] = stored
+            self._scales[(cid, task)] = scales
         else:
-            dtype = np.float16 if self.storage == "float16" else np.float32
-            self._mem[(cid, task)] = [np.asarray(a, dtype=dtype).copy() for a in update]
+            self._mem[(cid, task)] = [np.asarray(a, dtype=np.float32).copy() for a in update]
 
     def nbytes(self) -> int:
-        """Bytes held by the stored arrays (on disk for ``disk``)."""
+        """Bytes held by the stored arrays (on disk for ``disk``), without the
+        per-array float32 scale of ``float16`` (4 bytes per tensor)."""
         return int(sum(a.nbytes for arrays in self._mem.values() for a in arrays))
 
     def state_dict(self) -> dict[str, Any]:
@@ -134,7 +153,12 @@ class StaleStore:
         return {
             "storage": self.storage,
             "entries": [
-                {"cid": c, "task": t, "arrays": [np.array(a) for a in arrays]}
+                {
+                    "cid": c,
+                    "task": t,
+                    "arrays": [np.array(a) for a in arrays],
+                    **({"scales": list(self._scales[(c, t)])} if (c, t) in self._scales else {}),
+                }
                 for (c, t), arrays in self._mem.items()
             ],
         }
@@ -142,8 +166,19 @@ class StaleStore:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         self._mem = {}
+        self._scales = {}
         for e in state["entries"]:
-            self.set(str(e["cid"]), str(e["task"]), e["arrays"])
+            key = (str(e["cid"]), str(e["task"]))
+            if "scales" in e and self.storage == "float16":
+                # exact: the stored half-precision arrays and their scales
+                self._mem[key] = [np.asarray(a, dtype=np.float16).copy() for a in e["arrays"]]
+                self._scales[key] = [np.float32(c) for c in e["scales"]]
+            else:
+                arrays = e["arrays"]
+                if "scales" in e:
+                    arrays = [np.asarray(a, np.float64) * float(c)
+                              for a, c in zip(arrays, e["scales"])]
+                self.set(key[0], key[1], arrays)
 
 
 def _zeros_like(weights: Weights) -> list[np.ndarray]:

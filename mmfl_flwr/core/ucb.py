@@ -98,8 +98,8 @@ class _UCBBase(Policy):
         self.L: dict[tuple[str, str], float] = {}
         self.N: dict[tuple[str, str], float] = {}
         self.D = 0.0  # sum_n gamma^(t-1-n): total discounted time mass
-        self._pending_init = True
-        self._table_pairs: set[tuple[str, str]] = set()
+        self._table: ClientTable | None = None
+        self._tasks: list[str] = []
 
     def config(self) -> dict[str, Any]:
         return {"clients_per_round": self.clients_per_round, "gamma": self.gamma,
@@ -108,8 +108,18 @@ class _UCBBase(Policy):
     # -- statistics ----------------------------------------------------------
     @property
     def needs_losses(self) -> bool:  # type: ignore[override]
-        """A loss query is needed while some online pair has no observation."""
-        return self.init == "loss-query" and self._pending_init
+        """With ``init="loss-query"``: a loss query is needed while some online
+        (client, model) pair has no observation yet (before the first round, and
+        when a client joins)."""
+        if self.init != "loss-query":
+            return False
+        if self._table is None:  # before the first assign (or right after a restore)
+            return not self.N
+        return bool(self._missing(self._table, self._tasks))
+
+    def loss_query_clients(self, table: ClientTable, tasks: Sequence[str]) -> set[str]:
+        """The clients the loss query must reach: those with unobserved pairs."""
+        return {cid for cid, _ in self._missing(table, tasks)}
 
     def _missing(self, table: ClientTable, tasks: Sequence[str]) -> list[tuple[str, str]]:
         active = set(tasks)
@@ -129,17 +139,36 @@ class _UCBBase(Policy):
                 self.L[(cid, t)] = float(loss)
                 self.N[(cid, t)] = 1.0
 
-    def observe(self, server_round: int, losses: Mapping[tuple[str, str], float]) -> None:
-        """Record one round: discount everything, add the trained pairs' losses."""
+    def observe(
+        self,
+        server_round: int,
+        losses: Mapping[tuple[str, str], float],
+        picks: Sequence[Pick] | None = None,
+    ) -> None:
+        """Record one round: discount everything, then count every selected pair
+        (``1[k in S(n)]`` of Eq. 3: ``picks``; without them, the pairs with a
+        finite loss in ``losses``) and add the losses the trained pairs reported.
+
+        A selected pair that reported no (finite) loss counts as selected with
+        loss 0, so a client that keeps failing loses its exploration bonus
+        instead of being picked forever.
+        """
         g = self.gamma
         for key in self.N:
             self.L[key] *= g
             self.N[key] *= g
         self.D = g * self.D + 1.0
-        for key, loss in losses.items():
-            if math.isfinite(loss):
-                self.L[key] = self.L.get(key, 0.0) + float(loss)
-                self.N[key] = self.N.get(key, 0.0) + 1.0
+        selected = (
+            [(p.cid, p.task) for p in picks]
+            if picks is not None
+            else [k for k, v in losses.items() if math.isfinite(v)]
+        )
+        for key in selected:
+            loss = losses.get(key)
+            self.L[key] = self.L.get(key, 0.0) + (
+                float(loss) if loss is not None and math.isfinite(loss) else 0.0
+            )
+            self.N[key] = self.N.get(key, 0.0) + 1.0
 
     def index(self, table: ClientTable, tasks: Sequence[str]) -> tuple[list[str], np.ndarray]:
         """``(ids, A)``: ``A[k, i]`` the UCB index of client ``ids[k]`` on
@@ -166,13 +195,12 @@ class _UCBBase(Policy):
         tasks = list(tasks)
         if not tasks:
             return []
-        if self.init == "loss-query" and self._pending_init:
+        self._table, self._tasks = table, tasks
+        if self.init == "loss-query":
             self._seed_from_losses(table, tasks)
-            self._pending_init = False
         missing = self._missing(table, tasks)
         if missing and self.init == "train":
             return self._explore(missing, rng)
-        self._pending_init = bool(missing) and self.init == "loss-query"
         ids, a = self.index(table, tasks)
         return self._select(ids, a, tasks, server_round, rng)
 
@@ -205,14 +233,12 @@ class _UCBBase(Policy):
             "L": [[c, t, v] for (c, t), v in self.L.items()],
             "N": [[c, t, v] for (c, t), v in self.N.items()],
             "D": self.D,
-            "pending_init": self._pending_init,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.L = {(str(c), str(t)): float(v) for c, t, v in state["L"]}
         self.N = {(str(c), str(t)): float(v) for c, t, v in state["N"]}
         self.D = float(state["D"])
-        self._pending_init = bool(state["pending_init"])
 
 
 def _rank_lists(a: np.ndarray) -> list[np.ndarray]:

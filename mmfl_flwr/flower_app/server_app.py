@@ -141,6 +141,8 @@ def server_main(
     s = settings if settings is not None else Settings.from_run_config(context.run_config)
     if strategy is None:
         strategy = strategy_from_settings(s, progress_printer(s.num_rounds))
+    if s.resume_from:
+        strategy.check_resumable(s.resume_from)  # before anything is overwritten
     if s.output_dir:
         os.makedirs(s.output_dir, exist_ok=True)
         s.save(os.path.join(s.output_dir, "config.json"))

@@ -21,9 +21,9 @@ class Settings:
     strategy : str
         Preset name: ``random``, ``full``, ``mfa-rand``, ``mfa-rr``, ``multi-fedavg``,
         ``lvr``, ``gvr``, ``stalevr``, ``stalevre``, ``fedvarp``, ``fedstale``, ``mifa``,
-        ``scaffold``, ``ranklist-ucb``, ``pareto-ucb``.
+        ``scaffold``, ``ranklist-ucb``, ``pareto-ucb``, ``group``.
     aggregator : str
-        ``""`` for the preset's own, or ``fedavg`` / ``unbiased``.
+        ``""`` for the preset's own, or ``fedavg`` / ``unbiased`` / ``mean``.
     tasks : str
         Comma-separated task kinds; repeats make separate models
         (``digits,synthetic,digits`` -> models ``digits``, ``synthetic``, ``digits_2``).
@@ -42,9 +42,11 @@ class Settings:
         Fraction of the labels each client holds per image task (label skew).
     profile : str
         Client heterogeneity: ``uniform`` (all tasks, one processor, equal data
-        weight) or ``paper003`` (10% high-data clients per task with ~10x the
+        weight), ``paper003`` (10% high-data clients per task with ~10x the
         samples, 10% of clients without one task, B_i = |S_i| / ceil(|S_i|/2) / 1
-        for 25% / 50% / 25% of clients).
+        for 25% / 50% / 25% of clients), ``clusters-consistent`` or
+        ``clusters-inconsistent`` (5 label clusters per digits task, 20% of the
+        labels each, one client map for all tasks or one per task).
     synthetic_max_samples : int
         Cap on a Synthetic(1,1) user's samples (0: no cap).
     fraction_evaluate : float
@@ -63,6 +65,22 @@ class Settings:
         How the UCB index gets its first observation per pair: ``loss-query``
         (one forward pass of every pair) or ``train`` (train untried pairs first,
         within K clients per round).
+    group_participation : float
+        Fraction of a group's clients that train each round (``group``).
+    group_variant : str
+        ``consistent`` (C-step on the loss vectors) or ``modified`` (C-step on
+        one model's loss, rotating every cycle).
+    group_max_clusters : int
+        Upper bound of the silhouette search; 0 means ``S + 4``.
+    client_arrivals : str
+        Simulated client arrivals, ``""`` (all from the start) or
+        ``exponential:static=24,rate=0.1``: clients ``0..static-1`` are there
+        from the start; each other client arrives at a round drawn
+        independently from an exponential distribution with that rate per
+        round (mean ``1/rate`` rounds), from the run's seed.
+    task_arrivals : str
+        Models that join during training, ``name:round`` pairs separated by
+        commas (``digits_2:30,synthetic:60``).
     seed : int
         The one seed of the run.
     output_dir : str
@@ -97,6 +115,11 @@ class Settings:
     stalevre_b0: float = 1.0
     ucb_gamma: float = 0.9
     ucb_init: str = "loss-query"
+    group_participation: float = 1 / 6
+    group_variant: str = "consistent"
+    group_max_clusters: int = 0
+    client_arrivals: str = ""
+    task_arrivals: str = ""
     seed: int = 0
     output_dir: str = "results/mmfl"
     resume_from: str = ""
@@ -107,6 +130,51 @@ class Settings:
     def task_kinds(self) -> list[str]:
         """The task kinds, one per model."""
         return [t.strip() for t in self.tasks.split(",") if t.strip()]
+
+    def client_arrival_rounds(self) -> dict[str, int]:
+        """The arrival round of every late client (see ``client_arrivals``)."""
+        spec = self.client_arrivals.strip()
+        if not spec:
+            return {}
+        kind, _, params = spec.partition(":")
+        if kind != "exponential":
+            raise ValueError(
+                f"client-arrivals={spec!r}: expected 'exponential:static=N,rate=R'"
+            )
+        values: dict[str, float] = {}
+        for item in params.split(","):
+            key, _, val = item.partition("=")
+            try:
+                values[key.strip()] = float(val)
+            except ValueError:
+                raise ValueError(f"client-arrivals={spec!r}: bad value {item!r}") from None
+        static = int(values.get("static", 0))
+        rate = values.get("rate", 0.1)
+        if not 0 <= static <= self.num_clients or rate <= 0:
+            raise ValueError(
+                f"client-arrivals={spec!r}: need 0 <= static <= num-clients and rate > 0"
+            )
+        import numpy as np
+
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, 4242]))
+        late = range(static, self.num_clients)
+        times = rng.exponential(1.0 / rate, size=len(late))
+        return {str(c): max(1, int(np.ceil(t))) for c, t in zip(late, times)}
+
+    def task_arrival_rounds(self) -> dict[str, int]:
+        """Model name -> arrival round (see ``task_arrivals``)."""
+        out: dict[str, int] = {}
+        for item in self.task_arrivals.split(","):
+            if not item.strip():
+                continue
+            name, _, rnd = item.partition(":")
+            try:
+                out[name.strip()] = int(rnd)
+            except ValueError:
+                raise ValueError(
+                    f"task-arrivals={self.task_arrivals!r}: expected name:round pairs"
+                ) from None
+        return out
 
     @property
     def model_names(self) -> list[str]:
@@ -217,6 +285,12 @@ class Settings:
             ),
             (self.stalevre_b0 > 0, "stalevre-b0 must be > 0"),
             (0 < self.ucb_gamma < 1, "ucb-gamma must be in (0, 1)"),
+            (0 < self.group_participation <= 1, "group-participation must be in (0, 1]"),
+            (
+                self.group_variant in ("consistent", "modified"),
+                "group-variant must be consistent or modified",
+            ),
+            (self.group_max_clusters >= 0, "group-max-clusters must be >= 0 (0 = S + 4)"),
             (self.ucb_init in ("loss-query", "train"), "ucb-init must be loss-query or train"),
             (
                 self.strategy not in ("ranklist-ucb", "pareto-ucb") or self.clients_per_round > 0,
@@ -226,6 +300,13 @@ class Settings:
         for ok, msg in checks:
             if not ok:
                 raise ValueError(msg)
+        self.client_arrival_rounds()
+        unknown_tasks = set(self.task_arrival_rounds()) - set(self.model_names)
+        if unknown_tasks:
+            raise ValueError(
+                f"task-arrivals names {sorted(unknown_tasks)}, which are not models of this "
+                f"run ({', '.join(self.model_names)})"
+            )
 
 
 def _coerce(key: str, value: Any, typ: type) -> Any:

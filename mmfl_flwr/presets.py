@@ -11,7 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mmfl_flwr.core.aggregators import Aggregator, FedAvgAggregator, UnbiasedAggregator
+from mmfl_flwr.core.aggregators import (
+    Aggregator,
+    FedAvgAggregator,
+    MeanAggregator,
+    UnbiasedAggregator,
+)
+from mmfl_flwr.core.group import GroupSampling
 from mmfl_flwr.core.policies import (
     GVR,
     LVR,
@@ -36,6 +42,7 @@ from mmfl_flwr.strategy import MultiModelStrategy
 AGGREGATORS: dict[str, Callable[[], Aggregator]] = {
     "fedavg": FedAvgAggregator,
     "unbiased": UnbiasedAggregator,
+    "mean": MeanAggregator,
 }
 
 
@@ -269,6 +276,25 @@ def pareto_ucb(
     )
 
 
+def group_sampling(
+    participation: float = 1 / 6,
+    variant: str = "consistent",
+    max_clusters: int | None = None,
+    aggregator: Aggregator | str | None = None,
+    **kwargs: Any,
+) -> MultiModelStrategy:
+    """MMFL-Group Sampling (papers 000/001): C-step (K-means on loss vectors, k by
+    silhouette, ``variant="modified"`` clusters on one rotating model), T-step
+    round-robin of models over groups with pseudo-models; plain mean per model
+    (``aggregator="fedavg"`` for data-weighted)."""
+    seed = int(kwargs.get("seed", 0))
+    return MultiModelStrategy(
+        GroupSampling(participation, variant, max_clusters, seed=seed),
+        _aggregator(aggregator, MeanAggregator),
+        **kwargs,
+    )
+
+
 #: Preset name (as used by ``mmfl run --strategy`` and ``--run-config strategy=``)
 #: -> factory.
 PRESETS: dict[str, Callable[..., MultiModelStrategy]] = {
@@ -287,6 +313,7 @@ PRESETS: dict[str, Callable[..., MultiModelStrategy]] = {
     "scaffold": scaffold,
     "ranklist-ucb": ranklist_ucb,
     "pareto-ucb": pareto_ucb,
+    "group": group_sampling,
 }
 
 

@@ -150,3 +150,51 @@ def write_outputs(
     write_assignments_csv(result.assignments, out / "assignments.csv")
     plot_accuracy(result.history, out / "accuracy.png")
     return out
+
+
+def write_cluster_step(cstep: dict[str, Any], output_dir: str | os.PathLike[str]) -> Path:
+    """Record one MMFL-Group C-step: append its assignment to ``clusters.csv``
+    (``round, client, cluster``) and draw ``clusters_round_<r>.png``, a 2-D PCA of
+    the clients' loss vectors coloured by cluster (the paper's Fig. 3)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path = out / "clusters.csv"
+    new = not csv_path.exists()
+    with open(csv_path, "a", newline="") as f:
+        w = csv.writer(f)
+        if new:
+            w.writerow(["round", "client", "cluster"])
+        for cid, g in zip(cstep["clients"], cstep["labels"]):
+            w.writerow([cstep["round"], cid, g])
+    x = np.asarray(cstep["features"], dtype=np.float64)
+    labels = np.asarray(cstep["labels"])
+    if x.shape[1] >= 2 and x.shape[0] >= 2:
+        from sklearn.decomposition import PCA
+
+        xy = PCA(n_components=2).fit_transform(x)
+    elif x.shape[0] >= 1:
+        xy = np.column_stack([x[:, 0], np.zeros(len(x))])
+    else:
+        xy = np.zeros((0, 2))
+    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+    for g in np.unique(labels):
+        m = labels == g
+        ax.scatter(xy[m, 0], xy[m, 1], s=18, label=f"group {g}")
+    title = f"C-step at round {cstep['round']}: k = {cstep['k']}"
+    if cstep.get("cluster_task"):
+        title += f" (clustered on {cstep['cluster_task']})"
+    ax.set_title(title, fontsize="medium")
+    ax.set_xlabel("PC 1 of the loss vectors")
+    ax.set_ylabel("PC 2")
+    ax.legend(fontsize="x-small", loc="best")
+    fig.tight_layout()
+    path = out / f"clusters_round_{cstep['round']}.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -142,6 +142,14 @@ class MultiModelStrategy(Strategy):
         File (or folder, for ``checkpoint.pkl`` in it) where the full strategy
         state is written atomically after every round;
         ``start(..., resume_from=path)`` continues from it.
+    client_arrivals : mapping, optional
+        Stable client id -> first round it may take part in (a simulated
+        arrival schedule; in deployment, SuperNodes that connect later simply
+        register when they come). Clients not listed are there from the start.
+    task_arrivals : mapping, optional
+        Task -> first round it is trained and evaluated (models that join during
+        training). A policy sees a task from its arrival round on; MMFL-Group
+        admits it at its next cycle boundary. Its metrics rows start then.
     """
 
     def __init__(
@@ -160,6 +168,8 @@ class MultiModelStrategy(Strategy):
         max_loss: float = 1e6,
         on_round_end: RoundCallback | None = None,
         checkpoint_path: str | None = None,
+        client_arrivals: Mapping[str, int] | None = None,
+        task_arrivals: Mapping[str, int] | None = None,
     ) -> None:
         if local_epochs < 1:
             raise ValueError(f"local_epochs must be >= 1, got {local_epochs}")
@@ -184,6 +194,9 @@ class MultiModelStrategy(Strategy):
         self.max_loss = float(max_loss)
         self.on_round_end = on_round_end
         self.checkpoint_path = checkpoint_path
+        self.client_arrivals = {str(k): int(v) for k, v in (client_arrivals or {}).items()}
+        self.task_arrivals = {str(k): int(v) for k, v in (task_arrivals or {}).items()}
+        self._current_round = 0
 
         self.rng = np.random.default_rng(self.seed)
         self._eval_rng = np.random.default_rng([self.seed, 1])
@@ -198,9 +211,15 @@ class MultiModelStrategy(Strategy):
 
     # ------------------------------------------------------------------ setup
     @property
-    def tasks(self) -> list[str]:
-        """The models (tasks) this strategy trains, in order."""
+    def all_tasks(self) -> list[str]:
+        """Every model (task) of this strategy, in order, arrived or not."""
         return list(self.weights)
+
+    @property
+    def tasks(self) -> list[str]:
+        """The models (tasks) active in the current round: those whose arrival
+        round (``task_arrivals``, default 0) has come."""
+        return [t for t in self.weights if self.task_arrivals.get(t, 0) <= self._current_round]
 
     def set_models(self, initial_arrays: Mapping[str, ArrayRecord]) -> None:
         """Install the initial global weights, one ArrayRecord per task."""
@@ -223,7 +242,7 @@ class MultiModelStrategy(Strategy):
         log(INFO, "\t├──> MultiModelStrategy settings:")
         log(INFO, "\t│\t├── Policy: %r (needs losses: %s)", self.policy, self.policy.needs_losses)
         log(INFO, "\t│\t├── Aggregator: %r", self.aggregator)
-        log(INFO, "\t│\t├── Tasks: %s", ", ".join(self.tasks) or "(not set yet)")
+        log(INFO, "\t│\t├── Tasks: %s", ", ".join(self.all_tasks) or "(not set yet)")
         log(
             INFO,
             "\t│\t├── Local epochs: %d, lr: %g, batch size: %d",
@@ -278,7 +297,12 @@ class MultiModelStrategy(Strategy):
             ]
             for reply in grid.send_and_receive(msgs, timeout=timeout):
                 self._register(reply)
-        online = {self._node_to_cid[n] for n in nodes if n in self._node_to_cid}
+        online = {
+            self._node_to_cid[n]
+            for n in nodes
+            if n in self._node_to_cid
+            and self.client_arrivals.get(self._node_to_cid[n], 0) <= server_round
+        }
         self._cid_to_node = {
             cid: nid for nid, cid in self._node_to_cid.items() if cid in online
         }
@@ -303,7 +327,7 @@ class MultiModelStrategy(Strategy):
             if len(set(tasks)) != len(tasks):
                 raise InvalidClientInfo(f"duplicated tasks in {tasks}")
             usable, unknown = validate_client_info(
-                cid, dict(zip(tasks, counts)), procs, self.tasks  # type: ignore[arg-type]
+                cid, dict(zip(tasks, counts)), procs, self.all_tasks  # type: ignore[arg-type]
             )
         except (KeyError, TypeError, ValueError) as err:
             log(WARNING, "Node %d sent an invalid self-description, left out: %s", node, err)
@@ -332,7 +356,8 @@ class MultiModelStrategy(Strategy):
         for c in self.table.clients():
             if only is not None and c.cid not in only:
                 continue
-            tasks = [t for t in c.tasks if t in self.weights]
+            active = set(self.tasks)
+            tasks = [t for t in c.tasks if t in active]
             if not tasks:
                 continue
             content = RecordDict({P.arrays_key(t): self.arrays[t] for t in tasks})
@@ -386,12 +411,13 @@ class MultiModelStrategy(Strategy):
         ``arrays`` is ignored: the strategy holds one ArrayRecord per task in
         :attr:`arrays`.
         """
-        picks = self.policy.assign(self.table, self.tasks, server_round, self.rng)
+        active = self.tasks
+        picks = self.policy.assign(self.table, active, server_round, self.rng)
         valid = [
             p
             for p in picks
             if p.cid in self._cid_to_node
-            and p.task in self.weights
+            and p.task in active
             and p.task in self.table[p.cid].num_examples
         ]
         if len(valid) != len(picks):
@@ -623,7 +649,8 @@ class MultiModelStrategy(Strategy):
         messages = []
         for j in chosen:
             cid = ids[int(j)]
-            tasks = [t for t in self.table[cid].tasks if t in self.weights]
+            active = set(self.tasks)
+            tasks = [t for t in self.table[cid].tasks if t in active]
             if not tasks:
                 continue
             content = RecordDict({P.arrays_key(t): self.arrays[t] for t in tasks})
@@ -656,7 +683,8 @@ class MultiModelStrategy(Strategy):
                 log(WARNING, "Client %s failed to evaluate (error %s: %s)",
                     cid, reply.error.code, reply.error.reason)
                 continue
-            sent = [t for t in self.table[cid].tasks if t in self.weights]
+            active = set(self.tasks)
+            sent = [t for t in self.table[cid].tasks if t in active]
             for key in reply.content.metric_records:
                 task = P.task_of(key, P.METRICS_PREFIX)
                 if task not in sent:
@@ -731,6 +759,10 @@ class MultiModelStrategy(Strategy):
             Final weights per task and the per-round, per-task history.
         """
         self._waited = False
+        self._current_round = 0
+        unknown = set(self.task_arrivals) - set(initial_arrays or {}) if resume_from is None else set()
+        if unknown:
+            raise ValueError(f"task_arrivals names unknown tasks {sorted(unknown)}")
         train_config = ConfigRecord() if train_config is None else train_config
         evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
         result = MultiModelResult()
@@ -759,6 +791,7 @@ class MultiModelStrategy(Strategy):
                 self.on_round_end(0, rows0)
 
         for rnd in range(first, num_rounds + 1):
+            self._current_round = rnd
             t0 = time.monotonic()
             log(INFO, "")
             log(INFO, "[ROUND %s/%s]", rnd, num_rounds)

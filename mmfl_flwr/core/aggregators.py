@@ -140,6 +140,16 @@ class FedAvgAggregator(Aggregator):
         return [u.num_examples / total for u in updates]
 
 
+class MeanAggregator(Aggregator):
+    """Plain mean of the received local models (every update weight ``1/K``), as
+    Algorithm 1 of the MMFL-Group paper aggregates."""
+
+    name = "mean"
+
+    def coefficients(self, updates: Sequence[Update]) -> list[float]:
+        return [1.0 / len(updates)] * len(updates)
+
+
 class UnbiasedAggregator(Aggregator):
     """Paper 003, Eq. 3: ``w <- w - sum d_{i,s} * l / (B_i p_{s|(i,b)}) * G_{i,s}``.
 

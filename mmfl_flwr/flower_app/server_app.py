@@ -60,6 +60,14 @@ def strategy_from_settings(
         kwargs["b0"] = s.stalevre_b0
     if s.strategy in ("mfa-rand", "mfa-rr", "multi-fedavg"):
         kwargs["clients_per_round"] = s.clients_per_round or None
+    if s.strategy == "group":
+        kwargs["participation"] = s.group_participation
+        kwargs["variant"] = s.group_variant
+        kwargs["max_clusters"] = s.group_max_clusters or None
+    if s.client_arrivals:
+        kwargs["client_arrivals"] = s.client_arrival_rounds()
+    if s.task_arrivals:
+        kwargs["task_arrivals"] = s.task_arrival_rounds()
     if s.strategy in ("ranklist-ucb", "pareto-ucb"):
         if not s.clients_per_round:
             raise ValueError(f"strategy {s.strategy!r} needs clients-per-round (K) > 0")
@@ -125,6 +133,27 @@ def progress_printer(num_rounds: int) -> Callable[[int, list[dict[str, Any]]], N
     return show
 
 
+def _with_cluster_records(
+    strategy: MultiModelStrategy, output_dir: str
+) -> Callable[[int, list[dict[str, Any]]], None]:
+    """Wrap the round callback: after every C-step of a group policy, write its
+    cluster assignment and PCA plot into ``output_dir``."""
+    from mmfl_flwr.results import write_cluster_step
+
+    inner = strategy.on_round_end
+    done = [len(strategy.policy.csteps)]  # type: ignore[attr-defined]
+
+    def callback(rnd: int, rows: list[dict[str, Any]]) -> None:
+        steps = strategy.policy.csteps  # type: ignore[attr-defined]
+        for cstep in steps[done[0]:]:
+            write_cluster_step(cstep, output_dir)
+        done[0] = len(steps)
+        if inner is not None:
+            inner(rnd, rows)
+
+    return callback
+
+
 def server_main(
     grid: Grid,
     context: Context,
@@ -141,6 +170,8 @@ def server_main(
     s = settings if settings is not None else Settings.from_run_config(context.run_config)
     if strategy is None:
         strategy = strategy_from_settings(s, progress_printer(s.num_rounds))
+    if s.output_dir and hasattr(strategy.policy, "csteps"):
+        strategy.on_round_end = _with_cluster_records(strategy, s.output_dir)
     if s.resume_from:
         strategy.check_resumable(s.resume_from)  # before anything is overwritten
     if s.output_dir:

@@ -373,27 +373,50 @@ class Profile:
     processors : str
         ``"one"`` (``B_i = 1``) or ``"paper003"``: 25% of the clients get
         ``|S_i|``, 50% ``ceil(|S_i| / 2)`` and 25% one processor.
+    clusters : int
+        Ground-truth label clusters per digits task (papers 000/001: 5, each
+        holding 20% of the labels); clients are split evenly among them and hold
+        the labels of their cluster. 0: the label-skew partition instead.
+    consistent : bool
+        With ``clusters``: one client-to-cluster map for all tasks (consistent
+        structure) or an independent map per task (inconsistent).
     """
 
     high_data_fraction: float = 0.0
     high_data_ratio: float = 10.0
     partial_fraction: float = 0.0
     processors: str = "one"
+    clusters: int = 0
+    consistent: bool = True
 
 
-#: Named profiles: ``uniform`` (every client alike, one processor, all tasks)
-#: and ``paper003`` (paper 003's heterogeneous setting, Section 6).
+#: Named profiles: ``uniform`` (every client alike, one processor, all tasks),
+#: ``paper003`` (paper 003's heterogeneous setting, Section 6), and
+#: ``clusters-consistent`` / ``clusters-inconsistent`` (papers 000/001: 5 label
+#: clusters per task, one client map for all tasks or one per task).
 PROFILES: dict[str, Profile] = {
     "uniform": Profile(),
     "paper003": Profile(
         high_data_fraction=0.1, high_data_ratio=10.0, partial_fraction=0.1, processors="paper003"
     ),
+    "clusters-consistent": Profile(clusters=5, consistent=True),
+    "clusters-inconsistent": Profile(clusters=5, consistent=False),
 }
 
 
 def _empty(kind: str) -> Dataset:
     spec = KINDS[kind]
     return Dataset(np.zeros((0, *spec.input_shape), np.float32), np.zeros(0, np.int64))
+
+
+def cluster_labels(
+    num_clients: int, clusters: int, num_classes: int, rng: np.random.Generator
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """A balanced random client-to-cluster map and a random split of the labels
+    into ``clusters`` equal groups (each cluster holds ``1/clusters`` of them)."""
+    cluster_of = rng.permutation(np.arange(num_clients) % clusters)
+    label_groups = np.array_split(rng.permutation(num_classes), clusters)
+    return cluster_of, [np.sort(g) for g in label_groups]
 
 
 def _build_digits(
@@ -403,21 +426,30 @@ def _build_digits(
     labels_per_client: float,
     eligible: np.ndarray,
     weights: np.ndarray | None,
+    cluster_of: np.ndarray | None = None,
+    clusters: int = 0,
 ) -> tuple[list[tuple[Dataset, Dataset]], Dataset]:
     """Per-client data and server test set for one copy of the digits task; the
-    training examples are shared out among the eligible clients only."""
+    training examples are shared out among the eligible clients only. With
+    ``clusters``, client ``i`` holds the labels of cluster ``cluster_of[i]``."""
     train, test = load_digits_data(seed)
     rng = np.random.default_rng(_stream_seed(seed, "digits", copy))
     per = max(1, int(round(labels_per_client * KINDS["digits"].num_classes)))
     members = np.flatnonzero(eligible)
-    train_parts, held = label_skew_partition(
-        train.y,
-        members.shape[0],
-        per,
-        rng,
-        KINDS["digits"].num_classes,
-        None if weights is None else weights[members],
-    )
+    if clusters:
+        assert cluster_of is not None
+        _, label_groups = cluster_labels(num_clients, clusters, KINDS["digits"].num_classes, rng)
+        held = [label_groups[int(cluster_of[i])] for i in members]
+        train_parts = _split_by_holders(train.y, held, rng)
+    else:
+        train_parts, held = label_skew_partition(
+            train.y,
+            members.shape[0],
+            per,
+            rng,
+            KINDS["digits"].num_classes,
+            None if weights is None else weights[members],
+        )
     test_parts = _split_by_holders(test.y, held, rng)
     clients = [(_empty("digits"), _empty("digits"))] * num_clients
     for j, cid in enumerate(members):
@@ -550,6 +582,16 @@ def build_federation(
     names = task_names(list(kinds))
     eligible, high, processors = _heterogeneity(num_clients, len(names), seed, profile)
     heterogeneous_data = profile.high_data_fraction > 0
+    maps: list[np.ndarray] = []
+    if profile.clusters:
+        crng = np.random.default_rng(np.random.SeedSequence([int(seed), 77]))
+        maps = [
+            rng_map
+            for rng_map in (
+                crng.permutation(np.arange(num_clients) % profile.clusters)
+                for _ in range(len(names))
+            )
+        ]
     copies: dict[str, int] = {}
     data: dict[str, list[tuple[Dataset, Dataset]]] = {}
     server_tests: dict[str, Dataset] = {}
@@ -561,7 +603,9 @@ def build_federation(
                 np.where(high[s], profile.high_data_ratio, 1.0) if heterogeneous_data else None
             )
             data[name], server_tests[name] = _build_digits(
-                num_clients, seed, copy, labels_per_client, eligible[s], weights
+                num_clients, seed, copy, labels_per_client, eligible[s], weights,
+                maps[0 if profile.consistent else s] if profile.clusters else None,
+                profile.clusters,
             )
         elif kind in SYNTHETIC_KINDS:
             data[name], server_tests[name] = _build_synthetic(

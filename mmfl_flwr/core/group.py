@@ -139,6 +139,12 @@ class GroupSampling(Policy):
         Sample size of the silhouette score for large federations.
     seed : int
         Seeds K-means.
+    grouping : str
+        ``"kmeans"`` (the C-step) or ``"random"``: the papers' baseline
+        "round-robin with random groups" (random balanced groups each cycle, the
+        same T-step, no clustering).
+    random_groups : int
+        Number of random groups (at least ``S``).
     """
 
     name = "group"
@@ -150,6 +156,8 @@ class GroupSampling(Policy):
         max_clusters: int | None = None,
         silhouette_sample: int = 2000,
         seed: int = 0,
+        grouping: str = "kmeans",
+        random_groups: int = 0,
     ) -> None:
         if not 0 < participation <= 1:
             raise ValueError(f"participation must be in (0, 1], got {participation}")
@@ -157,6 +165,10 @@ class GroupSampling(Policy):
             raise ValueError(f"variant must be 'consistent' or 'modified', got {variant!r}")
         if max_clusters is not None and max_clusters < 1:
             raise ValueError(f"max_clusters must be >= 1, got {max_clusters}")
+        if grouping not in ("kmeans", "random"):
+            raise ValueError(f"grouping must be 'kmeans' or 'random', got {grouping!r}")
+        self.grouping = grouping
+        self.random_groups = int(random_groups)
         self.participation = float(participation)
         self.variant = variant
         self.max_clusters = max_clusters
@@ -179,6 +191,7 @@ class GroupSampling(Policy):
             "participation": self.participation,
             "variant": self.variant,
             "max_clusters": self.max_clusters,
+            "grouping": self.grouping,
         }
 
     # -- when does the strategy need a loss query? --------------------------
@@ -226,13 +239,20 @@ class GroupSampling(Policy):
         else:
             self.cluster_task = None
             cols = list(range(len(tasks)))
-        cl = c_step(
-            feats[:, cols],
-            min_clusters=len(tasks),
-            max_clusters=self.max_clusters,
-            seed=self.seed + self.cycle,
-            silhouette_sample=self.silhouette_sample,
-        )
+        if self.grouping == "random":
+            # Baseline "round-robin with random groups": same T-step, no clustering.
+            k = max(len(tasks), self.random_groups)
+            rng = np.random.default_rng([self.seed, self.cycle, 11])
+            labels = rng.permutation(np.arange(len(ids)) % k)
+            cl = Clustering(labels.astype(np.int64), np.zeros((k, len(cols))), k)
+        else:
+            cl = c_step(
+                feats[:, cols],
+                min_clusters=len(tasks),
+                max_clusters=self.max_clusters,
+                seed=self.seed + self.cycle,
+                silhouette_sample=self.silhouette_sample,
+            )
         self.groups = {cid: int(g) for cid, g in zip(ids, cl.labels)}
         # Centroids of the full loss vectors (for newcomers' cosine similarity).
         k = max(cl.k, len(tasks))

@@ -5,16 +5,19 @@ process and without Ray or a SuperLink: for tests and fast experiments. Each nod
 has a persistent :class:`flwr.app.Context` (its ``state`` survives across
 messages, as in a SuperNode). Nodes can be removed or added between rounds to
 emulate drop-outs and late joiners; a ClientApp that raises produces an error
-reply (code 2, as Flower's runtime does), never a crash of the server.
+reply (code 2, as Flower's runtime does), never a crash of the server. An
+optional latency model delays replies (stragglers): a reply that would arrive
+after ``send_and_receive``'s timeout is dropped, as Flower's Grid drops it.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import uuid4
 
 import numpy as np
@@ -22,6 +25,8 @@ from flwr.app import Context, Error, Message, RecordDict
 from flwr.serverapp import Grid
 
 ClientAppLike = Callable[[Message, Context], Message]
+#: ``latency(message, context) -> seconds`` of simulated delay of a node's reply.
+LatencyFn = Callable[[Message, Context], float]
 
 #: Flower's ``ErrorCode.CLIENT_APP_RAISED_EXCEPTION``.
 CLIENT_APP_RAISED_EXCEPTION = 2
@@ -41,6 +46,16 @@ def ensure_task_identity(run_id: int = 1) -> None:
         TaskIdentity.run_id = run_id
         TaskIdentity.node_id = 0
         TaskIdentity.task_id = 1
+
+
+class LateReply(NamedTuple):
+    """A reply dropped by ``send_and_receive`` because it arrived after the timeout."""
+
+    node_id: int
+    message_type: str
+    group_id: str
+    #: Seconds after the send at which the reply arrived (call duration + latency).
+    arrival: float
 
 
 class _InProcessRun:
@@ -64,6 +79,28 @@ class InProcessGrid(Grid):
     copy_messages : bool
         Deep-copy messages in both directions, as a real transport would
         (default True), so a client cannot alias the server's records.
+    latency : callable, optional
+        ``latency(message, context) -> seconds``: simulated extra time a node
+        takes to reply to ``message`` (a slow device or link, a straggler). It
+        is virtual (nothing sleeps unless ``wait``). Nodes are treated as
+        working in parallel, as in a real federation, so a reply *arrives* at
+        ``sent + d + latency``, where ``d`` is the measured duration of that
+        node's ClientApp call alone. ``send_and_receive(..., timeout=T)``
+        delivers every message, then returns only the replies that arrived by
+        ``sent + T`` and drops the others, as Flower's Grid does. The ClientApp
+        still ran, so a dropped node keeps its ``context.state`` changes, as a
+        real SuperNode would. Every dropped reply is appended to :attr:`late`.
+        A reply pushed with ``push_messages`` is returned by ``pull_messages``
+        only once its arrival time has passed on the wall clock, so a late
+        reply can be collected in a later round. A ClientApp call itself cannot
+        be preempted: give a straggler a latency rather than a real ``sleep``.
+        Default None: no delay, and the original behaviour (messages are
+        handled one after another in order; once ``timeout`` has passed on the
+        wall clock the remaining messages are not delivered).
+    wait : bool
+        With ``latency``: make ``send_and_receive`` block as long as Flower's
+        would, i.e. until the last reply has arrived or the timeout has passed,
+        whichever is first (default False: return as soon as the calls are done).
     """
 
     def __init__(
@@ -74,15 +111,22 @@ class InProcessGrid(Grid):
         seed: int = 0,
         copy_messages: bool = True,
         run_id: int = 1,
+        latency: LatencyFn | None = None,
+        wait: bool = False,
     ) -> None:
         ensure_task_identity(run_id)
         self.client_app = client_app
         self.run_config = dict(run_config or {})
         self.copy_messages = copy_messages
+        self.latency = latency
+        self.wait = bool(wait)
+        #: Replies dropped by ``send_and_receive`` for arriving after the timeout.
+        self.late: list[LateReply] = []
         self._run = _InProcessRun(run_id)
         self._rng = np.random.default_rng([seed, 7])
         self._contexts: dict[int, Context] = {}
-        self._pending: dict[str, Message] = {}
+        # message id -> (wall-clock arrival time, reply)
+        self._pending: dict[str, tuple[float, Message]] = {}
         for cfg in node_configs:
             self.add_node(cfg)
 
@@ -148,28 +192,76 @@ class InProcessGrid(Grid):
             return None  # the node went away while working
         return copy.deepcopy(reply) if self.copy_messages else reply
 
+    def _delay(self, msg: Message, ctx: Context | None) -> float:
+        """Simulated latency of the reply to ``msg`` (0 without a latency model)."""
+        if self.latency is None or ctx is None:
+            return 0.0
+        delay = float(self.latency(msg, ctx))
+        if not delay >= 0:  # negative or NaN
+            raise ValueError(f"latency must be >= 0 seconds, got {delay!r}")
+        return delay
+
+    def _timed_deliver(self, msg: Message) -> tuple[Message | None, float]:
+        """Deliver ``msg``; return the reply and its delay after the call began
+        (the call's duration plus the simulated latency)."""
+        ctx = self._contexts.get(msg.metadata.dst_node_id)
+        t0 = time.monotonic()
+        reply = self._deliver(msg)
+        # the latency model sees the message with its id set, like the client did
+        return reply, time.monotonic() - t0 + self._delay(msg, ctx)
+
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
         ids = []
         for msg in messages:
-            reply = self._deliver(msg)
+            sent = time.monotonic()
+            reply, delay = self._timed_deliver(msg)
             if reply is not None:
                 mid = msg.metadata.message_id
-                self._pending[mid] = reply
+                self._pending[mid] = (sent + delay, reply)
                 ids.append(mid)
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # noqa: D102
-        return [self._pending.pop(m) for m in message_ids if m in self._pending]
+        now = time.monotonic()
+        ready = [m for m in message_ids if m in self._pending and self._pending[m][0] <= now]
+        return [self._pending.pop(m)[1] for m in ready]
 
     def send_and_receive(  # noqa: D102
         self, messages: Iterable[Message], *, timeout: float | None = None
     ) -> Iterable[Message]:
         start = time.monotonic()
         replies = []
+        if self.latency is None:
+            for msg in messages:
+                if timeout is not None and time.monotonic() - start > timeout:
+                    break  # like Flower: what has not arrived by the timeout is dropped
+                reply = self._deliver(msg)
+                if reply is not None:
+                    replies.append(reply)
+            return replies
+        # Latency model: nodes work in parallel from ``start``; each reply
+        # arrives after its own call duration plus its latency.
+        limit = math.inf if timeout is None else float(timeout)
+        last = 0.0  # when the last reply that arrives in time arrived
         for msg in messages:
-            if timeout is not None and time.monotonic() - start > timeout:
-                break  # like Flower: what has not arrived by the timeout is dropped
-            reply = self._deliver(msg)
-            if reply is not None:
-                replies.append(reply)
+            reply, delay = self._timed_deliver(msg)
+            if reply is None:
+                continue
+            if delay > limit or math.isinf(delay):
+                self.late.append(
+                    LateReply(
+                        node_id=msg.metadata.dst_node_id,
+                        message_type=msg.metadata.message_type,
+                        group_id=msg.metadata.group_id,
+                        arrival=delay,
+                    )
+                )
+                last = limit  # Flower waits for it until the timeout
+                continue
+            replies.append(reply)
+            last = max(last, delay)
+        if self.wait and math.isfinite(last):
+            remaining = start + last - time.monotonic()
+            if remaining > 0:
+                time.sleep(remaining)
         return replies

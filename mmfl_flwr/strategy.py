@@ -142,6 +142,11 @@ class MultiModelStrategy(Strategy):
         File (or folder, for ``checkpoint.pkl`` in it) where the full strategy
         state is written atomically after every round;
         ``start(..., resume_from=path)`` continues from it.
+    loss_cap : float or None
+        A reported loss above ``loss_cap`` times the median loss of that task is
+        capped (and logged), so one client cannot steer loss-based sampling
+        (LVR, UCB, Group) with an absurd value; with the default 100 an honest
+        federation never hits it. None disables the cap.
     client_arrivals : mapping, optional
         Stable client id -> first round it may take part in (a simulated
         arrival schedule; in deployment, SuperNodes that connect later simply
@@ -168,6 +173,7 @@ class MultiModelStrategy(Strategy):
         max_loss: float = 1e6,
         on_round_end: RoundCallback | None = None,
         checkpoint_path: str | None = None,
+        loss_cap: float | None = 100.0,
         client_arrivals: Mapping[str, int] | None = None,
         task_arrivals: Mapping[str, int] | None = None,
     ) -> None:
@@ -194,6 +200,9 @@ class MultiModelStrategy(Strategy):
         self.max_loss = float(max_loss)
         self.on_round_end = on_round_end
         self.checkpoint_path = checkpoint_path
+        if loss_cap is not None and not loss_cap > 1:
+            raise ValueError(f"loss_cap must be > 1 (a multiple of the median) or None")
+        self.loss_cap = loss_cap
         self.client_arrivals = {str(k): int(v) for k, v in (client_arrivals or {}).items()}
         self.task_arrivals = {str(k): int(v) for k, v in (task_arrivals or {}).items()}
         self._current_round = 0
@@ -371,6 +380,7 @@ class MultiModelStrategy(Strategy):
             )
         accepted = 0
         seen: set[str] = set()
+        received: dict[str, list[tuple[str, float]]] = {}
         for reply in grid.send_and_receive(msgs, timeout=timeout):
             cid = self._node_to_cid.get(reply.metadata.src_node_id)
             if cid is None or cid in seen:
@@ -394,9 +404,29 @@ class MultiModelStrategy(Strategy):
                 except InvalidReply as err:
                     log(WARNING, "Client %s: rejected loss: %s", cid, err)
                     continue
-                self.table.set_loss(cid, task, loss, server_round)
+                received.setdefault(task, []).append((cid, loss))
                 accepted += 1
+        for task, pairs in received.items():
+            cap = self._loss_cap(task, [v for _, v in pairs])
+            for cid, loss in pairs:
+                if loss > cap:
+                    log(WARNING, "Client %s: loss %.4g on task %r capped at %.4g "
+                        "(%g x the median)", cid, loss, task, cap, self.loss_cap)
+                    loss = cap
+                self.table.set_loss(cid, task, loss, server_round)
         return accepted
+
+    def _loss_cap(self, task: str, values: list[float]) -> float:
+        """``loss_cap`` times the median loss of ``task`` (this round's reports
+        plus the clients' latest ones), so that one client cannot steer the
+        sampling probabilities with an absurd loss."""
+        if self.loss_cap is None:
+            return math.inf
+        pool = values + [
+            c.losses[task] for c in self.table.clients() if task in c.losses
+        ]
+        med = float(np.median(pool)) if pool else 0.0
+        return self.loss_cap * med if med > 0 else math.inf
 
     # -------------------------------------------------------------- training
     def configure_train(

@@ -257,10 +257,13 @@ class Settings:
             raise ValueError(
                 f"profile={self.profile!r} is unknown; choose from {', '.join(PROFILES)}"
             )
-        unknown = [k for k in self.task_kinds if k not in KINDS]
+        from mmfl_flwr.tasks.registry import get_task
+
+        unknown = [k for k in self.task_kinds if k not in KINDS and get_task(k) is None]
         if unknown:
             raise ValueError(
-                f"unknown task kind(s) {unknown}; choose from {', '.join(KINDS)}"
+                f"unknown task kind(s) {unknown}; choose from {', '.join(KINDS)} or "
+                "register your own with mmfl_flwr.tasks.registry.register_task"
             )
         checks = [
             (self.num_clients >= 1, "num-clients must be >= 1"),

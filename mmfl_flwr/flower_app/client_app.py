@@ -21,6 +21,7 @@ from flwr.clientapp import ClientApp
 from mmfl_flwr.client.app import ClientSpec, make_client_app
 from mmfl_flwr.config import Settings
 from mmfl_flwr.tasks.federation import Federation, build_federation
+from mmfl_flwr.tasks.registry import get_task, registered_tasks, restore
 
 
 @lru_cache(maxsize=8)
@@ -87,7 +88,12 @@ def client_spec(context: Context, settings: Settings | None = None) -> ClientSpe
     for task in tasks:
         train, test = fed.client_data(pid, task)
         kind = fed.kinds[task]
-        trainers[task] = TorchTrainer(lambda k=kind: make_model(k), train, test, s.batch_size)
+        definition = get_task(kind)
+        model_fn = lambda k=kind: make_model(k)  # noqa: E731
+        if definition is not None and definition.trainer_fn is not None:
+            trainers[task] = definition.trainer_fn(model_fn, train, test, s.batch_size)
+        else:
+            trainers[task] = TorchTrainer(model_fn, train, test, s.batch_size)
     processors = int(cfg.get("processors", int(fed.processors[pid])))
     return ClientSpec(
         client_id=str(cfg.get("client-id", pid)), trainers=trainers, processors=processors
@@ -95,8 +101,18 @@ def client_spec(context: Context, settings: Settings | None = None) -> ClientSpe
 
 
 def build_client_app(settings: Settings | None = None) -> ClientApp:
-    """The ClientApp; with ``settings`` given, ``run_config`` is not read."""
-    return make_client_app(lambda ctx: client_spec(ctx, settings))
+    """The ClientApp; with ``settings`` given, ``run_config`` is not read.
+
+    The user tasks registered in this process travel with the app (a snapshot
+    of the registry), so simulated clients in other processes know them too.
+    """
+    snapshot = registered_tasks()
+
+    def spec(ctx: Context) -> ClientSpec:
+        restore(snapshot)
+        return client_spec(ctx, settings)
+
+    return make_client_app(spec)
 
 
 app = build_client_app()

@@ -11,10 +11,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mmfl_flwr.tasks.data import Dataset, concat_datasets, load_digits_data, synthetic_users
+from mmfl_flwr.tasks.registry import get_task, registered_tasks
 
 __all__ = [
     "KindSpec",
     "KINDS",
+    "known_kinds",
     "task_names",
     "Federation",
     "build_federation",
@@ -66,6 +68,37 @@ _KIND_STREAM = {"digits": 1, "synthetic": 2, "synthetic-b": 3, "synthetic-iid": 
 SYNTHETIC_KINDS = ("synthetic", "synthetic-b", "synthetic-iid", "synthetic-iid-b")
 
 
+def known_kinds() -> list[str]:
+    """Built-in task kinds and the ones registered with
+    :func:`~mmfl_flwr.tasks.registry.register_task`."""
+    return list(KINDS) + [k for k in registered_tasks() if k not in KINDS]
+
+
+def _build_registered(
+    kind: str, num_clients: int, seed: int, copy: int
+) -> tuple[list[tuple[Dataset, Dataset]], Dataset, np.ndarray]:
+    """Data of a user task: per client data, server test set, eligibility."""
+    definition = get_task(kind)
+    assert definition is not None
+    clients, server = definition.data_fn(num_clients, seed, copy)
+    if len(clients) != num_clients:
+        raise ValueError(
+            f"task {kind!r}: data_fn returned {len(clients)} clients, expected {num_clients}"
+        )
+    out: list[tuple[Dataset, Dataset]] = []
+    eligible = np.zeros(num_clients, dtype=bool)
+    for i, pair in enumerate(clients):
+        if pair is None or len(pair[0]) == 0:
+            empty = Dataset(np.zeros((0,), np.float32), np.zeros(0, np.int64))
+            out.append((empty, empty))
+        else:
+            out.append((pair[0], pair[1]))
+            eligible[i] = True
+    if not eligible.any():
+        raise ValueError(f"task {kind!r}: data_fn gave no client any training data")
+    return out, server, eligible
+
+
 def task_names(kinds: list[str]) -> list[str]:
     """Unique model names for a list of task kinds.
 
@@ -86,8 +119,8 @@ def task_names(kinds: list[str]) -> list[str]:
     counts: dict[str, int] = {}
     names: list[str] = []
     for kind in kinds:
-        if kind not in KINDS:
-            raise ValueError(f"unknown task kind {kind!r}; known: {sorted(KINDS)}")
+        if kind not in KINDS and get_task(kind) is None:
+            raise ValueError(f"unknown task kind {kind!r}; known: {sorted(known_kinds())}")
         counts[kind] = counts.get(kind, 0) + 1
         names.append(kind if counts[kind] == 1 else f"{kind}_{counts[kind]}")
     return names
@@ -618,6 +651,11 @@ def build_federation(
                 high[s] if heterogeneous_data else None,
                 profile.high_data_ratio,
             )
+        elif get_task(kind) is not None:
+            data[name], server_tests[name], user_eligible = _build_registered(
+                kind, num_clients, seed, copy
+            )
+            eligible[s] &= user_eligible
         else:  # pragma: no cover - task_names already validated the kinds
             raise ValueError(f"unknown task kind {kind!r}")
     return Federation(

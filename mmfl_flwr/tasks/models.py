@@ -73,6 +73,11 @@ def make_model(kind: str) -> nn.Module:
         The model (random initialisation from torch's global generator).
     """
     if kind not in KINDS:
+        from mmfl_flwr.tasks.registry import get_task
+
+        definition = get_task(kind)
+        if definition is not None:
+            return definition.model_fn()  # type: ignore[no-any-return]
         raise ValueError(f"unknown task kind {kind!r}; known: {sorted(KINDS)}")
     spec = KINDS[kind]
     if spec.model == "cnn":

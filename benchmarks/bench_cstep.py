@@ -42,12 +42,15 @@ def make_losses(clients: int, models: int, planted: int, seed: int = 0):
     return np.abs(x), labels
 
 
-def timed(fn, reps: int) -> tuple[list[float], object]:
+def timed(fn, reps: int, cpu: list[float] | None = None) -> tuple[list[float], object]:
+    """Wall times of ``reps`` calls (and, into ``cpu``, their process CPU times)."""
     out, res = [], None
     for _ in range(reps):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         res = fn()
         out.append(time.perf_counter() - t0)
+        if cpu is not None:
+            cpu.append(time.process_time() - c0)
     return out, res
 
 
@@ -99,13 +102,22 @@ def main() -> None:
     x, truth = make_losses(args.clients, args.models, args.planted)
     s = args.models
     c_step(x[:200], min_clusters=s)  # warm-up: imports, thread pools
-    times, cl = timed(lambda: c_step(x, min_clusters=s), args.reps)
+    cpu: list[float] = []
+    times, cl = timed(lambda: c_step(x, min_clusters=s), args.reps, cpu)
     med = statistics.median(times)
     ari = adjusted_rand_score(truth, cl.labels)  # type: ignore[attr-defined]
     print(f"N = {args.clients} clients, S = {s} models, {args.planted} planted clusters; "
           f"min_clusters = {s}, max_clusters = {s + 4} (default), silhouette_sample = 2000, "
           f"n_init = 3 (defaults)")
-    print("runs:", ", ".join(f"{t:.3f} s" for t in times))
+    print("runs (wall):", ", ".join(f"{t:.3f} s" for t in times),
+          "| CPU (all threads):", ", ".join(f"{t:.3f} s" for t in cpu))
+    try:
+        import os
+
+        print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs "
+              "(wall times grow with other load)")
+    except OSError:  # pragma: no cover
+        pass
     print(f"C-step {args.clients}x{s}: {med:.3f} s (target < {args.target:g} s)")
     print(f"chosen k = {cl.k} (planted {args.planted}), ARI vs planted labels = {ari:.4f}")  # type: ignore[attr-defined]
     print("silhouette per k:", {k: round(v, 4) for k, v in cl.scores.items()})  # type: ignore[attr-defined]

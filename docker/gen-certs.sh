@@ -54,6 +54,13 @@ shift $((OPTIND - 1))
 case "$num" in ''|*[!0-9]*) echo "gen-certs.sh: -n needs a number" >&2; exit 2 ;; esac
 case "$days" in ''|*[!0-9]*) echo "gen-certs.sh: -d needs a number" >&2; exit 2 ;; esac
 
+key_names=()
+for ((i = 0; i < num; i++)); do key_names+=("supernode-$i"); done
+key_names+=("${names[@]+"${names[@]}"}")
+for name in "${key_names[@]+"${key_names[@]}"}"; do
+  case "$name" in ''|*/*|.*) echo "gen-certs.sh: bad key name '$name'" >&2; exit 2 ;; esac
+done
+
 for tool in openssl ssh-keygen; do
   command -v "$tool" >/dev/null 2>&1 || { echo "gen-certs.sh: $tool not found" >&2; exit 1; }
 done
@@ -94,6 +101,10 @@ if [ "$new_ca" -eq 0 ] && exists "$out/server.pem" && exists "$out/server.key"; 
   echo "keeping   $out/server.pem (use -f to replace; its names: $(
     openssl x509 -in "$out/server.pem" -noout -ext subjectAltName 2>/dev/null \
       | tail -n +2 | tr -d ' '))"
+  if [ "${#hosts[@]}" -gt 0 ]; then
+    echo "warning: -H is ignored for the kept server.pem; to change its names, delete" \
+      "$out/server.pem and $out/server.key and run this script again" >&2
+  fi
 else
   ext="$(mktemp)"
   csr="$(mktemp)"
@@ -116,12 +127,7 @@ EOF
 fi
 
 # ------------------------------------------------------- the SuperNode keys
-key_names=()
-for ((i = 0; i < num; i++)); do key_names+=("supernode-$i"); done
-key_names+=("${names[@]+"${names[@]}"}")
-
 for name in "${key_names[@]+"${key_names[@]}"}"; do
-  case "$name" in ''|*/*|.*) echo "gen-certs.sh: bad key name '$name'" >&2; exit 2 ;; esac
   key="$out/$name"
   if exists "$key" && exists "$key.pub"; then
     echo "keeping   $key"

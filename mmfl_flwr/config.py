@@ -144,10 +144,16 @@ class Settings:
         values: dict[str, float] = {}
         for item in params.split(","):
             key, _, val = item.partition("=")
+            if key.strip() not in ("static", "rate"):
+                raise ValueError(
+                    f"client-arrivals={spec!r}: unknown key {key.strip()!r} (use static, rate)"
+                )
             try:
                 values[key.strip()] = float(val)
             except ValueError:
                 raise ValueError(f"client-arrivals={spec!r}: bad value {item!r}") from None
+        if values.get("static", 0) != int(values.get("static", 0)):
+            raise ValueError(f"client-arrivals={spec!r}: static must be an integer")
         static = int(values.get("static", 0))
         rate = values.get("rate", 0.1)
         if not 0 <= static <= self.num_clients or rate <= 0:

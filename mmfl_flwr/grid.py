@@ -247,7 +247,7 @@ class InProcessGrid(Grid):
             reply, delay = self._timed_deliver(msg)
             if reply is None:
                 continue
-            if False:
+            if delay > limit or math.isinf(delay):
                 self.late.append(
                     LateReply(
                         node_id=msg.metadata.dst_node_id,

@@ -92,11 +92,6 @@ class TestSettings:
         with pytest.raises(ValueError):
             s.validate()
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="BUG config.py Settings.client_arrival_rounds ignores unknown keys: a "
-        "typo ('rtae=0.5') silently runs with the default rate 0.1",
-    )
     def test_unknown_client_spec_key_raises(self):
         s = Settings(num_clients=60, client_arrivals="exponential:static=3,rtae=0.5")
         with pytest.raises(ValueError):

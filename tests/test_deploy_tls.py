@@ -289,10 +289,14 @@ def test_tls_auth_deployment_three_supernodes(tmp_path: Path) -> None:
     assert "digits_2" not in by_client.get("1", set()), (
         f"client 1 trained {by_client['1']}"
     )
+    # processors=2/1/1: a client's processors draw at most that many tasks a round.
+    processors = {"0": 2, "1": 1, "2": 1}
     for rnd in (1, 2):
-        assert any(int(a["round"]) == rnd for a in assignments), (
-            f"nobody trained in round {rnd}: {assignments}"
-        )
+        rows = [a for a in assignments if int(a["round"]) == rnd]
+        assert rows, f"nobody trained in round {rnd}: {assignments}"
+        for c, b in processors.items():
+            used = sum(int(a["count"]) for a in rows if a["client"] == c)
+            assert used <= b, f"round {rnd}: client {c} used {used} > {b} processors"
     total = time.monotonic() - t_start
     print(f"[e2e] assignments per client: {by_client}")
     print("[e2e] phases: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
@@ -141,13 +142,11 @@ def _with_cluster_records(
     from mmfl_flwr.results import write_cluster_step
 
     inner = strategy.on_round_end
-    done = [len(strategy.policy.csteps)]  # type: ignore[attr-defined]
 
     def callback(rnd: int, rows: list[dict[str, Any]]) -> None:
-        steps = strategy.policy.csteps  # type: ignore[attr-defined]
-        for cstep in steps[done[0]:]:
-            write_cluster_step(cstep, output_dir)
-        done[0] = len(steps)
+        for cstep in strategy.policy.csteps:  # type: ignore[attr-defined]
+            if cstep["round"] == rnd:
+                write_cluster_step(cstep, output_dir)
         if inner is not None:
             inner(rnd, rows)
 
@@ -172,6 +171,10 @@ def server_main(
         strategy = strategy_from_settings(s, progress_printer(s.num_rounds))
     if s.output_dir and hasattr(strategy.policy, "csteps"):
         strategy.on_round_end = _with_cluster_records(strategy, s.output_dir)
+        if not s.resume_from:  # a fresh run: no cluster records of an older run
+            for old in Path(s.output_dir).glob("clusters*"):
+                if old.name == "clusters.csv" or old.name.startswith("clusters_round_"):
+                    old.unlink()
     if s.resume_from:
         strategy.check_resumable(s.resume_from)  # before anything is overwritten
     if s.output_dir:

@@ -207,8 +207,11 @@ class InProcessGrid(Grid):
         ctx = self._contexts.get(msg.metadata.dst_node_id)
         t0 = time.monotonic()
         reply = self._deliver(msg)
-        # the latency model sees the message with its id set, like the client did
-        return reply, time.monotonic() - t0 + self._delay(msg, ctx)
+        duration = time.monotonic() - t0
+        if reply is None:
+            return None, duration
+        # the latency model sees the message with its id set, as the client did
+        return reply, duration + self._delay(msg, ctx)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
         ids = []

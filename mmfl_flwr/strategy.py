@@ -147,6 +147,10 @@ class MultiModelStrategy(Strategy):
         capped (and logged), so one client cannot steer loss-based sampling
         (LVR, UCB, Group) with an absurd value; with the default 100 an honest
         federation never hits it. None disables the cap.
+    max_update_norm : float or None
+        Reject (and log) an update whose L2 norm ``||w_global - w_local||``
+        exceeds this: huge but finite values would otherwise pass validation and
+        ruin a model. None (default) disables the check.
     client_arrivals : mapping, optional
         Stable client id -> first round it may take part in (a simulated
         arrival schedule; in deployment, SuperNodes that connect later simply
@@ -174,6 +178,7 @@ class MultiModelStrategy(Strategy):
         on_round_end: RoundCallback | None = None,
         checkpoint_path: str | None = None,
         loss_cap: float | None = 100.0,
+        max_update_norm: float | None = None,
         client_arrivals: Mapping[str, int] | None = None,
         task_arrivals: Mapping[str, int] | None = None,
     ) -> None:
@@ -203,6 +208,9 @@ class MultiModelStrategy(Strategy):
         if loss_cap is not None and not loss_cap > 1:
             raise ValueError(f"loss_cap must be > 1 (a multiple of the median) or None")
         self.loss_cap = loss_cap
+        if max_update_norm is not None and not max_update_norm > 0:
+            raise ValueError("max_update_norm must be > 0 or None")
+        self.max_update_norm = max_update_norm
         self.client_arrivals = {str(k): int(v) for k, v in (client_arrivals or {}).items()}
         self.task_arrivals = {str(k): int(v) for k, v in (task_arrivals or {}).items()}
         self._current_round = 0
@@ -292,7 +300,9 @@ class MultiModelStrategy(Strategy):
         # new node id and registers again under its stable id.
         for nid in list(self._node_to_cid):
             if nid not in nodes:
-                self._node_to_cid.pop(nid)
+                gone = self._node_to_cid.pop(nid)
+                log(INFO, "Client %s (node %d) went offline; left out until it reconnects",
+                    gone, nid)
         new = [n for n in nodes if n not in self._node_to_cid]
         if new:
             msgs = [
@@ -304,8 +314,14 @@ class MultiModelStrategy(Strategy):
                 )
                 for n in new
             ]
+            answered = set()
             for reply in grid.send_and_receive(msgs, timeout=timeout):
+                answered.add(reply.metadata.src_node_id)
                 self._register(reply)
+            for n in new:
+                if n not in answered:
+                    log(WARNING, "Node %d did not answer the info query within %g s; it is "
+                        "asked again next round", n, timeout)
         online = {
             self._node_to_cid[n]
             for n in nodes
@@ -350,6 +366,8 @@ class MultiModelStrategy(Strategy):
             log(WARNING, "Client id %s is claimed by nodes %d and %d; keeping %d",
                 cid, other, node, other)
             return
+        log(INFO, "Client %s %s as node %d (tasks %s)", cid,
+            "re-registered" if cid in self.table else "registered", node, sorted(usable))
         self._node_to_cid[node] = cid
         self.table.upsert(ClientInfo(cid=cid, num_examples=usable, processors=int(procs)))  # type: ignore[arg-type]
 
@@ -383,7 +401,12 @@ class MultiModelStrategy(Strategy):
         received: dict[str, list[tuple[str, float]]] = {}
         for reply in grid.send_and_receive(msgs, timeout=timeout):
             cid = self._node_to_cid.get(reply.metadata.src_node_id)
-            if cid is None or cid in seen:
+            if cid is None:
+                log(WARNING, "Ignoring a loss reply from unknown node %d",
+                    reply.metadata.src_node_id)
+                continue
+            if cid in seen:
+                log(WARNING, "Client %s: duplicated loss reply ignored", cid)
                 continue
             seen.add(cid)
             if reply.has_error():
@@ -518,7 +541,8 @@ class MultiModelStrategy(Strategy):
             seen.add(cid)
             asked = expected[cid]
             if reply.has_error():
-                log(WARNING, "Client %s failed to train %s (error %s: %s)",
+                log(WARNING, "Client %s failed to train %s (error %s: %s); its updates are "
+                    "missing from the aggregate",
                     cid, sorted(asked), reply.error.code, reply.error.reason)
                 for t in asked:
                     rejected[t] += 1
@@ -536,6 +560,14 @@ class MultiModelStrategy(Strategy):
                     if P.arrays_key(task) not in content.array_records:
                         raise InvalidReply("no weights returned")
                     local = check_weights(content[P.arrays_key(task)], self.weights[task])
+                    if self.max_update_norm is not None:
+                        glob_w = self.weights[task]
+                        norm = l2_norm(glob_w[k].astype(np.float64) - local[k] for k in glob_w)
+                        if not norm <= self.max_update_norm:
+                            raise InvalidReply(
+                                f"update norm {norm:.4g} exceeds max_update_norm "
+                                f"{self.max_update_norm:g}"
+                            )
                     metrics = content.metric_records.get(P.metrics_key(task))
                     if metrics is None:
                         raise InvalidReply(f"no '{P.metrics_key(task)}' MetricRecord")
@@ -706,7 +738,10 @@ class MultiModelStrategy(Strategy):
         seen: set[str] = set()
         for reply in replies:
             cid = self._node_to_cid.get(reply.metadata.src_node_id)
-            if cid is None or cid in seen:
+            if cid is None:
+                continue
+            if cid in seen:
+                log(WARNING, "Client %s: duplicated evaluation reply ignored", cid)
                 continue
             seen.add(cid)
             if reply.has_error():

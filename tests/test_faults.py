@@ -18,9 +18,8 @@ latency model: a reply that arrives after ``send_and_receive``'s timeout is
 dropped, and with ``wait=True`` the grid blocks as long as Flower's would (until
 the timeout at most), so the wall-clock bounds below are real.
 
-Tests marked ``xfail(strict=True)`` state log lines issue #7 asks for that the
-strategy does not write yet; they turn into failures (XPASS) once it does, and
-then the marker should be removed.
+The log lines checked here are the ones issue #7 asks for: what happened to a
+missing update, who went offline, who (re-)registered, which node did not answer.
 """
 
 from __future__ import annotations
@@ -329,9 +328,6 @@ def test_crash_mid_round_drops_only_that_update_and_the_run_goes_on(config):
     assert "erin" in run.strategy.table.ids()
 
 
-@pytest.mark.xfail(strict=True, reason="issue #7: the crash warning does not yet say that "
-                   "the update is missing from the aggregate (strategy.py aggregate_train, "
-                   "error-reply branch)")
 @pytest.mark.parametrize("config", CONFIGS)
 def test_crash_warning_says_the_update_is_missing_from_the_aggregate(config):
     run = run_fed(federation(), config, rounds=2, wrap=crash_in_round("erin", 2))
@@ -416,9 +412,6 @@ def test_disconnect_between_rounds_then_reconnect(config):
         assert run.warnings(rnd) == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue #7: the strategy does not yet log a client "
-                   "going offline (refresh_clients) or re-registering under a new node id "
-                   "(_register)")
 def test_disconnect_and_reconnect_are_logged_by_name():
     nodes: dict[str, int] = {}
     run = run_fed(federation(), "fedavg", hook=disconnect_between_rounds(nodes))
@@ -543,8 +536,6 @@ def test_late_info_reply_registers_the_node_next_round():
     assert run.seconds < 0.3 + 2.5
 
 
-@pytest.mark.xfail(strict=True, reason="issue #7: refresh_clients does not yet log a node "
-                   "whose info reply did not arrive")
 def test_late_info_reply_is_logged():
     def latency(msg, ctx):
         slow = ctx.node_config["cid"] == "dave" and msg.metadata.message_type == P.QUERY_INFO
@@ -578,8 +569,6 @@ def test_late_joiner_registers_and_is_assigned_later(config):
         assert run.warnings(rnd) == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue #7: _register does not yet log a client "
-                   "that registers")
 def test_late_joiner_registration_is_logged():
     start = federation()
     clients = {**start, "frank": ClientDef({"a": (50, 8.0)})}

@@ -44,7 +44,7 @@ CASES = {
 }
 
 
-def _mmfl(args: list[str], out: Path, env: dict[str, str], timeout: float = 300):
+def _mmfl(args: list[str], out: Path, env: dict[str, str], timeout: float = 900):
     cmd = [sys.executable, "-m", "mmfl_flwr.cli", "run", "--num-clients", "6",
            "--num-rounds", "3", "--local-epochs", "1", "--output-dir", str(out), *args]
     return run_cmd(cmd, env=env, timeout=timeout)

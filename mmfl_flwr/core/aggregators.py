@@ -64,7 +64,8 @@ def apply_step(weights: Weights, deltas: Sequence[Weights], coeffs: Sequence[flo
         step = np.zeros(w.shape, dtype=np.float64)
         for d, c in zip(deltas, coeffs):
             step += c * d[j].astype(np.float64, copy=False)
-        out.append((w.astype(np.float64) - step).astype(w.dtype, copy=False))
+        with np.errstate(over="ignore"):  # the strategy detects a non-finite result
+            out.append((w.astype(np.float64) - step).astype(w.dtype, copy=False))
     return out
 
 

@@ -66,9 +66,9 @@ class StaleStore:
     Memory: one model-sized entry per pair that has ever uploaded, i.e. at most
     ``N x S x (parameters) x bytes``: 4 bytes per parameter with ``float32``,
     2 with ``float16`` (each array rounded to half precision relative to its
-    largest magnitude, which is kept in float32), and only the
-    open file handles' page cache with ``disk`` (memory-mapped ``.npy`` files in
-    ``directory``, a temporary folder by default).
+    largest magnitude, which is kept in float32), and next to nothing in memory
+    with ``disk`` (one float32 ``.npy`` file per tensor in ``directory``, a
+    temporary folder by default, read back when needed).
 
     Parameters
     ----------
@@ -84,6 +84,7 @@ class StaleStore:
         self.storage = storage
         self._mem: dict[tuple[str, str], list[np.ndarray]] = {}
         self._scales: dict[tuple[str, str], list[np.float32]] = {}
+        self._file_ids: dict[tuple[str, str], int] = {}
         self._dir = directory
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
@@ -112,22 +113,25 @@ class StaleStore:
         if self.storage == "float16":
             scales = self._scales[(cid, task)]
             return [np.asarray(a, dtype=np.float64) * float(c) for a, c in zip(arrays, scales)]
+        if self.storage == "disk":
+            return [np.load(path).astype(np.float64) for path in arrays]
         return [np.asarray(a, dtype=np.float64) for a in arrays]
 
     def set(self, cid: str, task: str, update: Sequence[np.ndarray]) -> None:
         """Store the latest update of a pair."""
         if self.storage == "disk":
+            # One .npy file per tensor; nothing stays mapped, so the process holds
+            # only the file names (the kernel's page cache may keep recent files).
             folder = self._folder()
+            key = (cid, task)
+            if key not in self._file_ids:
+                self._file_ids[key] = len(self._file_ids)
             stored = []
             for j, a in enumerate(update):
-                name = f"{abs(hash((cid, task))):x}_{len(cid)}_{j}.npy"
-                mm = np.lib.format.open_memmap(
-                    os.path.join(folder, name), mode="w+", dtype=np.float32, shape=a.shape
-                )
-                mm[...] = a
-                mm.flush()
-                stored.append(mm)
-            self._mem[(cid, task)] = stored
+                path = os.path.join(folder, f"h{self._file_ids[key]}_{j}.npy")
+                np.save(path, np.asarray(a, dtype=np.float32))
+                stored.append(path)
+            self._mem[key] = stored
         elif self.storage == "float16":
             # Half precision relative to each array's largest magnitude (kept in
             # float32), so large finite updates never overflow to inf.
@@ -146,6 +150,10 @@ class StaleStore:
     def nbytes(self) -> int:
         """Bytes held by the stored arrays (on disk for ``disk``), without the
         per-array float32 scale of ``float16`` (4 bytes per tensor)."""
+        if self.storage == "disk":
+            return int(
+                sum(np.load(p, mmap_mode="r").nbytes for paths in self._mem.values() for p in paths)
+            )
         return int(sum(a.nbytes for arrays in self._mem.values() for a in arrays))
 
     def state_dict(self) -> dict[str, Any]:
@@ -156,7 +164,10 @@ class StaleStore:
                 {
                     "cid": c,
                     "task": t,
-                    "arrays": [np.array(a) for a in arrays],
+                    "arrays": (
+                        [np.load(a) for a in arrays] if self.storage == "disk"
+                        else [np.array(a) for a in arrays]
+                    ),
                     **({"scales": list(self._scales[(c, t)])} if (c, t) in self._scales else {}),
                 }
                 for (c, t), arrays in self._mem.items()

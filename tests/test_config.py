@@ -1,0 +1,61 @@
+"""The Flower App's run config and the Settings dataclass stay in step."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from mmfl_flwr.config import Settings
+from mmfl_flwr.presets import PRESETS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def app_config() -> dict:
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["tool"]["flwr"]["app"]["config"]
+
+
+def test_every_setting_is_a_run_config_key_with_the_same_default() -> None:
+    cfg = app_config()
+    assert set(cfg) == set(Settings().to_run_config())
+    assert Settings.from_run_config(cfg) == Settings()
+
+
+def test_every_preset_is_documented_in_the_readme() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for name in PRESETS:
+        assert f"`{name}`" in readme, name
+    for key in app_config():
+        assert f"`{key}`" in readme, key
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"strategy": "nope"},
+        {"aggregator": "nope"},
+        {"tasks": "digits,nope"},
+        {"tasks": ""},
+        {"num_clients": 0},
+        {"lr": 0.0},
+        {"profile": "nope"},
+        {"fraction_evaluate": 1.5},
+        {"stale_storage": "float8"},
+        {"strategy": "ranklist-ucb", "clients_per_round": 0},
+        {"task_arrivals": "nope:3"},
+        {"client_arrivals": "poisson:rate=1"},
+    ],
+)
+def test_invalid_settings_raise_a_clear_error(change: dict) -> None:
+    with pytest.raises(ValueError):
+        Settings(**change).validate()
+
+
+def test_run_config_values_are_coerced_and_checked() -> None:
+    s = Settings.from_run_config({"num-rounds": 3.0, "lr": "0.5", "unknown-key": 1})
+    assert s.num_rounds == 3 and s.lr == 0.5 and s.extra == {"unknown-key": 1}
+    with pytest.raises(ValueError, match="num-rounds"):
+        Settings.from_run_config({"num-rounds": 2.5})

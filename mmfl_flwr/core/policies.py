@@ -327,7 +327,29 @@ class FixedRates(Policy):
         return [pk for pk in picks if (pk.cid, pk.task) in norms]
 
 
-class LVR(Policy):
+class _Eq13Sampling(Policy):
+    """Shared parameters of the policies that sample with Eq. 13 (budget ``m``
+    and the lower-bound constant ``floor``)."""
+
+    def __init__(
+        self, budget: float | None = None, budget_fraction: float = 0.1, floor: float = 1e-4
+    ):
+        _check_budget(budget, budget_fraction)
+        if not (math.isfinite(floor) and floor >= 0):
+            raise ValueError(f"floor must be a non-negative number, got {floor!r}")
+        self.budget = budget
+        self.budget_fraction = budget_fraction
+        self.floor = floor
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "budget": self.budget,
+            "budget_fraction": self.budget_fraction,
+            "floor": self.floor,
+        }
+
+
+class LVR(_Eq13Sampling):
     """MMFL-LVR (paper 003, Theorem 2): loss-based variance-reduced sampling.
 
     Every round the strategy first asks every client for its loss on each of its
@@ -352,23 +374,6 @@ class LVR(Policy):
     name = "lvr"
     needs_losses = True
 
-    def __init__(
-        self, budget: float | None = None, budget_fraction: float = 0.1, floor: float = 1e-4
-    ):
-        _check_budget(budget, budget_fraction)
-        if not (math.isfinite(floor) and floor >= 0):
-            raise ValueError(f"floor must be a non-negative number, got {floor!r}")
-        self.budget = budget
-        self.budget_fraction = budget_fraction
-        self.floor = floor
-
-    def config(self) -> dict[str, Any]:
-        return {
-            "budget": self.budget,
-            "budget_fraction": self.budget_fraction,
-            "floor": self.floor,
-        }
-
     def probabilities(
         self, table: ClientTable, tasks: Sequence[str]
     ) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -392,7 +397,7 @@ class LVR(Policy):
         return picks_from_counts(ids, tasks, sample_processors(p, procs, rng), p)
 
 
-class GVR(Policy):
+class GVR(_Eq13Sampling):
     """MMFL-GVR (paper 003, Section 4.2): gradient(update)-norm-based sampling.
 
     Every client trains every task it holds every round (``assign`` returns all
@@ -406,23 +411,6 @@ class GVR(Policy):
 
     name = "gvr"
     selects_after_training = True
-
-    def __init__(
-        self, budget: float | None = None, budget_fraction: float = 0.1, floor: float = 1e-4
-    ):
-        _check_budget(budget, budget_fraction)
-        if not (math.isfinite(floor) and floor >= 0):
-            raise ValueError(f"floor must be a non-negative number, got {floor!r}")
-        self.budget = budget
-        self.budget_fraction = budget_fraction
-        self.floor = floor
-
-    def config(self) -> dict[str, Any]:
-        return {
-            "budget": self.budget,
-            "budget_fraction": self.budget_fraction,
-            "floor": self.floor,
-        }
 
     def assign(
         self,

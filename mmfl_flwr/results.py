@@ -126,6 +126,9 @@ def plot_accuracy(history: Sequence[dict[str, Any]], path: str | os.PathLike[str
             vals = [a for pts in by_task.values() for rr, a in pts if rr == r]
             mean.append(sum(vals) / len(vals))
         ax.plot(rounds, mean, "k--", linewidth=1.5, label="mean")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy")
     ax.set_ylim(0, 1)

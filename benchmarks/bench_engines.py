@@ -153,7 +153,7 @@ def child_plain(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    from mmfl_flwr.seeding import training_seed
+    from mmfl_flwr.seeding import task_seed, training_seed
     from mmfl_flwr.client.trainer import TorchTrainer, evaluate_arrays, initial_weights
     from mmfl_flwr.tasks.federation import build_federation
     from mmfl_flwr.tasks.models import make_model
@@ -169,10 +169,10 @@ def child_plain(args: argparse.Namespace) -> dict[str, Any]:
         labels_per_client=s.labels_per_client,
         max_synthetic_samples=s.synthetic_max_samples or None,
     )
-    # Seeded initial weights, as the ServerApp makes them (seed + model index).
+    # Seeded initial weights, as the ServerApp makes them (seed and model name).
     weights: dict[str, dict[str, np.ndarray]] = {
-        task: initial_weights(lambda k=fed.kinds[task]: make_model(k), s.seed + i)
-        for i, task in enumerate(fed.tasks)
+        task: initial_weights(lambda k=fed.kinds[task]: make_model(k), task_seed(s.seed, task))
+        for task in fed.tasks
     }
 
     def evaluate(task: str) -> float:

@@ -68,6 +68,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="CPUs Ray may use (simulation engine; default: all)")
     p_run.add_argument("--verbose", action="store_true", help="show Flower's and Ray's logs")
     p_run.add_argument(
+        "--config", metavar="FILE", default=None,
+        help="a TOML file of run-config keys (e.g. configs/paper003-3task.toml); "
+             "setting flags given on the command line override it",
+    )
+    p_run.add_argument(
         "--resume", metavar="DIR", default=None,
         help="continue the run whose output folder is DIR from its last checkpoint "
              "(its config.json gives every setting; other setting flags are ignored)",
@@ -95,6 +100,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 settings = Settings.load(cfg)
                 settings.output_dir = args.resume
                 settings.resume_from = args.resume
+            elif args.config:
+                import tomllib
+
+                with open(args.config, "rb") as f:
+                    settings = Settings.from_run_config(tomllib.load(f))
+                if settings.extra:
+                    parser.error(f"--config {args.config}: unknown keys {sorted(settings.extra)}")
+                defaults = Settings()
+                for name, value in values.items():  # explicit flags win
+                    if value != getattr(defaults, name):
+                        setattr(settings, name, value)
             else:
                 settings = Settings(**values)
             settings.validate()

@@ -47,6 +47,9 @@ class Settings:
         for 25% / 50% / 25% of clients), ``clusters-consistent`` or
         ``clusters-inconsistent`` (5 label clusters per digits task, 20% of the
         labels each, one client map for all tasks or one per task).
+    data_root : str
+        Folder of the real datasets (``mnist``, ``fashion-mnist``, ``emnist``,
+        ``cifar10``, ``shakespeare``, ``celeba-smiling``, ``celeba-eyeglasses``).
     synthetic_max_samples : int
         Cap on a Synthetic(1,1) user's samples (0: no cap).
     fraction_evaluate : float
@@ -107,6 +110,7 @@ class Settings:
     clients_per_round: int = 0
     labels_per_client: float = 0.3
     profile: str = "uniform"
+    data_root: str = "data"
     synthetic_max_samples: int = 500
     fraction_evaluate: float = 0.0
     stale_beta: float = 0.8

@@ -25,7 +25,13 @@ def arrays_to_numpy(record: ArrayRecord) -> NumpyWeights:
 
 def numpy_to_arrays(weights: Mapping[str, np.ndarray]) -> ArrayRecord:
     """``{key: ndarray}`` -> ArrayRecord, keeping key order."""
-    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in weights.items()})
+    # np.ascontiguousarray would turn 0-d arrays (e.g. BatchNorm's
+    # num_batches_tracked) into 1-d ones; keep their shape.
+    out = {}
+    for k, v in weights.items():
+        a = np.asarray(v)  # numpy scalars (0-d arithmetic results) back to arrays
+        out[k] = Array(a if a.flags.c_contiguous else a.copy(order="C"))
+    return ArrayRecord(out)
 
 
 def check_weights(record: object, reference: Mapping[str, np.ndarray]) -> NumpyWeights:

@@ -44,7 +44,7 @@ def test_make_model_types_and_shapes() -> None:
     assert len(convs) == 2 and len(linears) == 2 and len(pools) >= 1
     assert len([m for m in lr.modules() if isinstance(m, torch.nn.Linear)]) == 1
     with pytest.raises(ValueError):
-        make_model("mnist")
+        make_model("no-such-kind")
 
 
 @pytest.mark.parametrize("kind", sorted(CASES))

@@ -123,7 +123,7 @@ def test_task_names_suffixes() -> None:
         "synthetic_2",
     ]
     with pytest.raises(ValueError):
-        task_names(["mnist"])
+        task_names(["no-such-kind"])
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ the torch thread count is left to the caller.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 
 import numpy as np
@@ -18,6 +19,15 @@ from torch.nn import functional as F
 from mmfl_flwr.tasks.data import Dataset
 
 __all__ = ["TorchTrainer", "initial_weights", "evaluate_arrays", "model_to_arrays", "load_arrays"]
+
+
+def default_device() -> torch.device:
+    """CUDA when available (e.g. with Flower's ``client-resources-num-gpus > 0``),
+    else the CPU; the ``MMFL_DEVICE`` environment variable overrides it."""
+    name = os.environ.get("MMFL_DEVICE")
+    if name:
+        return torch.device(name)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def model_to_arrays(model: nn.Module) -> dict[str, np.ndarray]:
@@ -139,8 +149,9 @@ def evaluate_arrays(
     with torch.random.fork_rng(devices=[]):
         model = model_fn()
     load_arrays(model, weights)
+    device = default_device()
     x, y = _tensors(dataset)
-    return _loss_accuracy(model, x, y, batch_size)
+    return _loss_accuracy(model.to(device), x.to(device), y.to(device), batch_size)
 
 
 class TorchTrainer:
@@ -173,15 +184,16 @@ class TorchTrainer:
         self.batch_size = int(batch_size)
         self.num_train = len(train)
         self.num_test = len(test)
-        self._x_train, self._y_train = _tensors(train)
-        self._x_test, self._y_test = _tensors(test)
+        self.device = default_device()
+        self._x_train, self._y_train = (t.to(self.device) for t in _tensors(train))
+        self._x_test, self._y_test = (t.to(self.device) for t in _tensors(test))
 
     def _model(self, weights: dict[str, np.ndarray]) -> nn.Module:
         """Fresh model holding ``weights`` (global torch RNG left untouched)."""
         with torch.random.fork_rng(devices=[]):
             model = self.model_fn()
         load_arrays(model, weights)
-        return model
+        return model.to(self.device)
 
     @property
     def num_examples(self) -> int:
@@ -244,7 +256,9 @@ class TorchTrainer:
                 for name, param in model.named_parameters():
                     if name not in correction:
                         raise KeyError(f"correction has no entry for parameter {name!r}")
-                    c = torch.as_tensor(np.asarray(correction[name]), dtype=param.dtype)
+                    c = torch.as_tensor(
+                        np.asarray(correction[name]), dtype=param.dtype, device=param.device
+                    )
                     if c.shape != param.shape:
                         raise ValueError(
                             f"correction {name!r} has shape {tuple(c.shape)}, "

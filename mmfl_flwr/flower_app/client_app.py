@@ -32,6 +32,7 @@ def _federation(
     labels: float,
     max_synth: int,
     profile: str,
+    data_root: str = "data",
 ) -> Federation:
     return build_federation(
         list(kinds),
@@ -40,6 +41,7 @@ def _federation(
         labels_per_client=labels,
         max_synthetic_samples=max_synth or None,
         profile=profile,
+        data_root=data_root,
     )
 
 
@@ -52,6 +54,7 @@ def federation_for(settings: Settings) -> Federation:
         settings.labels_per_client,
         settings.synthetic_max_samples,
         settings.profile,
+        settings.data_root,
     )
 
 

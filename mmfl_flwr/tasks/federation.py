@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mmfl_flwr.tasks.data import Dataset, concat_datasets, load_digits_data, synthetic_users
+from mmfl_flwr.tasks.real import REAL_KINDS
 from mmfl_flwr.tasks.registry import get_task, registered_tasks
 
 __all__ = [
@@ -54,6 +55,9 @@ KINDS: dict[str, KindSpec] = {
     # Synthetic-IID (FedProx): one shared model for all users, x ~ N(0, diag(j^-1.2)).
     "synthetic-iid": KindSpec(num_classes=5, input_shape=(60,), model="logreg"),
     "synthetic-iid-b": KindSpec(num_classes=10, input_shape=(30,), model="logreg"),
+    # The papers' real datasets, read from `data_root` (mmfl_flwr.tasks.real).
+    **{k: KindSpec(num_classes=c, input_shape=shape, model=m)
+       for k, (c, shape, m) in REAL_KINDS.items()},
 }
 
 #: Synthetic(alpha, beta) parameters of the ``"synthetic"`` kind.
@@ -63,7 +67,8 @@ SYNTHETIC_BETA = 1.0
 # Fixed integers mixed into seed sequences so that the random streams of the
 # different task kinds never coincide.
 _KIND_STREAM = {"digits": 1, "synthetic": 2, "synthetic-b": 3, "synthetic-iid": 4,
-                "synthetic-iid-b": 5}
+                "synthetic-iid-b": 5, "mnist": 6, "fashion-mnist": 7, "emnist": 8, "cifar10": 9,
+                "shakespeare": 10, "celeba-smiling": 11, "celeba-eyeglasses": 12}
 #: The Synthetic kinds (generated locally by the FedProx generator).
 SYNTHETIC_KINDS = ("synthetic", "synthetic-b", "synthetic-iid", "synthetic-iid-b")
 
@@ -461,17 +466,21 @@ def _build_digits(
     weights: np.ndarray | None,
     cluster_of: np.ndarray | None = None,
     clusters: int = 0,
+    kind: str = "digits",
+    data: tuple[Dataset, Dataset] | None = None,
 ) -> tuple[list[tuple[Dataset, Dataset]], Dataset]:
-    """Per-client data and server test set for one copy of the digits task; the
-    training examples are shared out among the eligible clients only. With
-    ``clusters``, client ``i`` holds the labels of cluster ``cluster_of[i]``."""
-    train, test = load_digits_data(seed)
-    rng = np.random.default_rng(_stream_seed(seed, "digits", copy))
-    per = max(1, int(round(labels_per_client * KINDS["digits"].num_classes)))
+    """Per-client data and server test set for one copy of a labelled image task
+    (the embedded digits, or ``data`` of a real ``kind``); the training examples
+    are shared out among the eligible clients only. With ``clusters``, client
+    ``i`` holds the labels of cluster ``cluster_of[i]``."""
+    train, test = data if data is not None else load_digits_data(seed)
+    rng = np.random.default_rng(_stream_seed(seed, kind, copy))
+    num_classes = KINDS[kind].num_classes
+    per = max(1, int(round(labels_per_client * num_classes)))
     members = np.flatnonzero(eligible)
     if clusters:
         assert cluster_of is not None
-        _, label_groups = cluster_labels(num_clients, clusters, KINDS["digits"].num_classes, rng)
+        _, label_groups = cluster_labels(num_clients, clusters, num_classes, rng)
         held = [label_groups[int(cluster_of[i])] for i in members]
         train_parts = _split_by_holders(train.y, held, rng)
     else:
@@ -480,11 +489,11 @@ def _build_digits(
             members.shape[0],
             per,
             rng,
-            KINDS["digits"].num_classes,
+            num_classes,
             None if weights is None else weights[members],
         )
     test_parts = _split_by_holders(test.y, held, rng)
-    clients = [(_empty("digits"), _empty("digits"))] * num_clients
+    clients = [(_empty(kind), _empty(kind))] * num_clients
     for j, cid in enumerate(members):
         clients[int(cid)] = (train.subset(train_parts[j]), test.subset(test_parts[j]))
     return clients, test
@@ -565,6 +574,7 @@ def build_federation(
     labels_per_client: float = 0.3,
     max_synthetic_samples: int | None = 500,
     profile: str | Profile = "uniform",
+    data_root: str = "data",
 ) -> Federation:
     """Build the simulated federation deterministically from ``seed``.
 
@@ -596,6 +606,10 @@ def build_federation(
         Fraction of the digits labels each client holds.
     max_synthetic_samples : int or None, default 500
         Cap on the samples per synthetic user.
+    data_root : str, default "data"
+        Where the real datasets are (``mnist``, ``fashion-mnist``, ``emnist``,
+        ``cifar10``, ``shakespeare``, ``celeba-*``); see
+        :mod:`mmfl_flwr.tasks.datasets` for the layout each loader expects.
     profile : str or Profile, default "uniform"
         Client heterogeneity: a :data:`PROFILES` name or a :class:`Profile`
         (``"uniform"``: all clients hold all tasks with one processor and
@@ -650,6 +664,30 @@ def build_federation(
                 eligible[s],
                 high[s] if heterogeneous_data else None,
                 profile.high_data_ratio,
+            )
+        elif kind == "shakespeare":
+            from mmfl_flwr.tasks.real import build_shakespeare
+
+            data[name], server_tests[name] = build_shakespeare(
+                num_clients, seed, data_root, eligible[s]
+            )
+        elif kind.startswith("celeba-"):
+            from mmfl_flwr.tasks.real import build_iid, load_split
+
+            train, test = load_split(kind, data_root)
+            data[name], server_tests[name] = build_iid(
+                train, test, num_clients, seed, copy, eligible[s]
+            )
+        elif kind in REAL_KINDS:
+            from mmfl_flwr.tasks.real import load_split
+
+            weights = (
+                np.where(high[s], profile.high_data_ratio, 1.0) if heterogeneous_data else None
+            )
+            data[name], server_tests[name] = _build_digits(
+                num_clients, seed, copy, labels_per_client, eligible[s], weights,
+                maps[0 if profile.consistent else s] if profile.clusters else None,
+                profile.clusters, kind=kind, data=load_split(kind, data_root),
             )
         elif get_task(kind) is not None:
             data[name], server_tests[name], user_eligible = _build_registered(

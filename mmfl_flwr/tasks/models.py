@@ -80,6 +80,18 @@ def make_model(kind: str) -> nn.Module:
             return definition.model_fn()  # type: ignore[no-any-return]
         raise ValueError(f"unknown task kind {kind!r}; known: {sorted(KINDS)}")
     spec = KINDS[kind]
+    if spec.model == "cnn" and kind != "digits":
+        from mmfl_flwr.tasks.zoo import CNN
+
+        return CNN(spec.input_shape[0], spec.input_shape[1:], spec.num_classes)
+    if spec.model == "resnet18":
+        from mmfl_flwr.tasks.zoo import PreActResNet18
+
+        return PreActResNet18(spec.num_classes, in_channels=spec.input_shape[0])
+    if spec.model == "lstm":
+        from mmfl_flwr.tasks.zoo import CharLSTM
+
+        return CharLSTM(spec.num_classes)
     if spec.model == "cnn":
         return DigitsCNN(num_classes=spec.num_classes)
     if spec.model == "logreg":

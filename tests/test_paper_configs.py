@@ -15,7 +15,8 @@ import pytest
 from mmfl_flwr.cli import main as cli_main
 from mmfl_flwr.config import Settings
 from mmfl_flwr.runner import run
-from test_datasets import CELEBA_NAMES, write_cifar_batch, write_celeba, write_idx, write_leaf_json
+from mmfl_flwr.tasks.datasets import PAPER002_ATTRIBUTES
+from test_datasets import write_cifar_batch, write_idx, write_leaf_json
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.toml"))
@@ -53,12 +54,22 @@ def write_tiny_data(root: Path) -> None:
             ys = [(text * 3)[i + u + 80] for i in range(count)]
             users[f"ROLE_{u}"] = (xs, ys)
         write_leaf_json(root / "shakespeare" / "data" / split / "all.json", users)
-    rows = []
+    # CelebA: the attribute list with paper 002's nine attributes (+ one more),
+    # the split file, and images as .npy (no Pillow needed)
+    base = root / "celeba"
+    (base / "img_align_celeba").mkdir(parents=True, exist_ok=True)
+    names = ["5_o_Clock_Shadow", *PAPER002_ATTRIBUTES]
+    lines = ["24", " ".join(names)]
+    parts = []
     for i in range(24):
-        values = [1 if (i + j) % 2 else -1 for j in range(len(CELEBA_NAMES))]
-        rows.append((f"{i:06d}.jpg", values, 0 if i < 16 else 2))
-    colors = [tuple(int(c) for c in rng.integers(0, 256, 3)) for _ in rows]
-    write_celeba(root, rows, colors, size=(32, 32), fmt="npy")
+        image_id = f"{i:06d}.jpg"
+        values = [1 if (i + j) % 2 else -1 for j in range(len(names))]
+        lines.append(image_id + " " + " ".join(f"{v:2d}" for v in values))
+        parts.append(f"{image_id} {0 if i < 16 else 2}\n")
+        np.save(base / "img_align_celeba" / (image_id + ".npy"),
+                rng.integers(0, 256, size=(32, 32, 3), dtype=np.uint8))
+    (base / "list_attr_celeba.txt").write_text("\n".join(lines) + "\n")
+    (base / "list_eval_partition.txt").write_text("".join(parts))
 
 
 @pytest.fixture(scope="module")

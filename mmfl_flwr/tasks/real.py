@@ -22,11 +22,15 @@ REAL_KINDS: dict[str, tuple[int, tuple[int, ...], str]] = {
     "emnist": (47, (1, 28, 28), "cnn"),
     "cifar10": (10, (3, 32, 32), "resnet18"),
     "shakespeare": (80, (80,), "lstm"),
-    "celeba-smiling": (2, (3, 32, 32), "cnn"),
-    "celeba-eyeglasses": (2, (3, 32, 32), "cnn"),
 }
-#: CelebA attribute of each celeba-* kind.
-CELEBA_ATTRIBUTE = {"celeba-smiling": "Smiling", "celeba-eyeglasses": "Eyeglasses"}
+#: CelebA attribute of each ``celeba-*`` kind: paper 002's nine attributes (which
+#: include paper 004's two), e.g. ``celeba-smiling``, ``celeba-wearing_lipstick``.
+CELEBA_ATTRIBUTE = {
+    "celeba-" + a.lower(): a
+    for a in ("Eyeglasses", "Bald", "Goatee", "Wearing_Necklace", "Smiling",
+              "Mustache", "Male", "Wearing_Lipstick", "Double_Chin")
+}
+REAL_KINDS.update({k: (2, (3, 32, 32), "cnn") for k in CELEBA_ATTRIBUTE})
 
 
 @lru_cache(maxsize=16)

@@ -270,6 +270,22 @@ class MultiModelStrategy(Strategy):
         log(INFO, "\t│\t├── Client-side evaluation fraction: %g", self.fraction_evaluate)
         log(INFO, "\t│\t└── Seed: %d", self.seed)
 
+    # ------------------------------------------------------------- messages
+    def _message(
+        self, node: int, content: RecordDict, message_type: str, server_round: int
+    ) -> Message:
+        """An instruction to ``node`` for ``server_round`` (the round is the
+        message's group id)."""
+        return Message(
+            content, dst_node_id=node, message_type=message_type, group_id=str(server_round)
+        )
+
+    def _models_for(self, cid: str, active: set[str]) -> tuple[list[str], RecordDict]:
+        """The active tasks ``cid`` holds data for, and a RecordDict carrying their
+        current global weights (``arrays.<task>``)."""
+        tasks = [t for t in self.table[cid].tasks if t in active]
+        return tasks, RecordDict({P.arrays_key(t): self.arrays[t] for t in tasks})
+
     # ------------------------------------------------------------- clients
     def _wait_for_nodes(self, grid: Grid) -> list[int]:
         # Wait for min_available_nodes only before the first round; afterwards a
@@ -305,15 +321,7 @@ class MultiModelStrategy(Strategy):
                     gone, nid)
         new = [n for n in nodes if n not in self._node_to_cid]
         if new:
-            msgs = [
-                Message(
-                    RecordDict(),
-                    dst_node_id=n,
-                    message_type=P.QUERY_INFO,
-                    group_id=str(server_round),
-                )
-                for n in new
-            ]
+            msgs = [self._message(n, RecordDict(), P.QUERY_INFO, server_round) for n in new]
             answered = set()
             for reply in grid.send_and_receive(msgs, timeout=timeout):
                 answered.add(reply.metadata.src_node_id)
@@ -380,22 +388,15 @@ class MultiModelStrategy(Strategy):
         Returns the number of accepted (client, task) losses.
         """
         msgs = []
-        for c in self.table.clients():
-            if only is not None and c.cid not in only:
+        active = set(self.tasks)
+        for cid in self.table.ids():
+            if only is not None and cid not in only:
                 continue
-            active = set(self.tasks)
-            tasks = [t for t in c.tasks if t in active]
-            if not tasks:
-                continue
-            content = RecordDict({P.arrays_key(t): self.arrays[t] for t in tasks})
-            msgs.append(
-                Message(
-                    content,
-                    dst_node_id=self._cid_to_node[c.cid],
-                    message_type=P.QUERY_LOSSES,
-                    group_id=str(server_round),
+            tasks, content = self._models_for(cid, active)
+            if tasks:
+                msgs.append(
+                    self._message(self._cid_to_node[cid], content, P.QUERY_LOSSES, server_round)
                 )
-            )
         accepted = 0
         seen: set[str] = set()
         received: dict[str, list[tuple[str, float]]] = {}
@@ -502,12 +503,7 @@ class MultiModelStrategy(Strategy):
                 for t in tasks:
                     content[P.control_key(t)] = controls[t]
             messages.append(
-                Message(
-                    content,
-                    dst_node_id=self._cid_to_node[cid],
-                    message_type=MessageType.TRAIN,
-                    group_id=str(server_round),
-                )
+                self._message(self._cid_to_node[cid], content, MessageType.TRAIN, server_round)
             )
         return messages
 
@@ -709,24 +705,18 @@ class MultiModelStrategy(Strategy):
         k = max(1, int(round(self.fraction_evaluate * len(ids)))) if ids else 0
         chosen = sorted(self._eval_rng.choice(len(ids), size=k, replace=False)) if k else []
         messages = []
+        active = set(self.tasks)
         for j in chosen:
             cid = ids[int(j)]
-            active = set(self.tasks)
-            tasks = [t for t in self.table[cid].tasks if t in active]
+            tasks, content = self._models_for(cid, active)
             if not tasks:
                 continue
-            content = RecordDict({P.arrays_key(t): self.arrays[t] for t in tasks})
             cfg = ConfigRecord(dict(config))
             cfg[P.CFG_ROUND] = server_round
             cfg[P.CFG_TASKS] = tasks
             content[P.CONFIG_KEY] = cfg
             messages.append(
-                Message(
-                    content,
-                    dst_node_id=self._cid_to_node[cid],
-                    message_type=MessageType.EVALUATE,
-                    group_id=str(server_round),
-                )
+                self._message(self._cid_to_node[cid], content, MessageType.EVALUATE, server_round)
             )
         return messages
 
@@ -736,6 +726,7 @@ class MultiModelStrategy(Strategy):
         """Example-weighted mean of client-side loss and accuracy, per task."""
         sums: dict[str, list[float]] = {}
         seen: set[str] = set()
+        active = set(self.tasks)
         for reply in replies:
             cid = self._node_to_cid.get(reply.metadata.src_node_id)
             if cid is None:
@@ -748,7 +739,6 @@ class MultiModelStrategy(Strategy):
                 log(WARNING, "Client %s failed to evaluate (error %s: %s)",
                     cid, reply.error.code, reply.error.reason)
                 continue
-            active = set(self.tasks)
             sent = [t for t in self.table[cid].tasks if t in active]
             for key in reply.content.metric_records:
                 task = P.task_of(key, P.METRICS_PREFIX)

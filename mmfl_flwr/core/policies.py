@@ -174,6 +174,41 @@ def data_shares(n: np.ndarray) -> np.ndarray:
     return np.divide(n, totals, out=np.zeros_like(n), where=totals > 0)
 
 
+def draw_picks(
+    ids: Sequence[str],
+    tasks: Sequence[str],
+    probs: np.ndarray,
+    processors: np.ndarray,
+    rng: np.random.Generator,
+) -> list[Pick]:
+    """One independent categorical draw per processor (``probs`` of shape (S, N)),
+    as picks carrying the per-processor probabilities."""
+    if not len(ids):
+        return []
+    return picks_from_counts(ids, tasks, sample_processors(probs, processors, rng), probs)
+
+
+class ProbabilityPolicy(Policy):
+    """A policy defined by per-processor probabilities: subclasses implement
+    :meth:`probabilities`; :meth:`assign` draws every processor's task from them."""
+
+    def probabilities(
+        self, table: ClientTable, tasks: Sequence[str]
+    ) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """``(ids, p (S, N), processors)`` for this round."""
+        raise NotImplementedError
+
+    def assign(
+        self,
+        table: ClientTable,
+        tasks: Sequence[str],
+        server_round: int,
+        rng: np.random.Generator,
+    ) -> list[Pick]:
+        ids, p, procs = self.probabilities(table, tasks)
+        return draw_picks(ids, tasks, p, procs, rng)
+
+
 def picks_from_counts(
     ids: Sequence[str], tasks: Sequence[str], counts: np.ndarray, probs: np.ndarray
 ) -> list[Pick]:
@@ -185,7 +220,7 @@ def picks_from_counts(
     return out
 
 
-class RandomAllocation(Policy):
+class RandomAllocation(ProbabilityPolicy):
     """Paper 003's random baseline, at processor level.
 
     Each processor of each client is active with probability ``q = min(1, m / V)``
@@ -230,20 +265,8 @@ class RandomAllocation(Policy):
         p = np.where(eligible, q / np.maximum(sizes, 1)[None, :], 0.0)
         return ids, p, procs
 
-    def assign(
-        self,
-        table: ClientTable,
-        tasks: Sequence[str],
-        server_round: int,
-        rng: np.random.Generator,
-    ) -> list[Pick]:
-        ids, p, procs = self.probabilities(table, tasks)
-        if not ids:
-            return []
-        return picks_from_counts(ids, tasks, sample_processors(p, procs, rng), p)
 
-
-class FixedRates(Policy):
+class FixedRates(ProbabilityPolicy):
     """Fixed client participation rates (paper 003, Fig. 5's "fixed sampling").
 
     Clients are split, in id order, into groups of given fractions; every
@@ -306,10 +329,7 @@ class FixedRates(Policy):
     ) -> list[Pick]:
         if self.train_all:
             return FullParticipation().assign(table, tasks, server_round, rng)
-        ids, p, procs = self.probabilities(table, tasks)
-        if not ids:
-            return []
-        return picks_from_counts(ids, tasks, sample_processors(p, procs, rng), p)
+        return super().assign(table, tasks, server_round, rng)
 
     def select(
         self,
@@ -321,10 +341,7 @@ class FixedRates(Policy):
     ) -> list[Pick]:
         """``train_all`` mode: draw the aggregated pairs among those that trained."""
         ids, p, procs = self.probabilities(table, tasks)
-        if not ids:
-            return []
-        picks = picks_from_counts(ids, tasks, sample_processors(p, procs, rng), p)
-        return [pk for pk in picks if (pk.cid, pk.task) in norms]
+        return [pk for pk in draw_picks(ids, tasks, p, procs, rng) if (pk.cid, pk.task) in norms]
 
 
 class _Eq13Sampling(Policy):
@@ -349,7 +366,7 @@ class _Eq13Sampling(Policy):
         }
 
 
-class LVR(_Eq13Sampling):
+class LVR(_Eq13Sampling, ProbabilityPolicy):
     """MMFL-LVR (paper 003, Theorem 2): loss-based variance-reduced sampling.
 
     Every round the strategy first asks every client for its loss on each of its
@@ -383,18 +400,6 @@ class LVR(_Eq13Sampling):
             return ids, np.zeros((len(tasks), 0)), procs
         m = resolve_budget(self.budget, self.budget_fraction, int(procs.sum()))
         return ids, lvr_probabilities(losses, data_shares(n), procs, m, self.floor), procs
-
-    def assign(
-        self,
-        table: ClientTable,
-        tasks: Sequence[str],
-        server_round: int,
-        rng: np.random.Generator,
-    ) -> list[Pick]:
-        ids, p, procs = self.probabilities(table, tasks)
-        if not ids:
-            return []
-        return picks_from_counts(ids, tasks, sample_processors(p, procs, rng), p)
 
 
 class GVR(_Eq13Sampling):
@@ -449,7 +454,7 @@ class GVR(_Eq13Sampling):
             sig = np.where(np.isnan(sig), np.nan, losses)
         m = resolve_budget(self.budget, self.budget_fraction, int(procs.sum()))
         p = lvr_probabilities(np.where(np.isnan(sig), 0.0, sig), d_avail, procs, m, self.floor)
-        return picks_from_counts(ids, tasks, sample_processors(p, procs, rng), p)
+        return draw_picks(ids, tasks, p, procs, rng)
 
     def _signal_from_losses(self) -> bool:
         return False

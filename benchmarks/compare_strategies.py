@@ -17,15 +17,15 @@ Writes ``--json`` (all numbers) and ``--markdown`` (the table) when given.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from _common import mean_sd, run_jobs, write_outputs  # noqa: E402
 
 
 def _one(args: tuple[str, int, dict[str, Any]]) -> dict[str, Any]:
@@ -86,14 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(jobs)} runs ({', '.join(strategies)} x seeds {seeds}) on {a.workers} "
           f"worker(s): {base}", flush=True)
     t0 = time.monotonic()
-    runs = []
-    with ProcessPoolExecutor(max_workers=a.workers) as pool:
-        for r in pool.map(_one, jobs):
-            runs.append(r)
-            print(f"  {r['strategy']:<12} seed {r['seed']}: mean final acc "
-                  f"{r['mean_final_accuracy']:.4f} "
-                  f"({', '.join(f'{k}={v:.3f}' for k, v in r['final_accuracy'].items())}) "
-                  f"uploads/round {r['uploads_per_round']:.1f}  {r['seconds']:.0f}s", flush=True)
+    runs = run_jobs(_one, jobs, a.workers, lambda r: (
+        f"{r['strategy']:<12} seed {r['seed']}: mean final acc "
+        f"{r['mean_final_accuracy']:.4f} "
+        f"({', '.join(f'{k}={v:.3f}' for k, v in r['final_accuracy'].items())}) "
+        f"uploads/round {r['uploads_per_round']:.1f}  {r['seconds']:.0f}s"))
 
     by = {(r["strategy"], r["seed"]): r for r in runs}
     ref = "full" if "full" in strategies else None
@@ -104,12 +101,14 @@ def main(argv: list[str] | None = None) -> int:
             [by[(st, sd)]["mean_final_accuracy"] / by[(ref, sd)]["mean_final_accuracy"] for sd in seeds]
             if ref else []
         )
+        mean, std = mean_sd(vals)
+        rel_mean, rel_std = mean_sd(rel) if rel else (None, 0.0)
         rows.append({
             "strategy": st,
-            "mean": statistics.fmean(vals),
-            "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
-            "relative": statistics.fmean(rel) if rel else None,
-            "relative_std": statistics.stdev(rel) if len(rel) > 1 else 0.0,
+            "mean": mean,
+            "std": std,
+            "relative": rel_mean,
+            "relative_std": rel_std,
             "uploads_per_round": statistics.fmean(by[(st, sd)]["uploads_per_round"] for sd in seeds),
             "last5": statistics.fmean(by[(st, sd)]["mean_accuracy_last5"] for sd in seeds),
         })
@@ -125,12 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table)
     print(f"\n{len(runs)} runs in {time.monotonic() - t0:.0f}s")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"settings": base, "seeds": seeds, "runs": runs, "summary": rows}, f, indent=2)
-    if a.markdown:
-        with open(a.markdown, "w") as f:
-            f.write(table + "\n")
+    write_outputs(a.json, a.markdown,
+                  {"settings": base, "seeds": seeds, "runs": runs, "summary": rows}, table)
     return 0
 
 

@@ -19,15 +19,15 @@ the last 10 rounds; ``--json`` / ``--markdown`` write them.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from _common import mean_sd, run_jobs, write_outputs  # noqa: E402
 
 GROUPS = ((0.5, 0.04), (0.5, 0.16))
 
@@ -96,34 +96,24 @@ def main(argv: list[str] | None = None) -> int:
             "local_epochs": a.local_epochs, "lr": a.lr, "batch_size": a.batch_size}
     jobs = [(m, sd, base) for sd in seeds for m in methods]
     print(f"{len(jobs)} runs, groups {GROUPS}, {base}", flush=True)
-    runs = []
     t0 = time.monotonic()
-    with ProcessPoolExecutor(max_workers=a.workers) as pool:
-        for r in pool.map(_one, jobs):
-            runs.append(r)
-            print(f"  {r['method']:<14} seed {r['seed']}: final {r['final_accuracy']:.4f} "
-                  f"last-10 mean {r['last10']:.4f} uploads/round {r['uploads_per_round']:.1f} "
-                  f"{r['seconds']:.0f}s", flush=True)
+    runs = run_jobs(_one, jobs, a.workers, lambda r: (
+        f"{r['method']:<14} seed {r['seed']}: final {r['final_accuracy']:.4f} "
+        f"last-10 mean {r['last10']:.4f} uploads/round {r['uploads_per_round']:.1f} "
+        f"{r['seconds']:.0f}s"))
     lines = ["| method | final accuracy (± sd over seeds) | mean accuracy, last 10 rounds |",
              "|---|---|---|"]
     summary = []
     for m in methods:
         fin = [r["final_accuracy"] for r in runs if r["method"] == m]
         l10 = [r["last10"] for r in runs if r["method"] == m]
-        sd = statistics.stdev(fin) if len(fin) > 1 else 0.0
-        summary.append({"method": m, "final": statistics.fmean(fin), "sd": sd,
-                        "last10": statistics.fmean(l10)})
-        lines.append(f"| {m} | {statistics.fmean(fin):.3f} ± {sd:.3f} | "
-                     f"{statistics.fmean(l10):.3f} |")
+        final, sd = mean_sd(fin)
+        summary.append({"method": m, "final": final, "sd": sd, "last10": statistics.fmean(l10)})
+        lines.append(f"| {m} | {final:.3f} ± {sd:.3f} | {statistics.fmean(l10):.3f} |")
     table = "\n".join(lines)
     print("\n" + table + f"\n\n{len(runs)} runs in {time.monotonic() - t0:.0f}s")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"settings": base, "groups": GROUPS, "runs": runs, "summary": summary}, f,
-                      indent=2)
-    if a.markdown:
-        with open(a.markdown, "w") as f:
-            f.write(table + "\n")
+    write_outputs(a.json, a.markdown,
+                  {"settings": base, "groups": GROUPS, "runs": runs, "summary": summary}, table)
     return 0
 
 

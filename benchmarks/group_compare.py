@@ -24,15 +24,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import os
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from _common import mean_sd, run_jobs, write_outputs  # noqa: E402
 
 SCENARIOS: dict[str, dict[str, Any]] = {
     "consistent": {"tasks": "digits,digits,digits", "profile": "clusters-consistent",
@@ -107,31 +107,23 @@ def main(argv: list[str] | None = None) -> int:
             "batch_size": a.batch_size}
     jobs = [(sc, m, sd, base) for sc in scenarios for sd in seeds for m in methods]
     print(f"{len(jobs)} runs: {base}", flush=True)
-    runs = []
     t0 = time.monotonic()
-    with ProcessPoolExecutor(max_workers=a.workers) as pool:
-        for r in pool.map(_one, jobs):
-            runs.append(r)
-            print(f"  {r['scenario']:<13} {r['method']:<17} seed {r['seed']}: "
-                  f"{r['mean_final_accuracy']:.4f} {r['seconds']:.0f}s", flush=True)
+    runs = run_jobs(_one, jobs, a.workers, lambda r: (
+        f"{r['scenario']:<13} {r['method']:<17} seed {r['seed']}: "
+        f"{r['mean_final_accuracy']:.4f} {r['seconds']:.0f}s"))
     lines = ["| scenario | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
     summary = []
     for sc in scenarios:
         cells = []
         for m in methods:
             v = [r["mean_final_accuracy"] for r in runs if r["scenario"] == sc and r["method"] == m]
-            mean, sd = statistics.fmean(v), (statistics.stdev(v) if len(v) > 1 else 0.0)
+            mean, sd = mean_sd(v)
             summary.append({"scenario": sc, "method": m, "mean": mean, "sd": sd})
             cells.append(f"{mean:.3f} ± {sd:.3f}")
         lines.append(f"| {sc} | " + " | ".join(cells) + " |")
     table = "\n".join(lines)
     print("\n" + table + f"\n\n{len(runs)} runs in {time.monotonic() - t0:.0f}s")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"settings": base, "runs": runs, "summary": summary}, f, indent=2)
-    if a.markdown:
-        with open(a.markdown, "w") as f:
-            f.write(table + "\n")
+    write_outputs(a.json, a.markdown, {"settings": base, "runs": runs, "summary": summary}, table)
     return 0
 
 

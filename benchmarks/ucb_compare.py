@@ -20,15 +20,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import os
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from _common import mean_sd, run_jobs, write_outputs  # noqa: E402
 
 DATASETS = {
     "synthetic-1-1": "synthetic,synthetic-b",
@@ -90,12 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(d, pol, k, sd, base) for d in datasets for k in ks for sd in seeds for pol in policies]
     print(f"{len(jobs)} runs: {base}", flush=True)
     t0 = time.monotonic()
-    runs = []
-    with ProcessPoolExecutor(max_workers=a.workers) as pool:
-        for r in pool.map(_one, jobs):
-            runs.append(r)
-            print(f"  {r['dataset']:<15} K={r['k']:<3} {r['policy']:<14} seed {r['seed']}: "
-                  f"{r['mean_final_accuracy']:.4f} {r['seconds']:.0f}s", flush=True)
+    runs = run_jobs(_one, jobs, a.workers, lambda r: (
+        f"{r['dataset']:<15} K={r['k']:<3} {r['policy']:<14} seed {r['seed']}: "
+        f"{r['mean_final_accuracy']:.4f} {r['seconds']:.0f}s"))
     lines = ["| dataset | K | " + " | ".join(policies) + " |",
              "|---|---|" + "---|" * len(policies)]
     summary = []
@@ -105,18 +102,13 @@ def main(argv: list[str] | None = None) -> int:
             for pol in policies:
                 v = [r["mean_final_accuracy"] for r in runs
                      if r["dataset"] == d and r["k"] == k and r["policy"] == pol]
-                m, sd = statistics.fmean(v), (statistics.stdev(v) if len(v) > 1 else 0.0)
+                m, sd = mean_sd(v)
                 summary.append({"dataset": d, "k": k, "policy": pol, "mean": m, "sd": sd})
                 cells.append(f"{m:.3f} ± {sd:.3f}")
             lines.append(f"| {d} | {k} | " + " | ".join(cells) + " |")
     table = "\n".join(lines)
     print("\n" + table + f"\n\n{len(runs)} runs in {time.monotonic() - t0:.0f}s")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"settings": base, "runs": runs, "summary": summary}, f, indent=2)
-    if a.markdown:
-        with open(a.markdown, "w") as f:
-            f.write(table + "\n")
+    write_outputs(a.json, a.markdown, {"settings": base, "runs": runs, "summary": summary}, table)
     return 0
 
 

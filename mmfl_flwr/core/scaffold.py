@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from mmfl_flwr.core.aggregators import UnbiasedAggregator, Update, Weights
-from mmfl_flwr.core.stale import StaleStore
+from mmfl_flwr.core.stale import StaleStore, default_shares
 
 
 class ScaffoldAggregator(UnbiasedAggregator):
@@ -62,7 +62,7 @@ class ScaffoldAggregator(UnbiasedAggregator):
             if u.control is None:
                 raise ValueError(f"client {u.cid}: SCAFFOLD update without control variate")
             self.controls.set(u.cid, task, u.control)
-        shares = shares if shares is not None else {u.cid: u.data_share for u in updates}
+        shares = default_shares(shares, updates)
         c = [np.zeros(w.shape, dtype=np.float64) for w in weights]
         for cid, d in shares.items():
             ci = self.controls.get(cid, task)

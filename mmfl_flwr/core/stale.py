@@ -36,6 +36,13 @@ from mmfl_flwr.core.aggregators import Aggregator, Update, Weights
 STORAGE = ("float32", "float16", "disk")
 
 
+def default_shares(
+    shares: Mapping[str, float] | None, updates: Sequence[Update]
+) -> Mapping[str, float]:
+    """``d_{i,s}`` of the eligible clients; without them, those of the updates."""
+    return shares if shares is not None else {u.cid: u.data_share for u in updates}
+
+
 def optimal_stale_beta(fresh: Sequence[np.ndarray], stale: Sequence[np.ndarray]) -> float:
     """``<G, h> / ||h||^2`` over all arrays of a model (Eq. 20); 0 when ``h`` is 0.
 
@@ -215,6 +222,56 @@ class _StaleBase(Aggregator):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.store.load_state_dict(state["store"])
 
+    def _stale_weight(
+        self,
+        task: str,
+        cid: str,
+        stale: list[np.ndarray],
+        fresh: Mapping[str, Weights],
+        server_round: int,
+    ) -> float:
+        """``beta`` of a pair's stale update this round (Eq. 17's fixed one, Eq. 20's
+        optimum, Eq. 21's estimate)."""
+        raise NotImplementedError
+
+    def _after(
+        self,
+        task: str,
+        updates: Sequence[Update],
+        stale: Mapping[str, list[np.ndarray]],
+        server_round: int,
+    ) -> None:
+        """Hook run after aggregation, before ``h`` is refreshed (``stale`` holds the
+        old ``h`` of every pair read this round)."""
+
+    def aggregate(
+        self,
+        task: str,
+        weights: Weights,
+        updates: Sequence[Update],
+        server_round: int,
+        *,
+        shares: Mapping[str, float] | None = None,
+        fresh: Mapping[str, Weights] | None = None,
+    ) -> Weights:
+        """Eq. 17 / 18: ``z_i = beta_i h_i`` for every pair with a stale update, then
+        ``Delta = sum d z + sum d l (G - z) / (B p)``; afterwards ``h <- G`` for the
+        sampled pairs."""
+        shares = default_shares(shares, updates)
+        stale = {}
+        for cid in set(shares) | {u.cid for u in updates}:
+            h = self.store.get(cid, task)
+            if h is not None:
+                stale[cid] = h
+        z = {
+            cid: [self._stale_weight(task, cid, h, fresh or {}, server_round) * a for a in h]
+            for cid, h in stale.items()
+        }
+        new, _ = self._combine(weights, shares, z, updates)
+        self._after(task, updates, stale, server_round)
+        self._refresh(task, updates)
+        return new
+
     def _refresh(self, task: str, updates: Sequence[Update]) -> None:
         for u in updates:
             self.store.set(u.cid, task, u.delta)
@@ -273,25 +330,8 @@ class FedStaleAggregator(_StaleBase):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(beta={self.beta}, storage={self.store.storage!r})"
 
-    def aggregate(
-        self,
-        task: str,
-        weights: Weights,
-        updates: Sequence[Update],
-        server_round: int,
-        *,
-        shares: Mapping[str, float] | None = None,
-        fresh: Mapping[str, Weights] | None = None,
-    ) -> Weights:
-        shares = shares if shares is not None else {u.cid: u.data_share for u in updates}
-        z = {}
-        for cid in set(shares) | {u.cid for u in updates}:
-            h = self.store.get(cid, task)
-            if h is not None:
-                z[cid] = [self.beta * a for a in h]
-        new, _ = self._combine(weights, shares, z, updates)
-        self._refresh(task, updates)
-        return new
+    def _stale_weight(self, task, cid, stale, fresh, server_round):  # type: ignore[no-untyped-def]
+        return self.beta
 
 
 class FedVARPAggregator(FedStaleAggregator):
@@ -322,7 +362,7 @@ class MIFAAggregator(_StaleBase):
         shares: Mapping[str, float] | None = None,
         fresh: Mapping[str, Weights] | None = None,
     ) -> Weights:
-        shares = shares if shares is not None else {u.cid: u.data_share for u in updates}
+        shares = default_shares(shares, updates)
         trained = {u.cid: u for u in updates}
         delta = _zeros_like(weights)
         for cid, d in shares.items():
@@ -371,30 +411,11 @@ class StaleVRAggregator(_StaleBase):
                         for g, a in zip(fresh, h)))
         )
 
-    def aggregate(
-        self,
-        task: str,
-        weights: Weights,
-        updates: Sequence[Update],
-        server_round: int,
-        *,
-        shares: Mapping[str, float] | None = None,
-        fresh: Mapping[str, Weights] | None = None,
-    ) -> Weights:
-        shares = shares if shares is not None else {u.cid: u.data_share for u in updates}
-        fresh = fresh or {}
-        z = {}
-        for cid in set(shares) | {u.cid for u in updates}:
-            h = self.store.get(cid, task)
-            if h is None:
-                continue
-            g = fresh.get(cid)
-            beta = optimal_stale_beta(g, h) if g is not None else 0.0
-            self.last_betas[(cid, task)] = beta
-            z[cid] = [beta * a for a in h]
-        new, _ = self._combine(weights, shares, z, updates)
-        self._refresh(task, updates)
-        return new
+    def _stale_weight(self, task, cid, stale, fresh, server_round):  # type: ignore[no-untyped-def]
+        g = fresh.get(cid)
+        beta = optimal_stale_beta(g, stale) if g is not None else 0.0
+        self.last_betas[(cid, task)] = beta
+        return beta
 
 
 class StaleVREAggregator(_StaleBase):
@@ -453,31 +474,16 @@ class StaleVREAggregator(_StaleBase):
         value = self.b0 - (k - 1) * (self.b0 - beta_star) / max(delta_t - 1, 1)
         return float(min(self.b0, max(0.0, value)))
 
-    def aggregate(
-        self,
-        task: str,
-        weights: Weights,
-        updates: Sequence[Update],
-        server_round: int,
-        *,
-        shares: Mapping[str, float] | None = None,
-        fresh: Mapping[str, Weights] | None = None,
-    ) -> Weights:
-        shares = shares if shares is not None else {u.cid: u.data_share for u in updates}
-        z = {}
-        for cid in set(shares) | {u.cid for u in updates}:
-            h = self.store.get(cid, task)
-            if h is not None:
-                b = self.beta(cid, task, server_round)
-                z[cid] = [b * a for a in h]
-        new, _ = self._combine(weights, shares, z, updates)
+    def _stale_weight(self, task, cid, stale, fresh, server_round):  # type: ignore[no-untyped-def]
+        return self.beta(cid, task, server_round)
+
+    def _after(self, task, updates, stale, server_round):  # type: ignore[no-untyped-def]
+        """Measure ``beta*`` of every sampled pair against its old ``h``."""
         for u in updates:
             key = (u.cid, task)
-            h_old = self.store.get(u.cid, task)
+            h_old = stale.get(u.cid)
             if h_old is not None and key in self.schedule:
                 delta_t = server_round - self.schedule[key][0]
                 self.schedule[key] = [server_round, optimal_stale_beta(u.delta, h_old), delta_t]
             else:
                 self.schedule[key] = [server_round, None, 0]
-        self._refresh(task, updates)
-        return new

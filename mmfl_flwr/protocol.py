@@ -7,7 +7,13 @@ Message types
 -------------
 ``query.info``     server -> client: nothing; reply: ConfigRecord ``info`` with
                    ``client-id`` (str), ``tasks`` (list[str]), ``num-examples``
-                   (list[int], aligned with ``tasks``), ``processors`` (int).
+                   (list[int], aligned with ``tasks``), ``processors`` (int),
+                   and per task ``trainable.<task>`` (list[str]): the keys of
+                   the model's trainable parameters. The other entries
+                   (batch-norm running statistics, step counters) are state:
+                   they are not part of the update ``G`` and are combined by a
+                   sample-weighted mean. Without it, every floating-point entry
+                   counts as trainable and integer entries as state.
 ``query.losses``   server -> client: ``arrays.<task>`` for each task to score;
                    reply: MetricRecord ``losses`` mapping task -> mean local loss
                    (forward pass only, no training).
@@ -29,6 +35,7 @@ from __future__ import annotations
 ARRAYS_PREFIX = "arrays."
 METRICS_PREFIX = "metrics."
 CONTROL_PREFIX = "control."
+TRAINABLE_PREFIX = "trainable."
 CONFIG_KEY = "config"
 INFO_KEY = "info"
 LOSSES_KEY = "losses"
@@ -62,6 +69,11 @@ def arrays_key(task: str) -> str:
 def metrics_key(task: str) -> str:
     """Record key under which the metrics of ``task`` travel."""
     return METRICS_PREFIX + task
+
+
+def trainable_key(task: str) -> str:
+    """Info-record key listing the trainable entries of ``task``'s model."""
+    return TRAINABLE_PREFIX + task
 
 
 def control_key(task: str) -> str:

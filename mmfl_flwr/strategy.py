@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import ERROR, INFO, WARNING
 from typing import Any
@@ -54,6 +54,28 @@ def l2_norm(arrays: Iterable[np.ndarray]) -> float:
     if scale == 0.0:
         return 0.0
     return scale * float(np.sqrt(sum(float(np.square(a / scale).sum()) for a in arrays)))
+
+
+def average_state(old: list[np.ndarray], updates: Sequence[Update]) -> list[np.ndarray]:
+    """Non-trainable model state (batch-norm running statistics, counters) of the
+    new global model: the sample-weighted mean of the aggregated clients' values
+    (``n_{i,s}`` weights), in float64, cast back to each entry's dtype (integer
+    counters rounded to the nearest integer). Unchanged without updates."""
+    received = [u for u in updates if u.state is not None]
+    if not old or not received:
+        return [a.copy() for a in old]
+    total = float(sum(u.num_examples for u in received))
+    out = []
+    for j, a in enumerate(old):
+        mean = sum(
+            (u.num_examples / total) * np.asarray(u.state[j], dtype=np.float64)  # type: ignore[index]
+            for u in received
+        )
+        mean = np.asarray(mean, dtype=np.float64)
+        if a.dtype.kind in "iub":
+            mean = np.rint(mean)
+        out.append(mean.astype(a.dtype).reshape(a.shape))
+    return out
 
 
 @dataclass
@@ -159,6 +181,15 @@ class MultiModelStrategy(Strategy):
         Task -> first round it is trained and evaluated (models that join during
         training). A policy sees a task from its arrival round on; MMFL-Group
         admits it at its next cycle boundary. Its metrics rows start then.
+    trainable_keys : mapping, optional
+        Task -> the keys of its model's trainable parameters. Only these form
+        the update ``G = w_global - w_local`` (norms, ``beta``, the ``d/(B p)``
+        scaling, control variates); the other entries (batch-norm running
+        statistics, step counters) are model state, combined by the
+        sample-weighted mean of the aggregated clients' values. Without it, the
+        first client that declares a task's trainable keys (``trainable.<task>``
+        in its info reply; :class:`~mmfl_flwr.client.trainer.TorchTrainer` does)
+        sets them; until then every floating-point entry counts as trainable.
     """
 
     def __init__(
@@ -181,6 +212,7 @@ class MultiModelStrategy(Strategy):
         max_update_norm: float | None = None,
         client_arrivals: Mapping[str, int] | None = None,
         task_arrivals: Mapping[str, int] | None = None,
+        trainable_keys: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         if local_epochs < 1:
             raise ValueError(f"local_epochs must be >= 1, got {local_epochs}")
@@ -213,6 +245,11 @@ class MultiModelStrategy(Strategy):
         self.max_update_norm = max_update_norm
         self.client_arrivals = {str(k): int(v) for k, v in (client_arrivals or {}).items()}
         self.task_arrivals = {str(k): int(v) for k, v in (task_arrivals or {}).items()}
+        self._pinned_trainable = {
+            str(t): [str(k) for k in keys] for t, keys in (trainable_keys or {}).items()
+        }
+        #: Task -> trainable keys in force (pinned, or the first client's declaration).
+        self.trainable: dict[str, list[str]] = dict(self._pinned_trainable)
         self._current_round = 0
 
         self.rng = np.random.default_rng(self.seed)
@@ -253,6 +290,40 @@ class MultiModelStrategy(Strategy):
                 if v.dtype.kind in "fc" and not np.isfinite(v).all():
                     raise ValueError(f"task {task!r}: initial array {k!r} has NaN or inf")
         self.arrays = {t: numpy_to_arrays(w) for t, w in self.weights.items()}
+        for task, keys in self._pinned_trainable.items():
+            problem = self._trainable_problem(task, keys)
+            if problem:
+                raise ValueError(f"trainable_keys[{task!r}]: {problem}")
+
+    def _trainable_problem(self, task: str, keys: Sequence[str]) -> str | None:
+        """Why ``keys`` cannot be ``task``'s trainable entries (None if they can)."""
+        if task not in self.weights:
+            return "no such model"
+        w = self.weights[task]
+        unknown = [k for k in keys if k not in w]
+        if unknown:
+            return f"keys {unknown[:3]} are not in the model"
+        if len(set(keys)) != len(keys) or not keys:
+            return "must be a non-empty list of distinct keys"
+        bad = [k for k in keys if w[k].dtype.kind != "f"]
+        if bad:
+            return f"entries {bad[:3]} are not floating-point arrays"
+        return None
+
+    def split_keys(self, task: str) -> tuple[list[str], list[str]]:
+        """``(trainable, state)`` keys of ``task``'s model, in model order.
+
+        Trainable entries form the update ``G``; state entries (batch-norm
+        running statistics, counters) are averaged (see ``trainable_keys``)."""
+        w = self.weights[task]
+        declared = self.trainable.get(task)
+        if declared is None:
+            train = [k for k, v in w.items() if v.dtype.kind == "f"]
+        else:
+            wanted = set(declared)
+            train = [k for k in w if k in wanted]
+        chosen = set(train)
+        return train, [k for k in w if k not in chosen]
 
     def summary(self) -> None:
         """Log the configuration."""
@@ -374,10 +445,36 @@ class MultiModelStrategy(Strategy):
             log(WARNING, "Client id %s is claimed by nodes %d and %d; keeping %d",
                 cid, other, node, other)
             return
+        self._note_trainable(cid, info, usable)
         log(INFO, "Client %s %s as node %d (tasks %s)", cid,
             "re-registered" if cid in self.table else "registered", node, sorted(usable))
         self._node_to_cid[node] = cid
         self.table.upsert(ClientInfo(cid=cid, num_examples=usable, processors=int(procs)))  # type: ignore[arg-type]
+
+    def _note_trainable(self, cid: str, info: ConfigRecord, tasks: Iterable[str]) -> None:
+        """Take a client's ``trainable.<task>`` declarations: the first valid one
+        of a task sets its trainable keys (unless pinned); a different one is
+        logged and ignored."""
+        for task in tasks:
+            raw = info.get(P.trainable_key(task))
+            if raw is None:
+                continue
+            keys = [str(k) for k in raw] if isinstance(raw, list) else []
+            problem = self._trainable_problem(task, keys)
+            if problem:
+                log(WARNING, "Client %s declared invalid trainable keys for %r (%s); "
+                    "ignored", cid, task, problem)
+                continue
+            known = self.trainable.get(task)
+            if known is None:
+                self.trainable[task] = keys
+                train, state = self.split_keys(task)
+                log(INFO, "Task %r: %d trainable entries, %d state entries (averaged, "
+                    "not part of the update), as declared by client %s",
+                    task, len(train), len(state), cid)
+            elif set(known) != set(keys):
+                log(WARNING, "Client %s declared other trainable keys for %r than "
+                    "those in force; ignored", cid, task)
 
     def query_losses(
         self, grid: Grid, server_round: int, timeout: float, only: set[str] | None = None
@@ -482,7 +579,7 @@ class MultiModelStrategy(Strategy):
         controls: dict[str, ArrayRecord] = {}
         if getattr(self.aggregator, "needs_control", False):
             for t in {p.task for p in picks}:
-                keys = list(self.weights[t])
+                keys = self.split_keys(t)[0]
                 c = self.aggregator.server_control(  # type: ignore[attr-defined]
                     t, [self.weights[t][k] for k in keys]
                 )
@@ -525,6 +622,7 @@ class MultiModelStrategy(Strategy):
         seen: set[str] = set()
         needs_control = getattr(self.aggregator, "needs_control", False)
         observed: dict[tuple[str, str], float] = {}
+        split = {t: self.split_keys(t) for t in self.tasks}
         for reply in replies:
             node = reply.metadata.src_node_id
             cid = self._node_to_cid.get(node)
@@ -556,9 +654,12 @@ class MultiModelStrategy(Strategy):
                     if P.arrays_key(task) not in content.array_records:
                         raise InvalidReply("no weights returned")
                     local = check_weights(content[P.arrays_key(task)], self.weights[task])
+                    train_keys, state_keys = split[task]
                     if self.max_update_norm is not None:
                         glob_w = self.weights[task]
-                        norm = l2_norm(glob_w[k].astype(np.float64) - local[k] for k in glob_w)
+                        norm = l2_norm(
+                            glob_w[k].astype(np.float64) - local[k] for k in train_keys
+                        )
                         if not norm <= self.max_update_norm:
                             raise InvalidReply(
                                 f"update norm {norm:.4g} exceeds max_update_norm "
@@ -572,8 +673,9 @@ class MultiModelStrategy(Strategy):
                     if needs_control:
                         if P.control_key(task) not in content.array_records:
                             raise InvalidReply("no SCAFFOLD control variate returned")
-                        c = check_weights(content[P.control_key(task)], self.weights[task])
-                        control = [c[k] for k in self.weights[task]]
+                        ref = {k: self.weights[task][k] for k in train_keys}
+                        c = check_weights(content[P.control_key(task)], ref)
+                        control = [c[k] for k in train_keys]
                     tl = metrics.get(P.TRAIN_LOSS)
                     train_loss = (
                         None if tl is None else check_loss(tl, P.TRAIN_LOSS, self.max_loss)
@@ -588,13 +690,14 @@ class MultiModelStrategy(Strategy):
                 updates[task].append(
                     Update(
                         cid=cid,
-                        delta=[glob[k].astype(np.float64) - local[k] for k in glob],
+                        delta=[glob[k].astype(np.float64) - local[k] for k in train_keys],
                         num_examples=n,
                         data_share=shares[task].get(cid, 0.0),
                         processors=info.processors,
                         prob=pick.prob,
                         count=pick.count,
                         control=control,
+                        state=[local[k] for k in state_keys],
                     )
                 )
                 if train_loss is not None:
@@ -616,25 +719,31 @@ class MultiModelStrategy(Strategy):
         self._round_rows = {}
         for task in self.tasks:
             old = self.weights[task]
-            keys = list(old)
-            new_list = self.aggregator.aggregate(
+            train_keys, state_keys = split[task]
+            new_train = self.aggregator.aggregate(
                 task,
-                [old[k] for k in keys],
+                [old[k] for k in train_keys],
                 updates[task],
                 server_round,
                 shares=shares[task],
                 fresh={u.cid: u.delta for u in trained[task]} if needs_fresh else None,
             )
+            new_state = average_state([old[k] for k in state_keys], updates[task])
             if not all(
-                np.isfinite(a).all() for a in new_list if a.dtype.kind in "fc"
+                np.isfinite(a).all() for a in new_train + new_state if a.dtype.kind in "fc"
             ):
                 log(ERROR, "Task %r: aggregation produced NaN/inf (overflow); the global "
                     "model is left unchanged this round", task)
-                new_list = [old[k] for k in keys]
+                new_train = [old[k] for k in train_keys]
+                new_state = [old[k] for k in state_keys]
             step_l1 = float(
-                sum(np.abs(a.astype(np.float64) - old[k]).sum() for a, k in zip(new_list, keys))
+                sum(
+                    np.abs(a.astype(np.float64) - old[k]).sum()
+                    for a, k in zip(new_train, train_keys)
+                )
             )
-            self.weights[task] = dict(zip(keys, new_list))
+            new_values = dict(zip(train_keys + state_keys, new_train + new_state))
+            self.weights[task] = {k: new_values[k] for k in old}
             self.arrays[task] = numpy_to_arrays(self.weights[task])
             tl = train_losses[task]
             mean_tl = (
@@ -915,6 +1024,7 @@ class MultiModelStrategy(Strategy):
             "rng": self.rng.bit_generator.state,
             "eval_rng": self._eval_rng.bit_generator.state,
             "history": [dict(r) for r in result.history],
+            "trainable": {t: list(k) for t, k in self.trainable.items()},
             "assignments": dict(result.assignments),
             **self._identity(),
         }
@@ -957,6 +1067,7 @@ class MultiModelStrategy(Strategy):
         self.policy.load_state_dict(state["policy"])
         self.aggregator.load_state_dict(state["aggregator"])
         self.table.load_state_dict(state["table"])
+        self.trainable = {**state.get("trainable", {}), **self._pinned_trainable}
         self.rng.bit_generator.state = state["rng"]
         self._eval_rng.bit_generator.state = state["eval_rng"]
         result.history.extend(state["history"])

@@ -40,6 +40,12 @@ class LocalTrainer(Protocol):
     def evaluate(self, weights: Weights) -> tuple[float, float, int]:
         """(loss, accuracy, examples) on the local test data."""
 
+    # Optional: ``trainable_keys`` (a list of str), the weights' keys that are
+    # trainable parameters. The other keys (batch-norm running statistics, step
+    # counters) are model state: the server averages them instead of treating
+    # them as part of the update. Without it, floating-point entries count as
+    # trainable and integer entries as state.
+
 
 @dataclass
 class ClientSpec:
@@ -149,6 +155,10 @@ def make_client_app(
                 P.PROCESSORS: int(s.processors),
             }
         )
+        for t in tasks:
+            keys = getattr(s.trainers[t], "trainable_keys", None)
+            if keys:
+                rec[P.trainable_key(t)] = [str(k) for k in keys]
         return Message(RecordDict({P.INFO_KEY: rec}), reply_to=msg)
 
     @app.query("losses")

@@ -187,6 +187,16 @@ class TorchTrainer:
         self.device = default_device()
         self._x_train, self._y_train = (t.to(self.device) for t in _tensors(train))
         self._x_test, self._y_test = (t.to(self.device) for t in _tensors(test))
+        with torch.random.fork_rng(devices=[]):
+            probe = model_fn()
+        self._trainable = [n for n, p in probe.named_parameters() if p.requires_grad]
+
+    @property
+    def trainable_keys(self) -> list[str]:
+        """``state_dict`` keys of the trainable parameters; the other entries
+        (batch-norm running statistics, counters) are model state, not part of
+        the update the server aggregates."""
+        return list(self._trainable)
 
     def _model(self, weights: dict[str, np.ndarray]) -> nn.Module:
         """Fresh model holding ``weights`` (global torch RNG left untouched)."""

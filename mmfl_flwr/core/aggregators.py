@@ -40,6 +40,10 @@ class Update:
         Processors of the client that drew this task (paper 003, Remark 1).
     control : list[np.ndarray], optional
         The client's new SCAFFOLD control variate ``c_{i,s}``.
+    state : list[np.ndarray], optional
+        The client's values of the model's non-trainable entries (batch-norm
+        running statistics, counters), which are not part of ``G``; the
+        strategy averages them (aggregators never see them).
     """
 
     cid: str
@@ -50,6 +54,7 @@ class Update:
     prob: float = 1.0
     count: int = 1
     control: Weights | None = None
+    state: Weights | None = None
 
 
 def apply_step(weights: Weights, deltas: Sequence[Weights], coeffs: Sequence[float]) -> Weights:

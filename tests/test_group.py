@@ -251,20 +251,34 @@ class TestRotation:
             assert not idle_count
 
     def test_pseudo_models_are_highest_loss_models_descending(self):
+        """Slot ``S + j`` holds the ``j``-th highest-loss model and sits at group
+        ``(S + j + tau) mod L`` (Algorithm 1: pseudo-models rotate too)."""
         pol, table, _ = policy_with_groups(5, TASKS3)
         assert pol.num_groups == 5
-        set_all_losses(table, {"a": 1.0, "b": 3.0, "c": 2.0})  # order: b > c > a
+        for losses, ranked in (
+            ({"a": 1.0, "b": 3.0, "c": 2.0}, ["b", "c"]),
+            ({"a": 9.0, "b": 3.0, "c": 5.0}, ["a", "c"]),
+        ):
+            set_all_losses(table, losses)
+            for tau in range(5):
+                model_of = pol.group_models(table, tau)
+                assert [model_of[(3 + j + tau) % 5] for j in range(2)] == ranked
+
+    def test_pseudo_models_rotate_over_groups_algorithm_1(self):
+        """Algorithm 1 (papers 000/001, T-step): all L slots rotate,
+        ``g_s = (s + tau) mod L``. With L = 5, S = 3 and fixed losses b > c > a,
+        every group trains each slot once per cycle: b and c twice (real and
+        pseudo), a once. (Refilling idle groups in group order made group 0
+        train the top model three times a cycle.)"""
+        pol, table, _ = policy_with_groups(5, TASKS3)
+        assert pol.num_groups == 5
+        set_all_losses(table, {"a": 1.0, "b": 3.0, "c": 2.0})
+        per_group = {g: Counter() for g in range(5)}
         for tau in range(5):
-            model_of = pol.group_models(table, tau)
-            real = {(s + tau) % 5 for s in range(3)}
-            idle = [g for g in range(5) if g not in real]
-            assert [model_of[g] for g in idle] == ["b", "c"]
-        set_all_losses(table, {"a": 9.0, "b": 3.0, "c": 5.0})  # order: a > c > b
-        for tau in range(5):
-            model_of = pol.group_models(table, tau)
-            real = {(s + tau) % 5 for s in range(3)}
-            idle = [g for g in range(5) if g not in real]
-            assert [model_of[g] for g in idle] == ["a", "c"]
+            for g, model in enumerate(pol.group_models(table, tau)):
+                per_group[g][model] += 1
+        for g in range(5):
+            assert per_group[g] == Counter({"a": 1, "b": 2, "c": 2}), (g, per_group[g])
 
     def test_one_idle_group_gets_the_top_model(self):
         pol, table, _ = policy_with_groups(4, TASKS3)

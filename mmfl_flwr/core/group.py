@@ -317,18 +317,23 @@ class GroupSampling(Policy):
         return out
 
     def group_models(self, table: ClientTable, tau: int) -> list[str]:
-        """The model each group trains at cycle step ``tau`` (pseudo-models for
-        the groups beyond ``S``: the highest-loss models, in descending order)."""
+        """The model each group trains at cycle step ``tau`` (Algorithm 1).
+
+        The routine has ``L`` slots: slot ``s < S`` is model ``s``, and each slot
+        ``s >= S`` is a pseudo-model, a copy of the ``(s - S)``-th highest-loss
+        model (ranked by the current loss). Every slot rotates:
+        ``g_s = (s + tau) mod L``, pseudo-models included, so over a cycle each
+        group trains every slot once.
+        """
         tasks = self.cycle_tasks
         s_count, l_count = len(tasks), self.num_groups
-        model_of = [""] * l_count
-        for s, t in enumerate(tasks):
-            model_of[(s + tau) % l_count] = t
-        idle = [g for g in range(l_count) if not model_of[g]]
-        if idle:
+        slots = list(tasks)
+        if l_count > s_count:
             order = np.argsort(-self._model_losses(table, tasks), kind="stable")
-            for j, g in enumerate(idle):
-                model_of[g] = tasks[int(order[j % s_count])]
+            slots += [tasks[int(order[j % s_count])] for j in range(l_count - s_count)]
+        model_of = [""] * l_count
+        for s, t in enumerate(slots):
+            model_of[(s + tau) % l_count] = t
         return model_of
 
     def assign(

@@ -226,6 +226,15 @@ class MultiModelStrategy(Strategy):
             raise ValueError(f"evaluate_every must be >= 1, got {evaluate_every}")
         self.policy = policy if policy is not None else RandomAllocation()
         self.aggregator = aggregator if aggregator is not None else FedAvgAggregator()
+        if (
+            self.aggregator.needs_inclusion_probabilities
+            and not self.policy.inclusion_probabilities
+        ):
+            raise ValueError(
+                f"{type(self.aggregator).__name__} divides by inclusion probabilities, "
+                f"but {type(self.policy).__name__} picks clients deterministically from "
+                f"their losses (no inclusion probability); use FedAvgAggregator"
+            )
         self.local_epochs = int(local_epochs)
         self.lr = float(lr)
         self.batch_size = int(batch_size)

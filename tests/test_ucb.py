@@ -854,3 +854,48 @@ def test_late_joiner_is_queried_in_the_round_it_joins():
 
     _, _, log = run_ucb(ranklist_ucb, k=2, rounds=4, n_clients=4, failing=(), hook=hook)
     assert [r for r, c in log.queries if c == "9"] == [3]
+
+
+# ------------------------------------------- inclusion probabilities (issue 11)
+@pytest.mark.parametrize("k, prob", [(2, 2 / 5), (3, 3 / 5), (5, 1.0), (6, 1.0)])
+def test_pareto_picks_carry_k_over_front_size(k, prob):
+    """A sampled front member is picked with probability K/|front| (the front
+    here has 5 clients; the Monte Carlo test above confirms 2/5 for K = 2); a
+    front that fits is taken whole, probability 1."""
+    pol, table, _ = seeded(ParetoMultiUCB, PF_N, PF_LOSS, k=k)
+    picks = pol.assign(table, TASKS, 3, np.random.default_rng(0))
+    assert picks and all(p.prob == pytest.approx(prob, rel=1e-12) for p in picks)
+
+
+@pytest.mark.parametrize("policy_cls", [RanklistMultiUCB, ParetoMultiUCB])
+@pytest.mark.parametrize(
+    "aggregator",
+    ["UnbiasedAggregator", "FedStaleAggregator", "FedVARPAggregator", "StaleVRAggregator",
+     "StaleVREAggregator", "ScaffoldAggregator"],
+)
+def test_ucb_with_probability_weighted_aggregators_is_refused(policy_cls, aggregator):
+    """The UCB picks follow from the losses, not from a random draw with known
+    inclusion probabilities, so the d/(B p) rules (paper 003, Eq. 3, 17, 18)
+    would be biased: refused in the constructor with a clear message."""
+    import mmfl_flwr.core.scaffold as scaffold_mod
+    import mmfl_flwr.core.stale as stale_mod
+    from mmfl_flwr.core import UnbiasedAggregator
+    from mmfl_flwr.strategy import MultiModelStrategy
+
+    cls = {"UnbiasedAggregator": UnbiasedAggregator,
+           "ScaffoldAggregator": scaffold_mod.ScaffoldAggregator}.get(aggregator) or getattr(
+        stale_mod, aggregator)
+    with pytest.raises(ValueError, match="inclusion probabilit.*FedAvgAggregator"):
+        MultiModelStrategy(policy_cls(2), cls())
+
+
+def test_ucb_presets_refuse_unbiased_but_take_fedavg_and_mifa():
+    from mmfl_flwr.core.stale import MIFAAggregator
+    from mmfl_flwr.presets import pareto_ucb, ranklist_ucb
+    from mmfl_flwr.strategy import MultiModelStrategy
+
+    for preset in (ranklist_ucb, pareto_ucb):
+        with pytest.raises(ValueError, match="inclusion probabilit"):
+            preset(clients_per_round=2, aggregator="unbiased")
+        assert preset(clients_per_round=2, aggregator="fedavg").aggregator.name == "fedavg"
+    MultiModelStrategy(ParetoMultiUCB(2), MIFAAggregator())  # no d/(B p): accepted

@@ -78,6 +78,10 @@ class Aggregator(ABC):
     """Base class: new global weights of one model from its updates."""
 
     name: ClassVar[str] = "aggregator"
+    #: True when the rule divides by the picks' inclusion probabilities
+    #: (``d/(B p)``): it is then unbiased only with a policy whose picks carry
+    #: true inclusion probabilities (:attr:`Policy.inclusion_probabilities`).
+    needs_inclusion_probabilities: ClassVar[bool] = False
 
     @abstractmethod
     def coefficients(self, updates: Sequence[Update]) -> list[float]:
@@ -164,6 +168,7 @@ class UnbiasedAggregator(Aggregator):
     """
 
     name = "unbiased"
+    needs_inclusion_probabilities = True
 
     def coefficients(self, updates: Sequence[Update]) -> list[float]:
         coeffs = []

@@ -64,6 +64,12 @@ class Policy(ABC):
 
     name: ClassVar[str] = "policy"
     needs_losses: ClassVar[bool] = False
+    #: True when every pick's ``prob`` is its true inclusion probability over the
+    #: policy's random draw, with every eligible pair drawn with positive
+    #: probability: what the unbiased ``d/(B p)`` rule and the stale-update rules
+    #: need. False for policies that choose deterministically from observed
+    #: losses (the UCB policies), which are refused with those aggregators.
+    inclusion_probabilities: ClassVar[bool] = True
 
     @abstractmethod
     def assign(

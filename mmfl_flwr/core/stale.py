@@ -206,6 +206,8 @@ def _zeros_like(weights: Weights) -> list[np.ndarray]:
 class _StaleBase(Aggregator):
     """Shared machinery: the store and the Eq. 17/18 combination."""
 
+    needs_inclusion_probabilities = True
+
     def __init__(self, storage: str = "float32", directory: str | None = None) -> None:
         self.store = StaleStore(storage, directory)
 
@@ -351,6 +353,7 @@ class MIFAAggregator(_StaleBase):
     """
 
     name = "mifa"
+    needs_inclusion_probabilities = False
 
     def aggregate(
         self,

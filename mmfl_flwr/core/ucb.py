@@ -80,7 +80,15 @@ def pareto_front(scores: np.ndarray) -> np.ndarray:
 
 
 class _UCBBase(Policy):
-    """Discounted UCB statistics per (client, model) pair, and K-client picks."""
+    """Discounted UCB statistics per (client, model) pair, and K-client picks.
+
+    The picks follow deterministically from the observed losses (Pareto-UCB
+    samples only among the front), so they have no inclusion probability in the
+    sense of the unbiased ``d/(B p)`` rule: pair these policies with FedAvg, as
+    paper 004 does.
+    """
+
+    inclusion_probabilities = False
 
     def __init__(
         self, clients_per_round: int, gamma: float = 0.9, init: str = "loss-query"
@@ -314,6 +322,9 @@ class ParetoMultiUCB(_UCBBase):
         # clients that hold data for some model but not others: -inf is a valid
         # "worst" score for the front
         front = pareto_front(np.where(np.isfinite(a), a, -1e300))
+        # each front member is picked with probability K / |front| (1 when the
+        # whole front fits), given this round's scores
+        prob = min(1.0, self.clients_per_round / front.size) if front.size else 1.0
         if front.size > self.clients_per_round:
             front = np.sort(rng.choice(front, size=self.clients_per_round, replace=False))
         lists = _rank_lists(a)
@@ -324,5 +335,5 @@ class ParetoMultiUCB(_UCBBase):
         for k in front:
             i = int(np.argmin(ranks[k]))
             if np.isfinite(ranks[k, i]):
-                picks.append(Pick(ids[int(k)], tasks[i], 1, 1.0))
+                picks.append(Pick(ids[int(k)], tasks[i], 1, prob))
         return picks

@@ -21,7 +21,7 @@ from flwr.clientapp import ClientApp
 from mmfl_flwr.client.app import ClientSpec, make_client_app
 from mmfl_flwr.config import Settings
 from mmfl_flwr.tasks.federation import Federation, build_federation
-from mmfl_flwr.tasks.registry import get_task, registered_tasks, restore
+from mmfl_flwr.tasks.registry import TaskDefinition, get_task, registered_tasks, restore
 
 
 @lru_cache(maxsize=8)
@@ -32,8 +32,12 @@ def _federation(
     labels: float,
     max_synth: int,
     profile: str,
-    data_root: str = "data",
+    data_root: str,
+    definitions: tuple[TaskDefinition | None, ...],
 ) -> Federation:
+    # ``definitions`` (the registered definition of each kind, None for a
+    # built-in one) is part of the cache key only: re-registering a user task
+    # with replace=True must not serve the old task's data.
     return build_federation(
         list(kinds),
         num_clients,
@@ -55,6 +59,7 @@ def federation_for(settings: Settings) -> Federation:
         settings.synthetic_max_samples,
         settings.profile,
         settings.data_root,
+        tuple(get_task(k) for k in settings.task_kinds),
     )
 
 

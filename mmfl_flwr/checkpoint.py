@@ -41,12 +41,30 @@ def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> Path
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a checkpoint written by :func:`save_checkpoint`."""
+    """Read a checkpoint written by :func:`save_checkpoint`.
+
+    Raises
+    ------
+    FileNotFoundError
+        There is no checkpoint file at ``path``.
+    ValueError
+        The file cannot be unpickled (truncated, empty, not a checkpoint) or has
+        another format version; the message is one line.
+    """
     target = checkpoint_file(path)
     if not target.exists():
         raise FileNotFoundError(f"no checkpoint at {target}")
-    with open(target, "rb") as f:
-        state = pickle.load(f)  # noqa: S301 - our own file, see module docstring
+    try:
+        with open(target, "rb") as f:
+            state = pickle.load(f)  # noqa: S301 - our own file, see module docstring
+    except Exception as err:  # unpickling garbage raises almost any exception type
+        reason = " ".join(str(err).split()) or type(err).__name__
+        raise ValueError(f"checkpoint {target} is unreadable/corrupt: {reason}") from err
+    if not isinstance(state, dict):
+        raise ValueError(
+            f"checkpoint {target} is unreadable/corrupt: it holds a "
+            f"{type(state).__name__}, not a checkpoint"
+        )
     if state.get("format") != FORMAT_VERSION:
         raise ValueError(
             f"{target}: checkpoint format {state.get('format')!r} is not supported "

@@ -4,6 +4,11 @@ Examples
 --------
 ``mmfl run`` — the default 3-model job on Flower's simulation engine.
 ``mmfl run --engine inprocess --strategy mfa-rand --num-rounds 5`` — fast, no Ray.
+``mmfl run --resume results/mmfl --num-rounds 40`` — continue a run to 40 rounds.
+
+Every user error (bad settings, a missing ``--config`` file or dataset, an
+unreadable checkpoint, an output folder that holds another run) is one line on
+stderr and exit code 2, found before anything is written.
 """
 
 from __future__ import annotations
@@ -11,24 +16,36 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
 
-from mmfl_flwr.config import Settings
+from mmfl_flwr.checkpoint import CHECKPOINT_FILE, checkpoint_file
+from mmfl_flwr.config import RESUME_MAY_CHANGE, Settings
 from mmfl_flwr.presets import AGGREGATORS, PRESETS
 from mmfl_flwr.runner import ENGINES, run
 
+#: Names of the Settings fields that have a command-line flag.
+SETTING_NAMES = tuple(f.name for f in dataclasses.fields(Settings) if f.name != "extra")
+
+
+def _flag(name: str) -> str:
+    """The command-line flag of a Settings field (``num_rounds`` -> ``--num-rounds``)."""
+    return "--" + name.replace("_", "-")
+
 
 def _add_settings_args(p: argparse.ArgumentParser) -> None:
+    """One flag per setting. Their default is ``argparse.SUPPRESS``, so that only
+    the flags given on the command line appear in the parsed namespace."""
     defaults = Settings()
     helps = {
         "strategy": f"preset: {', '.join(PRESETS)}",
         "aggregator": f"override the preset's aggregator: {', '.join(AGGREGATORS)}",
         "tasks": "comma-separated task kinds (digits, synthetic); repeats are separate models",
         "num_clients": "clients in the federation",
-        "num_rounds": "training rounds",
+        "num_rounds": "training rounds (with --resume: continue to this many)",
         "local_epochs": "local SGD epochs per round",
         "lr": "client learning rate",
         "batch_size": "client mini-batch size",
@@ -41,23 +58,32 @@ def _add_settings_args(p: argparse.ArgumentParser) -> None:
         "output_dir": "folder for metrics.csv, summary.json, accuracy.png",
         "timeout": "seconds to wait for one round trip's replies",
     }
-    for f in dataclasses.fields(Settings):
-        if f.name == "extra":
-            continue
-        default = getattr(defaults, f.name)
+    for name in SETTING_NAMES:
+        default = getattr(defaults, name)
         p.add_argument(
-            "--" + f.name.replace("_", "-"),
+            _flag(name),
             type=type(default),
-            default=default,
-            help=f"{helps.get(f.name, '')} (default: {default!r})",
+            default=argparse.SUPPRESS,
+            help=f"{helps.get(name, '')} (default: {default!r})",
         )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``mmfl`` command."""
-    parser = argparse.ArgumentParser(
-        prog="mmfl", description="Multi-model federated learning on Flower."
-    )
+def _fail(message: str, prog: str = "mmfl run") -> NoReturn:
+    """Report a user error as one line on stderr and exit with code 2."""
+    print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (no usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        _fail(f"{message} (see {self.prog} --help)", self.prog)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``mmfl`` argument parser."""
+    parser = _Parser(prog="mmfl", description="Multi-model federated learning on Flower.")
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="run an MMFL job and write its results")
     p_run.add_argument(
@@ -75,60 +101,135 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument(
         "--resume", metavar="DIR", default=None,
         help="continue the run whose output folder is DIR from its last checkpoint "
-             "(its config.json gives every setting; other setting flags are ignored)",
+             "(its config.json gives every setting; --num-rounds may extend it and "
+             "--timeout may change, any other setting flag must match config.json)",
+    )
+    p_run.add_argument(
+        "--overwrite", action="store_true",
+        help="start a new run in an output folder that holds another run's "
+             "checkpoint.pkl (default: refuse)",
     )
     _add_settings_args(p_run)
-    args = parser.parse_args(argv)
+    return parser
 
-    if args.command == "run":
-        values = {
-            f.name: getattr(args, f.name)
-            for f in dataclasses.fields(Settings)
-            if f.name != "extra"
-        }
-        try:
-            if args.resume:
-                cfg = os.path.join(args.resume, "config.json")
-                if not os.path.exists(cfg):
-                    parser.error(f"--resume {args.resume}: no config.json there (not an "
-                                 "output folder of mmfl run?)")
-                from mmfl_flwr.checkpoint import checkpoint_file
 
-                if not checkpoint_file(args.resume).exists():
-                    parser.error(f"--resume {args.resume}: no checkpoint.pkl there (the "
-                                 "run wrote none: was its output-dir empty?)")
-                settings = Settings.load(cfg)
-                settings.output_dir = args.resume
-                settings.resume_from = args.resume
-            elif args.config:
-                import tomllib
+def _message(err: BaseException) -> str:
+    """The message of ``err`` (a missing dataset: its first line, where it was
+    looked for and how to get it, without the list layout)."""
+    from mmfl_flwr.tasks.datasets import DatasetNotFound
 
-                with open(args.config, "rb") as f:
-                    settings = Settings.from_run_config(tomllib.load(f))
-                if settings.extra:
-                    parser.error(f"--config {args.config}: unknown keys {sorted(settings.extra)}")
-                defaults = Settings()
-                for name, value in values.items():  # explicit flags win
-                    if value != getattr(defaults, name):
-                        setattr(settings, name, value)
-            else:
-                settings = Settings(**values)
-            settings.validate()
-        except ValueError as err:
-            parser.error(str(err))
-        print(
-            f"[mmfl] {settings.strategy} on {settings.engine_label(args.engine)}: "
-            f"models {', '.join(settings.model_names)}; {settings.num_clients} clients, "
-            f"{settings.num_rounds} rounds, seed {settings.seed}",
-            flush=True,
+    if isinstance(err, DatasetNotFound):
+        first = str(err).splitlines()[0]
+        looked = f" Looked in: {', '.join(err.paths)}." if err.paths else ""
+        return f"{first}{looked} How to get it: {err.how_to}"
+    return str(err) or type(err).__name__
+
+
+def _resumed_settings(folder: str, given: dict[str, Any]) -> Settings:
+    """The settings of the run in output folder ``folder`` (its config.json), with
+    the flags of :data:`RESUME_MAY_CHANGE` applied; any other given flag must
+    equal the run's value."""
+    if not (Path(folder) / "config.json").is_file():
+        raise ValueError(f"--resume {folder}: no config.json there (not an output folder "
+                         "of mmfl run?)")
+    if not (Path(folder) / CHECKPOINT_FILE).is_file():
+        raise ValueError(f"--resume {folder}: no {CHECKPOINT_FILE} there (the run wrote "
+                         "none: was its output-dir empty?)")
+    settings = Settings.load(str(Path(folder) / "config.json"))
+    settings.output_dir = settings.resume_from = folder
+    for name, value in given.items():
+        if name in RESUME_MAY_CHANGE:
+            setattr(settings, name, value)
+        elif value != getattr(settings, name):
+            raise ValueError(
+                f"--resume {folder}: {_flag(name)} {value!r} differs from the run's "
+                f"{name.replace('_', '-')}={getattr(settings, name)!r} (config.json); "
+                f"with --resume only {' and '.join(map(_flag, RESUME_MAY_CHANGE))} may change"
+            )
+    return settings
+
+
+def _config_file_settings(path: str, given: dict[str, Any]) -> Settings:
+    """The run-config keys of TOML file ``path``, with the given flags over them."""
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            keys = tomllib.load(f)
+    except OSError as err:
+        raise ValueError(f"--config {path}: cannot read it ({err.strerror})") from err
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"--config {path}: not valid TOML ({err})") from err
+    settings = Settings.from_run_config(
+        {**keys, **{name.replace("_", "-"): value for name, value in given.items()}}
+    )
+    if settings.extra:
+        raise ValueError(f"--config {path}: unknown keys {sorted(settings.extra)}")
+    return settings
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """The settings that ``mmfl run`` flags describe. Only the setting flags given
+    on the command line override ``--config`` or defaults, whatever their value."""
+    given = {name: getattr(args, name) for name in SETTING_NAMES if hasattr(args, name)}
+    if args.resume:
+        for flag, used in (("--config", args.config), ("--overwrite", args.overwrite)):
+            if used:
+                raise ValueError(f"--resume and {flag} exclude each other")
+        settings = _resumed_settings(args.resume, given)
+    elif args.config:
+        settings = _config_file_settings(args.config, given)
+    else:
+        settings = Settings(**given)
+    settings.validate()
+    return settings
+
+
+def check_before_run(settings: Settings, overwrite: bool = False) -> None:
+    """Everything that can be checked before a run writes anything: the output
+    folder (another run's checkpoint is kept unless resumed or ``overwrite``),
+    the checkpoint to resume, and the data (``settings`` are validated). Raises
+    ValueError or OSError (DatasetNotFound)."""
+    from mmfl_flwr.flower_app.client_app import federation_for
+    from mmfl_flwr.flower_app.server_app import check_resume, strategy_from_settings
+
+    if settings.output_dir and not overwrite:
+        held = Path(settings.output_dir) / CHECKPOINT_FILE
+        resumes_it = bool(settings.resume_from) and (
+            checkpoint_file(settings.resume_from).resolve() == held.resolve()
         )
-        t0 = time.monotonic()
-        result = run(settings, engine=args.engine, num_cpus=args.num_cpus, verbose=args.verbose)
-        final = {t: round(r["accuracy"], 4) for t, r in result.final().items()}
-        print(f"[mmfl] done in {time.monotonic() - t0:.1f}s; final accuracy "
-              f"{json.dumps(final)}", flush=True)
-        return 0
-    return 2
+        if held.exists() and not resumes_it:
+            raise ValueError(
+                f"output folder {settings.output_dir} holds a run ({CHECKPOINT_FILE}); "
+                f"resume it with --resume {settings.output_dir} or pass --overwrite"
+            )
+    if settings.resume_from:
+        check_resume(settings, strategy_from_settings(settings))
+    federation_for(settings)  # loads the data (cached for the run)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``mmfl`` command."""
+    args = build_parser().parse_args(argv)
+    if args.command != "run":
+        return 2
+    try:
+        settings = settings_from_args(args)
+        check_before_run(settings, overwrite=args.overwrite)
+    except (OSError, ValueError) as err:
+        _fail(_message(err))
+    print(
+        f"[mmfl] {settings.strategy} on {settings.engine_label(args.engine)}: "
+        f"models {', '.join(settings.model_names)}; {settings.num_clients} clients, "
+        f"{settings.num_rounds} rounds, seed {settings.seed}",
+        flush=True,
+    )
+    t0 = time.monotonic()
+    result = run(settings, engine=args.engine, num_cpus=args.num_cpus, verbose=args.verbose)
+    final = {t: round(r["accuracy"], 4) for t, r in result.final().items()}
+    print(f"[mmfl] done in {time.monotonic() - t0:.1f}s; final accuracy "
+          f"{json.dumps(final)}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -7,9 +7,16 @@ and their defaults are the app's ``[tool.flwr.app.config]`` in pyproject.toml.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+#: Settings that a resumed run may change: they do not alter what the rounds
+#: compute (``num_rounds`` extends or finishes the run).
+RESUME_MAY_CHANGE = ("num_rounds", "timeout")
+#: Settings that say where a run is, not what it computes.
+_LOCATION = ("output_dir", "resume_from")
 
 
 @dataclass
@@ -79,13 +86,14 @@ class Settings:
         Simulated client arrivals, ``""`` (all from the start) or
         ``exponential:static=24,rate=0.1``: clients ``0..static-1`` are there
         from the start; each other client arrives at a round drawn
-        independently from an exponential distribution with that rate per
-        round (mean ``1/rate`` rounds), from the run's seed.
+        independently from an exponential distribution with that rate (finite,
+        > 0) per round (mean ``1/rate`` rounds), from the run's seed.
     task_arrivals : str
         Models that join during training, ``name:round`` pairs separated by
-        commas (``digits_2:30,synthetic:60``).
+        commas (``digits_2:30,synthetic:60``), each model at most once, each
+        round in ``[0, num_rounds]``.
     seed : int
-        The one seed of the run.
+        The one seed of the run (>= 0).
     output_dir : str
         Where ``metrics.csv``, ``summary.json``, ``assignments.csv`` and
         ``accuracy.png`` go; empty to
@@ -93,7 +101,9 @@ class Settings:
     resume_from : str
         A checkpoint (file, or folder holding ``checkpoint.pkl``) to continue
         from; empty to start fresh. With ``output_dir`` set, a checkpoint is
-        written there after every round.
+        written there after every round. Where the checkpoint's folder holds a
+        ``config.json``, every setting but those of :data:`RESUME_MAY_CHANGE`,
+        ``output_dir`` and ``resume_from`` must equal it.
     timeout : float
         Seconds to wait for the replies of one round trip.
     """
@@ -145,7 +155,7 @@ class Settings:
             raise ValueError(
                 f"client-arrivals={spec!r}: expected 'exponential:static=N,rate=R'"
             )
-        values: dict[str, float] = {}
+        values: dict[str, float] = {"static": 0.0, "rate": 0.1}
         for item in params.split(","):
             key, _, val = item.partition("=")
             if key.strip() not in ("static", "rate"):
@@ -156,34 +166,43 @@ class Settings:
                 values[key.strip()] = float(val)
             except ValueError:
                 raise ValueError(f"client-arrivals={spec!r}: bad value {item!r}") from None
-        if values.get("static", 0) != int(values.get("static", 0)):
-            raise ValueError(f"client-arrivals={spec!r}: static must be an integer")
-        static = int(values.get("static", 0))
-        rate = values.get("rate", 0.1)
-        if not 0 <= static <= self.num_clients or rate <= 0:
+        static, rate = values["static"], values["rate"]
+        if not (math.isfinite(static) and static == int(static)
+                and 0 <= static <= self.num_clients):
             raise ValueError(
-                f"client-arrivals={spec!r}: need 0 <= static <= num-clients and rate > 0"
+                f"client-arrivals={spec!r}: static must be an integer in "
+                f"[0, num-clients={self.num_clients}]"
             )
+        if not (math.isfinite(rate) and rate > 0):
+            raise ValueError(f"client-arrivals={spec!r}: rate must be a finite number > 0")
         import numpy as np
 
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, 4242]))
-        late = range(static, self.num_clients)
+        late = range(int(static), self.num_clients)
         times = rng.exponential(1.0 / rate, size=len(late))
         return {str(c): max(1, int(np.ceil(t))) for c, t in zip(late, times)}
 
     def task_arrival_rounds(self) -> dict[str, int]:
-        """Model name -> arrival round (see ``task_arrivals``)."""
+        """Model name -> arrival round (see ``task_arrivals``); a model named
+        twice is an error."""
         out: dict[str, int] = {}
         for item in self.task_arrivals.split(","):
             if not item.strip():
                 continue
             name, _, rnd = item.partition(":")
+            name = name.strip()
             try:
-                out[name.strip()] = int(rnd)
+                when = int(rnd)
             except ValueError:
                 raise ValueError(
                     f"task-arrivals={self.task_arrivals!r}: expected name:round pairs"
                 ) from None
+            if name in out:
+                raise ValueError(
+                    f"task-arrivals={self.task_arrivals!r} names {name} twice; "
+                    "give each model one arrival round"
+                )
+            out[name] = when
         return out
 
     @property
@@ -219,11 +238,32 @@ class Settings:
 
     @classmethod
     def load(cls, path: str) -> Settings:
-        """Read settings written by :meth:`save`."""
+        """Read settings written by :meth:`save`; a file that is not valid JSON
+        or holds invalid settings raises a ValueError naming it."""
         import json
 
         with open(path) as f:
-            return cls.from_run_config(json.load(f))
+            try:
+                return cls.from_run_config(json.load(f))
+            except ValueError as err:  # json.JSONDecodeError is one too
+                raise ValueError(f"{path}: {err}") from err
+
+    def check_resumes(self, stored: Settings, where: str) -> None:
+        """Raise ValueError unless these settings may continue the run that
+        ``stored`` (its ``config.json``, in folder ``where``) describes: every
+        setting but :data:`RESUME_MAY_CHANGE` and the locations must be equal."""
+        for f in dataclasses.fields(self):
+            if f.name in ("extra", *RESUME_MAY_CHANGE, *_LOCATION):
+                continue
+            old, new = getattr(stored, f.name), getattr(self, f.name)
+            if old != new:
+                key = f.name.replace("_", "-")
+                raise ValueError(
+                    f"cannot resume {where}: it ran with {key}={old!r} (its config.json), "
+                    f"this run has {key}={new!r}; only "
+                    f"{' and '.join(n.replace('_', '-') for n in RESUME_MAY_CHANGE)} "
+                    "may change when resuming"
+                )
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> Settings:
@@ -246,7 +286,7 @@ class Settings:
 
     def validate(self) -> None:
         """Raise ValueError with a clear message for settings that cannot run."""
-        from mmfl_flwr.presets import AGGREGATORS, PRESETS
+        from mmfl_flwr.presets import AGGREGATORS, PRESETS, takes_aggregator
 
         if self.strategy not in PRESETS:
             raise ValueError(
@@ -256,6 +296,12 @@ class Settings:
             raise ValueError(
                 f"aggregator={self.aggregator!r} is unknown; choose from "
                 f"{', '.join(AGGREGATORS)} (or leave empty for the preset's own)"
+            )
+        if self.aggregator and not takes_aggregator(self.strategy):
+            raise ValueError(
+                f"aggregator={self.aggregator!r} cannot be used with strategy "
+                f"{self.strategy!r}: its aggregator is part of the algorithm (presets "
+                f"that take one: {', '.join(p for p in PRESETS if takes_aggregator(p))})"
             )
         if not self.task_kinds:
             raise ValueError("tasks must name at least one task, e.g. 'digits,synthetic'")
@@ -279,14 +325,18 @@ class Settings:
             (self.num_clients >= 1, "num-clients must be >= 1"),
             (self.num_rounds >= 0, "num-rounds must be >= 0"),
             (self.local_epochs >= 1, "local-epochs must be >= 1"),
-            (self.lr > 0, "lr must be > 0"),
+            (math.isfinite(self.lr) and self.lr > 0, "lr must be a finite number > 0"),
             (self.batch_size >= 1, "batch-size must be >= 1"),
-            (self.budget_fraction > 0, "budget-fraction must be > 0"),
-            (self.clients_per_round >= 0, "clients-per-round must be >= 0 (0 = all)"),
+            (0 < self.budget_fraction <= 1, "budget-fraction must be in (0, 1]"),
+            (
+                0 <= self.clients_per_round <= self.num_clients,
+                "clients-per-round must be in [0, num-clients] (0 = all)",
+            ),
             (0 < self.labels_per_client <= 1, "labels-per-client must be in (0, 1]"),
             (self.synthetic_max_samples >= 0, "synthetic-max-samples must be >= 0"),
             (0 <= self.fraction_evaluate <= 1, "fraction-evaluate must be in [0, 1]"),
             (self.timeout > 0, "timeout must be > 0"),
+            (self.seed >= 0, "seed must be >= 0"),
             (0 <= self.stale_beta <= 1, "stale-beta must be in [0, 1]"),
             (
                 self.stale_storage in ("float32", "float16", "disk"),
@@ -314,12 +364,25 @@ class Settings:
             if not ok:
                 raise ValueError(msg)
         self.client_arrival_rounds()
-        unknown_tasks = set(self.task_arrival_rounds()) - set(self.model_names)
+        arrivals = self.task_arrival_rounds()
+        unknown_tasks = set(arrivals) - set(self.model_names)
         if unknown_tasks:
             raise ValueError(
                 f"task-arrivals names {sorted(unknown_tasks)}, which are not models of this "
                 f"run ({', '.join(self.model_names)})"
             )
+        outside = {t: r for t, r in arrivals.items() if not 0 <= r <= self.num_rounds}
+        if outside:
+            raise ValueError(
+                f"task-arrivals rounds must be in [0, num-rounds={self.num_rounds}]; "
+                f"got {outside}"
+            )
+        from mmfl_flwr.flower_app.server_app import strategy_from_settings
+
+        try:  # the preset's own checks (e.g. an aggregator that does not fit its policy)
+            strategy_from_settings(self)
+        except ValueError as err:
+            raise ValueError(f"strategy={self.strategy!r}: {err}") from err
 
 
 def _coerce(key: str, value: Any, typ: type) -> Any:

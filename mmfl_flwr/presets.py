@@ -2,12 +2,15 @@
 
 A preset pairs a policy with the aggregator its paper uses. Every preset takes the
 :class:`~mmfl_flwr.strategy.MultiModelStrategy` keyword arguments too
-(``local_epochs``, ``lr``, ``seed``, ``fraction_evaluate``, ...), and an
-``aggregator`` to override the pairing.
+(``local_epochs``, ``lr``, ``seed``, ``fraction_evaluate``, ...). Most take an
+``aggregator`` to override the pairing; the presets whose aggregator is the
+algorithm itself (the stale ones and SCAFFOLD) do not (see
+:func:`takes_aggregator`).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -315,6 +318,12 @@ PRESETS: dict[str, Callable[..., MultiModelStrategy]] = {
     "pareto-ucb": pareto_ucb,
     "group": group_sampling,
 }
+
+
+def takes_aggregator(name: str) -> bool:
+    """Whether preset ``name`` has an ``aggregator`` parameter to override its
+    pairing (read from the preset function's signature)."""
+    return "aggregator" in inspect.signature(PRESETS[name]).parameters
 
 
 def make_strategy(name: str, **kwargs: Any) -> MultiModelStrategy:

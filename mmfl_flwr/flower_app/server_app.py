@@ -3,8 +3,9 @@
 Reads :class:`~mmfl_flwr.config.Settings` from ``context.run_config``, runs the
 chosen preset strategy over all models, evaluates every model on its server-side
 test set each round, and writes ``metrics.csv``, ``summary.json`` and
-``accuracy.png`` into ``output-dir``. The strategy is torch-free; torch is only
-imported here to make initial weights and evaluate.
+``accuracy.png`` into ``output-dir``. Nothing is written before the settings, the
+checkpoint to resume (if any) and the data have been checked. The strategy is
+torch-free; torch is only imported here to make initial weights and evaluate.
 """
 
 from __future__ import annotations
@@ -12,15 +13,18 @@ from __future__ import annotations
 import os
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
+from logging import WARNING
+from pathlib import Path
 from typing import Any
 
 from flwr.app import ArrayRecord, Context, MetricRecord
+from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from mmfl_flwr.checkpoint import CHECKPOINT_FILE
+from mmfl_flwr.checkpoint import CHECKPOINT_FILE, checkpoint_file
 from mmfl_flwr.config import Settings
+from mmfl_flwr.core.scaffold import ScaffoldAggregator
 from mmfl_flwr.presets import make_strategy
 from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
 from mmfl_flwr.strategy import MultiModelResult, MultiModelStrategy
@@ -76,6 +80,29 @@ def strategy_from_settings(
         kwargs["gamma"] = s.ucb_gamma
         kwargs["init"] = s.ucb_init
     return make_strategy(s.strategy, **kwargs)
+
+
+def check_resume(s: Settings, strategy: MultiModelStrategy) -> int:
+    """Check that ``strategy``, set up from ``s``, may continue the checkpoint
+    ``s.resume_from``; returns the last round the checkpoint finished.
+
+    Raises ValueError (one line) when the checkpoint is unreadable, when the
+    ``config.json`` beside it differs from ``s`` in a setting that a resumed run
+    may not change (see :meth:`Settings.check_resumes`), when the checkpoint was
+    written by another strategy or seed, or when ``num_rounds`` is below its
+    round; FileNotFoundError when there is no checkpoint.
+    """
+    target = checkpoint_file(s.resume_from)
+    stored = target.parent / "config.json"
+    if stored.is_file():
+        s.check_resumes(Settings.load(str(stored)), str(target.parent))
+    done = int(strategy.check_resumable(s.resume_from)["round"])
+    if s.num_rounds < done:
+        raise ValueError(
+            f"num-rounds={s.num_rounds} is below the {done} rounds that checkpoint "
+            f"{target} has finished"
+        )
+    return done
 
 
 def initial_arrays(s: Settings) -> dict[str, ArrayRecord]:
@@ -163,30 +190,38 @@ def server_main(
 
     With ``strategy`` given, it is used instead of the preset that the settings
     name (the tasks, data, rounds and outputs still come from the settings).
+
+    The settings, the checkpoint to resume and the data (initial weights, test
+    sets) are all checked before anything is written into ``output_dir``, so a
+    run that cannot start leaves an older run there as it was.
     """
     from mmfl_flwr.results import write_outputs
 
     s = settings if settings is not None else Settings.from_run_config(context.run_config)
     if strategy is None:
         strategy = strategy_from_settings(s, progress_printer(s.num_rounds))
-    if s.output_dir and hasattr(strategy.policy, "csteps"):
-        strategy.on_round_end = _with_cluster_records(strategy, s.output_dir)
-        if not s.resume_from:  # a fresh run: no cluster records of an older run
-            for old in Path(s.output_dir).glob("clusters*"):
-                if old.name == "clusters.csv" or old.name.startswith("clusters_round_"):
-                    old.unlink()
     if s.resume_from:
-        strategy.check_resumable(s.resume_from)  # before anything is overwritten
+        check_resume(s, strategy)
+        if isinstance(strategy.aggregator, ScaffoldAggregator):
+            log(WARNING, "Resuming SCAFFOLD: the clients' control variates c_i are not "
+                "in the server checkpoint; they restart from zero")
+    arrays, evaluate_fn = initial_arrays(s), central_evaluator(s)  # loads the data
     if s.output_dir:
+        if hasattr(strategy.policy, "csteps"):
+            strategy.on_round_end = _with_cluster_records(strategy, s.output_dir)
+            if not s.resume_from:  # a fresh run: no cluster records of an older run
+                for old in Path(s.output_dir).glob("clusters*"):
+                    if old.name == "clusters.csv" or old.name.startswith("clusters_round_"):
+                        old.unlink()
         os.makedirs(s.output_dir, exist_ok=True)
         s.save(os.path.join(s.output_dir, "config.json"))
         strategy.checkpoint_path = os.path.join(s.output_dir, CHECKPOINT_FILE)
     result = strategy.start(
         grid=grid,
-        initial_arrays=initial_arrays(s),
+        initial_arrays=arrays,
         num_rounds=s.num_rounds,
         timeout=s.timeout,
-        evaluate_fn=central_evaluator(s),
+        evaluate_fn=evaluate_fn,
         resume_from=s.resume_from or None,
     )
     if s.output_dir:

@@ -1,0 +1,82 @@
+"""User errors are one line, exit code 2, no traceback (issue 11, defect 9).
+
+``Settings.validate`` names the key and its allowed range for values that used
+to pass (or to fail later with a traceback); ``python -m mmfl_flwr.cli run``
+reports them, a missing ``--config`` file, a missing dataset and a malformed flag
+as one line on stderr with exit code 2, before it writes anything.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mmfl_flwr.config import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: (settings change, text the error must hold: the key and the allowed range)
+INVALID = [
+    ({"lr": float("inf")}, "lr must be a finite number > 0"),
+    ({"lr": float("nan")}, "lr must be a finite number > 0"),
+    ({"seed": -1}, "seed must be >= 0"),
+    ({"budget_fraction": 1.5}, "budget-fraction must be in (0, 1]"),
+    ({"budget_fraction": float("nan")}, "budget-fraction must be in (0, 1]"),
+    ({"num_clients": 4, "clients_per_round": 5},
+     "clients-per-round must be in [0, num-clients]"),
+    ({"task_arrivals": "digits_2:-1"}, "task-arrivals rounds must be in [0, num-rounds=20]"),
+    ({"task_arrivals": "digits_2:21"}, "task-arrivals rounds must be in [0, num-rounds=20]"),
+    ({"task_arrivals": "digits_2:3,digits_2:5"}, "names digits_2 twice"),
+    ({"client_arrivals": "exponential:static=4,rate=nan"}, "rate must be a finite number > 0"),
+    ({"client_arrivals": "exponential:static=4,rate=inf"}, "rate must be a finite number > 0"),
+    ({"client_arrivals": "exponential:static=inf"},
+     "static must be an integer in [0, num-clients=20]"),
+]
+
+
+@pytest.mark.parametrize("change, expected", INVALID, ids=[str(c) for c, _ in INVALID])
+def test_validate_names_the_key_and_the_allowed_range(change, expected):
+    with pytest.raises(ValueError) as err:
+        Settings(**change).validate()
+    assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_edges_of_the_ranges_are_valid():
+    Settings(budget_fraction=1.0, seed=0, num_clients=4, clients_per_round=4,
+             task_arrivals="digits_2:0,synthetic:20").validate()
+
+
+SMALL = ["--engine", "inprocess", "--num-clients", "4", "--num-rounds", "1",
+         "--local-epochs", "1", "--tasks", "synthetic"]
+
+CLI_CASES = [
+    (["--lr", "inf"], "lr must be a finite number > 0"),
+    (["--seed", "-1"], "seed must be >= 0"),
+    (["--budget-fraction", "2"], "budget-fraction must be in (0, 1]"),
+    (["--clients-per-round", "9"], "clients-per-round must be in [0, num-clients]"),
+    (["--task-arrivals", "synthetic:2"], "task-arrivals rounds must be in [0, num-rounds=1]"),
+    (["--client-arrivals", "exponential:static=1,rate=nan"], "rate must be a finite number"),
+    (["--client-arrivals", "exponential:static=inf"], "static must be an integer"),
+    (["--config", "{tmp}/missing.toml"], "--config {tmp}/missing.toml: cannot read it"),
+    (["--tasks", "mnist", "--data-root", "{tmp}/nonexistent"], "MNIST not found"),
+    (["--num-rounds", "abc"], "--num-rounds: invalid int value: 'abc'"),
+]
+
+
+@pytest.mark.parametrize("flags, expected", CLI_CASES, ids=[" ".join(f) for f, _ in CLI_CASES])
+def test_cli_user_error_is_one_line_exit_2(flags, expected, tmp_path):
+    out = tmp_path / "out"
+    argv = [f.format(tmp=tmp_path) for f in flags]
+    proc = subprocess.run(
+        [sys.executable, "-m", "mmfl_flwr.cli", "run", *SMALL, *argv, "--output-dir", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mmfl run: error: "), proc.stderr
+    assert expected.format(tmp=tmp_path) in lines[0]
+    assert not out.exists()

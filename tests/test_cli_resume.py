@@ -1,0 +1,170 @@
+"""Resuming and output folders (issue 11, defects 7 and 8).
+
+``mmfl run --resume DIR --num-rounds N`` extends a finished run; any other
+setting that differs from the run's ``config.json`` is refused, on the command
+line and through ``resume-from`` alike; an unreadable checkpoint is one line; a
+SCAFFOLD resume warns that the clients' control variates restart from zero. A
+new run never clobbers a folder holding a checkpoint unless ``--overwrite``, and
+writes nothing before its data is loaded. Every refusal: exit code 2, one line on
+stderr, no file of the folder touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mmfl_flwr.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from mmfl_flwr.cli import main as cli_main
+from mmfl_flwr.config import Settings
+from mmfl_flwr.runner import run
+
+SMALL = ["--engine", "inprocess", "--num-clients", "4", "--local-epochs", "1",
+         "--tasks", "synthetic"]
+
+
+def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under ``folder``: its bytes and modification time."""
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> dict[int, Path]:
+    """Finished CLI runs of 2 and 3 rounds (the same settings otherwise)."""
+    runs = {}
+    for rounds in (2, 3):
+        out = tmp_path_factory.mktemp(f"rounds{rounds}")
+        assert cli_main(["run", *SMALL, "--num-rounds", str(rounds),
+                         "--output-dir", str(out)]) == 0
+        runs[rounds] = out
+    return runs
+
+
+@pytest.fixture
+def old_run(finished, tmp_path) -> Path:
+    """A private copy of the finished 2-round run."""
+    return Path(shutil.copytree(finished[2], tmp_path / "old"))
+
+
+def refused(argv: list[str], capsys) -> str:
+    """Run ``mmfl`` expecting a usage error; returns its one stderr line."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        cli_main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+# ------------------------------------------------------------------ defect 7
+def test_resume_extends_num_rounds_of_a_finished_run(finished, old_run):
+    # setting flags equal to the run's values are fine beside --num-rounds
+    assert cli_main(["run", "--resume", str(old_run), "--engine", "inprocess",
+                     "--num-rounds", "3", "--tasks", "synthetic", "--seed", "0"]) == 0
+    assert Settings.load(str(old_run / "config.json")).num_rounds == 3
+    assert load_checkpoint(old_run)["round"] == 3
+    for name in ("metrics.csv", "assignments.csv"):  # as if it had run 3 rounds at once
+        assert (old_run / name).read_text() == (finished[3] / name).read_text(), name
+
+
+@pytest.mark.parametrize("flags, key", [
+    (["--lr", "0.5"], "lr"),
+    (["--tasks", "digits"], "tasks"),
+    (["--num-clients", "5"], "num-clients"),
+    (["--seed", "1"], "seed"),
+    (["--strategy", "lvr"], "strategy"),
+    (["--num-rounds", "3", "--batch-size", "16", "--local-epochs", "2"], "local-epochs"),
+])
+def test_resume_refuses_a_changed_setting(old_run, flags, key, capsys):
+    before = snapshot(old_run)
+    err = refused(["run", "--resume", str(old_run), "--engine", "inprocess", *flags], capsys)
+    assert f"--{key}" in err and "config.json" in err
+    assert snapshot(old_run) == before
+
+
+def test_resume_from_with_other_settings_is_refused(old_run, capsys):
+    before = snapshot(old_run)
+    stored = Settings.load(str(old_run / "config.json"))
+    for change in ({"tasks": "digits"}, {"num_clients": 5}, {"lr": 0.5}):
+        s = dataclasses.replace(stored, resume_from=str(old_run), num_rounds=3, **change)
+        key = next(iter(change)).replace("_", "-")
+        with pytest.raises(ValueError, match=f"{key}=") as err:
+            run(s, engine="inprocess")
+        assert "\n" not in str(err.value)
+        assert snapshot(old_run) == before
+    # the same through the CLI's --resume-from (the run-config path)
+    err = refused(["run", *SMALL, "--lr", "0.5", "--num-rounds", "3",
+                   "--output-dir", str(old_run), "--resume-from", str(old_run)], capsys)
+    assert "lr=" in err
+    assert snapshot(old_run) == before
+
+
+@pytest.mark.parametrize("content", [b"", b"\x80\x05\x95garbage", "half"])
+def test_unreadable_checkpoint_is_one_line(old_run, content, capsys):
+    ckpt = old_run / CHECKPOINT_FILE
+    ckpt.write_bytes(ckpt.read_bytes()[: len(ckpt.read_bytes()) // 2]
+                     if content == "half" else content)
+    with pytest.raises(ValueError, match="unreadable/corrupt"):
+        load_checkpoint(old_run)
+    before = snapshot(old_run)
+    err = refused(["run", "--resume", str(old_run), "--engine", "inprocess"], capsys)
+    assert "unreadable/corrupt" in err and str(ckpt) in err
+    assert snapshot(old_run) == before
+
+
+def test_resuming_scaffold_warns_that_client_variates_restart(tmp_path, caplog):
+    s = Settings(strategy="scaffold", tasks="synthetic", num_clients=4, num_rounds=1,
+                 local_epochs=1, budget_fraction=0.5, output_dir=str(tmp_path))
+    run(s, engine="inprocess")
+    s.num_rounds, s.resume_from = 2, str(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        run(s, engine="inprocess")
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("control variates" in m and "zero" in m for m in warned), warned
+
+
+# ------------------------------------------------------------------ defect 8
+def test_missing_data_leaves_the_old_run_resumable(old_run, tmp_path):
+    before = snapshot(old_run)
+    s = Settings(tasks="mnist", data_root=str(tmp_path / "nonexistent"), num_clients=4,
+                 num_rounds=1, output_dir=str(old_run))
+    with pytest.raises(FileNotFoundError, match="nonexistent"):
+        run(s, engine="inprocess")
+    assert snapshot(old_run) == before
+    assert json.loads((old_run / "config.json").read_text())["tasks"] == "synthetic"
+
+
+def test_cli_missing_data_with_overwrite_touches_nothing(old_run, tmp_path, capsys):
+    before = snapshot(old_run)
+    err = refused(["run", *SMALL, "--tasks", "mnist", "--data-root",
+                   str(tmp_path / "nonexistent"), "--output-dir", str(old_run),
+                   "--overwrite"], capsys)
+    assert "MNIST not found" in err and "nonexistent" in err
+    assert snapshot(old_run) == before
+
+
+def test_new_run_refuses_a_folder_holding_a_run(old_run, capsys):
+    before = snapshot(old_run)
+    err = refused(["run", *SMALL, "--num-rounds", "1", "--output-dir", str(old_run)], capsys)
+    assert err.endswith(
+        f"output folder {old_run} holds a run (checkpoint.pkl); resume it with "
+        f"--resume {old_run} or pass --overwrite"
+    )
+    assert snapshot(old_run) == before
+    # --overwrite starts the new run there
+    assert cli_main(["run", *SMALL, "--num-rounds", "1", "--output-dir", str(old_run),
+                     "--overwrite"]) == 0
+    assert Settings.load(str(old_run / "config.json")).num_rounds == 1
+
+
+def test_new_run_may_use_a_folder_without_checkpoint(old_run):
+    (old_run / CHECKPOINT_FILE).unlink()
+    assert cli_main(["run", *SMALL, "--num-rounds", "1", "--output-dir", str(old_run)]) == 0
+    assert load_checkpoint(old_run)["round"] == 1

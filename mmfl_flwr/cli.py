@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from mmfl_flwr.checkpoint import CHECKPOINT_FILE, checkpoint_file
+from mmfl_flwr.checkpoint import CHECKPOINT_FILE
 from mmfl_flwr.config import RESUME_MAY_CHANGE, Settings
 from mmfl_flwr.presets import AGGREGATORS, PRESETS
 from mmfl_flwr.runner import ENGINES, run
@@ -57,9 +57,15 @@ def _add_settings_args(p: argparse.ArgumentParser) -> None:
         "seed": "the one seed of the run",
         "output_dir": "folder for metrics.csv, summary.json, accuracy.png",
         "timeout": "seconds to wait for one round trip's replies",
+        "overwrite": "start a new run in an output folder that holds another run's "
+                     "checkpoint.pkl (default: refuse)",
     }
     for name in SETTING_NAMES:
         default = getattr(defaults, name)
+        if isinstance(default, bool):  # a switch: --overwrite
+            p.add_argument(_flag(name), action="store_true", default=argparse.SUPPRESS,
+                           help=helps.get(name, ""))
+            continue
         p.add_argument(
             _flag(name),
             type=type(default),
@@ -103,11 +109,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue the run whose output folder is DIR from its last checkpoint "
              "(its config.json gives every setting; --num-rounds may extend it and "
              "--timeout may change, any other setting flag must match config.json)",
-    )
-    p_run.add_argument(
-        "--overwrite", action="store_true",
-        help="start a new run in an output folder that holds another run's "
-             "checkpoint.pkl (default: refuse)",
     )
     _add_settings_args(p_run)
     return parser
@@ -173,7 +174,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     on the command line override ``--config`` or defaults, whatever their value."""
     given = {name: getattr(args, name) for name in SETTING_NAMES if hasattr(args, name)}
     if args.resume:
-        for flag, used in (("--config", args.config), ("--overwrite", args.overwrite)):
+        for flag, used in (("--config", args.config), ("--overwrite", "overwrite" in given)):
             if used:
                 raise ValueError(f"--resume and {flag} exclude each other")
         settings = _resumed_settings(args.resume, given)
@@ -185,24 +186,19 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return settings
 
 
-def check_before_run(settings: Settings, overwrite: bool = False) -> None:
+def check_before_run(settings: Settings) -> None:
     """Everything that can be checked before a run writes anything: the output
     folder (another run's checkpoint is kept unless resumed or ``overwrite``),
     the checkpoint to resume, and the data (``settings`` are validated). Raises
     ValueError or OSError (DatasetNotFound)."""
     from mmfl_flwr.flower_app.client_app import federation_for
-    from mmfl_flwr.flower_app.server_app import check_resume, strategy_from_settings
+    from mmfl_flwr.flower_app.server_app import (
+        check_output_folder,
+        check_resume,
+        strategy_from_settings,
+    )
 
-    if settings.output_dir and not overwrite:
-        held = Path(settings.output_dir) / CHECKPOINT_FILE
-        resumes_it = bool(settings.resume_from) and (
-            checkpoint_file(settings.resume_from).resolve() == held.resolve()
-        )
-        if held.exists() and not resumes_it:
-            raise ValueError(
-                f"output folder {settings.output_dir} holds a run ({CHECKPOINT_FILE}); "
-                f"resume it with --resume {settings.output_dir} or pass --overwrite"
-            )
+    check_output_folder(settings)
     if settings.resume_from:
         check_resume(settings, strategy_from_settings(settings))
     federation_for(settings)  # loads the data (cached for the run)
@@ -215,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         settings = settings_from_args(args)
-        check_before_run(settings, overwrite=args.overwrite)
+        check_before_run(settings)
     except (OSError, ValueError) as err:
         _fail(_message(err))
     print(

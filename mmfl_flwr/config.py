@@ -15,8 +15,8 @@ from typing import Any
 #: Settings that a resumed run may change: they do not alter what the rounds
 #: compute (``num_rounds`` extends or finishes the run).
 RESUME_MAY_CHANGE = ("num_rounds", "timeout")
-#: Settings that say where a run is, not what it computes.
-_LOCATION = ("output_dir", "resume_from")
+#: Settings that say where a run is written, not what it computes.
+_LOCATION = ("output_dir", "resume_from", "overwrite")
 
 
 @dataclass
@@ -98,6 +98,10 @@ class Settings:
         Where ``metrics.csv``, ``summary.json``, ``assignments.csv`` and
         ``accuracy.png`` go; empty to
         write nothing.
+    overwrite : bool
+        Start a new run in an ``output_dir`` that holds another run's
+        ``checkpoint.pkl`` (default False: refuse, so a finished or interrupted
+        run is never clobbered by accident; resume it instead).
     resume_from : str
         A checkpoint (file, or folder holding ``checkpoint.pkl``) to continue
         from; empty to start fresh. With ``output_dir`` set, a checkpoint is
@@ -136,6 +140,7 @@ class Settings:
     task_arrivals: str = ""
     seed: int = 0
     output_dir: str = "results/mmfl"
+    overwrite: bool = False
     resume_from: str = ""
     timeout: float = 600.0
     extra: dict[str, Any] = field(default_factory=dict)

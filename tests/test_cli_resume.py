@@ -134,8 +134,18 @@ def test_resuming_scaffold_warns_that_client_variates_restart(tmp_path, caplog):
 def test_missing_data_leaves_the_old_run_resumable(old_run, tmp_path):
     before = snapshot(old_run)
     s = Settings(tasks="mnist", data_root=str(tmp_path / "nonexistent"), num_clients=4,
-                 num_rounds=1, output_dir=str(old_run))
+                 num_rounds=1, output_dir=str(old_run), overwrite=True)
     with pytest.raises(FileNotFoundError, match="nonexistent"):
+        run(s, engine="inprocess")
+    assert snapshot(old_run) == before
+
+
+def test_runner_refuses_a_folder_holding_a_run(old_run):
+    """Every path (``runner.run``, ``flwr run``'s ServerApp), not only the CLI,
+    keeps a folder holding another run's checkpoint unless ``overwrite``."""
+    before = snapshot(old_run)
+    s = Settings(tasks="synthetic", num_clients=4, num_rounds=1, output_dir=str(old_run))
+    with pytest.raises(ValueError, match=r"holds a run .*\(overwrite=true\)"):
         run(s, engine="inprocess")
     assert snapshot(old_run) == before
     assert json.loads((old_run / "config.json").read_text())["tasks"] == "synthetic"
@@ -155,7 +165,7 @@ def test_new_run_refuses_a_folder_holding_a_run(old_run, capsys):
     err = refused(["run", *SMALL, "--num-rounds", "1", "--output-dir", str(old_run)], capsys)
     assert err.endswith(
         f"output folder {old_run} holds a run (checkpoint.pkl); resume it with "
-        f"--resume {old_run} or pass --overwrite"
+        f"--resume {old_run} (resume-from) or pass --overwrite (overwrite=true)"
     )
     assert snapshot(old_run) == before
     # --overwrite starts the new run there

@@ -180,6 +180,23 @@ def _with_cluster_records(
     return callback
 
 
+def check_output_folder(s: Settings) -> None:
+    """Refuse to start a new run in an output folder that holds another run's
+    checkpoint, unless it resumes that checkpoint or ``s.overwrite``."""
+    if not s.output_dir or s.overwrite:
+        return
+    held = Path(s.output_dir) / CHECKPOINT_FILE
+    resumes_it = bool(s.resume_from) and (
+        checkpoint_file(s.resume_from).resolve() == held.resolve()
+    )
+    if held.exists() and not resumes_it:
+        raise ValueError(
+            f"output folder {s.output_dir} holds a run ({CHECKPOINT_FILE}); resume it "
+            f"with --resume {s.output_dir} (resume-from) or pass --overwrite "
+            f"(overwrite=true)"
+        )
+
+
 def server_main(
     grid: Grid,
     context: Context,
@@ -205,6 +222,7 @@ def server_main(
         if isinstance(strategy.aggregator, ScaffoldAggregator):
             log(WARNING, "Resuming SCAFFOLD: the clients' control variates c_i are not "
                 "in the server checkpoint; they restart from zero")
+    check_output_folder(s)
     arrays, evaluate_fn = initial_arrays(s), central_evaluator(s)  # loads the data
     if s.output_dir:
         if hasattr(strategy.policy, "csteps"):

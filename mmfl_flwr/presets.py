@@ -21,19 +21,13 @@ from mmfl_flwr.core.aggregators import (
     UnbiasedAggregator,
 )
 from mmfl_flwr.core.group import GroupSampling
-from mmfl_flwr.core.policies import (
-    GVR,
-    LVR,
-    FullParticipation,
-    MFARand,
-    MFARoundRobin,
-    MultiFedAvg,
-    RandomAllocation,
-    StaleVRSampling,
-)
+from mmfl_flwr.core.lvr import GVR, LVR
+from mmfl_flwr.core.mfa import MFARand, MFARoundRobin, MultiFedAvg
+from mmfl_flwr.core.random_allocation import FullParticipation, RandomAllocation
 from mmfl_flwr.core.scaffold import ScaffoldAggregator
 from mmfl_flwr.core.ucb import ParetoMultiUCB, RanklistMultiUCB
 from mmfl_flwr.core.stale import (
+    StaleVRSampling,
     FedStaleAggregator,
     FedVARPAggregator,
     MIFAAggregator,

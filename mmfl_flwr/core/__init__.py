@@ -16,20 +16,10 @@ from mmfl_flwr.core.clients import (
     InvalidClientInfo,
     validate_client_info,
 )
-from mmfl_flwr.core.lvr import lvr_probabilities, sample_processors, water_fill
-from mmfl_flwr.core.policies import (
-    GVR,
-    LVR,
-    FixedRates,
-    FullParticipation,
-    MFARand,
-    MFARoundRobin,
-    MultiFedAvg,
-    Pick,
-    Policy,
-    RandomAllocation,
-    picks_by_client,
-)
+from mmfl_flwr.core.lvr import GVR, LVR, lvr_probabilities, sample_processors, water_fill
+from mmfl_flwr.core.mfa import MFARand, MFARoundRobin, MultiFedAvg
+from mmfl_flwr.core.policy import Pick, Policy, picks_by_client
+from mmfl_flwr.core.random_allocation import FixedRates, FullParticipation, RandomAllocation
 
 __all__ = [
     "FixedRates",

@@ -75,13 +75,43 @@ def apply_step(weights: Weights, deltas: Sequence[Weights], coeffs: Sequence[flo
 
 
 class Aggregator(ABC):
-    """Base class: new global weights of one model from its updates."""
+    """Base class: new global weights of one model from its updates.
+
+    This is the whole contract with :class:`~mmfl_flwr.strategy.MultiModelStrategy`:
+    :meth:`aggregate` every round for every model, plus the capabilities below,
+    each with a default that suits a rule that is a weighted sum of the round's
+    fresh updates (FedAvg). The strategy checks the pairing with the policy in
+    its constructor.
+    """
 
     name: ClassVar[str] = "aggregator"
     #: True when the rule divides by the picks' inclusion probabilities
     #: (``d/(B p)``): it is then unbiased only with a policy whose picks carry
     #: true inclusion probabilities (:attr:`Policy.inclusion_probabilities`).
     needs_inclusion_probabilities: ClassVar[bool] = False
+    #: True when :meth:`aggregate` needs ``fresh``, every eligible client's fresh
+    #: update of the round (MMFL-StaleVR's optimal beta): the policy must train
+    #: every pair (:attr:`Policy.trains_every_pair`).
+    needs_fresh: ClassVar[bool] = False
+    #: True for SCAFFOLD: train messages carry :meth:`server_control` and replies
+    #: a client control variate (``Update.control``).
+    needs_control: ClassVar[bool] = False
+    #: True when :meth:`residual_norm` is available (the ``stale-residual``
+    #: selection signal of :class:`~mmfl_flwr.core.stale.StaleVRSampling`).
+    has_residual: ClassVar[bool] = False
+    #: What the aggregator keeps per (client, model) between rounds, for logs:
+    #: ``""`` (nothing), ``"stale updates"`` or ``"control variates"``.
+    keeps_per_client: ClassVar[str] = ""
+
+    def server_control(self, task: str, weights: Weights) -> Weights:
+        """SCAFFOLD's server control variate ``c_s`` of ``task`` (shaped like
+        ``weights``), sent with every train message when :attr:`needs_control`."""
+        raise NotImplementedError(f"{type(self).__name__} has no control variates")
+
+    def residual_norm(self, task: str, cid: str, fresh: Sequence[np.ndarray]) -> float:
+        """``||G - beta h||`` of a pair's fresh update against its stale one, when
+        :attr:`has_residual`."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no stale updates")
 
     @abstractmethod
     def coefficients(self, updates: Sequence[Update]) -> list[float]:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from mmfl_flwr.core.clients import ClientTable
-from mmfl_flwr.core.policies import Pick, Policy
+from mmfl_flwr.core.policy import Pick, Policy
 
 
 @dataclass
@@ -206,7 +206,7 @@ class GroupSampling(Policy):
         return not self.groups or server_round - self.cycle_start >= self.num_groups
 
     @property
-    def needs_losses(self) -> bool:  # type: ignore[override]
+    def needs_losses(self) -> bool:
         """At a cycle boundary (C-step), or when online clients have no group."""
         if self._table is None:
             return True
@@ -369,6 +369,10 @@ class GroupSampling(Policy):
             for j in chosen:
                 picks.append(Pick(pool[int(j)], task, 1, k / len(pool)))
         return picks
+
+    def cluster_steps(self) -> list[dict[str, Any]]:
+        """Every C-step so far: round, clients, cluster labels, loss vectors."""
+        return self.csteps
 
     # -- state -------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Variance-reduced sampling probabilities (paper 003, Theorem 2, Eq. 13).
+"""MMFL-LVR and MMFL-GVR: variance-reduced sampling (paper 003, Theorem 2, Eq. 13).
 
 Framework-free (numpy only) and vectorised: 10^5 clients x 10 tasks take a few
 tens of milliseconds.
@@ -20,7 +20,27 @@ same, finite probabilities.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import numpy as np
+
+from mmfl_flwr.core.clients import ClientTable
+from mmfl_flwr.core.policy import (
+    Pick,
+    Policy,
+    ProbabilityPolicy,
+    check_budget,
+    data_shares,
+    draw_picks,
+    eligibility_view,
+    resolve_budget,
+    sample_processors,
+)
+from mmfl_flwr.core.random_allocation import FullParticipation
+
+__all__ = ["GVR", "LVR", "lvr_probabilities", "sample_processors", "water_fill"]
 
 
 def _as_2d(name: str, a: object) -> np.ndarray:
@@ -146,28 +166,132 @@ def water_fill(weights: np.ndarray, counts: np.ndarray, budget: float) -> np.nda
     return q
 
 
-def sample_processors(
-    probs: np.ndarray, processors: np.ndarray, rng: np.random.Generator
-) -> np.ndarray:
-    """Independent categorical draw for every processor.
+# ----------------------------------------------------------------- policies
+class _Eq13Sampling(Policy):
+    """Shared parameters of the policies that sample with Eq. 13 (budget ``m``
+    and the lower-bound constant ``floor``)."""
 
-    Processor ``b`` of client ``i`` trains task ``s`` with probability
-    ``probs[s, i]`` and is idle with probability ``1 - sum_s probs[s, i]``.
+    def __init__(
+        self, budget: float | None = None, budget_fraction: float = 0.1, floor: float = 1e-4
+    ):
+        check_budget(budget, budget_fraction)
+        if not (math.isfinite(floor) and floor >= 0):
+            raise ValueError(f"floor must be a non-negative number, got {floor!r}")
+        self.budget = budget
+        self.budget_fraction = budget_fraction
+        self.floor = floor
 
-    Returns
-    -------
-    array (S, N) of int
-        How many processors of client ``i`` drew task ``s`` (paper 003, Remark 1:
-        the client trains once and the update counts that many times).
+    def config(self) -> dict[str, Any]:
+        return {
+            "budget": self.budget,
+            "budget_fraction": self.budget_fraction,
+            "floor": self.floor,
+        }
+
+
+class LVR(_Eq13Sampling, ProbabilityPolicy):
+    """MMFL-LVR (paper 003, Theorem 2): loss-based variance-reduced sampling.
+
+    Every round the strategy first asks every client for its loss on each of its
+    tasks (forward pass only); the policy then computes the optimal probabilities
+    of Eq. 13 (:func:`~mmfl_flwr.core.lvr.lvr_probabilities`) with budget ``m``
+    and draws an independent task (or idleness) for every processor. Pair it with
+    the unbiased ``d/(B p)`` aggregator. A client whose loss is missing this round
+    keeps its latest reported loss; a pair that never reported one gets only the
+    ``floor`` share.
+
+    Parameters
+    ----------
+    budget : float, optional
+        ``m``; overrides ``budget_fraction``.
+    budget_fraction : float
+        ``m / V`` (default 0.1).
+    floor : float
+        Lower-bound constant (Assumption 5), relative to the mean ``U``; see
+        :func:`~mmfl_flwr.core.lvr.lvr_probabilities`.
     """
-    p = np.asarray(probs, dtype=np.float64)
-    s_count, n_count = p.shape
-    b = np.asarray(processors, dtype=np.int64)
-    owner = np.repeat(np.arange(n_count), b)
-    cum = np.cumsum(p, axis=0)  # (S, N)
-    u = rng.random(owner.size)
-    # category = number of cumulative bounds <= u; S means idle
-    cat = (u[None, :] >= cum[:, owner]).sum(axis=0)
-    counts = np.zeros((s_count + 1, n_count), dtype=np.int64)
-    np.add.at(counts, (cat, owner), 1)
-    return counts[:s_count]
+
+    name = "lvr"
+
+    @property
+    def needs_losses(self) -> bool:
+        """A loss query every round (the signal of Eq. 13)."""
+        return True
+
+    def probabilities(
+        self, table: ClientTable, tasks: Sequence[str]
+    ) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """``(ids, p (S, N), processors)`` from the table's latest losses."""
+        ids, n, procs, losses = eligibility_view(table, tasks)
+        if not ids:
+            return ids, np.zeros((len(tasks), 0)), procs
+        m = resolve_budget(self.budget, self.budget_fraction, int(procs.sum()))
+        return ids, lvr_probabilities(losses, data_shares(n), procs, m, self.floor), procs
+
+
+class GVR(_Eq13Sampling):
+    """MMFL-GVR (paper 003, Section 4.2): gradient(update)-norm-based sampling.
+
+    Every client trains every task it holds every round (``assign`` returns all
+    pairs); after training, :meth:`select` computes the Eq. 13 probabilities with
+    the update norms ``||G_{i,s}||`` as the signal, draws every processor's task,
+    and only the drawn updates are aggregated (unbiased ``d/(B p)`` rule). In
+    this implementation clients send all updates and the server samples among
+    them; ``uploads`` in the metrics counts the sampled ones, which is what a
+    two-phase deployment (norms first, then the sampled updates) would upload.
+    """
+
+    name = "gvr"
+
+    @property
+    def trains_every_pair(self) -> bool:
+        return True
+
+    @property
+    def selects_after_training(self) -> bool:
+        return True
+
+    def assign(
+        self,
+        table: ClientTable,
+        tasks: Sequence[str],
+        server_round: int,
+        rng: np.random.Generator,
+    ) -> list[Pick]:
+        return FullParticipation().assign(table, tasks, server_round, rng)
+
+    def select(
+        self,
+        table: ClientTable,
+        tasks: Sequence[str],
+        signal: Mapping[tuple[str, str], float],
+        server_round: int,
+        rng: np.random.Generator,
+    ) -> list[Pick]:
+        """Sample among the trained pairs, with ``signal[(cid, task)] = ||G||``
+        (or the loss, or ``||G - beta h||``: see :class:`StaleVRSampling`).
+
+        Pairs without a (valid) update are not eligible this round; ``d`` and
+        ``B`` stay those of the whole federation.
+        """
+        ids, n, procs, losses = eligibility_view(table, tasks)
+        if not ids:
+            return []
+        d = data_shares(n)
+        sig = np.full(n.shape, np.nan)
+        col = {cid: j for j, cid in enumerate(ids)}
+        row = {t: s for s, t in enumerate(tasks)}
+        for (cid, task), value in signal.items():
+            if cid in col and task in row:
+                sig[row[task], col[cid]] = value
+        d_avail = np.where(np.isnan(sig), 0.0, d)
+        if self._signal_from_losses():
+            sig = np.where(np.isnan(sig), np.nan, losses)
+        m = resolve_budget(self.budget, self.budget_fraction, int(procs.sum()))
+        p = lvr_probabilities(np.where(np.isnan(sig), 0.0, sig), d_avail, procs, m, self.floor)
+        return draw_picks(ids, tasks, p, procs, rng)
+
+    def _signal_from_losses(self) -> bool:
+        return False
+
+

@@ -32,6 +32,7 @@ class ScaffoldAggregator(UnbiasedAggregator):
 
     name = "scaffold"
     needs_control = True
+    keeps_per_client = "control variates"
 
     def __init__(self, storage: str = "float32") -> None:
         self.controls = StaleStore(storage)

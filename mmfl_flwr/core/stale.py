@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from mmfl_flwr.core.aggregators import Aggregator, Update, Weights
+from mmfl_flwr.core.lvr import GVR
 
 STORAGE = ("float32", "float16", "disk")
 
@@ -207,6 +208,7 @@ class _StaleBase(Aggregator):
     """Shared machinery: the store and the Eq. 17/18 combination."""
 
     needs_inclusion_probabilities = True
+    keeps_per_client = "stale updates"
 
     def __init__(self, storage: str = "float32", directory: str | None = None) -> None:
         self.store = StaleStore(storage, directory)
@@ -397,6 +399,7 @@ class StaleVRAggregator(_StaleBase):
 
     name = "stalevr"
     needs_fresh = True
+    has_residual = True
 
     def __init__(self, storage: str = "float32", directory: str | None = None) -> None:
         super().__init__(storage, directory)
@@ -490,3 +493,46 @@ class StaleVREAggregator(_StaleBase):
                 self.schedule[key] = [server_round, optimal_stale_beta(u.delta, h_old), delta_t]
             else:
                 self.schedule[key] = [server_round, None, 0]
+
+
+# ---------------------------------------------------------------- sampling
+class StaleVRSampling(GVR):
+    """The sampling of MMFL-StaleVR (paper 003, Section 5).
+
+    Every client trains every task it holds each round (the optimal ``beta`` of
+    Eq. 20 needs every pair's fresh update); which updates are aggregated is drawn
+    with the Eq. 13 probabilities. The signal is the loss (``signal="loss"``,
+    the paper's LVR, default; the strategy sends a loss query first) or
+    ``signal="stale-residual"``: ``||G - beta h||``, the signal of the authors'
+    code (needs an aggregator with stale updates).
+    """
+
+    name = "stalevr-sampling"
+    SIGNALS = ("loss", "stale-residual")
+
+    def __init__(
+        self,
+        budget: float | None = None,
+        budget_fraction: float = 0.1,
+        floor: float = 1e-4,
+        signal: str = "loss",
+    ):
+        if signal not in self.SIGNALS:
+            raise ValueError(f"signal must be one of {self.SIGNALS}, got {signal!r}")
+        super().__init__(budget, budget_fraction, floor)
+        self.signal = signal
+
+    @property
+    def needs_losses(self) -> bool:
+        """A loss query every round with the paper's ``signal="loss"``."""
+        return self.signal == "loss"
+
+    @property
+    def selection_signal(self) -> str:
+        return "stale-residual" if self.signal == "stale-residual" else "update-norm"
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "signal": self.signal}
+
+    def _signal_from_losses(self) -> bool:
+        return self.signal == "loss"

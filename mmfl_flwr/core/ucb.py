@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from mmfl_flwr.core.clients import ClientTable
-from mmfl_flwr.core.policies import Pick, Policy, _check_k
+from mmfl_flwr.core.policy import Pick, Policy, check_k
 
 
 def pareto_front(scores: np.ndarray) -> np.ndarray:
@@ -93,7 +93,7 @@ class _UCBBase(Policy):
     def __init__(
         self, clients_per_round: int, gamma: float = 0.9, init: str = "loss-query"
     ) -> None:
-        _check_k(clients_per_round)
+        check_k(clients_per_round)
         if clients_per_round is None:
             raise ValueError("clients_per_round (K) is required")
         if not 0.0 < gamma < 1.0:
@@ -115,7 +115,7 @@ class _UCBBase(Policy):
 
     # -- statistics ----------------------------------------------------------
     @property
-    def needs_losses(self) -> bool:  # type: ignore[override]
+    def needs_losses(self) -> bool:
         """With ``init="loss-query"``: a loss query is needed while some online
         (client, model) pair has no observation yet (before the first round, and
         when a client joins)."""

@@ -164,14 +164,15 @@ def progress_printer(num_rounds: int) -> Callable[[int, list[dict[str, Any]]], N
 def _with_cluster_records(
     strategy: MultiModelStrategy, output_dir: str
 ) -> Callable[[int, list[dict[str, Any]]], None]:
-    """Wrap the round callback: after every C-step of a group policy, write its
+    """Wrap the round callback: after every clustering of the policy (MMFL-Group's
+    C-steps, :meth:`~mmfl_flwr.core.policy.Policy.cluster_steps`), write its
     cluster assignment and PCA plot into ``output_dir``."""
     from mmfl_flwr.results import write_cluster_step
 
     inner = strategy.on_round_end
 
     def callback(rnd: int, rows: list[dict[str, Any]]) -> None:
-        for cstep in strategy.policy.csteps:  # type: ignore[attr-defined]
+        for cstep in strategy.policy.cluster_steps():
             if cstep["round"] == rnd:
                 write_cluster_step(cstep, output_dir)
         if inner is not None:
@@ -225,12 +226,11 @@ def server_main(
     check_output_folder(s)
     arrays, evaluate_fn = initial_arrays(s), central_evaluator(s)  # loads the data
     if s.output_dir:
-        if hasattr(strategy.policy, "csteps"):
-            strategy.on_round_end = _with_cluster_records(strategy, s.output_dir)
-            if not s.resume_from:  # a fresh run: no cluster records of an older run
-                for old in Path(s.output_dir).glob("clusters*"):
-                    if old.name == "clusters.csv" or old.name.startswith("clusters_round_"):
-                        old.unlink()
+        strategy.on_round_end = _with_cluster_records(strategy, s.output_dir)
+        if not s.resume_from:  # a fresh run: no cluster records of an older run
+            for old in Path(s.output_dir).glob("clusters*"):
+                if old.name == "clusters.csv" or old.name.startswith("clusters_round_"):
+                    old.unlink()
         os.makedirs(s.output_dir, exist_ok=True)
         s.save(os.path.join(s.output_dir, "config.json"))
         strategy.checkpoint_path = os.path.join(s.output_dir, CHECKPOINT_FILE)

@@ -1,0 +1,157 @@
+"""Phase 6 of a round: which updates count (policies that select after
+training), the new global model of every task, and the round's metrics rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+from logging import ERROR
+from typing import Any
+
+import numpy as np
+from flwr.app import Message, MetricRecord
+from flwr.common.logger import log
+
+from mmfl_flwr.core.aggregators import Aggregator, Update
+from mmfl_flwr.core.policy import Policy
+from mmfl_flwr.strategy.run import RoundPlan, RunState
+from mmfl_flwr.strategy.train import TrainOutcome, collect_updates
+from mmfl_flwr.strategy.validation import Limits, l2_norm
+
+
+def average_state(old: list[np.ndarray], updates: Sequence[Update]) -> list[np.ndarray]:
+    """Non-trainable model state (batch-norm running statistics, counters) of the
+    new global model: the sample-weighted mean of the aggregated clients' values
+    (``n_{i,s}`` weights), in float64, cast back to each entry's dtype (integer
+    counters rounded to the nearest integer). Unchanged without updates."""
+    received = [u for u in updates if u.state is not None]
+    if not old or not received:
+        return [a.copy() for a in old]
+    total = float(sum(u.num_examples for u in received))
+    out = []
+    for j, a in enumerate(old):
+        mean = np.zeros(a.shape, dtype=np.float64)
+        for u in received:
+            assert u.state is not None
+            mean += (u.num_examples / total) * np.asarray(u.state[j], dtype=np.float64)
+        if a.dtype.kind in "iub":
+            mean = np.rint(mean)
+        out.append(mean.astype(a.dtype).reshape(a.shape))
+    return out
+
+
+def train_round(
+    run: RunState,
+    policy: Policy,
+    aggregator: Aggregator,
+    plan: RoundPlan,
+    replies: Iterable[Message],
+    limits: Limits,
+) -> dict[str, dict[str, Any]]:
+    """After the train round trip: validate the replies, let the policy observe
+    the training losses (and select, GVR-style), and aggregate every model;
+    returns the metrics row of each task."""
+    shares = {t: run.table.data_share(t) for t in plan.tasks}
+    outcome = collect_updates(run, plan, replies, shares, limits, aggregator.needs_control)
+    policy.observe(plan.server_round, outcome.observed, plan.picks)
+    updates = outcome.updates
+    if policy.selects_after_training:
+        updates = select_after_training(run, policy, aggregator, plan.server_round, updates)
+    return aggregate_round(run, aggregator, plan, outcome, updates, shares)
+
+
+def select_after_training(
+    run: RunState,
+    policy: Policy,
+    aggregator: Aggregator,
+    server_round: int,
+    updates: dict[str, list[Update]],
+) -> dict[str, list[Update]]:
+    """GVR-style policies: every pair trained; the policy draws which updates
+    count, on each update's norm ``||G||`` or, with the ``stale-residual``
+    signal, ``||G - beta h||`` (the pairing was checked at construction)."""
+    residual = policy.selection_signal == "stale-residual"
+    signal = {
+        (u.cid, task): (
+            aggregator.residual_norm(task, u.cid, u.delta) if residual else l2_norm(u.delta)
+        )
+        for task, us in updates.items()
+        for u in us
+    }
+    chosen = {
+        (p.cid, p.task): p
+        for p in policy.select(run.table, run.tasks, signal, server_round, run.rng)
+    }
+    return {
+        task: [
+            dataclasses.replace(u, prob=chosen[(u.cid, task)].prob,
+                                count=chosen[(u.cid, task)].count)
+            for u in us
+            if (u.cid, task) in chosen
+        ]
+        for task, us in updates.items()
+    }
+
+
+def aggregate_round(
+    run: RunState,
+    aggregator: Aggregator,
+    plan: RoundPlan,
+    outcome: TrainOutcome,
+    updates: dict[str, list[Update]],
+    shares: dict[str, dict[str, float]],
+) -> dict[str, dict[str, Any]]:
+    """Aggregate every active model and return its metrics row of the round.
+
+    ``updates`` are the updates to aggregate (after any selection); the
+    trainable entries go through the aggregator, the state entries are
+    averaged (:func:`average_state`). A non-finite result leaves the model
+    unchanged (logged)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for task in plan.tasks:
+        old = run.weights[task]
+        train_keys, state_keys = run.split_keys(task)
+        new_train = aggregator.aggregate(
+            task,
+            [old[k] for k in train_keys],
+            updates[task],
+            plan.server_round,
+            shares=shares[task],
+            fresh=(
+                {u.cid: u.delta for u in outcome.updates[task]} if aggregator.needs_fresh
+                else None
+            ),
+        )
+        new_state = average_state([old[k] for k in state_keys], updates[task])
+        if not all(np.isfinite(a).all() for a in new_train + new_state if a.dtype.kind in "fc"):
+            log(ERROR, "Task %r: aggregation produced NaN/inf (overflow); the global model "
+                "is left unchanged this round", task)
+            new_train = [old[k] for k in train_keys]
+            new_state = [old[k] for k in state_keys]
+        step_l1 = float(
+            sum(np.abs(a.astype(np.float64) - old[k]).sum() for a, k in zip(new_train, train_keys))
+        )
+        new_values = dict(zip(train_keys + state_keys, new_train + new_state))
+        run.set_weights(task, {k: new_values[k] for k in old})
+        tl = outcome.train_losses[task]
+        rows[task] = {
+            "uploads": len(updates[task]),
+            "assigned": sum(1 for p in plan.picks if p.task == task),
+            "rejected": outcome.rejected[task],
+            "train_loss": (
+                float(sum(v * n for v, n in tl) / sum(n for _, n in tl)) if tl else math.nan
+            ),
+            "step_l1": step_l1,
+        }
+    return rows
+
+
+def train_metrics(rows: dict[str, dict[str, Any]]) -> MetricRecord:
+    """``<task>.uploads`` and ``<task>.train-loss`` of a round, for Flower's logs."""
+    metrics = MetricRecord()
+    for task, row in rows.items():
+        metrics[f"{task}.uploads"] = row["uploads"]
+        if not math.isnan(row["train_loss"]):
+            metrics[f"{task}.train-loss"] = row["train_loss"]
+    return metrics

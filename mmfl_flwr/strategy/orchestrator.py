@@ -1,0 +1,300 @@
+"""MultiModelStrategy: one Flower strategy that trains several models at once.
+
+It orchestrates the phases of a round, each in its own module: registration
+(:mod:`.registration`), loss query (:mod:`.loss_query`), assignment and train
+round trip (:mod:`.train`), reply validation (:mod:`.validation`), aggregation
+and round metrics (:mod:`.aggregate`), evaluation (:mod:`.evaluate`) and
+checkpoints (:mod:`.persist`). State passes between them explicitly: a
+:class:`~.run.RunState` per run and a :class:`~.run.RoundPlan` per round.
+Imports flwr and numpy only (no torch).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from logging import INFO
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from mmfl_flwr.core.aggregators import Aggregator, FedAvgAggregator
+from mmfl_flwr.core.pairing import check_pairing
+from mmfl_flwr.core.policy import Policy
+from mmfl_flwr.core.random_allocation import RandomAllocation
+from mmfl_flwr.strategy import aggregate, evaluate, persist, registration, train
+from mmfl_flwr.strategy.loss_query import query_losses
+from mmfl_flwr.strategy.result import EvaluateFn, MultiModelResult, RoundCallback
+from mmfl_flwr.strategy.run import RoundPlan, RunState
+from mmfl_flwr.strategy.validation import Limits
+
+
+class MultiModelStrategy(Strategy):
+    """Train several models at once over one shared pool of clients.
+
+    Each round: register new nodes (``query.info``), ask for losses when the
+    policy needs them (``query.losses``), let the policy assign models to
+    clients, send **one** train message per node carrying every model assigned
+    to it, validate every reply per (client, task), aggregate each model and
+    evaluate. ``start()`` may be called again: each call is a fresh run (a new
+    RNG from ``seed``, an empty client table, and fresh copies of the policy and
+    aggregator as constructed).
+
+    Parameters
+    ----------
+    policy : Policy, optional
+        Who trains what (default: random allocation).
+    aggregator : Aggregator, optional
+        How each model's updates are combined (default: FedAvg). A pairing whose
+        declared needs do not match is refused (:func:`~mmfl_flwr.core.pairing.check_pairing`).
+    local_epochs, lr, batch_size : int, float, int
+        Local training sent to the clients (defaults 1, 0.05, 32).
+    seed : int
+        Seeds every assignment draw and the clients' local training.
+    fraction_evaluate : float
+        Fraction of clients that also evaluate every model locally (default 0).
+    evaluate_every : int
+        Evaluate every this many rounds (the last round always).
+    min_available_nodes, node_wait_timeout : int, float
+        Before the first round, wait at most ``node_wait_timeout`` seconds for
+        this many nodes; later rounds use whoever is online.
+    max_loss : float
+        Reported losses above this are rejected as absurd.
+    on_round_end : callable, optional
+        ``f(server_round, rows)`` after each round (progress display).
+    checkpoint_path : str, optional
+        File or folder where the whole state is written atomically after every
+        round; ``start(..., resume_from=path)`` continues from it.
+    loss_cap : float or None
+        Loss-query reports above ``loss_cap`` times the task's median are
+        capped (logged), so one client cannot steer loss-based sampling.
+    max_update_norm : float or None
+        Reject (and log) an update whose L2 norm exceeds this (default: off).
+    client_arrivals, task_arrivals : mapping, optional
+        Client id / task -> first round it takes part in (simulated arrivals;
+        MMFL-Group admits a task at its next cycle boundary).
+    trainable_keys : mapping, optional
+        Task -> keys of its trainable parameters; only these form the update
+        ``G`` (norms, beta, ``d/(B p)``, control variates), the other entries
+        (batch-norm statistics, counters) are averaged by sample count. Without
+        it the first client declaring them (``trainable.<task>``) sets them.
+    """
+
+    def __init__(
+        self,
+        policy: Policy | None = None,
+        aggregator: Aggregator | None = None,
+        *,
+        local_epochs: int = 1,
+        lr: float = 0.05,
+        batch_size: int = 32,
+        seed: int = 0,
+        fraction_evaluate: float = 0.0,
+        evaluate_every: int = 1,
+        min_available_nodes: int = 1,
+        node_wait_timeout: float = 60.0,
+        max_loss: float = 1e6,
+        on_round_end: RoundCallback | None = None,
+        checkpoint_path: str | None = None,
+        loss_cap: float | None = 100.0,
+        max_update_norm: float | None = None,
+        client_arrivals: Mapping[str, int] | None = None,
+        task_arrivals: Mapping[str, int] | None = None,
+        trainable_keys: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
+        if not 0.0 <= fraction_evaluate <= 1.0:
+            raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate}")
+        if evaluate_every < 1:
+            raise ValueError(f"evaluate_every must be >= 1, got {evaluate_every}")
+        self.policy = policy if policy is not None else RandomAllocation()
+        self.aggregator = aggregator if aggregator is not None else FedAvgAggregator()
+        check_pairing(self.policy, self.aggregator)
+        self._templates = (copy.deepcopy(self.policy), copy.deepcopy(self.aggregator))
+        self.train_config = train.TrainConfig(int(local_epochs), float(lr), int(batch_size),
+                                              int(seed))
+        self.seed = int(seed)
+        self.fraction_evaluate = float(fraction_evaluate)
+        self.evaluate_every = int(evaluate_every)
+        self.min_available_nodes = int(min_available_nodes)
+        self.node_wait_timeout = float(node_wait_timeout)
+        self.limits = Limits(float(max_loss), loss_cap, max_update_norm)  # checks them
+        self.on_round_end = on_round_end
+        self.checkpoint_path = checkpoint_path
+        self._arrivals = (
+            {str(k): int(v) for k, v in (task_arrivals or {}).items()},
+            {str(k): int(v) for k, v in (client_arrivals or {}).items()},
+        )
+        self._trainable = {str(t): [str(k) for k in ks] for t, ks in (trainable_keys or {}).items()}
+        self.run = self._new_run()
+        self._runs = 0
+        self._plans: dict[int, RoundPlan] = {}  # only for the Flower-API methods below
+
+    def _new_run(self) -> RunState:
+        return RunState(self.seed, *self._arrivals, pinned_trainable=dict(self._trainable))
+
+    # ---------------------------- views of the current run (see RunState)
+    weights = property(lambda self: self.run.weights, doc="Global weights per task (numpy).")
+    table = property(lambda self: self.run.table, doc="The client table of the current run.")
+    trainable = property(lambda self: self.run.trainable, doc="Task -> trainable keys.")
+
+    def set_models(self, initial_arrays: Mapping[str, ArrayRecord]) -> None:
+        """Install the initial global weights, one ArrayRecord per task."""
+        self.run.set_models(initial_arrays)
+
+    def split_keys(self, task: str) -> tuple[list[str], list[str]]:
+        """``(trainable, state)`` keys of ``task``'s model."""
+        return self.run.split_keys(task)
+
+    def summary(self) -> None:
+        """Log every setting of the strategy."""
+        log(INFO, "\t├──> MultiModelStrategy settings:")
+        log(INFO, "\t│\t├── Policy: %r", self.policy)
+        log(INFO, "\t│\t├── Aggregator: %r", self.aggregator)
+        log(INFO, "\t│\t├── Tasks: %s", ", ".join(self.run.all_tasks) or "(not set yet)")
+        for name, value in (
+            ("Train config", self.train_config), ("Limits", self.limits),
+            ("Evaluation", f"fraction {self.fraction_evaluate:g}, every {self.evaluate_every}"),
+            ("Nodes", f"wait for {self.min_available_nodes} at most {self.node_wait_timeout:g} s"),
+            ("Arrivals (tasks, clients)", self._arrivals), ("Trainable keys", self._trainable),
+            ("Checkpoint", self.checkpoint_path),
+        ):
+            log(INFO, "\t│\t├── %s: %s", name, value)
+        log(INFO, "\t│\t└── Seed: %d", self.seed)
+
+    # --------------------------------------------- Flower's Strategy interface
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord | None, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Assign models to clients; one train message per node (``arrays`` is
+        ignored: the strategy holds one ArrayRecord per task)."""
+        plan = train.plan_round(self.run, self.policy, self.aggregator, server_round, config,
+                                self.train_config)
+        self._plans[server_round] = plan
+        return plan.messages
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Validate and aggregate the replies to :meth:`configure_train`'s messages."""
+        rows = self._aggregate(self._plans.pop(server_round), replies)
+        return None, aggregate.train_metrics(rows)
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord | None, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Client-side evaluation of every model on a fraction of the clients."""
+        return evaluate.evaluation_messages(self.run, server_round, config,
+                                            self.fraction_evaluate)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Example-weighted mean of client-side loss and accuracy, per task."""
+        return evaluate.client_metrics(self.run, replies, self.limits.max_loss)
+
+    # ------------------------------------------------------------------ a run
+    def start(  # type: ignore[override]
+        self,
+        grid: Grid,
+        initial_arrays: Mapping[str, ArrayRecord],
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: EvaluateFn | None = None,
+        resume_from: str | None = None,
+    ) -> MultiModelResult:
+        """Run ``num_rounds`` rounds over every model (``initial_arrays``: one
+        ArrayRecord per task). ``evaluate_fn(round, task, arrays)`` evaluates on
+        the server before the first round and after each evaluation round;
+        ``resume_from`` continues a checkpoint of this strategy (its models
+        replace ``initial_arrays``; SCAFFOLD's client-held ``c_i`` is not in it).
+        Returns the final weights and the per-round, per-task history."""
+        if self._runs:
+            self.policy = copy.deepcopy(self._templates[0])
+            self.aggregator = copy.deepcopy(self._templates[1])
+            self.run = self._new_run()
+        self._runs += 1
+        run = self.run
+        if resume_from is None and set(run.task_arrivals) - set(initial_arrays or {}):
+            raise ValueError(f"task_arrivals names unknown tasks "
+                             f"{sorted(set(run.task_arrivals) - set(initial_arrays or {}))}")
+        result = MultiModelResult()
+        first = 1
+        if resume_from is not None:
+            state = self.check_resumable(resume_from)
+            first = persist.restore(run, self.policy, self.aggregator, state, result) + 1
+            log(INFO, "Resuming %s from %s after round %d", type(self).__name__, resume_from,
+                first - 1)
+        else:
+            run.set_models(initial_arrays)
+        log(INFO, "Starting %s over %d models for %d rounds", type(self).__name__,
+            len(run.tasks), num_rounds)
+        self.summary()
+        if resume_from is None:
+            self._finish_round(0, evaluate.initial_rows(run, evaluate_fn, result), result)
+        for rnd in range(first, num_rounds + 1):
+            t0 = time.monotonic()
+            run.current_round = rnd
+            log(INFO, "")
+            log(INFO, "[ROUND %s/%s]", rnd, num_rounds)
+            registration.refresh_clients(run, grid, rnd, timeout, self.min_available_nodes,
+                                         self.node_wait_timeout)
+            log(INFO, "%d clients online", len(run.table.ids()))
+            if self.policy.needs_losses:
+                only = self.policy.loss_query_clients(run.table, run.tasks)
+                n = query_losses(run, grid, rnd, timeout, self.limits, only)
+                log(INFO, "Loss query: %d (client, task) losses received", n)
+            plan = train.plan_round(run, self.policy, self.aggregator, rnd,
+                                    train_config or ConfigRecord(), self.train_config)
+            result.assignments[rnd] = [(p.cid, p.task, p.count) for p in plan.picks]
+            log(INFO, "configure_train: %d picks on %d nodes", len(plan.picks),
+                len(plan.messages))
+            replies = grid.send_and_receive(plan.messages, timeout=timeout) if plan.messages else []
+            rows = self._aggregate(plan, replies)
+            result.train_metrics_clientapp[rnd] = {"all": aggregate.train_metrics(rows)}
+            evaluated = rnd % self.evaluate_every == 0 or rnd == num_rounds
+            client_eval = evaluate.client_round(
+                run, grid, rnd, evaluate_config or ConfigRecord(),
+                self.fraction_evaluate if evaluated else 0.0, timeout, self.limits.max_loss,
+                result,
+            )
+            self._finish_round(rnd, evaluate.round_rows(
+                run, rnd, rows, evaluated, evaluate_fn, client_eval, result,
+                time.monotonic() - t0,
+            ), result)
+        result.arrays = dict(run.arrays)
+        return result
+
+    def _aggregate(self, plan: RoundPlan, replies: Iterable[Message]) -> dict[str, dict[str, Any]]:
+        return aggregate.train_round(self.run, self.policy, self.aggregator, plan, replies,
+                                     self.limits)
+
+    def _finish_round(self, rnd: int, rows: list[dict[str, Any]], result: MultiModelResult) -> None:
+        result.history.extend(rows)
+        if self.checkpoint_path:
+            self.save_checkpoint(rnd, result)
+        if self.on_round_end:
+            self.on_round_end(rnd, rows)
+
+    # ------------------------------------------------------------ checkpoints
+    def state_dict(self, server_round: int, result: MultiModelResult) -> dict[str, Any]:
+        """Everything needed to continue after ``server_round`` (plain data)."""
+        return persist.run_state_dict(self.run, self.policy, self.aggregator, server_round, result)
+
+    def check_resumable(self, path: str) -> dict[str, Any]:
+        """Load a checkpoint and check it was written by an identical strategy
+        (policy, aggregator, their parameters, seed); returns its state."""
+        return persist.load_resumable(path, persist.identity(self.policy, self.aggregator,
+                                                             self.seed))
+
+    def save_checkpoint(self, server_round: int, result: MultiModelResult) -> None:
+        """Write :meth:`state_dict` atomically to ``checkpoint_path``."""
+        from mmfl_flwr.checkpoint import save_checkpoint
+
+        save_checkpoint(str(self.checkpoint_path), self.state_dict(server_round, result))
+

@@ -1,0 +1,83 @@
+"""Checkpoints of a run: everything needed to continue after a round, as plain
+data, and the identity a checkpoint must share with the strategy resuming it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mmfl_flwr.core.aggregators import Aggregator
+from mmfl_flwr.core.policy import Policy
+from mmfl_flwr.records import numpy_to_arrays
+from mmfl_flwr.strategy.result import MultiModelResult
+from mmfl_flwr.strategy.run import RunState
+
+
+def identity(policy: Policy, aggregator: Aggregator, seed: int) -> dict[str, Any]:
+    """What must match for a checkpoint to be resumed: the policy, the aggregator,
+    their parameters (storage aside) and the seed."""
+    agg = {k: v for k, v in aggregator.config().items() if k != "storage"}
+    return {
+        "policy_name": type(policy).__name__,
+        "aggregator_name": type(aggregator).__name__,
+        "policy_config": repr(sorted(policy.config().items())),
+        "aggregator_config": repr(sorted(agg.items())),
+        "seed": seed,
+    }
+
+
+def run_state_dict(
+    run: RunState,
+    policy: Policy,
+    aggregator: Aggregator,
+    server_round: int,
+    result: MultiModelResult,
+) -> dict[str, Any]:
+    """Everything needed to continue after ``server_round`` (plain data)."""
+    return {
+        "round": server_round,
+        "weights": {t: dict(w) for t, w in run.weights.items()},
+        "policy": policy.state_dict(),
+        "aggregator": aggregator.state_dict(),
+        "table": run.table.state_dict(),
+        "rng": run.rng.bit_generator.state,
+        "eval_rng": run.eval_rng.bit_generator.state,
+        "history": [dict(r) for r in result.history],
+        "trainable": {t: list(k) for t, k in run.trainable.items()},
+        "assignments": dict(result.assignments),
+        **identity(policy, aggregator, run.seed),
+    }
+
+
+def load_resumable(path: str, mine: dict[str, Any]) -> dict[str, Any]:
+    """Read the checkpoint at ``path``; raise ValueError if it was written by a
+    strategy with another :func:`identity` than ``mine``."""
+    from mmfl_flwr.checkpoint import load_checkpoint
+
+    state = load_checkpoint(path)
+    for key, value in mine.items():
+        if key in state and state[key] != value:
+            raise ValueError(
+                f"checkpoint {path} was written with {key} = {state[key]!r}, but this "
+                f"strategy has {value!r}; resume with the same strategy and seed"
+            )
+    return state
+
+
+def restore(
+    run: RunState,
+    policy: Policy,
+    aggregator: Aggregator,
+    state: dict[str, Any],
+    result: MultiModelResult,
+) -> int:
+    """Load a checkpoint's state into a fresh run; returns its last round."""
+    run.set_models({t: numpy_to_arrays(w) for t, w in state["weights"].items()})
+    policy.load_state_dict(state["policy"])
+    aggregator.load_state_dict(state["aggregator"])
+    run.table.load_state_dict(state["table"])
+    run.trainable = {**state.get("trainable", {}), **run.pinned_trainable}
+    run.rng.bit_generator.state = state["rng"]
+    run.eval_rng.bit_generator.state = state["eval_rng"]
+    result.history.extend(state["history"])
+    result.assignments.update(state["assignments"])
+    return int(state["round"])

@@ -1,0 +1,46 @@
+"""The one preamble every reply goes through: node -> client, unexpected
+senders, duplicates and error replies, each logged with the client id."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Iterator
+from logging import WARNING
+
+from flwr.app import Message
+from flwr.common.logger import log
+
+
+def client_replies(
+    node_to_cid: dict[int, str],
+    replies: Iterable[Message],
+    kind: str,
+    asked: Collection[str] | None = None,
+    on_error: Callable[[str, Message], None] | None = None,
+) -> Iterator[tuple[str, Message]]:
+    """Yield ``(client id, reply)`` for the usable replies of one round trip.
+
+    A reply from a node that is not a registered client (or, with ``asked``, not
+    one of the clients asked) is ignored; a client's second reply is ignored;
+    an error reply is logged (or handed to ``on_error``, which logs it) and
+    not yielded. ``kind`` names the round trip in the log lines ("train",
+    "loss", "evaluation").
+    """
+    seen: set[str] = set()
+    for reply in replies:
+        node = reply.metadata.src_node_id
+        cid = node_to_cid.get(node)
+        if cid is None or (asked is not None and cid not in asked):
+            log(WARNING, "Ignoring a %s reply from node %d, which was not asked", kind, node)
+            continue
+        if cid in seen:
+            log(WARNING, "Client %s: duplicated %s reply ignored", cid, kind)
+            continue
+        seen.add(cid)
+        if reply.has_error():
+            if on_error is not None:
+                on_error(cid, reply)
+            else:
+                log(WARNING, "Client %s failed the %s request (error %s: %s)",
+                    cid, kind, reply.error.code, reply.error.reason)
+            continue
+        yield cid, reply

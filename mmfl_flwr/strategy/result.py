@@ -1,0 +1,56 @@
+"""What a run returns, and the callback types of :class:`MultiModelStrategy`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from flwr.app import ArrayRecord, MetricRecord
+
+#: Server-side evaluation: ``(server_round, task, arrays) -> metrics or None``.
+EvaluateFn = Callable[[int, str, ArrayRecord], "MetricRecord | Mapping[str, float] | None"]
+#: Called after every round with that round's history rows.
+RoundCallback = Callable[[int, list[dict[str, Any]]], None]
+
+
+@dataclass
+class MultiModelResult:
+    """What :meth:`MultiModelStrategy.start` returns.
+
+    Attributes
+    ----------
+    arrays : dict[str, ArrayRecord]
+        Final global weights, one ArrayRecord per task.
+    history : list[dict]
+        One row per (round, task): ``round``, ``task``, ``accuracy``, ``loss``
+        (server-side evaluation, NaN without ``evaluate_fn``), ``uploads``
+        (accepted updates), ``assigned`` (clients assigned), ``rejected``,
+        ``train_loss``, ``step_l1`` (``||w_old - w_new||_1`` over the trainable
+        entries), ``round_step_l1`` (the sum of ``step_l1`` over the tasks: paper
+        003's summed global step size ``sum_s ||H_s||_1``), and with
+        client-side evaluation ``client_accuracy`` and ``client_loss``.
+        Round 0 holds the evaluation of the initial weights.
+    assignments : dict[int, list[tuple[str, str, int]]]
+        Per round, the ``(client id, task, count)`` picks of the policy.
+    """
+
+    arrays: dict[str, ArrayRecord] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    assignments: dict[int, list[tuple[str, str, int]]] = field(default_factory=dict)
+    train_metrics_clientapp: dict[int, dict[str, MetricRecord]] = field(
+        default_factory=dict
+    )
+    evaluate_metrics_clientapp: dict[int, dict[str, MetricRecord]] = field(
+        default_factory=dict
+    )
+    evaluate_metrics_serverapp: dict[int, dict[str, MetricRecord]] = field(
+        default_factory=dict
+    )
+
+    def final(self) -> dict[str, dict[str, Any]]:
+        """The last history row of each task."""
+        out: dict[str, dict[str, Any]] = {}
+        for row in self.history:
+            out[row["task"]] = row
+        return out

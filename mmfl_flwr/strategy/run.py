@@ -1,0 +1,170 @@
+"""The state of one run and of one round, passed explicitly between the phases.
+
+:class:`RunState` is everything a run accumulates (global weights, the client
+table, node ids, the trainable keys, the random generators); :class:`RoundPlan`
+is one round's assignment and its train messages, handed from the train
+configuration to the reply validation and the aggregation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from flwr.app import ArrayRecord, Message, RecordDict
+
+from mmfl_flwr import protocol as P
+from mmfl_flwr.core.clients import ClientTable
+from mmfl_flwr.core.policy import Pick
+from mmfl_flwr.records import NumpyWeights, arrays_to_numpy, numpy_to_arrays
+
+
+@dataclass
+class RunState:
+    """Everything one run of the strategy accumulates.
+
+    Attributes
+    ----------
+    seed : int
+        The run's seed: ``rng`` (every assignment draw) and ``eval_rng``
+        (client-side evaluation sampling) derive from it.
+    task_arrivals, client_arrivals : dict
+        Task / client id -> first round it takes part in.
+    pinned_trainable : dict
+        Task -> trainable keys given by the operator (``trainable_keys``).
+    weights, arrays : dict
+        Current global weights per task (numpy, and as ArrayRecords).
+    table : ClientTable
+        Registered clients, keyed by stable client id.
+    node_to_cid, cid_to_node : dict
+        Flower node id <-> stable client id of the clients online now.
+    trainable : dict
+        Task -> trainable keys in force (pinned, or the first declaration).
+    current_round : int
+        The round being run (0 before the first).
+    waited : bool
+        Whether the wait for ``min_available_nodes`` is done.
+    """
+
+    seed: int
+    task_arrivals: dict[str, int] = field(default_factory=dict)
+    client_arrivals: dict[str, int] = field(default_factory=dict)
+    pinned_trainable: dict[str, list[str]] = field(default_factory=dict)
+    weights: dict[str, NumpyWeights] = field(default_factory=dict)
+    arrays: dict[str, ArrayRecord] = field(default_factory=dict)
+    table: ClientTable = field(default_factory=ClientTable)
+    node_to_cid: dict[int, str] = field(default_factory=dict)
+    cid_to_node: dict[str, int] = field(default_factory=dict)
+    trainable: dict[str, list[str]] = field(default_factory=dict)
+    current_round: int = 0
+    waited: bool = False
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.default_rng(self.seed)
+        self.eval_rng = np.random.default_rng([self.seed, 1])
+        self.trainable = dict(self.pinned_trainable)
+
+    # ----------------------------------------------------------------- models
+    @property
+    def all_tasks(self) -> list[str]:
+        """Every model (task), in order, arrived or not."""
+        return list(self.weights)
+
+    @property
+    def tasks(self) -> list[str]:
+        """The models active in the current round (their arrival round has come)."""
+        return [t for t in self.weights if self.task_arrivals.get(t, 0) <= self.current_round]
+
+    def set_models(self, initial_arrays: Mapping[str, ArrayRecord]) -> None:
+        """Install the initial global weights, one ArrayRecord per task."""
+        if not initial_arrays:
+            raise ValueError("initial_arrays must map at least one task name to an ArrayRecord")
+        for task, rec in initial_arrays.items():
+            if not isinstance(task, str) or not task:
+                raise ValueError(f"task names must be non-empty strings, got {task!r}")
+            if not isinstance(rec, ArrayRecord) or len(rec) == 0:
+                raise ValueError(f"task {task!r}: expected a non-empty ArrayRecord")
+        self.weights = {t: arrays_to_numpy(r) for t, r in initial_arrays.items()}
+        for task, w in self.weights.items():
+            for k, v in w.items():
+                if v.dtype.kind in "fc" and not np.isfinite(v).all():
+                    raise ValueError(f"task {task!r}: initial array {k!r} has NaN or inf")
+        self.arrays = {t: numpy_to_arrays(w) for t, w in self.weights.items()}
+        for task, keys in self.pinned_trainable.items():
+            problem = self.trainable_problem(task, keys)
+            if problem:
+                raise ValueError(f"trainable_keys[{task!r}]: {problem}")
+
+    def set_weights(self, task: str, weights: NumpyWeights) -> None:
+        """Replace the global weights of ``task``."""
+        self.weights[task] = weights
+        self.arrays[task] = numpy_to_arrays(weights)
+
+    def trainable_problem(self, task: str, keys: Sequence[str]) -> str | None:
+        """Why ``keys`` cannot be ``task``'s trainable entries (None if they can)."""
+        if task not in self.weights:
+            return "no such model"
+        w = self.weights[task]
+        unknown = [k for k in keys if k not in w]
+        if unknown:
+            return f"keys {unknown[:3]} are not in the model"
+        if len(set(keys)) != len(keys) or not keys:
+            return "must be a non-empty list of distinct keys"
+        bad = [k for k in keys if w[k].dtype.kind != "f"]
+        if bad:
+            return f"entries {bad[:3]} are not floating-point arrays"
+        return None
+
+    def split_keys(self, task: str) -> tuple[list[str], list[str]]:
+        """``(trainable, state)`` keys of ``task``'s model, in model order.
+
+        Trainable entries form the update ``G``; state entries (batch-norm
+        running statistics, counters) are averaged. Until a declaration, every
+        floating-point entry counts as trainable."""
+        w = self.weights[task]
+        declared = self.trainable.get(task)
+        if declared is None:
+            train = [k for k, v in w.items() if v.dtype.kind == "f"]
+        else:
+            wanted = set(declared)
+            train = [k for k in w if k in wanted]
+        chosen = set(train)
+        return train, [k for k in w if k not in chosen]
+
+    # ---------------------------------------------------------------- clients
+    def models_for(self, cid: str, active: set[str]) -> tuple[list[str], RecordDict]:
+        """The active tasks ``cid`` holds data for, and a RecordDict carrying their
+        current global weights (``arrays.<task>``)."""
+        tasks = [t for t in self.table[cid].tasks if t in active]
+        return tasks, RecordDict({P.arrays_key(t): self.arrays[t] for t in tasks})
+
+    def message(
+        self, cid: str, content: RecordDict, message_type: str, server_round: int
+    ) -> Message:
+        """An instruction to online client ``cid`` for ``server_round``."""
+        return instruction(self.cid_to_node[cid], content, message_type, server_round)
+
+
+def instruction(node: int, content: RecordDict, message_type: str, server_round: int) -> Message:
+    """An instruction to ``node`` for ``server_round`` (its group id)."""
+    return Message(
+        content, dst_node_id=node, message_type=message_type, group_id=str(server_round)
+    )
+
+
+@dataclass
+class RoundPlan:
+    """One round's assignment: the picks and the train messages carrying them."""
+
+    server_round: int
+    tasks: list[str]
+    picks: list[Pick]
+    messages: list[Message]
+
+    def expected(self) -> dict[str, dict[str, Pick]]:
+        """Client id -> task -> its pick."""
+        out: dict[str, dict[str, Pick]] = {}
+        for p in self.picks:
+            out.setdefault(p.cid, {})[p.task] = p
+        return out

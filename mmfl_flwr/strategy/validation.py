@@ -1,0 +1,107 @@
+"""Phase 5 of a round: each (client, task) part of a train reply is checked on
+its own and becomes an :class:`~mmfl_flwr.core.aggregators.Update`, or is
+rejected with the reason (logged with the client id by the caller)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.app import RecordDict
+
+from mmfl_flwr import protocol as P
+from mmfl_flwr.core.aggregators import Update
+from mmfl_flwr.core.clients import MAX_NUM_EXAMPLES, ClientInfo
+from mmfl_flwr.core.policy import Pick
+from mmfl_flwr.records import InvalidReply, NumpyWeights, check_count, check_loss, check_weights
+
+
+def l2_norm(arrays: Iterable[np.ndarray]) -> float:
+    """``sqrt(sum of squares)`` over several arrays, scaled so it cannot overflow
+    for finite inputs (inf only if the true norm exceeds the float range)."""
+    arrays = [np.asarray(a, dtype=np.float64) for a in arrays]
+    scale = max((float(np.abs(a).max()) for a in arrays if a.size), default=0.0)
+    if scale == 0.0:
+        return 0.0
+    return scale * float(np.sqrt(sum(float(np.square(a / scale).sum()) for a in arrays)))
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a reply may contain.
+
+    Attributes
+    ----------
+    max_loss : float
+        Reported losses above this are rejected as absurd.
+    loss_cap : float or None
+        Loss-query reports above this multiple of the task's median are capped.
+    max_update_norm : float or None
+        Updates whose L2 norm (over the trainable entries) exceeds this are
+        rejected.
+    """
+
+    max_loss: float = 1e6
+    loss_cap: float | None = 100.0
+    max_update_norm: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.loss_cap is not None and not self.loss_cap > 1:
+            raise ValueError("loss_cap must be > 1 (a multiple of the median) or None")
+        if self.max_update_norm is not None and not self.max_update_norm > 0:
+            raise ValueError("max_update_norm must be > 0 or None")
+
+
+def validate_train_part(
+    content: RecordDict,
+    task: str,
+    pick: Pick,
+    info: ClientInfo,
+    glob: NumpyWeights,
+    keys: tuple[list[str], list[str]],
+    data_share: float,
+    limits: Limits,
+    needs_control: bool,
+) -> tuple[Update, float | None]:
+    """Check one trained model of a reply against the global weights ``glob``.
+
+    ``keys`` is the model's ``(trainable, state)`` split. Returns the update
+    (``G = w_global - w_local`` over the trainable entries; the state entries
+    as received) and the reported training loss (None if absent); raises
+    :class:`~mmfl_flwr.records.InvalidReply` saying what is wrong.
+    """
+    train_keys, state_keys = keys
+    if P.arrays_key(task) not in content.array_records:
+        raise InvalidReply("no weights returned")
+    local = check_weights(content[P.arrays_key(task)], glob)
+    if limits.max_update_norm is not None:
+        norm = l2_norm(glob[k].astype(np.float64) - local[k] for k in train_keys)
+        if not norm <= limits.max_update_norm:
+            raise InvalidReply(
+                f"update norm {norm:.4g} exceeds max_update_norm {limits.max_update_norm:g}"
+            )
+    metrics = content.metric_records.get(P.metrics_key(task))
+    if metrics is None:
+        raise InvalidReply(f"no '{P.metrics_key(task)}' MetricRecord")
+    check_count(metrics.get(P.NUM_EXAMPLES), P.NUM_EXAMPLES, MAX_NUM_EXAMPLES)
+    control = None
+    if needs_control:
+        if P.control_key(task) not in content.array_records:
+            raise InvalidReply("no SCAFFOLD control variate returned")
+        c = check_weights(content[P.control_key(task)], {k: glob[k] for k in train_keys})
+        control = [c[k] for k in train_keys]
+    tl = metrics.get(P.TRAIN_LOSS)
+    train_loss = None if tl is None else check_loss(tl, P.TRAIN_LOSS, limits.max_loss)
+    update = Update(
+        cid=info.cid,
+        delta=[glob[k].astype(np.float64) - local[k] for k in train_keys],
+        num_examples=info.num_examples[task],
+        data_share=data_share,
+        processors=info.processors,
+        prob=pick.prob,
+        count=pick.count,
+        control=control,
+        state=[local[k] for k in state_keys],
+    )
+    return update, train_loss

@@ -31,9 +31,13 @@ from _common import mean_sd, run_jobs, write_outputs  # noqa: E402
 def _one(args: tuple[str, int, dict[str, Any]]) -> dict[str, Any]:
     strategy, seed, base = args
     from mmfl_flwr.config import Settings
+    from mmfl_flwr.presets import presets_taking
     from mmfl_flwr.runner import run
 
-    s = Settings(**{**base, "strategy": strategy, "seed": seed, "output_dir": ""})
+    # the budget applies to the budgeted presets only (others refuse the setting)
+    mine = {k: v for k, v in base.items()
+            if k != "budget_fraction" or strategy in presets_taking(k)}
+    s = Settings(**{**mine, "strategy": strategy, "seed": seed, "output_dir": ""})
     t0 = time.monotonic()
     result = run(s, engine="inprocess")
     final = result.final()

@@ -191,7 +191,7 @@ def check_before_run(settings: Settings) -> None:
     folder (another run's checkpoint is kept unless resumed or ``overwrite``),
     the checkpoint to resume, and the data (``settings`` are validated). Raises
     ValueError or OSError (DatasetNotFound)."""
-    from mmfl_flwr.flower_app.client_app import federation_for
+    from mmfl_flwr.flower_app.data import federation_for
     from mmfl_flwr.flower_app.server_app import (
         check_output_folder,
         check_resume,

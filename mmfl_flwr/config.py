@@ -291,6 +291,9 @@ class Settings:
 
     def validate(self) -> None:
         """Raise ValueError with a clear message for settings that cannot run."""
+        from mmfl_flwr.core.group import VARIANTS
+        from mmfl_flwr.core.stale import STORAGE, StaleVRSampling
+        from mmfl_flwr.core.ucb import INITS
         from mmfl_flwr.presets import AGGREGATORS, PRESETS, takes_aggregator
 
         if self.strategy not in PRESETS:
@@ -310,9 +313,7 @@ class Settings:
             )
         if not self.task_kinds:
             raise ValueError("tasks must name at least one task, e.g. 'digits,synthetic'")
-        from mmfl_flwr.tasks.federation import KINDS
-
-        from mmfl_flwr.tasks.federation import PROFILES
+        from mmfl_flwr.tasks.federation import KINDS, PROFILES
 
         if self.profile not in PROFILES:
             raise ValueError(
@@ -343,23 +344,17 @@ class Settings:
             (self.timeout > 0, "timeout must be > 0"),
             (self.seed >= 0, "seed must be >= 0"),
             (0 <= self.stale_beta <= 1, "stale-beta must be in [0, 1]"),
+            (self.stale_storage in STORAGE, f"stale-storage must be one of {', '.join(STORAGE)}"),
             (
-                self.stale_storage in ("float32", "float16", "disk"),
-                "stale-storage must be float32, float16 or disk",
-            ),
-            (
-                self.stalevr_signal in ("loss", "stale-residual"),
-                "stalevr-signal must be loss or stale-residual",
+                self.stalevr_signal in StaleVRSampling.SIGNALS,
+                f"stalevr-signal must be one of {', '.join(StaleVRSampling.SIGNALS)}",
             ),
             (self.stalevre_b0 > 0, "stalevre-b0 must be > 0"),
             (0 < self.ucb_gamma < 1, "ucb-gamma must be in (0, 1)"),
             (0 < self.group_participation <= 1, "group-participation must be in (0, 1]"),
-            (
-                self.group_variant in ("consistent", "modified"),
-                "group-variant must be consistent or modified",
-            ),
+            (self.group_variant in VARIANTS, f"group-variant must be one of {', '.join(VARIANTS)}"),
             (self.group_max_clusters >= 0, "group-max-clusters must be >= 0 (0 = S + 4)"),
-            (self.ucb_init in ("loss-query", "train"), "ucb-init must be loss-query or train"),
+            (self.ucb_init in INITS, f"ucb-init must be one of {', '.join(INITS)}"),
             (
                 self.strategy not in ("ranklist-ucb", "pareto-ucb") or self.clients_per_round > 0,
                 f"strategy {self.strategy} needs clients-per-round (K) > 0",

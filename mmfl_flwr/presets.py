@@ -11,7 +11,7 @@ algorithm itself (the stale ones and SCAFFOLD) do not (see
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from mmfl_flwr.core.aggregators import (
@@ -25,15 +25,15 @@ from mmfl_flwr.core.lvr import GVR, LVR
 from mmfl_flwr.core.mfa import MFARand, MFARoundRobin, MultiFedAvg
 from mmfl_flwr.core.random_allocation import FullParticipation, RandomAllocation
 from mmfl_flwr.core.scaffold import ScaffoldAggregator
-from mmfl_flwr.core.ucb import ParetoMultiUCB, RanklistMultiUCB
 from mmfl_flwr.core.stale import (
-    StaleVRSampling,
     FedStaleAggregator,
     FedVARPAggregator,
     MIFAAggregator,
     StaleVRAggregator,
     StaleVREAggregator,
+    StaleVRSampling,
 )
+from mmfl_flwr.core.ucb import ParetoMultiUCB, RanklistMultiUCB
 from mmfl_flwr.strategy import MultiModelStrategy
 
 AGGREGATORS: dict[str, Callable[[], Aggregator]] = {
@@ -314,10 +314,80 @@ PRESETS: dict[str, Callable[..., MultiModelStrategy]] = {
 }
 
 
+#: Settings fields (run-config keys with ``_``) whose preset parameter has
+#: another name; every other preset parameter is named like its setting.
+SETTING_PARAMETER = {
+    "stale_storage": "storage",
+    "stale_beta": "beta",
+    "stalevr_signal": "signal",
+    "stalevre_b0": "b0",
+    "ucb_gamma": "gamma",
+    "ucb_init": "init",
+    "group_participation": "participation",
+    "group_variant": "variant",
+    "group_max_clusters": "max_clusters",
+}
+
+
+def _explicit_parameters(fn: Callable[..., Any]) -> dict[str, inspect.Parameter]:
+    return {
+        n: p for n, p in inspect.signature(fn).parameters.items()
+        if p.kind is not inspect.Parameter.VAR_KEYWORD
+    }
+
+
+#: Preset -> its own parameters (read once from the factories' signatures).
+PRESET_PARAMETERS: dict[str, dict[str, inspect.Parameter]] = {
+    name: _explicit_parameters(fn) for name, fn in PRESETS.items()
+}
+
+
+def preset_settings(name: str, fields: Iterable[str]) -> list[str]:
+    """The settings among ``fields`` that preset ``name`` takes (each maps to one
+    of its parameters, see :data:`SETTING_PARAMETER`)."""
+    params = PRESET_PARAMETERS[name]
+    return [f for f in fields if SETTING_PARAMETER.get(f, f) in params]
+
+
+def presets_taking(field: str) -> list[str]:
+    """The presets that take setting ``field``."""
+    param = SETTING_PARAMETER.get(field, field)
+    return [name for name, params in PRESET_PARAMETERS.items() if param in params]
+
+
 def takes_aggregator(name: str) -> bool:
     """Whether preset ``name`` has an ``aggregator`` parameter to override its
     pairing (read from the preset function's signature)."""
-    return "aggregator" in inspect.signature(PRESETS[name]).parameters
+    return "aggregator" in PRESET_PARAMETERS[name]
+
+
+def preset_kwargs(
+    name: str, values: Mapping[str, Any], defaults: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The parameters of preset ``name`` that the settings ``values`` (field ->
+    value) give. A value of 0 or ``""`` for a parameter whose default is None
+    means "the preset's default" (``clients-per-round 0`` = all clients,
+    ``group-max-clusters 0`` = S + 4, ``aggregator ""`` = the preset's own).
+
+    Raises ValueError for a setting that only other presets take, set to a value
+    other than its default (``defaults``): it would be silently dropped."""
+    params = PRESET_PARAMETERS[name]
+    mine = set(preset_settings(name, values))
+    for field, value in values.items():
+        users = presets_taking(field)
+        if users and field not in mine and value != defaults.get(field, value):
+            raise ValueError(
+                f"{field.replace('_', '-')}={value!r} is not used by strategy {name!r} "
+                f"(strategies that use it: {', '.join(users)})"
+            )
+    out: dict[str, Any] = {}
+    for field in preset_settings(name, values):
+        param = params[SETTING_PARAMETER.get(field, field)]
+        value = values[field]
+        if param.default is None and value in (0, ""):
+            continue
+        out[param.name] = value
+    return out
 
 
 def make_strategy(name: str, **kwargs: Any) -> MultiModelStrategy:

@@ -45,8 +45,22 @@ def test_validate_names_the_key_and_the_allowed_range(change, expected):
 
 
 def test_the_edges_of_the_ranges_are_valid():
-    Settings(budget_fraction=1.0, seed=0, num_clients=4, clients_per_round=4,
+    Settings(seed=0, num_clients=4, clients_per_round=4,
              task_arrivals="digits_2:0,synthetic:20").validate()
+    Settings(strategy="random", budget_fraction=1.0).validate()
+
+
+@pytest.mark.parametrize("flags, key", [
+    (dict(strategy="mfa-rr", budget_fraction=0.5), "budget-fraction"),
+    (dict(strategy="lvr", stale_beta=0.5), "stale-beta"),
+    (dict(strategy="random", ucb_gamma=0.5), "ucb-gamma"),
+    (dict(strategy="fedvarp", group_variant="modified"), "group-variant"),
+])
+def test_a_setting_the_preset_does_not_use_is_refused(flags, key):
+    """The user's words are never dropped: a non-default value of a setting that
+    only other presets use is refused, naming the key and who uses it."""
+    with pytest.raises(ValueError, match=f"{key}=.* is not used by strategy"):
+        Settings(**flags).validate()
 
 
 SMALL = ["--engine", "inprocess", "--num-clients", "4", "--num-rounds", "1",

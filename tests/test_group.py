@@ -624,7 +624,7 @@ def group_settings(tmp: Path, **kw):
 
 def test_strategy_recovers_planted_clusters(tmp_path):
     from mmfl_flwr import runner
-    from mmfl_flwr.flower_app.client_app import federation_for
+    from mmfl_flwr.flower_app.data import federation_for
 
     s = group_settings(tmp_path, local_epochs=1)
     result = runner.run(s, engine="inprocess")
@@ -648,7 +648,7 @@ def test_strategy_recovers_planted_clusters(tmp_path):
 
 def test_strategy_modified_variant_completes(tmp_path):
     from mmfl_flwr import runner
-    from mmfl_flwr.flower_app.client_app import federation_for
+    from mmfl_flwr.flower_app.data import federation_for
 
     s = group_settings(tmp_path, profile="clusters-inconsistent", group_variant="modified",
                        local_epochs=1)

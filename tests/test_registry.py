@@ -8,7 +8,8 @@ import pytest
 from flwr.app import Context, RecordDict
 
 from mmfl_flwr.config import Settings
-from mmfl_flwr.flower_app.client_app import client_spec, federation_for
+from mmfl_flwr.flower_app.client_app import client_spec
+from mmfl_flwr.flower_app.data import federation_for
 from mmfl_flwr.tasks.data import Dataset
 from mmfl_flwr.tasks.registry import get_task, register_task, unregister_task
 

@@ -23,6 +23,7 @@ from mmfl_flwr.checkpoint import CHECKPOINT_FILE, load_checkpoint, save_checkpoi
 from mmfl_flwr.cli import main as cli_main
 from mmfl_flwr.config import Settings
 from mmfl_flwr.flower_app import server_app
+from mmfl_flwr.presets import presets_taking
 from mmfl_flwr.runner import run
 
 BASE = dict(num_clients=6, num_rounds=4, profile="paper003", local_epochs=1,
@@ -30,7 +31,10 @@ BASE = dict(num_clients=6, num_rounds=4, profile="paper003", local_epochs=1,
 
 
 def settings(strategy: str, out: Path, **kw) -> Settings:
-    return Settings(strategy=strategy, output_dir=str(out), **{**BASE, **kw})
+    """BASE settings for ``strategy`` (budget-fraction only where it is used)."""
+    base = {k: v for k, v in BASE.items()
+            if k != "budget_fraction" or strategy in presets_taking(k)}
+    return Settings(strategy=strategy, output_dir=str(out), **{**base, **kw})
 
 
 class Killed(RuntimeError):

@@ -124,6 +124,10 @@ def nearest_by_cosine(vector: np.ndarray, centroids: np.ndarray) -> int:
     return int(np.argmax(sim))
 
 
+#: C-step variants: on the full loss vectors, or on one (rotating) model's loss.
+VARIANTS = ("consistent", "modified")
+
+
 class GroupSampling(Policy):
     """MMFL-Group Sampling (papers 000/001). Pair it with a mean or FedAvg aggregator.
 
@@ -165,7 +169,7 @@ class GroupSampling(Policy):
     ) -> None:
         if not 0 < participation <= 1:
             raise ValueError(f"participation must be in (0, 1], got {participation}")
-        if variant not in ("consistent", "modified"):
+        if variant not in VARIANTS:
             raise ValueError(f"variant must be 'consistent' or 'modified', got {variant!r}")
         if max_clusters is not None and max_clusters < 1:
             raise ValueError(f"max_clusters must be >= 1, got {max_clusters}")

@@ -79,6 +79,10 @@ def pareto_front(scores: np.ndarray) -> np.ndarray:
     return np.sort(order[np.array(front, dtype=np.int64)])
 
 
+#: How each (client, model) pair is first observed: a loss query, or training.
+INITS = ("loss-query", "train")
+
+
 class _UCBBase(Policy):
     """Discounted UCB statistics per (client, model) pair, and K-client picks.
 
@@ -98,7 +102,7 @@ class _UCBBase(Policy):
             raise ValueError("clients_per_round (K) is required")
         if not 0.0 < gamma < 1.0:
             raise ValueError(f"gamma must be in (0, 1), got {gamma}")
-        if init not in ("loss-query", "train"):
+        if init not in INITS:
             raise ValueError(f"init must be 'loss-query' or 'train', got {init!r}")
         self.clients_per_round = int(clients_per_round)
         self.gamma = float(gamma)

@@ -13,54 +13,13 @@ A node's identity and resources come from its ``node_config``:
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from flwr.app import Context
 from flwr.clientapp import ClientApp
 
 from mmfl_flwr.client.app import ClientSpec, make_client_app
 from mmfl_flwr.config import Settings
-from mmfl_flwr.tasks.federation import Federation, build_federation
-from mmfl_flwr.tasks.registry import TaskDefinition, get_task, registered_tasks, restore
-
-
-@lru_cache(maxsize=8)
-def _federation(
-    kinds: tuple[str, ...],
-    num_clients: int,
-    seed: int,
-    labels: float,
-    max_synth: int,
-    profile: str,
-    data_root: str,
-    definitions: tuple[TaskDefinition | None, ...],
-) -> Federation:
-    # ``definitions`` (the registered definition of each kind, None for a
-    # built-in one) is part of the cache key only: re-registering a user task
-    # with replace=True must not serve the old task's data.
-    return build_federation(
-        list(kinds),
-        num_clients,
-        seed,
-        labels_per_client=labels,
-        max_synthetic_samples=max_synth or None,
-        profile=profile,
-        data_root=data_root,
-    )
-
-
-def federation_for(settings: Settings) -> Federation:
-    """The (cached) federation described by ``settings``."""
-    return _federation(
-        tuple(settings.task_kinds),
-        settings.num_clients,
-        settings.seed,
-        settings.labels_per_client,
-        settings.synthetic_max_samples,
-        settings.profile,
-        settings.data_root,
-        tuple(get_task(k) for k in settings.task_kinds),
-    )
+from mmfl_flwr.flower_app.data import federation_for
+from mmfl_flwr.tasks.registry import get_task, registered_tasks, restore
 
 
 def client_spec(context: Context, settings: Settings | None = None) -> ClientSpec:

@@ -10,6 +10,7 @@ torch-free; torch is only imported here to make initial weights and evaluate.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -25,17 +26,9 @@ from flwr.serverapp import Grid, ServerApp
 from mmfl_flwr.checkpoint import CHECKPOINT_FILE, checkpoint_file
 from mmfl_flwr.config import Settings
 from mmfl_flwr.core.scaffold import ScaffoldAggregator
-from mmfl_flwr.presets import make_strategy
+from mmfl_flwr.presets import make_strategy, preset_kwargs
 from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
 from mmfl_flwr.strategy import MultiModelResult, MultiModelStrategy
-
-
-#: Presets with a server budget m (``budget-fraction``).
-BUDGETED = (
-    "random", "lvr", "gvr", "stalevr", "stalevre", "fedvarp", "fedstale", "mifa", "scaffold"
-)
-#: Presets that keep per-client state on the server (``stale-storage``).
-STALE = ("stalevr", "stalevre", "fedvarp", "fedstale", "mifa", "scaffold")
 
 
 def strategy_from_settings(
@@ -51,34 +44,11 @@ def strategy_from_settings(
         "min_available_nodes": s.num_clients,
         "on_round_end": on_round_end,
     }
-    if s.aggregator:
-        kwargs["aggregator"] = s.aggregator
-    if s.strategy in BUDGETED:
-        kwargs["budget_fraction"] = s.budget_fraction
-    if s.strategy in STALE:
-        kwargs["storage"] = s.stale_storage
-    if s.strategy == "fedstale":
-        kwargs["beta"] = s.stale_beta
-    if s.strategy == "stalevr":
-        kwargs["signal"] = s.stalevr_signal
-    if s.strategy == "stalevre":
-        kwargs["b0"] = s.stalevre_b0
-    if s.strategy in ("mfa-rand", "mfa-rr", "multi-fedavg"):
-        kwargs["clients_per_round"] = s.clients_per_round or None
-    if s.strategy == "group":
-        kwargs["participation"] = s.group_participation
-        kwargs["variant"] = s.group_variant
-        kwargs["max_clusters"] = s.group_max_clusters or None
     if s.client_arrivals:
         kwargs["client_arrivals"] = s.client_arrival_rounds()
     if s.task_arrivals:
         kwargs["task_arrivals"] = s.task_arrival_rounds()
-    if s.strategy in ("ranklist-ucb", "pareto-ucb"):
-        if not s.clients_per_round:
-            raise ValueError(f"strategy {s.strategy!r} needs clients-per-round (K) > 0")
-        kwargs["clients_per_round"] = s.clients_per_round
-        kwargs["gamma"] = s.ucb_gamma
-        kwargs["init"] = s.ucb_init
+    kwargs.update(preset_kwargs(s.strategy, dataclasses.asdict(s), dataclasses.asdict(Settings())))
     return make_strategy(s.strategy, **kwargs)
 
 
@@ -113,7 +83,7 @@ def initial_arrays(s: Settings) -> dict[str, ArrayRecord]:
     single-model baselines compare like with like).
     """
     from mmfl_flwr.client.trainer import initial_weights
-    from mmfl_flwr.flower_app.client_app import federation_for
+    from mmfl_flwr.flower_app.data import federation_for
     from mmfl_flwr.seeding import task_seed
     from mmfl_flwr.tasks.models import make_model
 
@@ -130,7 +100,7 @@ def initial_arrays(s: Settings) -> dict[str, ArrayRecord]:
 def central_evaluator(s: Settings) -> Callable[[int, str, ArrayRecord], MetricRecord]:
     """Server-side evaluation of each model on its task's held-out test set."""
     from mmfl_flwr.client.trainer import evaluate_arrays
-    from mmfl_flwr.flower_app.client_app import federation_for
+    from mmfl_flwr.flower_app.data import federation_for
     from mmfl_flwr.tasks.models import make_model
 
     fed = federation_for(s)

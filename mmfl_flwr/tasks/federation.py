@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mmfl_flwr.tasks.data import Dataset, concat_datasets, load_digits_data, synthetic_users
+from mmfl_flwr.tasks.kinds import KINDS, SYNTHETIC_KINDS, KindSpec
 from mmfl_flwr.tasks.real import REAL_KINDS
 from mmfl_flwr.tasks.registry import get_task, registered_tasks
 
@@ -27,39 +28,6 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class KindSpec:
-    """Description of one task kind.
-
-    Attributes
-    ----------
-    num_classes : int
-        Number of output classes.
-    input_shape : tuple of int
-        Shape of one input example (without the batch axis).
-    model : str
-        Model family used for the kind (``"cnn"`` or ``"logreg"``).
-    """
-
-    num_classes: int
-    input_shape: tuple[int, ...]
-    model: str
-
-
-#: The task kinds known to the package.
-KINDS: dict[str, KindSpec] = {
-    "digits": KindSpec(num_classes=10, input_shape=(1, 8, 8), model="cnn"),
-    "synthetic": KindSpec(num_classes=5, input_shape=(60,), model="logreg"),
-    # Paper 004's second model: Synthetic(1,1) with 30 dims and 10 classes.
-    "synthetic-b": KindSpec(num_classes=10, input_shape=(30,), model="logreg"),
-    # Synthetic-IID (FedProx): one shared model for all users, x ~ N(0, diag(j^-1.2)).
-    "synthetic-iid": KindSpec(num_classes=5, input_shape=(60,), model="logreg"),
-    "synthetic-iid-b": KindSpec(num_classes=10, input_shape=(30,), model="logreg"),
-    # The papers' real datasets, read from `data_root` (mmfl_flwr.tasks.real).
-    **{k: KindSpec(num_classes=c, input_shape=shape, model=m)
-       for k, (c, shape, m) in REAL_KINDS.items()},
-}
-
 #: Synthetic(alpha, beta) parameters of the ``"synthetic"`` kind.
 SYNTHETIC_ALPHA = 1.0
 SYNTHETIC_BETA = 1.0
@@ -72,8 +40,6 @@ _KIND_STREAM = {"digits": 1, "synthetic": 2, "synthetic-b": 3, "synthetic-iid": 
 _KIND_STREAM.update(
     {k: 100 + i for i, k in enumerate(sorted(REAL_KINDS)) if k not in _KIND_STREAM}
 )
-#: The Synthetic kinds (generated locally by the FedProx generator).
-SYNTHETIC_KINDS = ("synthetic", "synthetic-b", "synthetic-iid", "synthetic-iid-b")
 
 
 def known_kinds() -> list[str]:

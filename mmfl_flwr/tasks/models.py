@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mmfl_flwr.tasks.federation import KINDS
+from mmfl_flwr.tasks.kinds import KINDS
 
 __all__ = ["DigitsCNN", "LogisticRegression", "make_model"]
 

@@ -7,6 +7,7 @@ Example
 -------
 >>> from mmfl_flwr.tasks.registry import register_task
 >>> from mmfl_flwr.tasks.data import Dataset
+from mmfl_flwr.tasks.kinds import KINDS
 >>> def my_data(num_clients, seed, copy):
 ...     # one (train, local test) pair per client, and a server-side test set
 ...     ...
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mmfl_flwr.tasks.data import Dataset
+from mmfl_flwr.tasks.kinds import KINDS
 
 #: ``data_fn(num_clients, seed, copy) -> (clients, server_test)``: per client a
 #: ``(train, local_test)`` pair (or None: no data for this task).
@@ -79,8 +81,6 @@ def register_task(
     replace : bool
         Allow re-registering an existing name.
     """
-    from mmfl_flwr.tasks.federation import KINDS
-
     if not isinstance(name, str) or not name or "," in name or name != name.strip():
         raise ValueError(f"task name must be a non-empty string without commas, got {name!r}")
     if name in KINDS:

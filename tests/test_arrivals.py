@@ -19,13 +19,12 @@ from __future__ import annotations
 import csv
 import math
 from collections import Counter, defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import Context, Message, MessageType
+from flwr.app import Context, MessageType
 
 from mmfl_flwr import protocol as P
 from mmfl_flwr.client.app import ClientSpec, make_client_app
@@ -35,6 +34,8 @@ from mmfl_flwr.grid import InProcessGrid
 from mmfl_flwr.presets import group_sampling, mfa_rand
 from mmfl_flwr.records import numpy_to_arrays
 from mmfl_flwr.strategy import MultiModelStrategy
+
+from conftest import Recorder, StepTrainer
 
 
 # ------------------------------------------------------------------ settings
@@ -126,58 +127,9 @@ class TestSettings:
 
 
 # --------------------------------------------------------------------- fakes
-class FakeTrainer:
+def fake(n: int, loss: float) -> StepTrainer:
     """``train`` returns ``w - 0.01``; the loss is a fixed number per (client, task)."""
-
-    def __init__(self, n: int, loss: float) -> None:
-        self._n = n
-        self._loss = loss
-
-    @property
-    def num_examples(self) -> int:
-        return self._n
-
-    def train(self, weights, epochs, lr, seed, batch_size=None):
-        return {k: (v - np.float32(0.01)).astype(v.dtype) for k, v in weights.items()}, self._n, self._loss
-
-    def loss(self, weights):
-        return self._loss
-
-    def evaluate(self, weights):
-        return self._loss, 0.5, self._n
-
-
-@dataclass
-class Seen:
-    round: int
-    cid: str
-    type: str
-    tasks: tuple[str, ...]
-
-
-class Recorder:
-    """Wraps a ClientApp callable; records every message a node receives."""
-
-    def __init__(self, app) -> None:
-        self.app = app
-        self.log: list[Seen] = []
-
-    def __call__(self, msg: Message, ctx: Context) -> Message:
-        tasks = tuple(
-            sorted(
-                t
-                for t in (P.task_of(k, P.ARRAYS_PREFIX) for k in msg.content.array_records)
-                if t is not None
-            )
-        )
-        self.log.append(
-            Seen(int(msg.metadata.group_id), str(ctx.node_config["cid"]),
-                 msg.metadata.message_type, tasks)
-        )
-        return self.app(msg, ctx)
-
-    def of(self, mtype: str) -> list[Seen]:
-        return [s for s in self.log if s.type == mtype]
+    return StepTrainer(n, 0.01, loss, (loss, 0.5, n), loss)
 
 
 def initial(tasks) -> dict[str, Any]:
@@ -190,7 +142,7 @@ def run(strategy: MultiModelStrategy, losses: dict[str, dict[str, float]], tasks
 
     def spec_fn(ctx: Context) -> ClientSpec:
         cid = str(ctx.node_config["cid"])
-        return ClientSpec(cid, {t: FakeTrainer(10, v) for t, v in losses[cid].items()})
+        return ClientSpec(cid, {t: fake(10, v) for t, v in losses[cid].items()})
 
     rec = Recorder(make_client_app(spec_fn))
     grid = InProcessGrid(rec, [{"cid": c} for c in losses], seed=0)
@@ -239,7 +191,7 @@ def test_client_never_hears_from_server_before_arrival():
         if s.type != P.QUERY_INFO:  # registering is not taking part
             assert s.round >= arrivals.get(s.cid, 0), s
     for cid in losses:
-        trained = {s.round for s in rec.of(MessageType.TRAIN) if s.cid == cid}
+        trained = {s.round for s in rec.of_type(MessageType.TRAIN) if s.cid == cid}
         assert trained == set(range(arrivals.get(cid, 1), 7)), cid
     for rnd, picks in result.assignments.items():
         for cid, _, _ in picks:
@@ -283,7 +235,7 @@ def test_group_late_client_placed_by_cosine_without_new_cstep():
 
     # only the newcomer was asked for its losses in round 2; nobody in round 3
     q = defaultdict(set)
-    for s in rec.of(P.QUERY_LOSSES):
+    for s in rec.of_type(P.QUERY_LOSSES):
         q[s.round].add(s.cid)
     assert q[1] == set(truth)
     assert q[2] == {late}
@@ -291,9 +243,9 @@ def test_group_late_client_placed_by_cosine_without_new_cstep():
     assert q[4] == set(losses)  # next cycle: everyone, the late client too
 
     # it trains in round 2 (participation 1) the model of its group, never before
-    train = [s for s in rec.of(MessageType.TRAIN) if s.cid == late]
+    train = [s for s in rec.of_type(MessageType.TRAIN) if s.cid == late]
     assert min(s.round for s in train) == 2
-    mates = [s for s in rec.of(MessageType.TRAIN) if s.round == 2 and s.cid == "0"]
+    mates = [s for s in rec.of_type(MessageType.TRAIN) if s.round == 2 and s.cid == "0"]
     assert mates and [s.tasks for s in train if s.round == 2] == [mates[0].tasks]
     # round 4: new cycle, the late client is clustered with its own losses
     assert pol.csteps[1]["round"] == 4 and late in pol.csteps[1]["clients"]
@@ -361,7 +313,7 @@ def test_mfa_rand_new_model_starts_at_arrival():
 def test_unknown_task_in_task_arrivals_raises():
     strategy = MultiModelStrategy(FullParticipation(), node_wait_timeout=0.0,
                                   task_arrivals={"zzz": 2})
-    grid = InProcessGrid(make_client_app(lambda ctx: ClientSpec("0", {"a": FakeTrainer(10, 1.0)})),
+    grid = InProcessGrid(make_client_app(lambda ctx: ClientSpec("0", {"a": fake(10, 1.0)})),
                          [{"cid": "0"}], seed=0)
     with pytest.raises(ValueError, match="zzz"):
         strategy.start(grid, initial(["a"]), num_rounds=1)

@@ -44,6 +44,8 @@ from mmfl_flwr.grid import InProcessGrid, LateReply
 from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
 from mmfl_flwr.strategy import MultiModelResult, MultiModelStrategy
 
+from conftest import LogTap, Recorder, StepTrainer, node_of
+
 TASKS = ("a", "b")
 SHAPES = {"w": (2, 3), "b": (3,)}
 CONFIGS = ("fedavg", "unbiased")
@@ -56,27 +58,6 @@ class ClientDef:
     """A fake client: ``tasks = {task: (num_examples, step)}``."""
 
     tasks: dict[str, tuple[int, float]]
-
-
-class StepTrainer:
-    def __init__(self, n: int, step: float) -> None:
-        self._n = n
-        self.step = step
-
-    @property
-    def num_examples(self) -> int:
-        return self._n
-
-    def train(self, weights, epochs, lr, seed, batch_size=None):
-        new = {k: (v - np.asarray(self.step, dtype=v.dtype)).astype(v.dtype)
-               for k, v in weights.items()}
-        return new, self._n, 0.5
-
-    def loss(self, weights):
-        return 1.0
-
-    def evaluate(self, weights):
-        return 1.0, 0.5, 10
 
 
 def make_app(clients: dict[str, ClientDef]):
@@ -105,41 +86,6 @@ def make_strategy(config: str, **kwargs: Any) -> MultiModelStrategy:
         policy, agg = RandomAllocation(budget_fraction=1.0), UnbiasedAggregator()
     kwargs.setdefault("node_wait_timeout", 0.0)
     return MultiModelStrategy(policy, agg, seed=3, **kwargs)
-
-
-class LogTap(logging.Handler):
-    """Collects flwr's log records as ``(level, message)``."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[tuple[int, str]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append((record.levelno, record.getMessage()))
-
-
-@dataclass
-class Received:
-    round: int
-    node: int
-    cid: str
-    type: str
-
-
-class Recorder:
-    """Wraps a ClientApp callable and records every message each node receives."""
-
-    def __init__(self, app: Callable[[Message, Context], Message]) -> None:
-        self.app = app
-        self.log: list[Received] = []
-
-    def __call__(self, msg: Message, ctx: Context) -> Message:
-        self.log.append(Received(int(msg.metadata.group_id), ctx.node_id,
-                                 str(ctx.node_config["cid"]), msg.metadata.message_type))
-        return self.app(msg, ctx)
-
-    def nodes(self, cid: str, mtype: str) -> list[tuple[int, int]]:
-        return [(r.round, r.node) for r in self.log if r.cid == cid and r.type == mtype]
 
 
 def evaluate_fn(rnd: int, task: str, arrays) -> dict[str, float]:
@@ -232,11 +178,6 @@ def run_fed(
 def initial():
     return {t: numpy_to_arrays({k: np.zeros(s, np.float32) for k, s in SHAPES.items()})
             for t in TASKS}
-
-
-def node_of(grid: InProcessGrid, cid: str) -> int:
-    (nid,) = [n for n in grid.get_node_ids() if grid.context(n).node_config["cid"] == cid]
-    return nid
 
 
 # --------------------------------------------------- expected steps, by hand

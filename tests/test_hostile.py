@@ -44,6 +44,8 @@ from mmfl_flwr.grid import InProcessGrid
 from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
 from mmfl_flwr.strategy import MultiModelStrategy
 
+from conftest import LogTap, StepTrainer
+
 EXAMPLES = int(os.environ.get("MMFL_HYPOTHESIS_EXAMPLES", "100"))
 BUDGET = settings(
     max_examples=EXAMPLES,
@@ -61,28 +63,6 @@ MAX_LOSS = 1e6
 
 
 # --------------------------------------------------------------------- fakes
-class StepTrainer:
-    """``train`` returns ``w - step``; ``loss`` returns a fixed value."""
-
-    def __init__(self, n: int, step: float, loss: float = 1.0) -> None:
-        self._n, self.step, self._loss = n, step, loss
-
-    @property
-    def num_examples(self) -> int:
-        return self._n
-
-    def train(self, weights, epochs, lr, seed, batch_size=None):
-        new = {k: (v - np.asarray(self.step, dtype=v.dtype)).astype(v.dtype)
-               for k, v in weights.items()}
-        return new, self._n, 0.5
-
-    def loss(self, weights):
-        return self._loss
-
-    def evaluate(self, weights):
-        return 1.0, 0.5, 10
-
-
 @dataclass
 class Fed:
     """``tasks[cid] = {task: (registered num_examples, step)}``."""
@@ -95,15 +75,6 @@ class Fed:
             return ClientSpec(cid, {t: StepTrainer(n, s) for t, (n, s) in self.tasks[cid].items()})
 
         return make_client_app(spec_fn)
-
-
-class LogTap(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[tuple[int, str]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append((record.levelno, record.getMessage()))
 
 
 def initial() -> dict[str, ArrayRecord]:

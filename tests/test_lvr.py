@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import Context, Message
+from flwr.app import Context
 from scipy import optimize, stats
 
 from mmfl_flwr import presets
@@ -44,6 +44,8 @@ from mmfl_flwr.core import (
 from mmfl_flwr.core.policies import data_shares, eligibility_view
 from mmfl_flwr.grid import InProcessGrid
 from mmfl_flwr.records import numpy_to_arrays
+
+from conftest import Recorder, StepTrainer
 
 
 # ============================================================ references
@@ -726,27 +728,6 @@ SHAPES = {"w": (2, 3), "b": (3,)}
 # nine entries: ||G||_2 = |step| * 3 for a constant step
 
 
-class StepTrainer:
-    """``train`` returns ``w - step``, so ``G = step`` in every entry."""
-
-    def __init__(self, n: int, step: float, loss: float) -> None:
-        self._n, self.step, self._loss = n, step, loss
-
-    @property
-    def num_examples(self) -> int:
-        return self._n
-
-    def train(self, weights, epochs, lr, seed, batch_size=None):
-        return ({k: (v - np.asarray(self.step, dtype=v.dtype)).astype(v.dtype)
-                 for k, v in weights.items()}, self._n, 0.5)
-
-    def loss(self, weights):
-        return self._loss
-
-    def evaluate(self, weights):
-        return 1.0, 0.5, 10
-
-
 #: cid -> ({task: (n, step, loss)}, B)
 STRAT_FED = {
     "0": ({"a": (40, 0.5, 0.9), "b": (10, 1.0, 2.0), "c": (5, 2.0, 0.5)}, 3),
@@ -768,18 +749,6 @@ def _strategy_matrices():
                       for c in STRAT_IDS] for t in TASKS3])
     b = np.array([STRAT_FED[c][1] for c in STRAT_IDS])
     return n, loss, step, b
-
-
-class Recorder:
-    def __init__(self, app) -> None:
-        self.app = app
-        self.log: list[tuple[int, str, str, tuple[str, ...]]] = []
-
-    def __call__(self, msg: Message, ctx: Context) -> Message:
-        tasks = tuple(sorted(P.task_of(k, P.ARRAYS_PREFIX) for k in msg.content.array_records))
-        self.log.append((int(msg.metadata.group_id), str(ctx.node_config["cid"]),
-                         msg.metadata.message_type, tasks))
-        return self.app(msg, ctx)
 
 
 def _run(strategy_factory, rounds: int, dtype=np.float32, fed=STRAT_FED, hostile=None):
@@ -814,16 +783,16 @@ def test_lvr_preset_queries_losses_then_trains_only_sampled_pairs():
     p = ref_probabilities(loss, d, b, m, 0.0)
     total_counts = []
     for rnd in range(1, rounds + 1):
-        msgs = [r for r in rec.log if r[0] == rnd]
-        queries = [r for r in msgs if r[2] == P.QUERY_LOSSES]
-        assert sorted(r[1] for r in queries) == STRAT_IDS, "one loss query per client"
-        for _, cid, _, tasks in queries:
-            assert tasks == tuple(sorted(STRAT_FED[cid][0]))
+        msgs = [r for r in rec.log if r.round == rnd]
+        queries = [r for r in msgs if r.type == P.QUERY_LOSSES]
+        assert sorted(r.cid for r in queries) == STRAT_IDS, "one loss query per client"
+        for r in queries:
+            assert r.tasks == tuple(sorted(STRAT_FED[r.cid][0]))
         # the loss query happens before training in the round
-        first_train = next((k for k, r in enumerate(msgs) if r[2] == "train"), len(msgs))
-        assert all(k < first_train for k, r in enumerate(msgs) if r[2] == P.QUERY_LOSSES)
-        train = {(cid, t) for _, cid, mt, tasks in msgs if mt == "train" for t in tasks}
-        trained_clients = [cid for _, cid, mt, _ in msgs if mt == "train"]
+        first_train = next((k for k, r in enumerate(msgs) if r.type == "train"), len(msgs))
+        assert all(k < first_train for k, r in enumerate(msgs) if r.type == P.QUERY_LOSSES)
+        train = {(r.cid, t) for r in msgs if r.type == "train" for t in r.tasks}
+        trained_clients = [r.cid for r in msgs if r.type == "train"]
         assert len(trained_clients) == len(set(trained_clients)), "one train msg per node"
         picks = result.assignments[rnd]
         assert train == {(c, t) for c, t, _ in picks}
@@ -876,9 +845,9 @@ def test_gvr_preset_trains_everything_and_aggregates_a_sample():
     eligible_pairs = {(c, t) for c in STRAT_IDS for t in STRAT_FED[c][0]}
     uploads, assigned = [], []
     for rnd in range(1, rounds + 1):
-        msgs = [r for r in rec.log if r[0] == rnd]
-        assert not [r for r in msgs if r[2] == P.QUERY_LOSSES], "GVR needs no loss query"
-        train = {(cid, t) for _, cid, mt, tasks in msgs if mt == "train" for t in tasks}
+        msgs = [r for r in rec.log if r.round == rnd]
+        assert not [r for r in msgs if r.type == P.QUERY_LOSSES], "GVR needs no loss query"
+        train = {(r.cid, t) for r in msgs if r.type == "train" for t in r.tasks}
         assert train == eligible_pairs, "every client trains every eligible task"
         rows = {r["task"]: r for r in result.history if r["round"] == rnd}
         for s, t in enumerate(TASKS3):

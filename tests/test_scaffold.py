@@ -19,7 +19,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from torch import nn
 
 from mmfl_flwr import protocol as P
@@ -32,6 +32,8 @@ from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
 from mmfl_flwr.seeding import training_seed
 from mmfl_flwr.strategy import MultiModelStrategy
 from mmfl_flwr.tasks.data import Dataset
+
+from conftest import StepTrainer
 
 
 def _data(n, dim, classes, seed):
@@ -275,29 +277,6 @@ def test_scaffold_aggregator_update_without_control_raises():
 # ---------------------------------------------- strategy: missing control rejected
 
 
-class StepTrainer:
-    """``train`` returns ``w - step`` and records the SCAFFOLD correction it got."""
-
-    def __init__(self, n, step, seen):
-        self._n, self.step, self.seen = n, step, seen
-
-    @property
-    def num_examples(self):
-        return self._n
-
-    def train(self, weights, epochs, lr, seed, batch_size=None, correction=None):
-        self.seen.append(None if correction is None else
-                         {k: np.array(v) for k, v in correction.items()})
-        return {k: (v - np.float32(self.step)).astype(v.dtype) for k, v in weights.items()}, \
-            self._n, 0.5
-
-    def loss(self, weights):
-        return 1.0
-
-    def evaluate(self, weights):
-        return 1.0, 0.5, 10
-
-
 CLIENTS = {"alice": (10, 0.5), "bob": (30, 1.0), "mallory": (10, 4.0)}
 
 
@@ -306,7 +285,7 @@ def test_reply_missing_control_is_rejected_and_others_aggregate(caplog):
     app = make_client_app(lambda ctx: ClientSpec(
         str(ctx.node_config["cid"]),
         {"a": StepTrainer(*CLIENTS[str(ctx.node_config["cid"])],
-                          seen[str(ctx.node_config["cid"])])}))
+                          seen=seen[str(ctx.node_config["cid"])])}))
 
     def strip_mallory(msg, ctx):
         reply = app(msg, ctx)

@@ -49,6 +49,8 @@ from mmfl_flwr.grid import InProcessGrid
 from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
 from mmfl_flwr.strategy import MultiModelResult, MultiModelStrategy
 
+from conftest import Recorder, StepTrainer, node_of
+
 TASKS = ("a", "b")
 SHAPES = {"w": (2, 3), "b": (3,)}
 HOSTILE = "mallory"
@@ -65,35 +67,6 @@ class ClientDef:
     evals: dict[str, tuple[float, float, int]] = field(default_factory=dict)  # (loss, acc, n)
     train_loss: float = 0.5
     fail_train: bool = False
-
-
-class StepTrainer:
-    """LocalTrainer: ``train`` returns ``w - step``; other answers are fixed."""
-
-    def __init__(self, n: int, step: float, loss: float, ev: tuple[float, float, int],
-                 train_loss: float, fail: bool) -> None:
-        self._n = n
-        self.step = step
-        self._loss = loss
-        self._eval = ev
-        self._train_loss = train_loss
-        self._fail = fail
-
-    @property
-    def num_examples(self) -> int:
-        return self._n
-
-    def train(self, weights, epochs, lr, seed, batch_size=None):
-        if self._fail:
-            raise RuntimeError("simulated crash in local training")
-        new = {k: (v - np.asarray(self.step, dtype=v.dtype)).astype(v.dtype) for k, v in weights.items()}
-        return new, self._n, self._train_loss
-
-    def loss(self, weights):
-        return self._loss
-
-    def evaluate(self, weights):
-        return self._eval
 
 
 def make_app(clients: dict[str, ClientDef]):
@@ -115,46 +88,6 @@ def initial_arrays(tasks: Sequence[str] = TASKS) -> dict[str, ArrayRecord]:
         t: numpy_to_arrays({k: np.zeros(s, np.float32) for k, s in SHAPES.items()})
         for t in tasks
     }
-
-
-@dataclass
-class Received:
-    round: int
-    node: int
-    cid: str
-    type: str
-    arrays: dict[str, dict[str, np.ndarray]]
-    config: dict[str, Any]
-
-
-class Recorder:
-    """Wraps a ClientApp callable and records every message each node receives."""
-
-    def __init__(self, app: Callable[[Message, Context], Message]) -> None:
-        self.app = app
-        self.log: list[Received] = []
-
-    def __call__(self, msg: Message, ctx: Context) -> Message:
-        cfg = msg.content.config_records.get(P.CONFIG_KEY)
-        self.log.append(
-            Received(
-                round=int(msg.metadata.group_id),
-                node=ctx.node_id,
-                cid=str(ctx.node_config["cid"]),
-                type=msg.metadata.message_type,
-                arrays={k: arrays_to_numpy(v) for k, v in msg.content.array_records.items()},
-                config=dict(cfg) if cfg is not None else {},
-            )
-        )
-        return self.app(msg, ctx)
-
-    def of_type(self, mtype: str) -> list[Received]:
-        return [r for r in self.log if r.type == mtype]
-
-
-def node_of(grid: InProcessGrid, cid: str) -> int:
-    (nid,) = [n for n in grid.get_node_ids() if grid.context(n).node_config["cid"] == cid]
-    return nid
 
 
 @dataclass
@@ -1012,8 +945,6 @@ def test_client_evaluation_of_a_task_it_was_not_sent_is_rejected(caplog):
     run = run_strategy(clients, rounds=1, wrap=wrap, fraction_evaluate=1.0)
     assert rows_of(run.result, 1)["a"]["client_accuracy"] == pytest.approx(0.5)
     assert any("dave" in m for m in warnings_of(caplog))
-
-
 
 
 def test_policy_assigning_an_ineligible_task_does_not_crash_the_run():

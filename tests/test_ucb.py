@@ -37,6 +37,8 @@ from mmfl_flwr.grid import InProcessGrid
 from mmfl_flwr.presets import pareto_ucb, ranklist_ucb
 from mmfl_flwr.records import numpy_to_arrays
 
+from conftest import StepTrainer
+
 TASKS = ["a", "b"]
 
 
@@ -601,33 +603,10 @@ def test_state_dict_round_trip_gives_identical_picks(cls, init):
 SHAPES = {"w": (2, 3), "b": (3,)}
 
 
-class FakeTrainer:
-    """numpy LocalTrainer: ``train`` returns ``w - 0.01`` and a train loss that
-    decays with each training of this (client, task); ``loss`` is fixed."""
-
-    def __init__(self, n: int, qloss: float, tloss: float, fail: bool = False) -> None:
-        self._n = n
-        self.qloss = qloss
-        self.tloss = tloss
-        self.fail = fail
-        self.trained = 0
-
-    @property
-    def num_examples(self) -> int:
-        return self._n
-
-    def train(self, weights, epochs, lr, seed, batch_size=None, correction=None):
-        if self.fail:
-            raise RuntimeError("simulated crash")
-        self.trained += 1
-        new = {k: (v - np.asarray(0.01, v.dtype)).astype(v.dtype) for k, v in weights.items()}
-        return new, self._n, self.tloss * 0.8 ** (self.trained - 1)
-
-    def loss(self, weights):
-        return self.qloss
-
-    def evaluate(self, weights):
-        return 1.0, 0.5, 10
+def fake(n: int, qloss: float, tloss: float, fail: bool = False) -> StepTrainer:
+    """``train`` returns ``w - 0.01`` and a train loss that decays by 0.8 with
+    each training of this (client, task); ``loss`` is fixed."""
+    return StepTrainer(n, 0.01, qloss, train_loss=tloss, fail=fail, train_loss_decay=0.8)
 
 
 def qloss_of(c: int, task: str) -> float:
@@ -647,7 +626,7 @@ def run_ucb(preset, k=2, rounds=6, n_clients=8, failing=("5",), init="loss-query
         cid = str(ctx.node_config["cid"])
         c = int(cid)
         trainers = {
-            t: FakeTrainer(10 + 5 * c + (t == "b") * (40 - 5 * c), qloss_of(c, t),
+            t: fake(10 + 5 * c + (t == "b") * (40 - 5 * c), qloss_of(c, t),
                            0.5 + 0.3 * ((c + (t == "a")) % 4), fail=cid in failing)
             for t in TASKS
         }
@@ -805,7 +784,7 @@ def test_a_client_that_always_crashes_does_not_take_a_slot_every_round(preset):
 def test_a_client_omitting_train_loss_does_not_get_a_permanent_seat():
     def spec_fn(ctx: Context) -> ClientSpec:
         c = int(ctx.node_config["cid"])
-        return ClientSpec(str(c), {t: FakeTrainer(20, qloss_of(c, t), 0.5) for t in TASKS})
+        return ClientSpec(str(c), {t: fake(20, qloss_of(c, t), 0.5) for t in TASKS})
 
     app = make_client_app(spec_fn)
     trained: list[tuple[int, str]] = []

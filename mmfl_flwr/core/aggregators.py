@@ -10,9 +10,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
+
+from mmfl_flwr.core.component import Component
 
 Weights = list[np.ndarray]
 
@@ -74,7 +76,7 @@ def apply_step(weights: Weights, deltas: Sequence[Weights], coeffs: Sequence[flo
     return out
 
 
-class Aggregator(ABC):
+class Aggregator(Component, ABC):
     """Base class: new global weights of one model from its updates.
 
     This is the whole contract with :class:`~mmfl_flwr.strategy.MultiModelStrategy`:
@@ -150,19 +152,6 @@ class Aggregator(ABC):
             return [w.copy() for w in weights]
         return apply_step(weights, [u.delta for u in updates], self.coefficients(updates))
 
-    def config(self) -> dict[str, Any]:
-        """Tunable parameters, for logs."""
-        return {}
-
-    def state_dict(self) -> dict[str, Any]:
-        """Plain-data state (for checkpoints)."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the state returned by :meth:`state_dict`."""
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
 
 
 class FedAvgAggregator(Aggregator):

@@ -16,7 +16,18 @@ from mmfl_flwr.core.clients import ClientTable
 from mmfl_flwr.core.policy import Pick, Policy, check_k, sample_clients
 
 
-class MultiFedAvg(Policy):
+class _KClients(Policy):
+    """A policy of ``K`` clients per round (``clients_per_round``; None = all)."""
+
+    def __init__(self, clients_per_round: int | None = None):
+        check_k(clients_per_round)
+        self.clients_per_round = clients_per_round
+
+    def config(self) -> dict[str, Any]:
+        return {"clients_per_round": self.clients_per_round}
+
+
+class MultiFedAvg(_KClients):
     """Multi-FedAvg (paper 004): ``K`` uniformly random clients, each with a
     uniformly random model among the ones it holds data for.
 
@@ -27,13 +38,6 @@ class MultiFedAvg(Policy):
     """
 
     name = "multi-fedavg"
-
-    def __init__(self, clients_per_round: int | None = None):
-        check_k(clients_per_round)
-        self.clients_per_round = clients_per_round
-
-    def config(self) -> dict[str, Any]:
-        return {"clients_per_round": self.clients_per_round}
 
     def assign(
         self,
@@ -53,7 +57,7 @@ class MultiFedAvg(Policy):
         return picks
 
 
-class MFARand(Policy):
+class MFARand(_KClients):
     """MFA-Rand (paper 002, Algorithm 2).
 
     Every round the participating clients are split uniformly at random into
@@ -65,13 +69,6 @@ class MFARand(Policy):
     """
 
     name = "mfa-rand"
-
-    def __init__(self, clients_per_round: int | None = None):
-        check_k(clients_per_round)
-        self.clients_per_round = clients_per_round
-
-    def config(self) -> dict[str, Any]:
-        return {"clients_per_round": self.clients_per_round}
 
     def assign(
         self,
@@ -98,7 +95,7 @@ class MFARand(Policy):
         return picks
 
 
-class MFARoundRobin(Policy):
+class MFARoundRobin(_KClients):
     """MFA-RR (paper 002, Algorithm 3).
 
     At the start of each frame of ``M`` rounds the online clients are split
@@ -113,14 +110,10 @@ class MFARoundRobin(Policy):
     name = "mfa-rr"
 
     def __init__(self, clients_per_round: int | None = None):
-        check_k(clients_per_round)
-        self.clients_per_round = clients_per_round
+        super().__init__(clients_per_round)
         self._groups: dict[str, int] = {}
         self._frame_start = 0
         self._frame_tasks: list[str] = []
-
-    def config(self) -> dict[str, Any]:
-        return {"clients_per_round": self.clients_per_round}
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from mmfl_flwr.core.clients import ClientTable
+from mmfl_flwr.core.component import Component
 
 #: Signals a policy that selects after training can sample on.
 SIGNALS = ("update-norm", "stale-residual")
@@ -62,7 +63,7 @@ def picks_by_client(picks: Sequence[Pick]) -> dict[str, list[Pick]]:
     return out
 
 
-class Policy(ABC):
+class Policy(Component, ABC):
     """Base class of all assignment policies: the whole contract with the strategy.
 
     Each round :class:`~mmfl_flwr.strategy.MultiModelStrategy` does, in order:
@@ -154,20 +155,6 @@ class Policy(ABC):
         for the results; empty for policies that do not cluster."""
         return []
 
-    def config(self) -> dict[str, Any]:
-        """Tunable parameters, for logs and summaries."""
-        return {}
-
-    def state_dict(self) -> dict[str, Any]:
-        """Plain-data state (for checkpoints)."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the state returned by :meth:`state_dict`."""
-
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.config().items())
-        return f"{type(self).__name__}({args})"
 
 
 def check_k(clients_per_round: int | None) -> None:

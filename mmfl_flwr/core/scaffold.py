@@ -81,4 +81,6 @@ class ScaffoldAggregator(UnbiasedAggregator):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.controls.load_state_dict(state["controls"])
-        self.server = {t: [np.asarray(a, np.float64) for a in c] for t, c in state["server"].items()}
+        self.server = {
+            t: [np.asarray(a, np.float64) for a in c] for t, c in state["server"].items()
+        }

@@ -331,9 +331,6 @@ class FedStaleAggregator(_StaleBase):
     def config(self) -> dict[str, Any]:
         return {"beta": self.beta, **super().config()}
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(beta={self.beta}, storage={self.store.storage!r})"
-
     def _stale_weight(self, task, cid, stale, fresh, server_round):  # type: ignore[no-untyped-def]
         return self.beta
 

@@ -1,0 +1,143 @@
+"""Shared test fakes: a numpy local trainer, a ClientApp message recorder, a
+log collector and a node lookup for :class:`~mmfl_flwr.grid.InProcessGrid`.
+
+Test modules import them with ``from conftest import ...`` (pytest puts this
+folder on ``sys.path``). Every expected number in the tests that use
+:class:`StepTrainer` follows from its one rule: ``train`` returns
+``w - step`` in every entry, so the update is ``G = step``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from flwr.app import Context, Message
+
+from mmfl_flwr import protocol as P
+from mmfl_flwr.grid import InProcessGrid
+from mmfl_flwr.records import arrays_to_numpy
+
+
+class StepTrainer:
+    """A numpy LocalTrainer.
+
+    ``train`` returns ``w - step`` in every entry (dtype kept) with ``n``
+    examples and the training loss ``train_loss * train_loss_decay ** k`` at
+    its ``k``-th training (from 0); ``loss`` and ``evaluate`` return fixed
+    answers. With ``fail`` training raises; with ``seen`` (a list) every
+    SCAFFOLD ``correction`` it receives is recorded there.
+    """
+
+    def __init__(
+        self,
+        n: int,
+        step: float,
+        loss: float = 1.0,
+        ev: tuple[float, float, int] = (1.0, 0.5, 10),
+        train_loss: float = 0.5,
+        fail: bool = False,
+        seen: list[Any] | None = None,
+        train_loss_decay: float = 1.0,
+    ) -> None:
+        self._n = n
+        self.step = step
+        self._loss = loss
+        self._eval = ev
+        self._train_loss = train_loss
+        self.fail = fail
+        self.seen = seen
+        self.decay = train_loss_decay
+        self.trained = 0
+
+    @property
+    def num_examples(self) -> int:
+        return self._n
+
+    def train(self, weights, epochs, lr, seed, batch_size=None, correction=None):
+        if self.fail:
+            raise RuntimeError("simulated crash in local training")
+        if self.seen is not None:
+            self.seen.append(
+                None if correction is None else {k: np.array(v) for k, v in correction.items()}
+            )
+        loss = self._train_loss * self.decay ** self.trained
+        self.trained += 1
+        new = {
+            k: (v - np.asarray(self.step, dtype=v.dtype)).astype(v.dtype)
+            for k, v in weights.items()
+        }
+        return new, self._n, loss
+
+    def loss(self, weights):
+        return self._loss
+
+    def evaluate(self, weights):
+        return self._eval
+
+
+@dataclass
+class Received:
+    """One message a node received."""
+
+    round: int
+    node: int
+    cid: str
+    type: str
+    tasks: tuple[str, ...] = ()
+    arrays: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+class Recorder:
+    """Wraps a ClientApp callable and records every message each node receives
+    (the node config must hold ``cid``)."""
+
+    def __init__(self, app: Callable[[Message, Context], Message]) -> None:
+        self.app = app
+        self.log: list[Received] = []
+
+    def __call__(self, msg: Message, ctx: Context) -> Message:
+        arrays = {k: arrays_to_numpy(v) for k, v in msg.content.array_records.items()}
+        cfg = msg.content.config_records.get(P.CONFIG_KEY)
+        tasks = sorted(t for t in (P.task_of(k, P.ARRAYS_PREFIX) for k in arrays) if t)
+        self.log.append(
+            Received(
+                round=int(msg.metadata.group_id),
+                node=ctx.node_id,
+                cid=str(ctx.node_config["cid"]),
+                type=msg.metadata.message_type,
+                tasks=tuple(tasks),
+                arrays=arrays,
+                config=dict(cfg) if cfg is not None else {},
+            )
+        )
+        return self.app(msg, ctx)
+
+    def of_type(self, mtype: str) -> list[Received]:
+        """The messages of one type, in order."""
+        return [r for r in self.log if r.type == mtype]
+
+    def nodes(self, cid: str, mtype: str) -> list[tuple[int, int]]:
+        """``(round, node)`` of every ``mtype`` message client ``cid`` received."""
+        return [(r.round, r.node) for r in self.log if r.cid == cid and r.type == mtype]
+
+
+class LogTap(logging.Handler):
+    """Collects log records as ``(level, message)``."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[tuple[int, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append((record.levelno, record.getMessage()))
+
+
+def node_of(grid: InProcessGrid, cid: str) -> int:
+    """The node id of client ``cid`` (node config ``cid``) on ``grid``."""
+    (nid,) = [n for n in grid.get_node_ids() if grid.context(n).node_config["cid"] == cid]
+    return nid

@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 
 from mmfl_flwr.checkpoint import CHECKPOINT_FILE
 from mmfl_flwr.config import RESUME_MAY_CHANGE, Settings
-from mmfl_flwr.presets import AGGREGATORS, PRESETS
+from mmfl_flwr.presets import AGGREGATORS, PRESETS, presets_taking
 from mmfl_flwr.runner import ENGINES, run
 
 #: Names of the Settings fields that have a command-line flag.
@@ -62,6 +62,8 @@ def _add_settings_args(p: argparse.ArgumentParser) -> None:
     }
     for name in SETTING_NAMES:
         default = getattr(defaults, name)
+        users = presets_taking(name)
+        used_by = f"; strategies: {', '.join(users)}" if users else ""
         if isinstance(default, bool):  # a switch: --overwrite
             p.add_argument(_flag(name), action="store_true", default=argparse.SUPPRESS,
                            help=helps.get(name, ""))
@@ -70,7 +72,7 @@ def _add_settings_args(p: argparse.ArgumentParser) -> None:
             _flag(name),
             type=type(default),
             default=argparse.SUPPRESS,
-            help=f"{helps.get(name, '')} (default: {default!r})",
+            help=f"{helps.get(name, '')} (default: {default!r}{used_by})",
         )
 
 

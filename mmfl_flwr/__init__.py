@@ -56,6 +56,8 @@ _EXPORTS = {
     "FixedRates": "mmfl_flwr.core.random_allocation",
     "StaleVRSampling": "mmfl_flwr.core.stale",
     "MeanAggregator": "mmfl_flwr.core.aggregators",
+    "MedianAggregator": "mmfl_flwr.core.robust",
+    "TrimmedMeanAggregator": "mmfl_flwr.core.robust",
     "optimal_stale_beta": "mmfl_flwr.core.stale",
     "StaleStore": "mmfl_flwr.core.stale",
     "FedStaleAggregator": "mmfl_flwr.core.stale",

@@ -108,6 +108,18 @@ class Settings:
         written there after every round. Where the checkpoint's folder holds a
         ``config.json``, every setting but those of :data:`RESUME_MAY_CHANGE`,
         ``output_dir`` and ``resume_from`` must equal it.
+    max_update_norm : float
+        Absolute bound on an update's L2 norm: larger updates are rejected
+        (0 = none).
+    update_norm_factor : float
+        Updates above this multiple of the model's reference norm (the lower
+        median of recent update norms) are clipped to it (0 = off).
+    loss_cap : float
+        Reported losses (loss queries and training losses) above this multiple
+        of the task's reference loss are capped (0 = off).
+    count_cap : float
+        A client's sample count of a task is used up to this multiple of the
+        task's median count (0 = off).
     timeout : float
         Seconds to wait for the replies of one round trip.
     """
@@ -142,6 +154,10 @@ class Settings:
     output_dir: str = "results/mmfl"
     overwrite: bool = False
     resume_from: str = ""
+    max_update_norm: float = 0.0
+    update_norm_factor: float = 100.0
+    loss_cap: float = 100.0
+    count_cap: float = 200.0
     timeout: float = 600.0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -342,6 +358,11 @@ class Settings:
             (self.synthetic_max_samples >= 0, "synthetic-max-samples must be >= 0"),
             (0 <= self.fraction_evaluate <= 1, "fraction-evaluate must be in [0, 1]"),
             (self.timeout > 0, "timeout must be > 0"),
+            (self.max_update_norm >= 0, "max-update-norm must be >= 0 (0 = none)"),
+            (self.update_norm_factor == 0 or self.update_norm_factor > 1,
+             "update-norm-factor must be 0 (off) or > 1"),
+            (self.loss_cap == 0 or self.loss_cap > 1, "loss-cap must be 0 (off) or > 1"),
+            (self.count_cap == 0 or self.count_cap >= 1, "count-cap must be 0 (off) or >= 1"),
             (self.seed >= 0, "seed must be >= 0"),
             (0 <= self.stale_beta <= 1, "stale-beta must be in [0, 1]"),
             (self.stale_storage in STORAGE, f"stale-storage must be one of {', '.join(STORAGE)}"),

@@ -24,6 +24,7 @@ from mmfl_flwr.core.group import GroupSampling
 from mmfl_flwr.core.lvr import GVR, LVR
 from mmfl_flwr.core.mfa import MFARand, MFARoundRobin, MultiFedAvg
 from mmfl_flwr.core.random_allocation import FullParticipation, RandomAllocation
+from mmfl_flwr.core.robust import MedianAggregator, TrimmedMeanAggregator
 from mmfl_flwr.core.scaffold import ScaffoldAggregator
 from mmfl_flwr.core.stale import (
     FedStaleAggregator,
@@ -40,6 +41,8 @@ AGGREGATORS: dict[str, Callable[[], Aggregator]] = {
     "fedavg": FedAvgAggregator,
     "unbiased": UnbiasedAggregator,
     "mean": MeanAggregator,
+    "median": MedianAggregator,
+    "trimmed-mean": TrimmedMeanAggregator,
 }
 
 

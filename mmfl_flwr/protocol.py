@@ -13,7 +13,9 @@ Message types
                    (batch-norm running statistics, step counters) are state:
                    they are not part of the update ``G`` and are combined by a
                    sample-weighted mean. Without it, every floating-point entry
-                   counts as trainable and integer entries as state.
+                   counts as trainable and integer entries as state. Optional
+                   ``client-token`` (str): the client's secret, checked against
+                   the server's pin of its id.
 ``query.losses``   server -> client: ``arrays.<task>`` for each task to score;
                    reply: MetricRecord ``losses`` mapping task -> mean local loss
                    (forward pass only, no training).
@@ -36,6 +38,9 @@ ARRAYS_PREFIX = "arrays."
 METRICS_PREFIX = "metrics."
 CONTROL_PREFIX = "control."
 TRAINABLE_PREFIX = "trainable."
+#: Info-record key of the client's secret token (optional; checked against the
+#: server's pin of its id, see :mod:`mmfl_flwr.strategy.registration`).
+CLIENT_TOKEN = "client-token"
 CONFIG_KEY = "config"
 INFO_KEY = "info"
 LOSSES_KEY = "losses"

@@ -54,6 +54,9 @@ class ClientSpec:
     client_id: str
     trainers: dict[str, LocalTrainer]
     processors: int = 1
+    #: a secret proving ``client_id`` (sent in the info reply; the server checks
+    #: it against its pin of the id), or None
+    client_token: str | None = None
 
 
 SpecFn = Callable[[Context], ClientSpec]
@@ -155,6 +158,8 @@ def make_client_app(
                 P.PROCESSORS: int(s.processors),
             }
         )
+        if s.client_token:
+            rec[P.CLIENT_TOKEN] = str(s.client_token)
         for t in tasks:
             keys = getattr(s.trainers[t], "trainable_keys", None)
             if keys:

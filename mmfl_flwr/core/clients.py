@@ -48,6 +48,9 @@ class ClientInfo:
         Round in which each loss was reported.
     online : bool
         Whether the client's node answered at the last check.
+    declared : dict[str, int]
+        The sample counts the client declared (``num_examples`` may be capped
+        below them by :meth:`ClientTable.cap_counts`); empty = ``num_examples``.
     """
 
     cid: str
@@ -56,6 +59,11 @@ class ClientInfo:
     losses: dict[str, float] = field(default_factory=dict)
     loss_round: dict[str, int] = field(default_factory=dict)
     online: bool = True
+    declared: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.declared:
+            self.declared = dict(self.num_examples)
 
     @property
     def tasks(self) -> list[str]:
@@ -162,6 +170,28 @@ class ClientTable:
             return {}
         return {cid: n / total for cid, n in counts.items()}
 
+    def cap_counts(self, factor: float | None) -> list[tuple[str, str, int, int]]:
+        """Bound every client's share of a task's data: ``n_{i,s}`` is at most
+        ``factor`` times the median declared count of that task over the
+        registered clients (None: no bound). Recomputed from the declared counts
+        each call (the median moves as clients register).
+
+        Returns the ``(client, task, declared, used)`` pairs whose count changed.
+        """
+        changed = []
+        by_task: dict[str, list[int]] = {}
+        for c in self._clients.values():
+            for t, n in c.declared.items():
+                by_task.setdefault(t, []).append(n)
+        for c in self._clients.values():
+            for t, n in c.declared.items():
+                bound = n if factor is None else max(1, int(factor * np.median(by_task[t])))
+                used = min(n, bound)
+                if c.num_examples.get(t) != used:
+                    changed.append((c.cid, t, n, used))
+                    c.num_examples[t] = used
+        return changed
+
     def set_loss(self, cid: str, task: str, loss: float, server_round: int) -> None:
         """Record the latest loss of ``cid`` on ``task``."""
         c = self._clients[cid]
@@ -199,6 +229,7 @@ class ClientTable:
                 "losses": dict(c.losses),
                 "loss_round": dict(c.loss_round),
                 "online": c.online,
+                "declared": dict(c.declared),
             }
             for cid, c in self._clients.items()
         }
@@ -214,4 +245,5 @@ class ClientTable:
                 losses=dict(d["losses"]),  # type: ignore[call-overload]
                 loss_round=dict(d["loss_round"]),  # type: ignore[call-overload]
                 online=bool(d["online"]),
+                declared=dict(d.get("declared", {})),  # type: ignore[call-overload]
             )

@@ -141,6 +141,12 @@ class Policy(Component, ABC):
         :attr:`selects_after_training`."""
         raise NotImplementedError(f"{type(self).__name__} does not select after training")
 
+    @property
+    def observes_losses(self) -> bool:
+        """Whether :meth:`observe` uses the training losses (UCB's index): the
+        strategy then caps them like loss-query reports."""
+        return False
+
     def observe(
         self,
         server_round: int,

@@ -94,6 +94,11 @@ class _UCBBase(Policy):
 
     inclusion_probabilities = False
 
+    @property
+    def observes_losses(self) -> bool:
+        """The index is built from the training losses."""
+        return True
+
     def __init__(
         self, clients_per_round: int, gamma: float = 0.9, init: str = "loss-query"
     ) -> None:

@@ -8,18 +8,36 @@ A node's identity and resources come from its ``node_config``:
   partition id);
 - ``processors`` (int, optional): ``B_i``, overriding the federation's value;
 - ``tasks`` (str, optional): comma-separated model names this node trains (a
-  subset of the ones its partition holds data for).
+  subset of the ones its partition holds data for);
+- ``client-token`` (str, optional): a secret proving the client id, sent in the
+  info reply under ``client-token``; the server checks it against its pin of
+  the id (``token:<sha256 hex>``, see :mod:`mmfl_flwr.strategy.registration`).
+  Keep it off the command line: ``--node-config node.toml``, a file readable by
+  the SuperNode only, holding e.g. ``client-id = "3"`` and
+  ``client-token = "..."``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from flwr.app import Context
 from flwr.clientapp import ClientApp
 
+from mmfl_flwr import protocol as P
 from mmfl_flwr.client.app import ClientSpec, make_client_app
 from mmfl_flwr.config import Settings
 from mmfl_flwr.flower_app.data import federation_for
 from mmfl_flwr.tasks.registry import get_task, registered_tasks, restore
+
+CLIENT_TOKEN = P.CLIENT_TOKEN
+
+
+def client_token(node_config: Mapping[str, Any]) -> str | None:
+    """This node's ``client-token`` (None when the node config has none)."""
+    token = node_config.get(CLIENT_TOKEN)
+    return None if token is None or str(token) == "" else str(token)
 
 
 def client_spec(context: Context, settings: Settings | None = None) -> ClientSpec:
@@ -63,7 +81,8 @@ def client_spec(context: Context, settings: Settings | None = None) -> ClientSpe
             trainers[task] = TorchTrainer(model_fn, train, test, s.batch_size)
     processors = int(cfg.get("processors", int(fed.processors[pid])))
     return ClientSpec(
-        client_id=str(cfg.get("client-id", pid)), trainers=trainers, processors=processors
+        client_id=str(cfg.get("client-id", pid)), trainers=trainers, processors=processors,
+        client_token=client_token(cfg),
     )
 
 
@@ -72,6 +91,7 @@ def build_client_app(settings: Settings | None = None) -> ClientApp:
 
     The user tasks registered in this process travel with the app (a snapshot
     of the registry), so simulated clients in other processes know them too.
+    The node's ``client-token`` (node config) goes into its info reply.
     """
     snapshot = registered_tasks()
 

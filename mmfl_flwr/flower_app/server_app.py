@@ -43,6 +43,10 @@ def strategy_from_settings(
         "fraction_evaluate": s.fraction_evaluate,
         "min_available_nodes": s.num_clients,
         "on_round_end": on_round_end,
+        "max_update_norm": s.max_update_norm or None,
+        "update_norm_factor": s.update_norm_factor or None,
+        "loss_cap": s.loss_cap or None,
+        "count_cap": s.count_cap or None,
     }
     if s.client_arrivals:
         kwargs["client_arrivals"] = s.client_arrival_rounds()

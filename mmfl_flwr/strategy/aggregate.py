@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable, Sequence
-from logging import ERROR
+from logging import ERROR, WARNING
 from typing import Any
 
 import numpy as np
@@ -17,7 +17,8 @@ from mmfl_flwr.core.aggregators import Aggregator, Update
 from mmfl_flwr.core.policy import Policy
 from mmfl_flwr.strategy.run import RoundPlan, RunState
 from mmfl_flwr.strategy.train import TrainOutcome, collect_updates
-from mmfl_flwr.strategy.validation import Limits, l2_norm
+from mmfl_flwr.strategy.loss_query import loss_cap
+from mmfl_flwr.strategy.validation import Limits, bound_update_norms, l2_norm
 
 
 def average_state(old: list[np.ndarray], updates: Sequence[Update]) -> list[np.ndarray]:
@@ -54,11 +55,28 @@ def train_round(
     returns the metrics row of each task."""
     shares = {t: run.table.data_share(t) for t in plan.tasks}
     outcome = collect_updates(run, plan, replies, shares, limits, aggregator.needs_control)
+    bound_update_norms(outcome.updates, run.norm_history, limits.update_norm_factor)
+    if policy.observes_losses:
+        cap_train_losses(run, outcome, limits.loss_cap)
     policy.observe(plan.server_round, outcome.observed, plan.picks)
     updates = outcome.updates
     if policy.selects_after_training:
         updates = select_after_training(run, policy, aggregator, plan.server_round, updates)
     return aggregate_round(run, aggregator, plan, outcome, updates, shares)
+
+
+def cap_train_losses(run: RunState, outcome: TrainOutcome, factor: float | None) -> None:
+    """Cap the training losses a policy observes (UCB's index) at ``factor``
+    times the task's reference loss, as the loss query's reports are
+    (:func:`~.loss_query.loss_cap`), logging the client id. The round's
+    ``train_loss`` metric keeps the reported values."""
+    for task, reports in outcome.train_losses.items():
+        cap = loss_cap(run, task, [v for v, _, _ in reports], factor)
+        for value, _, cid in reports:
+            if value > cap:
+                log(WARNING, "Client %s: training loss %.4g on task %r capped at %.4g "
+                    "(%g x the reference loss)", cid, value, task, cap, factor)
+                outcome.observed[(cid, task)] = cap
 
 
 def select_after_training(
@@ -140,7 +158,7 @@ def aggregate_round(
             "assigned": sum(1 for p in plan.picks if p.task == task),
             "rejected": outcome.rejected[task],
             "train_loss": (
-                float(sum(v * n for v, n in tl) / sum(n for _, n in tl)) if tl else math.nan
+                float(sum(v * n for v, n, _ in tl) / sum(n for _, n, _ in tl)) if tl else math.nan
             ),
             "step_l1": step_l1,
         }

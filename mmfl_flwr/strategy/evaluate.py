@@ -46,13 +46,14 @@ def evaluation_messages(
 
 
 def client_metrics(
-    run: RunState, replies: Iterable[Message], max_loss: float
+    run: RunState, replies: Iterable[Message], max_loss: float, server_round: int | None = None
 ) -> MetricRecord | None:
     """Example-weighted mean of the clients' loss and accuracy, per task
     (``<task>.loss``, ``<task>.accuracy``); None without a usable reply."""
     sums: dict[str, list[float]] = {}
     active = set(run.tasks)
-    for cid, reply in client_replies(run.node_to_cid, replies, "evaluation"):
+    for cid, reply in client_replies(run.node_to_cid, replies, "evaluation",
+                                     server_round=server_round):
         sent = [t for t in run.table[cid].tasks if t in active]
         for key in reply.content.metric_records:
             if P.task_of(key, P.METRICS_PREFIX) not in sent:
@@ -119,7 +120,8 @@ def client_round(
     msgs = evaluation_messages(run, server_round, config, fraction)
     if not msgs:
         return None
-    metrics = client_metrics(run, grid.send_and_receive(msgs, timeout=timeout), max_loss)
+    metrics = client_metrics(run, grid.send_and_receive(msgs, timeout=timeout), max_loss,
+                             server_round)
     if metrics is not None:
         result.evaluate_metrics_clientapp[server_round] = {"all": metrics}
     return metrics

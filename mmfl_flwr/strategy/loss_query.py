@@ -12,7 +12,6 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from mmfl_flwr import protocol as P
-from mmfl_flwr.core.clients import ClientTable
 from mmfl_flwr.records import InvalidReply, check_loss
 from mmfl_flwr.strategy.replies import client_replies
 from mmfl_flwr.strategy.run import RunState
@@ -43,7 +42,8 @@ def query_losses(
     accepted = 0
     received: dict[str, list[tuple[str, float]]] = {}
     for cid, reply in client_replies(
-        run.node_to_cid, grid.send_and_receive(msgs, timeout=timeout), "loss"
+        run.node_to_cid, grid.send_and_receive(msgs, timeout=timeout), "loss",
+        server_round=server_round,
     ):
         losses = reply.content.metric_records.get(P.LOSSES_KEY)
         if losses is None:
@@ -62,21 +62,29 @@ def query_losses(
             received.setdefault(task, []).append((cid, loss))
             accepted += 1
     for task, pairs in received.items():
-        cap = loss_cap(run.table, task, [v for _, v in pairs], limits.loss_cap)
+        cap = loss_cap(run, task, [v for _, v in pairs], limits.loss_cap)
         for cid, loss in pairs:
             if loss > cap:
                 log(WARNING, "Client %s: loss %.4g on task %r capped at %.4g "
-                    "(%g x the median)", cid, loss, task, cap, limits.loss_cap)
+                    "(%g x the reference loss)", cid, loss, task, cap, limits.loss_cap)
                 loss = cap
             run.table.set_loss(cid, task, loss, server_round)
     return accepted
 
 
-def loss_cap(table: ClientTable, task: str, values: list[float], factor: float | None) -> float:
-    """``factor`` times the median loss of ``task`` (this round's reports plus the
-    clients' latest ones); infinite without a factor or a positive median."""
+def loss_cap(run: RunState, task: str, values: list[float], factor: float | None) -> float:
+    """The largest loss of ``task`` the server uses: ``factor`` times the task's
+    reference loss, the largest 90th percentile (the lower one: an observed
+    value) of the reported losses so far (this round's reports plus the
+    clients' latest ones, kept in ``run.loss_reference``). Losses fall as
+    training goes on, so honest reports stay below it even when most clients
+    fit their local data almost perfectly (a median would then be tiny), while
+    one client among ten or more cannot raise it on its own. Infinite without a
+    factor or a positive reference."""
     if factor is None:
         return math.inf
-    pool = values + [c.losses[task] for c in table.clients() if task in c.losses]
-    med = float(np.median(pool)) if pool else 0.0
-    return factor * med if med > 0 else math.inf
+    pool = values + [c.losses[task] for c in run.table.clients() if task in c.losses]
+    high = float(np.percentile(pool, 90, method="lower")) if pool else 0.0
+    ref = max(high, run.loss_reference.get(task, 0.0))
+    run.loss_reference[task] = ref
+    return factor * ref if ref > 0 else math.inf

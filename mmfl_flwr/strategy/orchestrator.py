@@ -26,7 +26,7 @@ from mmfl_flwr.core.aggregators import Aggregator, FedAvgAggregator
 from mmfl_flwr.core.pairing import check_pairing
 from mmfl_flwr.core.policy import Policy
 from mmfl_flwr.core.random_allocation import RandomAllocation
-from mmfl_flwr.strategy import aggregate, evaluate, persist, registration, train
+from mmfl_flwr.strategy import aggregate, evaluate, persist, registration, train, validation
 from mmfl_flwr.strategy.loss_query import query_losses
 from mmfl_flwr.strategy.result import EvaluateFn, MultiModelResult, RoundCallback
 from mmfl_flwr.strategy.run import RoundPlan, RunState
@@ -36,13 +36,10 @@ from mmfl_flwr.strategy.validation import Limits
 class MultiModelStrategy(Strategy):
     """Train several models at once over one shared pool of clients.
 
-    Each round: register new nodes (``query.info``), ask for losses when the
-    policy needs them (``query.losses``), let the policy assign models to
-    clients, send **one** train message per node carrying every model assigned
-    to it, validate every reply per (client, task), aggregate each model and
-    evaluate. ``start()`` may be called again: each call is a fresh run (a new
-    RNG from ``seed``, an empty client table, and fresh copies of the policy and
-    aggregator as constructed).
+    Each round: register new nodes, query losses if the policy needs them, assign,
+    send **one** train message per node with every model assigned to it, validate
+    each (client, task) reply part, aggregate and evaluate. Each ``start()`` is a
+    fresh run (new RNG from ``seed``, fresh copies of the policy and aggregator).
 
     Parameters
     ----------
@@ -62,18 +59,14 @@ class MultiModelStrategy(Strategy):
     min_available_nodes, node_wait_timeout : int, float
         Before the first round, wait at most ``node_wait_timeout`` seconds for
         this many nodes; later rounds use whoever is online.
-    max_loss : float
-        Reported losses above this are rejected as absurd.
+    max_loss, loss_cap, max_update_norm, update_norm_factor, count_cap
+        Bounds on what clients report (:class:`~.validation.Limits` documents
+        them), each logged with the client id when it acts.
     on_round_end : callable, optional
         ``f(server_round, rows)`` after each round (progress display).
     checkpoint_path : str, optional
         File or folder where the whole state is written atomically after every
         round; ``start(..., resume_from=path)`` continues from it.
-    loss_cap : float or None
-        Loss-query reports above ``loss_cap`` times the task's median are
-        capped (logged), so one client cannot steer loss-based sampling.
-    max_update_norm : float or None
-        Reject (and log) an update whose L2 norm exceeds this (default: off).
     client_arrivals, task_arrivals : mapping, optional
         Client id / task -> first round it takes part in (simulated arrivals;
         MMFL-Group admits a task at its next cycle boundary).
@@ -82,6 +75,11 @@ class MultiModelStrategy(Strategy):
         ``G`` (norms, beta, ``d/(B p)``, control variates), the other entries
         (batch-norm statistics, counters) are averaged by sample count. Without
         it the first client declaring them (``trainable.<task>``) sets them.
+    client_pins : mapping, optional
+        Client id -> ``token:<sha256>`` of its ``client-token`` or ``key:<sha256>``
+        of its SuperNode's public key (:func:`~.registration.token_pin`,
+        :func:`~.registration.key_pin`); a claim of a pinned id without it is
+        refused, and the pinned client always gets its id back.
     """
 
     def __init__(
@@ -102,9 +100,12 @@ class MultiModelStrategy(Strategy):
         checkpoint_path: str | None = None,
         loss_cap: float | None = 100.0,
         max_update_norm: float | None = None,
+        update_norm_factor: float | None = 100.0,
+        count_cap: float | None = 200.0,
         client_arrivals: Mapping[str, int] | None = None,
         task_arrivals: Mapping[str, int] | None = None,
         trainable_keys: Mapping[str, Sequence[str]] | None = None,
+        client_pins: Mapping[str, str] | None = None,
     ) -> None:
         if not 0.0 <= fraction_evaluate <= 1.0:
             raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate}")
@@ -121,7 +122,8 @@ class MultiModelStrategy(Strategy):
         self.evaluate_every = int(evaluate_every)
         self.min_available_nodes = int(min_available_nodes)
         self.node_wait_timeout = float(node_wait_timeout)
-        self.limits = Limits(float(max_loss), loss_cap, max_update_norm)  # checks them
+        self.limits = Limits(float(max_loss), loss_cap, max_update_norm, update_norm_factor,
+                             count_cap)  # checks them
         self.on_round_end = on_round_end
         self.checkpoint_path = checkpoint_path
         self._arrivals = (
@@ -129,14 +131,16 @@ class MultiModelStrategy(Strategy):
             {str(k): int(v) for k, v in (client_arrivals or {}).items()},
         )
         self._trainable = {str(t): [str(k) for k in ks] for t, ks in (trainable_keys or {}).items()}
+        self._pins = registration.check_pins(client_pins)
         self.run = self._new_run()
         self._runs = 0
         self._plans: dict[int, RoundPlan] = {}  # only for the Flower-API methods below
 
     def _new_run(self) -> RunState:
-        return RunState(self.seed, *self._arrivals, pinned_trainable=dict(self._trainable))
+        return RunState(self.seed, *self._arrivals, pinned_trainable=dict(self._trainable),
+                        client_pins=dict(self._pins))
 
-    # ---------------------------- views of the current run (see RunState)
+    # views of the current run (see RunState)
     weights = property(lambda self: self.run.weights, doc="Global weights per task (numpy).")
     table = property(lambda self: self.run.table, doc="The client table of the current run.")
     trainable = property(lambda self: self.run.trainable, doc="Task -> trainable keys.")
@@ -152,20 +156,18 @@ class MultiModelStrategy(Strategy):
     def summary(self) -> None:
         """Log every setting of the strategy."""
         log(INFO, "\t├──> MultiModelStrategy settings:")
-        log(INFO, "\t│\t├── Policy: %r", self.policy)
-        log(INFO, "\t│\t├── Aggregator: %r", self.aggregator)
-        log(INFO, "\t│\t├── Tasks: %s", ", ".join(self.run.all_tasks) or "(not set yet)")
         for name, value in (
+            ("Policy", repr(self.policy)), ("Aggregator", repr(self.aggregator)),
+            ("Tasks", ", ".join(self.run.all_tasks) or "(not set yet)"),
             ("Train config", self.train_config), ("Limits", self.limits),
             ("Evaluation", f"fraction {self.fraction_evaluate:g}, every {self.evaluate_every}"),
             ("Nodes", f"wait for {self.min_available_nodes} at most {self.node_wait_timeout:g} s"),
             ("Arrivals (tasks, clients)", self._arrivals), ("Trainable keys", self._trainable),
-            ("Checkpoint", self.checkpoint_path),
+            ("Pinned client ids", sorted(self._pins)), ("Checkpoint", self.checkpoint_path),
         ):
             log(INFO, "\t│\t├── %s: %s", name, value)
         log(INFO, "\t│\t└── Seed: %d", self.seed)
 
-    # --------------------------------------------- Flower's Strategy interface
     def configure_train(
         self, server_round: int, arrays: ArrayRecord | None, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
@@ -187,16 +189,14 @@ class MultiModelStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord | None, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Client-side evaluation of every model on a fraction of the clients."""
-        return evaluate.evaluation_messages(self.run, server_round, config,
-                                            self.fraction_evaluate)
+        return evaluate.evaluation_messages(self.run, server_round, config, self.fraction_evaluate)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
         """Example-weighted mean of client-side loss and accuracy, per task."""
-        return evaluate.client_metrics(self.run, replies, self.limits.max_loss)
+        return evaluate.client_metrics(self.run, replies, self.limits.max_loss, server_round)
 
-    # ------------------------------------------------------------------ a run
     def start(  # type: ignore[override]
         self,
         grid: Grid,
@@ -244,6 +244,7 @@ class MultiModelStrategy(Strategy):
             log(INFO, "[ROUND %s/%s]", rnd, num_rounds)
             registration.refresh_clients(run, grid, rnd, timeout, self.min_available_nodes,
                                          self.node_wait_timeout)
+            validation.apply_count_cap(run.table, self.limits.count_cap)
             log(INFO, "%d clients online", len(run.table.ids()))
             if self.policy.needs_losses:
                 only = self.policy.loss_query_clients(run.table, run.tasks)
@@ -281,7 +282,6 @@ class MultiModelStrategy(Strategy):
         if self.on_round_end:
             self.on_round_end(rnd, rows)
 
-    # ------------------------------------------------------------ checkpoints
     def state_dict(self, server_round: int, result: MultiModelResult) -> dict[str, Any]:
         """Everything needed to continue after ``server_round`` (plain data)."""
         return persist.run_state_dict(self.run, self.policy, self.aggregator, server_round, result)

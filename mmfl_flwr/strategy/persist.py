@@ -43,6 +43,8 @@ def run_state_dict(
         "eval_rng": run.eval_rng.bit_generator.state,
         "history": [dict(r) for r in result.history],
         "trainable": {t: list(k) for t, k in run.trainable.items()},
+        "norm_history": {t: list(v) for t, v in run.norm_history.items()},
+        "loss_reference": dict(run.loss_reference),
         "assignments": dict(result.assignments),
         **identity(policy, aggregator, run.seed),
     }
@@ -76,6 +78,8 @@ def restore(
     aggregator.load_state_dict(state["aggregator"])
     run.table.load_state_dict(state["table"])
     run.trainable = {**state.get("trainable", {}), **run.pinned_trainable}
+    run.norm_history = {t: list(v) for t, v in state.get("norm_history", {}).items()}
+    run.loss_reference = dict(state.get("loss_reference", {}))
     run.rng.bit_generator.state = state["rng"]
     run.eval_rng.bit_generator.state = state["eval_rng"]
     result.history.extend(state["history"])

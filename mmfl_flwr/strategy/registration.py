@@ -2,13 +2,51 @@
 
 New nodes get a ``query.info`` message and answer with their stable client id,
 eligible tasks with sample counts, processors and trainable keys per model. All
-per-client state is keyed on the stable id (Flower's node ids change every run).
+per-client state is keyed on the stable id (Flower's node ids change every run,
+and every time a SuperNode restarts without SuperNode authentication).
+
+Client identity
+---------------
+A client names itself (``client-id`` in its info reply); the node id is only
+the address it is reached at. The rule:
+
+1. The first node to claim an id holds it while it stays online. Another live
+   node claiming it is refused (logged with the client id and both node ids)
+   and asked again each round, so it gets the id once the holder has gone
+   offline (e.g. a restarted client whose old node id has not yet timed out).
+2. A node that goes offline releases its id at the start of the next round.
+3. Without a pin that is all the server can check: whoever claims an offline
+   client's id first ("squats" it) keeps it while it stays online, and the
+   real client is refused meanwhile. Only a pin prevents it.
+4. ``RunState.client_pins`` maps a client id to the credential its claims must
+   carry (:func:`check_pins` lists the forms; :func:`token_pin` and
+   :func:`key_pin` make them):
+
+   - ``token:<sha256 hex>``: the SHA-256 of the secret the ClientApp sends as
+     ``client-token`` in its info reply (node config ``client-token``). Works
+     with any SuperLink; the secret travels in the reply, so use TLS;
+   - ``key:<sha256 hex>``: the fingerprint of the SuperNode's public key as the
+     SuperLink reports it (``Grid.get_nodes()`` -> ``NodeInfo.public_key``).
+     Only meaningful with ``flower-superlink --enable-supernode-auth``: then
+     the key is the one the operator registered and every Fleet request is
+     signed with it; without it each SuperNode start makes a fresh key pair.
+
+   A claim of a pinned id without that credential is refused (logged with the
+   client id and the node id). A pinned id is only ever held by a node that
+   proved the pin in force: a holder that did not (the pin was set or changed
+   during the run) is evicted at the start of the next round (logged). So the
+   pinned client gets its id as soon as it is online, whoever claimed it
+   first. Two nodes proving the same pin follow rule 1. Ids without a pin
+   follow rules 1-3.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from logging import INFO, WARNING
 
 from flwr.app import ConfigRecord, Message, RecordDict
@@ -19,7 +57,91 @@ from mmfl_flwr import protocol as P
 from mmfl_flwr.core.clients import ClientInfo, InvalidClientInfo, validate_client_info
 from mmfl_flwr.strategy.run import RunState, instruction
 
+#: Info-record key of the client's secret token (belongs in ``mmfl_flwr.protocol``).
+CLIENT_TOKEN = P.CLIENT_TOKEN
+TOKEN_PIN = "token:"
+KEY_PIN = "key:"
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
+
+# ------------------------------------------------------------------- pins
+def token_pin(token: str) -> str:
+    """The pin of a client whose node config holds ``client-token=<token>``."""
+    return TOKEN_PIN + hashlib.sha256(str(token).encode("utf-8")).hexdigest()
+
+
+def key_pin(public_key: bytes | str) -> str:
+    """The pin of a SuperNode's public key: an SSH public key (the
+    ``*.pub`` given to ``flwr supernode register``) or a PEM one."""
+    fingerprint = _key_fingerprint(public_key)
+    if fingerprint is None:
+        raise ValueError("not an SSH or PEM public key")
+    return KEY_PIN + fingerprint
+
+
+def check_pins(pins: Mapping[str, str] | None) -> dict[str, str]:
+    """Validate and normalise ``client id -> pin``.
+
+    A pin is ``token:<sha256 hex>`` (a bare 64-digit hex string means the same),
+    or ``key:<sha256 hex>``. Raises ValueError on anything else."""
+    out: dict[str, str] = {}
+    for cid, pin in (pins or {}).items():
+        text = str(pin).strip().lower()
+        kind, _, digest = text.rpartition(":")
+        kind = kind + ":" if kind else TOKEN_PIN
+        if kind not in (TOKEN_PIN, KEY_PIN) or not _HEX64.fullmatch(digest):
+            raise ValueError(
+                f"client_pins[{str(cid)!r}]: expected 'token:<sha256 hex>' or "
+                f"'key:<sha256 hex>', got {str(pin)[:80]!r}"
+            )
+        out[str(cid)] = kind + digest
+    return out
+
+
+def _key_fingerprint(raw: bytes | str | None) -> str | None:
+    """SHA-256 hex of a public key in Flower's form (PEM SubjectPublicKeyInfo),
+    or None when ``raw`` is not a public key (e.g. a simulated node's)."""
+    if not raw:
+        return None
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+
+    data = raw.encode("utf-8") if isinstance(raw, str) else bytes(raw)
+    try:
+        if data.lstrip().startswith(b"-----BEGIN"):
+            key = serialization.load_pem_public_key(data)
+        else:
+            key = serialization.load_ssh_public_key(data.strip())
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        return None
+    pem = key.public_bytes(serialization.Encoding.PEM,
+                           serialization.PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(pem).hexdigest()
+
+
+def _pin_problem(pin: str, info: ConfigRecord, node_key: bytes | None) -> str | None:
+    """Why a claim does not prove ``pin`` (None if it does)."""
+    digest = pin.split(":", 1)[1]
+    if pin.startswith(KEY_PIN):
+        seen = _key_fingerprint(node_key)
+        if seen is None:
+            return "no authenticated node key (is SuperNode authentication on?)"
+        return None if hmac.compare_digest(seen, digest) else "another node key than its pin"
+    token = info.get(CLIENT_TOKEN)
+    if not isinstance(token, str) or not token:
+        return "no client-token"
+    seen = token_pin(token).split(":", 1)[1]
+    if hmac.compare_digest(seen, digest):
+        return None
+    return "a client-token that does not match its pin"
+
+
+def _node_keys(grid: Grid) -> dict[int, bytes]:
+    """Node id -> public key, as the SuperLink reports them."""
+    return {int(n.node_id): bytes(n.public_key) for n in grid.get_nodes()}
+
+
+# --------------------------------------------------------------- the phase
 def wait_for_nodes(run: RunState, grid: Grid, min_nodes: int, wait_timeout: float) -> list[int]:
     """The online node ids. Before the first round, wait (at most
     ``wait_timeout`` seconds) for ``min_nodes``; afterwards a round goes ahead
@@ -47,6 +169,7 @@ def refresh_clients(
     wait_timeout: float,
 ) -> None:
     """Register new nodes and mark which clients are online."""
+    run.client_pins = check_pins(run.client_pins)
     nodes = wait_for_nodes(run, grid, min_nodes, wait_timeout)
     # Forget nodes that are gone: a client that reconnects comes back with a
     # new node id and registers again under its stable id.
@@ -55,13 +178,16 @@ def refresh_clients(
             gone = run.node_to_cid.pop(nid)
             log(INFO, "Client %s (node %d) went offline; left out until it reconnects",
                 gone, nid)
+    evict_unproven(run)
     new = [n for n in nodes if n not in run.node_to_cid]
     if new:
+        keys = (_node_keys(grid)
+                if any(p.startswith(KEY_PIN) for p in run.client_pins.values()) else {})
         msgs = [instruction(n, RecordDict(), P.QUERY_INFO, server_round) for n in new]
         answered = set()
         for reply in grid.send_and_receive(msgs, timeout=timeout):
             answered.add(reply.metadata.src_node_id)
-            register(run, reply)
+            register(run, reply, keys)
         for n in new:
             if n not in answered:
                 log(WARNING, "Node %d did not answer the info query within %g s; it is "
@@ -75,33 +201,71 @@ def refresh_clients(
     run.table.set_online(online)
 
 
-def register(run: RunState, reply: Message) -> None:
-    """Register the client that answered a ``query.info`` (or log why not)."""
+def evict_unproven(run: RunState) -> None:
+    """Release every pinned id held by a node that did not prove its pin (the
+    pin was set or changed after it registered); the node is asked again."""
+    for nid, cid in list(run.node_to_cid.items()):
+        pin = run.client_pins.get(cid)
+        if pin is not None and run.verified_nodes.get(nid) != pin:
+            del run.node_to_cid[nid]
+            if cid in run.table:  # the holder's losses are not the pinned client's
+                run.table[cid].losses.clear()
+                run.table[cid].loss_round.clear()
+            log(WARNING, "Client id %s is pinned, but node %d holds it without having "
+                "proved the pin; evicted (it is asked again)", cid, nid)
+    run.verified_nodes = {
+        n: p for n, p in run.verified_nodes.items() if run.node_to_cid.get(n) is not None
+    }
+
+
+def register(run: RunState, reply: Message, node_keys: Mapping[int, bytes] | None = None) -> None:
+    """Register the client that answered a ``query.info`` (or log why not);
+    ``node_keys`` (node id -> public key) serves ``key:`` pins."""
     node = reply.metadata.src_node_id
     if reply.has_error():
-        log(WARNING, "Node %d could not describe itself (error %s: %s); "
+        log(WARNING, "Node %d (client id unknown) could not describe itself (error %s: %s); "
             "it is left out this round", node, reply.error.code, reply.error.reason)
         return
     try:
         info = reply.content.config_records[P.INFO_KEY]
         cid, usable, unknown, procs = _describe(info, run.all_tasks)
     except (KeyError, TypeError, ValueError) as err:
-        log(WARNING, "Node %d sent an invalid self-description, left out: %s", node, err)
+        log(WARNING, "Node %d (claiming client id %s) sent an invalid self-description, "
+            "left out: %s", node, _claimed_id(reply), err)
         return
     if unknown:
         log(WARNING, "Client %s declared unknown tasks %s; ignoring them", cid, unknown)
+    pin = run.client_pins.get(cid)
+    if pin is not None:
+        problem = _pin_problem(pin, info, (node_keys or {}).get(node))
+        if problem is not None:
+            log(WARNING, "Node %d claims client id %s with %s; refused (the id is pinned)",
+                node, cid, problem)
+            return
     # Nodes that went away were already forgotten, so another live node with
     # this id is a duplicate claim: keep the first one.
     other = next((n for n, c in run.node_to_cid.items() if c == cid and n != node), None)
     if other is not None:
-        log(WARNING, "Client id %s is claimed by nodes %d and %d; keeping %d",
-            cid, other, node, other)
+        log(WARNING, "Client id %s is claimed by nodes %d and %d; keeping %d (the first "
+            "to register; node %d is refused and asked again next round)",
+            cid, other, node, other, node)
         return
     note_trainable(run, cid, info, usable)
-    log(INFO, "Client %s %s as node %d (tasks %s)", cid,
-        "re-registered" if cid in run.table else "registered", node, sorted(usable))
+    log(INFO, "Client %s %s as node %d (tasks %s%s)", cid,
+        "re-registered" if cid in run.table else "registered", node, sorted(usable),
+        "" if pin is None else f"; identity proved by its {pin.split(':')[0]}")
     run.node_to_cid[node] = cid
+    if pin is not None:
+        run.verified_nodes[node] = pin
     run.table.upsert(ClientInfo(cid=cid, num_examples=usable, processors=procs))
+
+
+def _claimed_id(reply: Message) -> str:
+    """The client id a malformed info reply claims, for the log ("?" if none)."""
+    try:
+        return str(reply.content.config_records[P.INFO_KEY][P.CLIENT_ID])[:100]
+    except (KeyError, TypeError, ValueError):
+        return "?"
 
 
 def _describe(info: ConfigRecord, known: list[str]) -> tuple[str, dict[str, int], list[str], int]:

@@ -16,11 +16,13 @@ def client_replies(
     kind: str,
     asked: Collection[str] | None = None,
     on_error: Callable[[str, Message], None] | None = None,
+    server_round: int | None = None,
 ) -> Iterator[tuple[str, Message]]:
     """Yield ``(client id, reply)`` for the usable replies of one round trip.
 
     A reply from a node that is not a registered client (or, with ``asked``, not
-    one of the clients asked) is ignored; a client's second reply is ignored;
+    one of the clients asked) is ignored; with ``server_round``, a reply that
+    answers another round (its group id) is ignored; a client's second reply is ignored;
     an error reply is logged (or handed to ``on_error``, which logs it) and
     not yielded. ``kind`` names the round trip in the log lines ("train",
     "loss", "evaluation").
@@ -31,6 +33,10 @@ def client_replies(
         cid = node_to_cid.get(node)
         if cid is None or (asked is not None and cid not in asked):
             log(WARNING, "Ignoring a %s reply from node %d, which was not asked", kind, node)
+            continue
+        if server_round is not None and reply.metadata.group_id != str(server_round):
+            log(WARNING, "Client %s: %s reply answers round %r, not round %d; ignored",
+                cid, kind, reply.metadata.group_id, server_round)
             continue
         if cid in seen:
             log(WARNING, "Client %s: duplicated %s reply ignored", cid, kind)

@@ -45,6 +45,13 @@ class RunState:
         The round being run (0 before the first).
     waited : bool
         Whether the wait for ``min_available_nodes`` is done.
+    client_pins : dict
+        Client id -> the credential its claims must carry (``token:<sha256
+        hex>`` of its ``client-token``, or ``key:<sha256 hex>`` of its
+        SuperNode's public key); empty = no pinning (see
+        :mod:`.registration`).
+    verified_nodes : dict
+        Node id -> the pin it proved when it registered (pinned ids only).
     """
 
     seed: int
@@ -59,6 +66,12 @@ class RunState:
     trainable: dict[str, list[str]] = field(default_factory=dict)
     current_round: int = 0
     waited: bool = False
+    client_pins: dict[str, str] = field(default_factory=dict)
+    verified_nodes: dict[int, str] = field(default_factory=dict)
+    #: task -> recent accepted update norms (the reference of the norm bound)
+    norm_history: dict[str, list[float]] = field(default_factory=dict)
+    #: task -> largest median reported loss so far (the reference of the loss cap)
+    loss_reference: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.seed)

@@ -93,7 +93,8 @@ class TrainOutcome:
     """The validated result of one round's train replies, per task."""
 
     updates: dict[str, list[Update]]
-    train_losses: dict[str, list[tuple[float, int]]]
+    #: task -> (training loss, examples, client) of every accepted update reporting one
+    train_losses: dict[str, list[tuple[float, int, str]]]
     rejected: dict[str, int]
     #: (client, task) -> training loss of every accepted update (for the policy)
     observed: dict[tuple[str, str], float] = field(default_factory=dict)
@@ -126,7 +127,8 @@ def collect_updates(
         for t in expected[cid]:
             out.rejected[t] += 1
 
-    for cid, reply in client_replies(run.node_to_cid, replies, "train", expected, failed):
+    for cid, reply in client_replies(run.node_to_cid, replies, "train", expected, failed,
+                                     plan.server_round):
         answered.add(cid)
         asked = expected[cid]
         content = reply.content
@@ -150,7 +152,7 @@ def collect_updates(
                 continue
             out.updates[task].append(update)
             if train_loss is not None:
-                out.train_losses[task].append((train_loss, update.num_examples))
+                out.train_losses[task].append((train_loss, update.num_examples, cid))
                 out.observed[(cid, task)] = train_loss
     for cid, asked in expected.items():
         if cid not in answered:

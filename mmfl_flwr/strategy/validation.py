@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from logging import WARNING
 
 import numpy as np
 from flwr.app import RecordDict
+from flwr.common.logger import log
 
 from mmfl_flwr import protocol as P
 from mmfl_flwr.core.aggregators import Update
-from mmfl_flwr.core.clients import MAX_NUM_EXAMPLES, ClientInfo
+from mmfl_flwr.core.clients import MAX_NUM_EXAMPLES, ClientInfo, ClientTable
 from mmfl_flwr.core.policy import Pick
 from mmfl_flwr.records import InvalidReply, NumpyWeights, check_count, check_loss, check_weights
 
@@ -39,18 +41,31 @@ class Limits:
         Loss-query reports above this multiple of the task's median are capped.
     max_update_norm : float or None
         Updates whose L2 norm (over the trainable entries) exceeds this are
-        rejected.
+        rejected (an absolute bound; None: none).
+    update_norm_factor : float or None
+        Updates whose norm exceeds this multiple of the model's reference norm
+        (the lower median of this round's and the recent rounds' update norms)
+        are clipped to it (None: no relative bound).
+    count_cap : float or None
+        A client's sample count of a task is used up to this multiple of the
+        task's median declared count (None: no bound).
     """
 
     max_loss: float = 1e6
     loss_cap: float | None = 100.0
     max_update_norm: float | None = None
+    update_norm_factor: float | None = 100.0
+    count_cap: float | None = 200.0
 
     def __post_init__(self) -> None:
         if self.loss_cap is not None and not self.loss_cap > 1:
             raise ValueError("loss_cap must be > 1 (a multiple of the median) or None")
         if self.max_update_norm is not None and not self.max_update_norm > 0:
             raise ValueError("max_update_norm must be > 0 or None")
+        if self.update_norm_factor is not None and not self.update_norm_factor > 1:
+            raise ValueError("update_norm_factor must be > 1 (a multiple of the median) or None")
+        if self.count_cap is not None and not self.count_cap >= 1:
+            raise ValueError("count_cap must be >= 1 (a multiple of the median) or None")
 
 
 def validate_train_part(
@@ -84,7 +99,11 @@ def validate_train_part(
     metrics = content.metric_records.get(P.metrics_key(task))
     if metrics is None:
         raise InvalidReply(f"no '{P.metrics_key(task)}' MetricRecord")
-    check_count(metrics.get(P.NUM_EXAMPLES), P.NUM_EXAMPLES, MAX_NUM_EXAMPLES)
+    n = check_count(metrics.get(P.NUM_EXAMPLES), P.NUM_EXAMPLES, MAX_NUM_EXAMPLES)
+    if n > info.declared.get(task, n):
+        raise InvalidReply(
+            f"num-examples {n} exceeds the {info.declared[task]} it registered for this task"
+        )
     control = None
     if needs_control:
         if P.control_key(task) not in content.array_records:
@@ -105,3 +124,46 @@ def validate_train_part(
         state=[local[k] for k in state_keys],
     )
     return update, train_loss
+
+
+#: How many recent accepted update norms per model enter the reference norm.
+NORM_HISTORY = 64
+
+
+def bound_update_norms(
+    updates: dict[str, list[Update]], history: dict[str, list[float]], factor: float | None
+) -> None:
+    """Clip every update whose norm exceeds ``factor`` times its model's
+    reference norm, in place, logging the client id.
+
+    The reference is the lower median of this round's update norms and the
+    last :data:`NORM_HISTORY` accepted norms of the model (``history``,
+    updated here), so one huge update cannot raise its own bound, even when it
+    is one of two. Scale-free: only ratios of norms matter.
+    """
+    for task, us in updates.items():
+        norms = [l2_norm(u.delta) for u in us]
+        pool = norms + history.get(task, [])
+        if factor is None or not pool:
+            continue
+        ref = float(np.percentile(pool, 50, method="lower"))
+        bound = factor * ref
+        kept = []
+        for u, norm in zip(us, norms):
+            if ref > 0 and norm > bound:
+                log(WARNING, "Client %s: update norm %.4g for task %r clipped to %.4g "
+                    "(%g x the reference norm %.4g)", u.cid, norm, task, bound, factor, ref)
+                u.delta = [np.asarray(a, dtype=np.float64) * (bound / norm) for a in u.delta]
+                norm = bound
+            kept.append(norm)
+        history[task] = (history.get(task, []) + kept)[-NORM_HISTORY:]
+
+
+def apply_count_cap(table: ClientTable, factor: float | None) -> None:
+    """Bound each client's sample counts at ``factor`` times the task's median
+    declared count (:meth:`~mmfl_flwr.core.clients.ClientTable.cap_counts`),
+    logging every client whose count is capped."""
+    for cid, task, declared, used in table.cap_counts(factor):
+        if used < declared:
+            log(WARNING, "Client %s: declared %d examples of task %r; %d are used (%g x the "
+                "median count)", cid, declared, task, used, factor)

@@ -1,0 +1,144 @@
+"""Robust aggregators: coordinate-wise median and trimmed mean, per model.
+
+Framework-free (numpy only). Both are the coordinate-wise statistics of Yin et
+al. 2018 ("Byzantine-Robust Distributed Learning: Towards Optimal Statistical
+Rates", ICML), as Flower's ``FedMedian`` and ``FedTrimmedAvg`` apply them to one
+model; here they apply to each model of a multi-model run, over the updates of
+that model's clients only.
+
+Both are translation-equivariant, so taking the statistic of the updates
+``G_k = w - w_k`` and stepping, ``w - stat_k(G_k)``, equals taking the statistic
+of the returned local models, ``stat_k(w_k)``. Both are unweighted (they ignore
+``num_examples``, like Flower's strategies), **not unbiased** (with
+heterogeneous data they converge to a different point than FedAvg) and not part
+of the MMFL papers: an option for federations where some clients may be hostile.
+They cover the trainable entries only; the strategy still averages the
+non-trainable state (batch-norm statistics, :attr:`Update.state`) by samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from mmfl_flwr.core.aggregators import Aggregator, Update, Weights
+
+
+def _check_shapes(weights: Weights, updates: Sequence[Update]) -> None:
+    for u in updates:
+        d = u.delta
+        if len(d) != len(weights) or any(a.shape != w.shape for a, w in zip(d, weights)):
+            raise ValueError(f"update of client {u.cid} does not match the shapes of the weights")
+
+
+def _stacked(updates: Sequence[Update], j: int) -> np.ndarray:
+    """Entry ``j`` of every update, stacked along a new axis 0, in float64."""
+    return np.stack([np.asarray(u.delta[j], dtype=np.float64) for u in updates])
+
+
+def _step(weights: Weights, steps: list[np.ndarray]) -> Weights:
+    out = []
+    for w, s in zip(weights, steps):
+        with np.errstate(over="ignore"):  # the strategy detects a non-finite result
+            out.append((w.astype(np.float64) - s).astype(w.dtype, copy=False))
+    return out
+
+
+class _CoordinateWise(Aggregator):
+    """Shared: a coordinate-wise statistic of the updates, not a weighted sum."""
+
+    def coefficients(self, updates: Sequence[Update]) -> list[float]:
+        """Not used: a coordinate-wise statistic is not a weighted sum of the updates."""
+        raise NotImplementedError(
+            f"{type(self).__name__} is a coordinate-wise statistic, not a weighted sum "
+            "of the updates: it has no coefficients (use aggregate)"
+        )
+
+    def _statistic(self, stacked: np.ndarray) -> np.ndarray:
+        """The statistic along axis 0 of the ``(K, *shape)`` float64 stack."""
+        raise NotImplementedError
+
+    def aggregate(
+        self,
+        task: str,
+        weights: Weights,
+        updates: Sequence[Update],
+        server_round: int,
+        *,
+        shares: Mapping[str, float] | None = None,
+        fresh: Mapping[str, Weights] | None = None,
+    ) -> Weights:
+        """Return ``w - stat_k(G_k)`` per coordinate (unchanged copies when there
+        is no update); ``shares`` and ``fresh`` are not used."""
+        if not updates:
+            return [w.copy() for w in weights]
+        _check_shapes(weights, updates)
+        return _step(weights, [self._statistic(_stacked(updates, j)) for j in range(len(weights))])
+
+
+class MedianAggregator(_CoordinateWise):
+    """Coordinate-wise median of the updates (Yin et al. 2018), per model.
+
+    ``w <- w - median_k(G_k)`` in every coordinate, which equals the
+    coordinate-wise median of the returned local models ``median_k(w_k)`` (for an
+    even ``K`` the mean of the two middle values, as ``np.median``). Unweighted,
+    as Flower's ``FedMedian``. Not unbiased and not in the MMFL papers.
+
+    Robustness: with ``f`` hostile clients among ``K`` reports and ``f < K/2``
+    (e.g. one among at least 3), every coordinate of the result lies within the
+    range of the honest clients' values, however large (finite) the hostile ones
+    are. With ``K <= 2`` the median is the mean and protects nothing.
+    """
+
+    name = "median"
+
+    def _statistic(self, stacked: np.ndarray) -> np.ndarray:
+        return np.median(stacked, axis=0)
+
+
+class TrimmedMeanAggregator(_CoordinateWise):
+    """Coordinate-wise trimmed mean of the updates (Yin et al. 2018), per model.
+
+    Per coordinate, sort the ``K`` values of ``G_k``, drop ``c = int(beta * K)``
+    of them from each end and average the ``K - 2c`` others:
+    ``w <- w - mean(sorted(G)[c : K - c])`` (equal to the same trimmed mean of
+    the returned local models). The cut is that of Flower's ``FedTrimmedAvg``
+    and ``scipy.stats.trim_mean``; ``beta = 0`` is the plain mean. Unweighted,
+    not unbiased and not in the MMFL papers.
+
+    Robustness: with ``f <= int(beta * K)`` hostile clients every coordinate of
+    the result lies within the range of the honest clients' values. With
+    ``int(beta * K) = 0`` (few clients, small ``beta``) it protects nothing.
+
+    Parameters
+    ----------
+    beta : float
+        Fraction cut from each end, in ``[0, 0.5)`` (default 0.2).
+    """
+
+    name = "trimmed-mean"
+
+    def __init__(self, beta: float = 0.2) -> None:
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)):
+            raise ValueError(  # noqa: TRY004 (one error type for every bad beta)
+                f"trimmed-mean beta must be a number in [0, 0.5), got {beta!r}"
+            )
+        if not 0.0 <= float(beta) < 0.5:  # NaN fails too
+            raise ValueError(
+                f"trimmed-mean beta must be in [0, 0.5) (the fraction cut from each end), "
+                f"got {beta!r}"
+            )
+        self.beta = float(beta)
+
+    def config(self) -> dict[str, Any]:
+        return {"beta": self.beta}
+
+    def _statistic(self, stacked: np.ndarray) -> np.ndarray:
+        k = stacked.shape[0]
+        cut = int(self.beta * k)  # beta < 0.5, so at least one value is kept
+        if cut == 0:
+            return stacked.mean(axis=0)
+        ordered = np.sort(stacked, axis=0)
+        return ordered[cut : k - cut].mean(axis=0)

@@ -1,0 +1,49 @@
+"""The default bounds on hostile values never act in an honest federation.
+
+Every preset runs honestly on the built-in tasks (in-process engine), with the
+uniform profile and with paper 003's heterogeneous one (high-data clients train
+ten times as many steps, several processors per client); no update may be
+clipped or rejected, no loss or count capped, no reply ignored. So the defaults
+leave every honest result as the papers' algorithms give it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from conftest import LogTap
+from mmfl_flwr import runner
+from mmfl_flwr.config import Settings
+from mmfl_flwr.presets import PRESETS
+
+ACTS = ("clipped", "capped", "are used (", "answers round", "rejected", "exceeds")
+
+
+def honest_settings(preset: str, profile: str) -> Settings:
+    kw = dict(strategy=preset, profile=profile, num_clients=20, num_rounds=4, local_epochs=3,
+              output_dir="", seed=1)
+    if preset in ("ranklist-ucb", "pareto-ucb"):
+        kw["clients_per_round"] = 4
+    if preset == "group":
+        kw.update(profile="clusters-consistent" if profile == "uniform" else "paper003",
+                  num_clients=30)
+    return Settings(**kw)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", ["uniform", "paper003"])
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_no_bound_acts_in_an_honest_run(preset, profile):
+    tap = LogTap()
+    logger = logging.getLogger("flwr")
+    logger.addHandler(tap)
+    try:
+        result = runner.run(honest_settings(preset, profile), engine="inprocess")
+    finally:
+        logger.removeHandler(tap)
+    acted = [m for lvl, m in tap.records
+             if lvl >= logging.WARNING and any(word in m for word in ACTS)]
+    assert acted == []
+    assert all(r["rejected"] == 0 for r in result.history)

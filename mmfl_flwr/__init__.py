@@ -71,6 +71,9 @@ _EXPORTS = {
     "pareto_front": "mmfl_flwr.core.ucb",
     "GroupSampling": "mmfl_flwr.core.group",
     "register_task": "mmfl_flwr.tasks.registry",
+    "token_pin": "mmfl_flwr.strategy.registration",
+    "key_pin": "mmfl_flwr.strategy.registration",
+    "Limits": "mmfl_flwr.strategy",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

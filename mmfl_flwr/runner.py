@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from flwr.app import Context, RecordDict
@@ -35,20 +36,26 @@ def _single_thread_torch() -> None:
 
 
 def run_inprocess(
-    settings: Settings, strategy: MultiModelStrategy | None = None
+    settings: Settings,
+    strategy: MultiModelStrategy | None = None,
+    wrap_client_app: Callable[[Any], Any] | None = None,
 ) -> MultiModelResult:
     """Run on :class:`~mmfl_flwr.grid.InProcessGrid` (no Ray, no SuperLink).
 
     ``strategy`` replaces the preset named by the settings (for custom pairings
-    of policy and aggregator on the embedded tasks)."""
+    of policy and aggregator on the embedded tasks); ``wrap_client_app(app)``
+    replaces the ClientApp callable (fault injection, hostile clients:
+    :mod:`mmfl_flwr.testing.hostile`)."""
     from mmfl_flwr.flower_app.client_app import build_client_app
     from mmfl_flwr.flower_app.server_app import server_main
     from mmfl_flwr.grid import InProcessGrid
 
     _single_thread_torch()
     run_config = settings.to_run_config()
+    app = build_client_app(settings)
     grid = InProcessGrid(
-        build_client_app(settings), node_configs(settings), run_config, seed=settings.seed
+        wrap_client_app(app) if wrap_client_app else app, node_configs(settings), run_config,
+        seed=settings.seed,
     )
     ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
     return server_main(grid, ctx, settings, strategy)

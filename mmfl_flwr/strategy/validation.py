@@ -136,14 +136,17 @@ def bound_update_norms(
     """Clip every update whose norm exceeds ``factor`` times its model's
     reference norm, in place, logging the client id.
 
-    The reference is the lower median of this round's update norms and the
-    last :data:`NORM_HISTORY` accepted norms of the model (``history``,
-    updated here), so one huge update cannot raise its own bound, even when it
-    is one of two. Scale-free: only ratios of norms matter.
+    The reference is the lower median of this round's update norms (an
+    observed honest norm while fewer than half of the updates are hostile, even
+    with two updates); with a single update this round, the model's last
+    :data:`NORM_HISTORY` accepted norms (``history``, updated here) join it, so
+    a lone huge update cannot set its own bound. Taking the current round
+    first lets honest clients correct a perturbed model at full size.
+    Scale-free: only ratios of norms matter.
     """
     for task, us in updates.items():
         norms = [l2_norm(u.delta) for u in us]
-        pool = norms + history.get(task, [])
+        pool = norms if len(norms) >= 2 else norms + history.get(task, [])
         if factor is None or not pool:
             continue
         ref = float(np.percentile(pool, 50, method="lower"))

@@ -1,0 +1,1 @@
+"""Helpers for testing MMFL apps: hostile clients (:mod:`.hostile`)."""

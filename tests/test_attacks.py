@@ -35,7 +35,8 @@ def run_attack(attack, strategy="mfa-rr", **kw):
 
 
 def mine(warnings, *words):
-    return [m for m in warnings if m.startswith(f"Client {HOSTILE}:") and all(w in m for w in words)]
+    return [m for m in warnings
+            if m.startswith(f"Client {HOSTILE}:") and all(w in m for w in words)]
 
 
 def assert_sane(result):

@@ -57,7 +57,7 @@ from mmfl_flwr import protocol as P
 from mmfl_flwr.core.clients import ClientInfo, InvalidClientInfo, validate_client_info
 from mmfl_flwr.strategy.run import RunState, instruction
 
-#: Info-record key of the client's secret token (belongs in ``mmfl_flwr.protocol``).
+#: Info-record key of the client's secret token.
 CLIENT_TOKEN = P.CLIENT_TOKEN
 TOKEN_PIN = "token:"
 KEY_PIN = "key:"

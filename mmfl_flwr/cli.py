@@ -57,6 +57,7 @@ def _add_settings_args(p: argparse.ArgumentParser) -> None:
         "seed": "the one seed of the run",
         "output_dir": "folder for metrics.csv, summary.json, accuracy.png",
         "timeout": "seconds to wait for one round trip's replies",
+        "client_pins": "pinned client ids: id=token:<sha256>,id=key:<sha256> (see README)",
         "max_update_norm": "reject updates whose L2 norm exceeds this (0 = none)",
         "update_norm_factor": "clip updates above this multiple of the reference norm (0 = off)",
         "loss_cap": "cap reported losses above this multiple of the reference loss (0 = off)",

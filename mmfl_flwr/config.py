@@ -92,6 +92,11 @@ class Settings:
         Models that join during training, ``name:round`` pairs separated by
         commas (``digits_2:30,synthetic:60``), each model at most once, each
         round in ``[0, num_rounds]``.
+    client_pins : str
+        Pinned client ids, ``id=pin`` pairs separated by commas
+        (``3=token:<sha256 hex>,4=key:<sha256 hex>``; see
+        :func:`mmfl_flwr.strategy.registration.check_pins`): a claim of a pinned
+        id without its credential is refused. Empty: no pins.
     seed : int
         The one seed of the run (>= 0).
     output_dir : str
@@ -150,6 +155,7 @@ class Settings:
     group_max_clusters: int = 0
     client_arrivals: str = ""
     task_arrivals: str = ""
+    client_pins: str = ""
     seed: int = 0
     output_dir: str = "results/mmfl"
     overwrite: bool = False
@@ -202,6 +208,25 @@ class Settings:
         late = range(int(static), self.num_clients)
         times = rng.exponential(1.0 / rate, size=len(late))
         return {str(c): max(1, int(np.ceil(t))) for c, t in zip(late, times)}
+
+    def client_pin_map(self) -> dict[str, str]:
+        """Client id -> pin (see ``client_pins``), checked and normalised."""
+        from mmfl_flwr.strategy.registration import check_pins
+
+        pins: dict[str, str] = {}
+        for item in self.client_pins.split(","):
+            if not item.strip():
+                continue
+            cid, sep, pin = item.partition("=")
+            if not sep or not cid.strip() or cid.strip() in pins:
+                raise ValueError(
+                    f"client-pins={self.client_pins!r}: expected id=pin pairs, each id once"
+                )
+            pins[cid.strip()] = pin.strip()
+        try:
+            return check_pins(pins)
+        except ValueError as err:
+            raise ValueError(f"client-pins: {err}") from None
 
     def task_arrival_rounds(self) -> dict[str, int]:
         """Model name -> arrival round (see ``task_arrivals``); a model named
@@ -385,6 +410,7 @@ class Settings:
             if not ok:
                 raise ValueError(msg)
         self.client_arrival_rounds()
+        self.client_pin_map()
         arrivals = self.task_arrival_rounds()
         unknown_tasks = set(arrivals) - set(self.model_names)
         if unknown_tasks:

@@ -52,6 +52,8 @@ def strategy_from_settings(
         kwargs["client_arrivals"] = s.client_arrival_rounds()
     if s.task_arrivals:
         kwargs["task_arrivals"] = s.task_arrival_rounds()
+    if s.client_pins:
+        kwargs["client_pins"] = s.client_pin_map()
     kwargs.update(preset_kwargs(s.strategy, dataclasses.asdict(s), dataclasses.asdict(Settings())))
     return make_strategy(s.strategy, **kwargs)
 

@@ -183,10 +183,15 @@ class ClientTable:
         for c in self._clients.values():
             for t, n in c.declared.items():
                 by_task.setdefault(t, []).append(n)
+        # one median per task (not per client): this runs every round
+        bounds = {
+            t: None if factor is None else max(1, int(factor * np.median(ns)))
+            for t, ns in by_task.items()
+        }
         for c in self._clients.values():
             for t, n in c.declared.items():
-                bound = n if factor is None else max(1, int(factor * np.median(by_task[t])))
-                used = min(n, bound)
+                bound = bounds[t]
+                used = n if bound is None else min(n, bound)
                 if c.num_examples.get(t) != used:
                     changed.append((c.cid, t, n, used))
                     c.num_examples[t] = used

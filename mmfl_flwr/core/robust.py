@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from mmfl_flwr.core.aggregators import Aggregator, Update, Weights
+from mmfl_flwr.core.aggregators import Aggregator, Update, Weights, apply_step
 
 
 def _check_shapes(weights: Weights, updates: Sequence[Update]) -> None:
@@ -36,14 +36,6 @@ def _check_shapes(weights: Weights, updates: Sequence[Update]) -> None:
 def _stacked(updates: Sequence[Update], j: int) -> np.ndarray:
     """Entry ``j`` of every update, stacked along a new axis 0, in float64."""
     return np.stack([np.asarray(u.delta[j], dtype=np.float64) for u in updates])
-
-
-def _step(weights: Weights, steps: list[np.ndarray]) -> Weights:
-    out = []
-    for w, s in zip(weights, steps):
-        with np.errstate(over="ignore"):  # the strategy detects a non-finite result
-            out.append((w.astype(np.float64) - s).astype(w.dtype, copy=False))
-    return out
 
 
 class _CoordinateWise(Aggregator):
@@ -75,7 +67,8 @@ class _CoordinateWise(Aggregator):
         if not updates:
             return [w.copy() for w in weights]
         _check_shapes(weights, updates)
-        return _step(weights, [self._statistic(_stacked(updates, j)) for j in range(len(weights))])
+        steps = [self._statistic(_stacked(updates, j)) for j in range(len(weights))]
+        return apply_step(weights, [steps], [1.0])  # w - step, in float64
 
 
 class MedianAggregator(_CoordinateWise):

@@ -14,8 +14,6 @@ numpy and flwr only; the honest client does all the training.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
-
 import numpy as np
 from flwr.app import Array, Context, Message
 
@@ -147,6 +145,6 @@ def chain(*attacks: Attack) -> Attack:
     return attack
 
 
-__all__: list[Any] = [
+__all__ = [
     "Attack", "chain", "huge_weights", "inflated_count", "lying_loss", "replay", "scaled_update",
 ]

@@ -32,7 +32,9 @@ from _common import write_outputs  # noqa: E402
 
 HOSTILE = "3"
 ATTACKS = ("huge-weights", "scaled-x1000", "count-registration", "count-train", "lying-loss",
-           "replay")
+           "replay", "squat", "squat-pinned")
+SQUATTER = "1"  # registers before client 3, under client 3's id
+SECRET = "client-3-secret"
 
 
 class _Tap(logging.Handler):
@@ -54,7 +56,28 @@ def _attack(name: str) -> Any:
         "count-train": lambda: H.inflated_count(HOSTILE, 10**6, at_registration=False),
         "lying-loss": lambda: H.lying_loss(HOSTILE, 1e5),
         "replay": lambda: H.replay(HOSTILE),
+        "squat": lambda: H.impersonate(SQUATTER, HOSTILE),
+        "squat-pinned": lambda: H.chain(H.impersonate(SQUATTER, HOSTILE), _token(HOSTILE)),
     }[name]()
+
+
+def _token(who: str) -> Any:
+    """The real client ``who`` sends its secret in its info reply (what its node
+    config's ``client-token`` does in a deployment)."""
+    from mmfl_flwr import protocol as P
+    from mmfl_flwr.testing import hostile as H
+
+    def wrap(app: Any) -> Any:
+        def call(msg: Any, ctx: Any) -> Any:
+            reply = app(msg, ctx)
+            if (H._is(ctx, who) and msg.metadata.message_type == P.QUERY_INFO
+                    and reply.has_content()):
+                reply.content.config_records[P.INFO_KEY][P.CLIENT_TOKEN] = SECRET
+            return reply
+
+        return call
+
+    return wrap
 
 
 def _run(preset: str, attack: str | None, seed: int, rounds: int, aggregator: str = ""):
@@ -67,6 +90,10 @@ def _run(preset: str, attack: str | None, seed: int, rounds: int, aggregator: st
         kw["budget_fraction"] = 0.3
     if preset in ("ranklist-ucb", "pareto-ucb"):
         kw["clients_per_round"] = 4
+    if attack == "squat-pinned":
+        from mmfl_flwr.strategy.registration import token_pin
+
+        kw["client_pins"] = f"{HOSTILE}={token_pin(SECRET)}"
     tap = _Tap()
     logging.getLogger("flwr").addHandler(tap)
     try:
@@ -76,8 +103,9 @@ def _run(preset: str, attack: str | None, seed: int, rounds: int, aggregator: st
     finally:
         logging.getLogger("flwr").removeHandler(tap)
     mine = [m for m in tap.lines if m.startswith(f"Client {HOSTILE}:")]
+    refused = [m for m in tap.lines if f"client id {HOSTILE} " in m.lower() and "refused" in m]
     counts = {
-        "rejected": sum("rejected" in m for m in mine),
+        "rejected": sum("rejected" in m for m in mine) + len(refused),
         "ignored": sum("ignored" in m for m in mine),
         "bounded": sum(("clipped" in m) or ("capped" in m) or ("are used" in m) for m in mine),
     }
@@ -103,9 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [int(s) for s in a.seeds.split(",")]
     rows = []
     for preset in a.presets.split(","):
-        honest = [_run(preset, None, s, a.num_rounds)[0] for s in seeds]
-        h = statistics.fmean(honest)
-        print(f"{preset}: honest {h:.3f}", flush=True)
+        honest_runs = [_run(preset, None, s, a.num_rounds) for s in seeds]
+        h = statistics.fmean(r[0] for r in honest_runs)
+        honest_tried = sum(r[2] for r in honest_runs)
+        print(f"{preset}: honest {h:.3f}, client {HOSTILE} trains {honest_tried} times",
+              flush=True)
         for attack in a.attacks.split(","):
             variants = [("default", "")]
             if takes_aggregator(preset):
@@ -118,17 +148,19 @@ def main(argv: list[str] | None = None) -> int:
                 tried = sum(r[2] for r in runs)
                 c = {k: sum(r[1][k] for r in runs) for k in ("rejected", "ignored", "bounded")}
                 row = {"preset": preset, "attack": attack, "aggregator": label,
-                       "hostile_trainings": tried, **c, "honest_accuracy": base,
+                       "honest_trainings": honest_tried, "hostile_trainings": tried, **c, "honest_accuracy": base,
                        "attack_accuracy": acc, "cost": base - acc}
                 rows.append(row)
                 print(f"  {attack:19s} {label:8s} trainings {tried:3d} rejected {c['rejected']:3d} "
                       f"ignored {c['ignored']:3d} bounded {c['bounded']:3d} | honest {base:.3f} "
                       f"attack {acc:.3f} cost {base - acc:+.3f}", flush=True)
-    table = ["| preset | attack | aggregator | hostile trainings | rejected | ignored | bounded "
-             "| honest acc. | attacked acc. | cost |", "|---|---|---|---|---|---|---|---|---|---|"]
+    table = ["| preset | attack | aggregator | trainings of id 3 (honest / attacked) | rejected "
+             "| ignored | bounded | honest acc. | attacked acc. | cost |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         table.append(f"| {r['preset']} | {r['attack']} | {r['aggregator']} | "
-                     f"{r['hostile_trainings']} | {r['rejected']} | {r['ignored']} | "
+                     f"{r['honest_trainings']} / {r['hostile_trainings']} | {r['rejected']} | "
+                     f"{r['ignored']} | "
                      f"{r['bounded']} | {r['honest_accuracy']:.3f} | {r['attack_accuracy']:.3f} | "
                      f"{r['cost']:+.3f} |")
     write_outputs(a.json, a.markdown, {"rows": rows, "seeds": seeds,

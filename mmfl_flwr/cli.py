@@ -59,7 +59,7 @@ def _add_settings_args(p: argparse.ArgumentParser) -> None:
         "timeout": "seconds to wait for one round trip's replies",
         "client_pins": "pinned client ids: id=token:<sha256>,id=key:<sha256> (see README)",
         "max_update_norm": "reject updates whose L2 norm exceeds this (0 = none)",
-        "update_norm_factor": "clip updates above this multiple of the reference norm (0 = off)",
+        "update_norm_factor": "reject updates above this multiple of the reference norm (0 = off)",
         "loss_cap": "cap reported losses above this multiple of the reference loss (0 = off)",
         "count_cap": "use sample counts up to this multiple of the median (0 = off)",
         "overwrite": "start a new run in an output folder that holds another run's "

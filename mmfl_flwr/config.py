@@ -94,7 +94,8 @@ class Settings:
         round in ``[0, num_rounds]``.
     client_pins : str
         Pinned client ids, ``id=pin`` pairs separated by commas
-        (``3=token:<sha256 hex>,4=key:<sha256 hex>``; see
+        (``3=token:<sha256 hex>,4=key:<sha256 hex>``; ``*=key:first-use``
+        binds every id to the SuperNode key of its first claim; see
         :func:`mmfl_flwr.strategy.registration.check_pins`): a claim of a pinned
         id without its credential is refused. Empty: no pins.
     seed : int
@@ -118,7 +119,7 @@ class Settings:
         (0 = none).
     update_norm_factor : float
         Updates above this multiple of the model's reference norm (the lower
-        median of recent update norms) are clipped to it (0 = off).
+        median of recent update norms) are rejected (0 = off).
     loss_cap : float
         Reported losses (loss queries and training losses) above this multiple
         of the task's reference loss are capped (0 = off).
@@ -162,7 +163,7 @@ class Settings:
     resume_from: str = ""
     max_update_norm: float = 0.0
     update_norm_factor: float = 100.0
-    loss_cap: float = 100.0
+    loss_cap: float = 10.0
     count_cap: float = 200.0
     timeout: float = 600.0
     extra: dict[str, Any] = field(default_factory=dict)

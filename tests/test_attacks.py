@@ -50,14 +50,16 @@ def assert_sane(result):
 
 
 @pytest.mark.parametrize("attack, words", [
-    (H.huge_weights(HOSTILE), ("update norm", "clipped")),
-    (H.scaled_update(HOSTILE, 1e6), ("update norm", "clipped")),
+    (H.huge_weights(HOSTILE), ("rejected update", "update norm", "reference norm")),
+    (H.scaled_update(HOSTILE, 1e6), ("rejected update", "update norm", "reference norm")),
 ])
-def test_huge_updates_are_clipped_and_named(attack, words):
+def test_huge_updates_are_rejected_and_named(attack, words):
     result, warnings = run_attack(attack)
-    # MFA-RR with every client in every round: the hostile update is clipped in
-    # each of the 3 rounds (honest corrections of the perturbed model may be too)
+    # MFA-RR with every client in every round: the hostile update is rejected in
+    # each of the 3 rounds, and no honest update is
     assert len(mine(warnings, *words)) == 3
+    assert [m for m in warnings if "update norm" in m and not m.startswith(f"Client {HOSTILE}:")] == []
+    assert sum(r["rejected"] for r in result.history) == 3
     assert_sane(result)
 
 

@@ -103,12 +103,14 @@ class Outcome:
 
 
 def run(fed: Fed, wrap, policy: Policy, aggregator=None, rounds: int = 2,
-        grid_cls: type[InProcessGrid] = InProcessGrid, **kwargs: Any) -> Outcome:
+        grid_cls: type[InProcessGrid] = InProcessGrid,
+        init: dict[str, ArrayRecord] | None = None, **kwargs: Any) -> Outcome:
     """Run the strategy; after every round assert every global weight is finite
     and keeps its dtype and shape (property 1)."""
     grid = grid_cls(wrap(fed.app()), [{"cid": c} for c in fed.tasks], seed=0)
     strategy = MultiModelStrategy(policy, aggregator or FedAvgAggregator(), seed=0,
                                   node_wait_timeout=0.0, max_loss=MAX_LOSS, **kwargs)
+    start = initial() if init is None else init
     snapshots: dict[int, dict[str, dict[str, np.ndarray]]] = {}
     rows: dict[int, dict[str, dict[str, Any]]] = {}
     logs: dict[int, list[tuple[int, str]]] = {}
@@ -129,7 +131,7 @@ def run(fed: Fed, wrap, policy: Policy, aggregator=None, rounds: int = 2,
     logger = logging.getLogger("flwr")
     logger.addHandler(tap)
     try:
-        result = strategy.start(grid, initial(), num_rounds=rounds, timeout=60)
+        result = strategy.start(grid, start, num_rounds=rounds, timeout=60)
     finally:
         logger.removeHandler(tap)
     assert sorted(snapshots) == list(range(rounds + 1))
@@ -612,21 +614,51 @@ def huge_in_round(value: float, rounds: set[int], who: str = "c3", task: str = "
     return wrap
 
 
-def test_huge_finite_update_is_clipped_by_the_default_norm_bound():
+def test_huge_finite_update_is_rejected_by_the_default_norm_bound():
     """With the default relative norm bound (100 x the lower median of the
-    round's update norms), c3's 1e30 update is clipped and logged with its id:
+    round's update norms), c3's 1e30 update is rejected and logged with its id:
     round 1's norms of "a" are 3, 6, 1.5 (|step| x 3 over 9 entries) and ~2.4e30,
-    so the reference is 3 and c3's update is scaled to norm 300. The model stays
-    finite and bounded; "b" is untouched."""
+    so the reference is 3 and the bound 300. "a" then takes the FedAvg step of
+    c0, c1, c2 alone, exactly as if c3 had not replied; "b" is untouched."""
     out = run(HUGE_FED, huge_in_round(1e30, {1}), FullParticipation(), rounds=3)
     (warning,) = out.warnings(1)
-    assert warning.startswith("Client c3: update norm 2.449e+30 for task 'a' clipped to 300 ")
+    assert warning.startswith("Client c3: rejected update for task 'a': update norm 2.449e+30 "
+                              "exceeds 300 (100 x the reference norm, 3)")
+    step_a = fedavg_step(HUGE_FED, "a", ["c0", "c1", "c2"])
+    np.testing.assert_allclose(out.snapshots[1]["a"]["w"], np.full(SHAPES["w"], -step_a),
+                               atol=1e-5)
     assert np.isfinite(out.snapshots[3]["a"]["w"]).all()
-    assert np.abs(out.snapshots[1]["a"]["w"]).max() < 0.4 * 300  # FedAvg weight x norm
     step_b = fedavg_step(HUGE_FED, "b", ["c0", "c1", "c2", "c3"])
     np.testing.assert_allclose(out.snapshots[1]["b"]["w"], np.full(SHAPES["w"], -step_b),
                                atol=1e-5)
-    assert out.rows[1]["a"]["rejected"] == 0 and out.rows[1]["a"]["uploads"] == 4
+    assert out.rows[1]["a"]["rejected"] == 1 and out.rows[1]["a"]["uploads"] == 3
+    assert out.rows[1]["b"]["rejected"] == 0 and out.rows[1]["b"]["uploads"] == 4
+
+
+LONE_FED = Fed({
+    "c0": {"b": (10, 1.0)},
+    "c1": {"b": (20, 0.5)},
+    "c3": {"a": (40, 4.0), "b": (40, 2.0)},  # the only trainer of "a"
+})
+
+
+def test_lone_first_update_is_measured_against_the_model_norm():
+    """c3 is the only client of "a", so round 1 has a single update of "a" and no
+    history of accepted norms: its 1e30 update is measured against the norm of
+    the model it started from, 0.5 everywhere over 9 entries -> 1.5, bound 150,
+    and rejected; "a" stays at its initial weights. In round 2 c3 is honest
+    (norm 4 x 3 = 12 < 150) and its step is taken whole."""
+    init = {t: numpy_to_arrays({k: np.full(s, 0.5, np.float32) for k, s in SHAPES.items()})
+            for t in TASKS}
+    out = run(LONE_FED, huge_in_round(1e30, {1}), FullParticipation(), rounds=2, init=init)
+    (warning,) = out.warnings(1)
+    assert warning.startswith("Client c3: rejected update for task 'a': update norm 2.449e+30 "
+                              "exceeds 150 (100 x the norm of the model it started from, 1.5)")
+    np.testing.assert_allclose(out.snapshots[1]["a"]["w"], np.full(SHAPES["w"], 0.5))
+    assert out.rows[1]["a"]["rejected"] == 1 and out.rows[1]["a"]["uploads"] == 0
+    assert out.warnings(2) == []
+    np.testing.assert_allclose(out.snapshots[2]["a"]["w"], np.full(SHAPES["w"], 0.5 - 4.0),
+                               atol=1e-6)
 
 
 def test_huge_finite_weights_corrupt_the_fedavg_model_without_the_norm_bound():

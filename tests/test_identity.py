@@ -38,7 +38,7 @@ from mmfl_flwr.flower_app.client_app import CLIENT_TOKEN, client_token
 from mmfl_flwr.grid import InProcessGrid
 from mmfl_flwr.records import numpy_to_arrays
 from mmfl_flwr.strategy import MultiModelStrategy
-from mmfl_flwr.strategy.registration import check_pins, key_pin, token_pin
+from mmfl_flwr.strategy.registration import FIRST_USE, check_pins, key_pin, token_pin
 
 from conftest import LogTap, Recorder, StepTrainer
 
@@ -317,12 +317,79 @@ def test_key_pin_admits_only_the_node_with_the_registered_key():
     assert any("no authenticated node key" in m for m in plain.warnings(1))
 
 
+def test_first_use_binds_each_id_to_the_key_of_its_first_node():
+    """``"*": key:first-use``: alice's first registration binds "alice" to her
+    node's key. She leaves after round 1; mallory (another key, even with
+    alice's token) claims "alice" in round 2 and is refused although the id is
+    free; alice returns with a new node id and the same key and gets it back.
+    The models equal those of the run without mallory."""
+    _, alice_pem = ssh_and_pem(ec.generate_private_key(ec.SECP256R1()))
+    _, other_pem = ssh_and_pem(ec.generate_private_key(ec.SECP256R1()))
+    _, bob_pem = ssh_and_pem(ec.generate_private_key(ec.SECP256R1()))
+    alice, bob = node("alice", pubkey=alice_pem), node("bob", pubkey=bob_pem)
+    squatter = node("mallory", claim="alice", token=SECRET, pubkey=other_pem)
+    events = {1: [("remove", "alice"), ("add", "mallory", squatter)],
+              2: [("add", "alice2", alice)]}
+    honest_events = {1: [("remove", "alice")], 2: [("add", "alice2", alice)]}
+    pins = {"*": FIRST_USE}
+    run = run_fed({"alice": alice, "bob": bob}, rounds=3, events=events, pins=pins,
+                  grid_cls=AuthGrid)
+    honest = run_fed({"alice": alice, "bob": bob}, rounds=3, events=honest_events, pins=pins,
+                     grid_cls=AuthGrid)
+    assert only_info_queries(run, "mallory")
+    # (the recorder names nodes by their real client: alice's both nodes)
+    assert run.trained("alice") == [(1, run.nodes["alice"]), (3, run.nodes["alice2"])]
+    assert any("another node key" in m and "alice" in m for m in run.warnings(2))
+    assert run.strategy.run.client_pins["alice"] == key_pin(alice_pem)
+    assert run.strategy.run.client_pins["bob"] == key_pin(bob_pem)
+    assert_same_models(run, honest)
+
+
+def test_first_use_bindings_survive_a_resume(tmp_path):
+    """The binding is part of the checkpoint: after a server restart mallory,
+    who now registers first, is still refused; alice keeps her id."""
+    _, alice_pem = ssh_and_pem(ec.generate_private_key(ec.SECP256R1()))
+    _, other_pem = ssh_and_pem(ec.generate_private_key(ec.SECP256R1()))
+    alice = node("alice", pubkey=alice_pem)
+    ckpt = str(tmp_path / "ckpt.pkl")
+    grid = AuthGrid(Recorder(make_app()), [alice, BOB], seed=0)
+    first = MultiModelStrategy(FullParticipation(), FedAvgAggregator(), seed=3,
+                               node_wait_timeout=0.0, client_pins={"*": FIRST_USE},
+                               checkpoint_path=ckpt)
+    first.start(grid, initial(), num_rounds=1, timeout=60.0)
+    assert first.run.bound_at_first_use == {"alice": key_pin(alice_pem)}
+    squatter = node("mallory", claim="alice", pubkey=other_pem)
+    rec = Recorder(make_app())
+    grid2 = AuthGrid(rec, [squatter, alice, BOB], seed=0)
+    second = MultiModelStrategy(FullParticipation(), FedAvgAggregator(), seed=3,
+                                node_wait_timeout=0.0, client_pins={"*": FIRST_USE},
+                                checkpoint_path=ckpt)
+    tap = LogTap()
+    logging.getLogger("flwr").addHandler(tap)
+    try:
+        second.start(grid2, initial(), num_rounds=2, timeout=60.0, resume_from=ckpt)
+    finally:
+        logging.getLogger("flwr").removeHandler(tap)
+    assert {r.type for r in rec.log if r.cid == "mallory"} == {P.QUERY_INFO}
+    assert [rnd for rnd, _ in rec.nodes("alice", "train")] == [2]
+    assert any("another node key" in m for _, m in tap.records)
+
+
+def test_first_use_without_node_keys_refuses_the_claim():
+    """Without SuperNode authentication (no node keys) nothing can be bound:
+    a claim of an id bound at first use is refused, with the reason."""
+    run = run_fed({"alice": ALICE, "bob": BOB}, rounds=1, pins={"alice": FIRST_USE})
+    assert run.trained("alice") == [] and run.trained("bob") == [(1, run.nodes["bob"])]
+    assert any("no authenticated node key" in m and "first use" in m for m in run.warnings(1))
+
+
 # ================================================================= pieces
 def test_check_pins_normalises_and_rejects():
     digest = token_pin(SECRET).split(":")[1]
     assert check_pins({"3": digest.upper()}) == {"3": "token:" + digest}
     assert check_pins({3: "key:" + digest}) == {"3": "key:" + digest}  # type: ignore[dict-item]
     assert check_pins(None) == {}
+    assert check_pins({"*": "KEY:first-use"}) == {"*": FIRST_USE}
     for bad in (SECRET, "sha1:" + digest, "token:" + digest[:-1], "key:"):
         with pytest.raises(ValueError, match="client_pins"):
             check_pins({"3": bad})

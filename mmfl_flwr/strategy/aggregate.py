@@ -55,7 +55,14 @@ def train_round(
     returns the metrics row of each task."""
     shares = {t: run.table.data_share(t) for t in plan.tasks}
     outcome = collect_updates(run, plan, replies, shares, limits, aggregator.needs_control)
-    bound_update_norms(outcome.updates, run.norm_history, limits.update_norm_factor)
+    def model_norm(task: str) -> float:
+        return l2_norm(run.weights[task][k] for k in run.split_keys(task)[0])
+
+    for task, cid in bound_update_norms(outcome.updates, run.norm_history,
+                                        limits.update_norm_factor, model_norm):
+        outcome.rejected[task] += 1
+        outcome.observed.pop((cid, task), None)
+        outcome.train_losses[task] = [r for r in outcome.train_losses[task] if r[2] != cid]
     if policy.observes_losses:
         cap_train_losses(run, outcome, limits.loss_cap)
     policy.observe(plan.server_round, outcome.observed, plan.picks)

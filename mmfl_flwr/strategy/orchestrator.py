@@ -98,7 +98,7 @@ class MultiModelStrategy(Strategy):
         max_loss: float = 1e6,
         on_round_end: RoundCallback | None = None,
         checkpoint_path: str | None = None,
-        loss_cap: float | None = 100.0,
+        loss_cap: float | None = 10.0,
         max_update_norm: float | None = None,
         update_norm_factor: float | None = 100.0,
         count_cap: float | None = 200.0,

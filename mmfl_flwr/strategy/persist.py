@@ -45,6 +45,7 @@ def run_state_dict(
         "trainable": {t: list(k) for t, k in run.trainable.items()},
         "norm_history": {t: list(v) for t, v in run.norm_history.items()},
         "loss_reference": dict(run.loss_reference),
+        "bound_at_first_use": dict(run.bound_at_first_use),
         "assignments": dict(result.assignments),
         **identity(policy, aggregator, run.seed),
     }
@@ -80,6 +81,9 @@ def restore(
     run.trainable = {**state.get("trainable", {}), **run.pinned_trainable}
     run.norm_history = {t: list(v) for t, v in state.get("norm_history", {}).items()}
     run.loss_reference = dict(state.get("loss_reference", {}))
+    for cid, pin in state.get("bound_at_first_use", {}).items():
+        if run.client_pins.get(cid, run.client_pins.get("*")) == "key:first-use":
+            run.client_pins[cid] = run.bound_at_first_use[cid] = pin
     run.rng.bit_generator.state = state["rng"]
     run.eval_rng.bit_generator.state = state["eval_rng"]
     result.history.extend(state["history"])

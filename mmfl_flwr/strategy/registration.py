@@ -31,6 +31,12 @@ the address it is reached at. The rule:
      the key is the one the operator registered and every Fleet request is
      signed with it; without it each SuperNode start makes a fresh key pair.
 
+   - ``key:first-use`` (:data:`FIRST_USE`; as the pin of ``"*"``, for every id
+     without a pin of its own): trust on first use. The first node to claim
+     the id binds it to that node's public key (logged); from then on it is a
+     ``key:`` pin, kept in checkpoints. Only meaningful with SuperNode
+     authentication (else a restarted SuperNode has a new key and is refused).
+
    A claim of a pinned id without that credential is refused (logged with the
    client id and the node id). A pinned id is only ever held by a node that
    proved the pin in force: a holder that did not (the pin was set or changed
@@ -61,6 +67,10 @@ from mmfl_flwr.strategy.run import RunState, instruction
 CLIENT_TOKEN = P.CLIENT_TOKEN
 TOKEN_PIN = "token:"
 KEY_PIN = "key:"
+#: Pin value: bind the id to the public key of the first node that claims it.
+FIRST_USE = "key:first-use"
+#: Pin key standing for every client id without a pin of its own.
+ANY_ID = "*"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -83,16 +93,19 @@ def check_pins(pins: Mapping[str, str] | None) -> dict[str, str]:
     """Validate and normalise ``client id -> pin``.
 
     A pin is ``token:<sha256 hex>`` (a bare 64-digit hex string means the same),
-    or ``key:<sha256 hex>``. Raises ValueError on anything else."""
+    ``key:<sha256 hex>`` or ``key:first-use``. Raises ValueError on anything else."""
     out: dict[str, str] = {}
     for cid, pin in (pins or {}).items():
         text = str(pin).strip().lower()
+        if text == FIRST_USE:
+            out[str(cid)] = FIRST_USE
+            continue
         kind, _, digest = text.rpartition(":")
         kind = kind + ":" if kind else TOKEN_PIN
         if kind not in (TOKEN_PIN, KEY_PIN) or not _HEX64.fullmatch(digest):
             raise ValueError(
-                f"client_pins[{str(cid)!r}]: expected 'token:<sha256 hex>' or "
-                f"'key:<sha256 hex>', got {str(pin)[:80]!r}"
+                f"client_pins[{str(cid)!r}]: expected 'token:<sha256 hex>', "
+                f"'key:<sha256 hex>' or '{FIRST_USE}', got {str(pin)[:80]!r}"
             )
         out[str(cid)] = kind + digest
     return out
@@ -235,7 +248,16 @@ def register(run: RunState, reply: Message, node_keys: Mapping[int, bytes] | Non
         return
     if unknown:
         log(WARNING, "Client %s declared unknown tasks %s; ignoring them", cid, unknown)
-    pin = run.client_pins.get(cid)
+    pin = run.client_pins.get(cid, run.client_pins.get(ANY_ID))
+    if pin == FIRST_USE:
+        seen = _key_fingerprint((node_keys or {}).get(node))
+        if seen is None:
+            log(WARNING, "Node %d claims client id %s with no authenticated node key (is "
+                "SuperNode authentication on?); refused (the id is bound at first use)",
+                node, cid)
+            return
+        pin = run.client_pins[cid] = run.bound_at_first_use[cid] = KEY_PIN + seen
+        log(INFO, "Client id %s is bound to the public key of node %d (first use)", cid, node)
     if pin is not None:
         problem = _pin_problem(pin, info, (node_keys or {}).get(node))
         if problem is not None:

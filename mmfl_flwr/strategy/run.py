@@ -52,6 +52,9 @@ class RunState:
         :mod:`.registration`).
     verified_nodes : dict
         Node id -> the pin it proved when it registered (pinned ids only).
+    bound_at_first_use : dict
+        Client id -> the ``key:`` pin it was bound to at first use (kept in
+        checkpoints).
     """
 
     seed: int
@@ -68,6 +71,7 @@ class RunState:
     waited: bool = False
     client_pins: dict[str, str] = field(default_factory=dict)
     verified_nodes: dict[int, str] = field(default_factory=dict)
+    bound_at_first_use: dict[str, str] = field(default_factory=dict)
     #: task -> recent accepted update norms (the reference of the norm bound)
     norm_history: dict[str, list[float]] = field(default_factory=dict)
     #: task -> largest median reported loss so far (the reference of the loss cap)

@@ -4,7 +4,7 @@ rejected with the reason (logged with the client id by the caller)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from logging import WARNING
 
@@ -45,14 +45,14 @@ class Limits:
     update_norm_factor : float or None
         Updates whose norm exceeds this multiple of the model's reference norm
         (the lower median of this round's and the recent rounds' update norms)
-        are clipped to it (None: no relative bound).
+        are rejected (None: no relative bound).
     count_cap : float or None
         A client's sample count of a task is used up to this multiple of the
         task's median declared count (None: no bound).
     """
 
     max_loss: float = 1e6
-    loss_cap: float | None = 100.0
+    loss_cap: float | None = 10.0
     max_update_norm: float | None = None
     update_norm_factor: float | None = 100.0
     count_cap: float | None = 200.0
@@ -131,35 +131,54 @@ NORM_HISTORY = 64
 
 
 def bound_update_norms(
-    updates: dict[str, list[Update]], history: dict[str, list[float]], factor: float | None
-) -> None:
-    """Clip every update whose norm exceeds ``factor`` times its model's
-    reference norm, in place, logging the client id.
+    updates: dict[str, list[Update]],
+    history: dict[str, list[float]],
+    factor: float | None,
+    model_norm: Callable[[str], float] | None = None,
+) -> list[tuple[str, str]]:
+    """Reject every update whose norm exceeds ``factor`` times its model's
+    reference norm: it is removed from ``updates`` (in place), logged with the
+    client id, and returned as a ``(task, client id)`` pair.
 
     The reference is the lower median of this round's update norms (an
     observed honest norm while fewer than half of the updates are hostile, even
     with two updates); with a single update this round, the model's last
     :data:`NORM_HISTORY` accepted norms (``history``, updated here) join it, so
-    a lone huge update cannot set its own bound. Taking the current round
-    first lets honest clients correct a perturbed model at full size.
-    Scale-free: only ratios of norms matter.
+    a lone huge update cannot set its own bound. A lone update with no history
+    yet (a model's first round with one trainer) is measured against the norm
+    of the model it started from (``model_norm(task)``, over the trainable
+    entries): no honest local training moves a model by ``factor`` times its
+    own size (a model initialised at zero has no such reference, and its first
+    lone update is accepted). Taking the current round first lets honest
+    clients correct a perturbed model at full size.
+    Scale-free: only ratios of norms matter. Rejecting rather than clipping
+    keeps such an update's direction out of the model altogether: a clipped
+    update of garbage still moves a FedAvg model by up to ``factor`` times an
+    honest step.
     """
+    rejected: list[tuple[str, str]] = []
     for task, us in updates.items():
         norms = [l2_norm(u.delta) for u in us]
         pool = norms if len(norms) >= 2 else norms + history.get(task, [])
         if factor is None or not pool:
             continue
-        ref = float(np.percentile(pool, 50, method="lower"))
+        if len(pool) == 1 and model_norm is not None:
+            ref, what = model_norm(task), "the norm of the model it started from"
+        else:
+            ref, what = float(np.percentile(pool, 50, method="lower")), "the reference norm"
         bound = factor * ref
-        kept = []
+        kept, kept_norms = [], []
         for u, norm in zip(us, norms):
-            if ref > 0 and norm > bound:
-                log(WARNING, "Client %s: update norm %.4g for task %r clipped to %.4g "
-                    "(%g x the reference norm %.4g)", u.cid, norm, task, bound, factor, ref)
-                u.delta = [np.asarray(a, dtype=np.float64) * (bound / norm) for a in u.delta]
-                norm = bound
-            kept.append(norm)
-        history[task] = (history.get(task, []) + kept)[-NORM_HISTORY:]
+            if ref > 0 and not norm <= bound:
+                log(WARNING, "Client %s: rejected update for task %r: update norm %.4g exceeds "
+                    "%.4g (%g x %s, %.4g)", u.cid, task, norm, bound, factor, what, ref)
+                rejected.append((task, u.cid))
+                continue
+            kept.append(u)
+            kept_norms.append(norm)
+        updates[task] = kept
+        history[task] = (history.get(task, []) + kept_norms)[-NORM_HISTORY:]
+    return rejected
 
 
 def apply_count_cap(table: ClientTable, factor: float | None) -> None:

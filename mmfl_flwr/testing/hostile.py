@@ -111,6 +111,17 @@ def lying_loss(who: str, factor: float = 1e5, train_too: bool = True) -> Attack:
     return chain(*attacks)
 
 
+def impersonate(who: str, victim: str) -> Attack:
+    """``who`` registers under ``victim``'s client id (and keeps training on its
+    own data): a squatter. Without a pin for ``victim`` the first live claim
+    holds the id; with one, the squatter is refused."""
+
+    def info(msg: Message, reply: Message, ctx: Context) -> None:
+        reply.content.config_records[P.INFO_KEY][P.CLIENT_ID] = str(victim)
+
+    return _on(P.QUERY_INFO, who, info)
+
+
 def replay(who: str) -> Attack:
     """``who`` answers every train message with its first train reply again
     (old weights, and the old round in the reply's group id)."""
@@ -146,5 +157,6 @@ def chain(*attacks: Attack) -> Attack:
 
 
 __all__ = [
-    "Attack", "chain", "huge_weights", "inflated_count", "lying_loss", "replay", "scaled_update",
+    "Attack", "chain", "huge_weights", "impersonate", "inflated_count", "lying_loss", "replay",
+    "scaled_update",
 ]

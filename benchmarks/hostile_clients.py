@@ -33,7 +33,7 @@ from _common import write_outputs  # noqa: E402
 HOSTILE = "3"
 ATTACKS = ("huge-weights", "scaled-x1000", "count-registration", "count-train", "lying-loss",
            "replay", "squat", "squat-pinned")
-SQUATTER = "1"  # registers before client 3, under client 3's id
+SQUATTER = "1"  # claims client 3's id; client 3 is late (its first info query fails)
 SECRET = "client-3-secret"
 
 
@@ -56,8 +56,9 @@ def _attack(name: str) -> Any:
         "count-train": lambda: H.inflated_count(HOSTILE, 10**6, at_registration=False),
         "lying-loss": lambda: H.lying_loss(HOSTILE, 1e5),
         "replay": lambda: H.replay(HOSTILE),
-        "squat": lambda: H.impersonate(SQUATTER, HOSTILE),
-        "squat-pinned": lambda: H.chain(H.impersonate(SQUATTER, HOSTILE), _token(HOSTILE)),
+        "squat": lambda: H.chain(H.impersonate(SQUATTER, HOSTILE), H.late_registration(HOSTILE)),
+        "squat-pinned": lambda: H.chain(H.impersonate(SQUATTER, HOSTILE), H.late_registration(HOSTILE),
+                                        _token(HOSTILE)),
     }[name]()
 
 

@@ -1,20 +1,28 @@
 """Run outputs: ``metrics.csv``, ``summary.json`` and ``accuracy.png``.
 
 Data first (CSV/JSON), picture second (matplotlib, drawn from the CSV rows).
+The figures are drawn with matplotlib's object-oriented API on their own Agg
+canvas: no global backend is set, no display is needed.
 """
 
 from __future__ import annotations
 
 import csv
+import importlib.metadata
 import json
 import math
 import os
+import platform
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mmfl_flwr.config import Settings
 from mmfl_flwr.strategy import MultiModelResult
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 #: Columns always present in metrics.csv, in this order; extra columns follow.
 BASE_COLUMNS = [
@@ -82,8 +90,60 @@ def read_metrics_csv(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return rows
 
 
+def _dist_version(name: str) -> str | None:
+    """The installed version of distribution ``name`` (None if not installed)."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _git_commit(package_dir: Path) -> str | None:
+    """The commit checked out in the git repository that ``package_dir`` (the
+    ``mmfl_flwr`` folder) is tracked in, or None: not a git checkout (e.g.
+    installed into site-packages, even inside a repository's virtualenv), git
+    missing, a timeout, or any other failure."""
+    try:
+        tracked = subprocess.run(
+            ["git", "ls-files", "--error-unmatch", "--", f"{package_dir.name}/__init__.py"],
+            cwd=package_dir.parent, capture_output=True, text=True, timeout=5, check=False,
+        )
+        if tracked.returncode != 0:
+            return None
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=package_dir.parent, capture_output=True, text=True, timeout=5, check=False,
+        )
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    commit = head.stdout.strip()
+    return commit if head.returncode == 0 and commit else None
+
+
+def run_versions() -> dict[str, str | None]:
+    """Versions of the software that produced a run (``summary.json``'s
+    ``versions``): ``mmfl-flwr``, ``flwr``, ``torch``, ``numpy`` (installed
+    distributions, None where absent; nothing is imported), ``python`` and
+    ``git_commit`` (the checked-out commit when ``mmfl_flwr`` is imported from a
+    git checkout, else None)."""
+    import mmfl_flwr
+
+    own = _dist_version("mmfl-flwr")
+    if own is None:
+        own = getattr(mmfl_flwr, "__version__", None)
+    return {
+        "mmfl-flwr": own,
+        "flwr": _dist_version("flwr"),
+        "torch": _dist_version("torch"),
+        "numpy": _dist_version("numpy"),
+        "python": platform.python_version(),
+        "git_commit": _git_commit(Path(mmfl_flwr.__file__).resolve().parent),
+    }
+
+
 def summarize(result: MultiModelResult, settings: Settings | None) -> dict[str, Any]:
-    """Final accuracy per task, their mean, the configuration and the seed."""
+    """Final accuracy per task, their mean, the configuration, the seed and the
+    software versions (:func:`run_versions`)."""
     final = {}
     for task, row in result.final().items():
         final[task] = {
@@ -102,48 +162,138 @@ def summarize(result: MultiModelResult, settings: Settings | None) -> dict[str, 
         "total_uploads": uploads,
         "seed": settings.seed if settings is not None else None,
         "config": settings.to_run_config() if settings is not None else None,
+        "versions": run_versions(),
     }
 
 
-def plot_accuracy(history: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> None:
-    """Accuracy of every task over rounds, plus their mean, as a PNG."""
-    import matplotlib
+def new_figure(figsize: tuple[float, float], **kwargs: Any) -> Figure:
+    """A matplotlib Figure on its own Agg canvas: no pyplot, no global backend,
+    no display needed (safe in servers, threads and notebooks alike)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    fig = Figure(figsize=figsize, **kwargs)
+    FigureCanvasAgg(fig)
+    return fig
 
-    by_task: dict[str, list[tuple[int, float]]] = {}
-    for row in history:
-        if not math.isnan(row["accuracy"]):
-            by_task.setdefault(row["task"], []).append((row["round"], row["accuracy"]))
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for task, pts in by_task.items():
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=task)
-    if by_task:
-        rounds = sorted({r for pts in by_task.values() for r, _ in pts})
-        mean = []
-        for r in rounds:
-            vals = [a for pts in by_task.values() for rr, a in pts if rr == r]
-            mean.append(sum(vals) / len(vals))
-        ax.plot(rounds, mean, "k--", linewidth=1.5, label="mean")
+
+def run_title(settings: Settings | None, strategy_name: str | None = None) -> str:
+    """The title of a run's plot: strategy and seed, then the key settings
+    (clients, rounds, local epochs, and the budget fraction or clients per round
+    where the strategy takes them and they are set)."""
+    name = strategy_name or (settings.strategy if settings is not None else None)
+    head = f"MMFL {name}" if name else "MMFL run"
+    if settings is None:
+        return head
+    head += f", seed {settings.seed}"
+    if settings.aggregator:
+        head += f", aggregator {settings.aggregator}"
+    def count(n: int, what: str) -> str:
+        return f"{n} {what}{'s' if n != 1 else ''}"
+
+    parts = [
+        count(settings.num_clients, "client"),
+        count(settings.num_rounds, "round"),
+        count(settings.local_epochs, "local epoch"),
+    ]
+    used: list[str] = []
+    if strategy_name is None:  # a custom strategy takes what it takes
+        from mmfl_flwr.presets import PRESETS, preset_settings
+
+        if settings.strategy in PRESETS:
+            used = preset_settings(settings.strategy, ["budget_fraction", "clients_per_round"])
+    if "budget_fraction" in used:
+        parts.append(f"budget fraction {settings.budget_fraction:g}")
+    if "clients_per_round" in used and settings.clients_per_round > 0:
+        parts.append(f"{settings.clients_per_round} clients/round")
+    return head + "\n" + ", ".join(parts)
+
+
+def style_panels(ax_acc: Any, ax_loss: Any, acc_label: str, loss_label: str) -> None:
+    """Labels, limits and grid of an accuracy panel above a loss panel over rounds."""
     from matplotlib.ticker import MaxNLocator
 
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy")
-    ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize="small")
-    ax.set_title("MMFL: accuracy per model")
-    fig.tight_layout()
+    ax_acc.set_ylabel(acc_label)
+    ax_acc.set_ylim(0, 1)
+    ax_loss.set_ylabel(loss_label)
+    ax_loss.set_xlabel("round")
+    ax_loss.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for ax in (ax_acc, ax_loss):
+        ax.grid(alpha=0.3)
+
+
+def accuracy_figure(
+    history: Sequence[dict[str, Any]],
+    settings: Settings | None = None,
+    strategy_name: str | None = None,
+) -> Figure:
+    """The figure of ``accuracy.png``: test accuracy of every model and their
+    mean (top), test loss of every model (bottom), over rounds; the title from
+    :func:`run_title`; the legend right of the panels, outside the data."""
+    models: list[str] = []
+    for row in history:
+        if row["task"] not in models:
+            models.append(row["task"])
+
+    def series(task: str, key: str) -> tuple[list[int], list[float]]:
+        pts = [
+            (int(r["round"]), float(r[key]))
+            for r in history
+            if r["task"] == task and not math.isnan(float(r.get(key, math.nan)))
+        ]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    fig = new_figure((8.5, 6.4), layout="constrained")
+    ax_acc, ax_loss = fig.subplots(2, 1, sharex=True)
+    by_round: dict[int, list[float]] = {}
+    for i, task in enumerate(models):
+        color = f"C{i % 10}"
+        xs, ys = series(task, "accuracy")
+        if xs:
+            ax_acc.plot(xs, ys, marker=".", color=color, label=task)
+        for x, y in zip(xs, ys):
+            by_round.setdefault(x, []).append(y)
+        xs, ys = series(task, "loss")
+        if xs:
+            ax_loss.plot(xs, ys, marker=".", color=color, label=task)
+    if by_round:
+        rounds = sorted(by_round)
+        mean = [sum(by_round[r]) / len(by_round[r]) for r in rounds]
+        ax_acc.plot(rounds, mean, "k--", linewidth=1.5, label="mean of models")
+
+    style_panels(ax_acc, ax_loss, "test accuracy", "test loss")
+    handles, labels = ax_acc.get_legend_handles_labels()
+    if not handles:  # no accuracy (no server-side evaluation): the loss lines
+        handles, labels = ax_loss.get_legend_handles_labels()
+    if handles:
+        # "outside": constrained layout keeps the legend right of both panels
+        fig.legend(handles, labels, loc="outside right upper", fontsize="small")
+    fig.suptitle(run_title(settings, strategy_name), fontsize="medium")
+    return fig
+
+
+def plot_accuracy(
+    history: Sequence[dict[str, Any]],
+    path: str | os.PathLike[str],
+    settings: Settings | None = None,
+    strategy_name: str | None = None,
+) -> Figure:
+    """Write :func:`accuracy_figure` as a PNG to ``path``; returns the figure."""
+    fig = accuracy_figure(history, settings, strategy_name)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def write_outputs(
-    result: MultiModelResult, settings: Settings | None, output_dir: str | os.PathLike[str]
+    result: MultiModelResult,
+    settings: Settings | None,
+    output_dir: str | os.PathLike[str],
+    strategy_name: str | None = None,
 ) -> Path:
-    """Write the three output files into ``output_dir`` (created if needed)."""
+    """Write ``metrics.csv``, ``summary.json``, ``assignments.csv`` and
+    ``accuracy.png`` into ``output_dir`` (created if needed). ``strategy_name``
+    names the strategy in the plot title where it is not the preset that
+    ``settings`` name (a custom strategy)."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_metrics_csv(result.history, out / "metrics.csv")
@@ -151,7 +301,7 @@ def write_outputs(
         json.dump(summarize(result, settings), f, indent=2, sort_keys=True)
         f.write("\n")
     write_assignments_csv(result.assignments, out / "assignments.csv")
-    plot_accuracy(result.history, out / "accuracy.png")
+    plot_accuracy(result.history, out / "accuracy.png", settings, strategy_name)
     return out
 
 
@@ -159,10 +309,6 @@ def write_cluster_step(cstep: dict[str, Any], output_dir: str | os.PathLike[str]
     """Record one MMFL-Group C-step: append its assignment to ``clusters.csv``
     (``round, client, cluster``) and draw ``clusters_round_<r>.png``, a 2-D PCA of
     the clients' loss vectors coloured by cluster (the paper's Fig. 3)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
     out = Path(output_dir)
@@ -185,7 +331,8 @@ def write_cluster_step(cstep: dict[str, Any], output_dir: str | os.PathLike[str]
         xy = np.column_stack([x[:, 0], np.zeros(len(x))])
     else:
         xy = np.zeros((0, 2))
-    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+    fig = new_figure((5.5, 4.5))
+    ax = fig.add_subplot()
     for g in np.unique(labels):
         m = labels == g
         ax.scatter(xy[m, 0], xy[m, 1], s=18, label=f"group {g}")
@@ -199,5 +346,4 @@ def write_cluster_step(cstep: dict[str, Any], output_dir: str | os.PathLike[str]
     fig.tight_layout()
     path = out / f"clusters_round_{cstep['round']}.png"
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path

@@ -8,8 +8,7 @@ ClientApp; only the Grid differs (Flower's Ray-backed simulation vs
 from __future__ import annotations
 
 import logging
-import os
-import warnings
+import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -64,47 +63,25 @@ def run_inprocess(
 def run_simulation_engine(
     settings: Settings, num_cpus: int | None = None, verbose: bool = False
 ) -> MultiModelResult:
-    """Run on Flower's Ray-backed simulation engine, one virtual SuperNode per
-    client, each ClientApp with one CPU."""
-    from flwr.simulation import run_simulation
+    """Run on Flower's Ray-backed simulation runtime the way ``flwr run`` does:
+    a private SuperLink with ``--simulation``, one virtual SuperNode per client,
+    each ClientApp with one CPU (:mod:`mmfl_flwr.flower_app.launch`). The result
+    is read back from the run's checkpoint in its output folder (a temporary
+    one when ``output_dir`` is empty)."""
+    from mmfl_flwr.checkpoint import CHECKPOINT_FILE, load_checkpoint
+    from mmfl_flwr.flower_app.launch import run_on_superlink
+    from mmfl_flwr.records import numpy_to_arrays
 
-    from mmfl_flwr.flower_app.client_app import build_client_app
-    from mmfl_flwr.flower_app.server_app import build_server_app
-
-    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    holder: dict[str, Any] = {}
-    cpus = num_cpus or os.cpu_count() or 1
-    backend_config = {
-        "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-        "init_args": {
-            "num_cpus": cpus,
-            "logging_level": "ERROR",
-            "log_to_driver": verbose,
-        },
-    }
-    flwr_logger = logging.getLogger("flwr")
-    old_level = flwr_logger.level
-    if not verbose:
-        flwr_logger.setLevel(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            run_simulation(
-                server_app=build_server_app(settings, holder),
-                client_app=build_client_app(settings),
-                num_supernodes=settings.num_clients,
-                backend_config=backend_config,  # type: ignore[arg-type]
-                verbose_logging=verbose,
-            )
-    finally:
-        flwr_logger.setLevel(old_level)
-    if "result" not in holder:
-        raise RuntimeError(
-            "the simulation ended without a result; run with --verbose to see "
-            "Flower's and Ray's logs"
-        )
-    return holder["result"]  # type: ignore[no-any-return]
+    out = run_on_superlink(settings, num_cpus=num_cpus, verbose=verbose)
+    state = load_checkpoint(out / CHECKPOINT_FILE)
+    result = MultiModelResult(
+        arrays={t: numpy_to_arrays(w) for t, w in state["weights"].items()},
+        history=list(state["history"]),
+        assignments=dict(state["assignments"]),
+    )
+    if not settings.output_dir:
+        shutil.rmtree(out.parent, ignore_errors=True)
+    return result
 
 
 def run(

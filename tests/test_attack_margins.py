@@ -24,13 +24,13 @@ import math
 from typing import Any
 
 import pytest
-
 from conftest import LogTap
+
+from mmfl_flwr import protocol as P
 from mmfl_flwr.config import Settings
 from mmfl_flwr.runner import run_inprocess
 from mmfl_flwr.strategy.registration import token_pin
 from mmfl_flwr.testing import hostile as H
-from mmfl_flwr import protocol as P
 
 #: Largest accepted drop of the final mean accuracy against the honest run.
 MARGIN = 0.05
@@ -43,6 +43,8 @@ PRESET_KW: dict[str, dict[str, Any]] = {
     "lvr": {"budget_fraction": 0.3},
     "ranklist-ucb": {"clients_per_round": 4},
 }
+#: every log line of the latest run()
+LAST_LOG: list[str] = []
 _honest: dict[tuple[str, tuple[tuple[str, Any], ...]], float] = {}
 
 
@@ -62,6 +64,7 @@ def run(preset: str, attack=None, **extra: Any):
         result = run_inprocess(s, wrap_client_app=attack)
     finally:
         logger.removeHandler(tap)
+    LAST_LOG[:] = [m for _, m in tap.records]
     return result, [m for lvl, m in tap.records if lvl >= logging.WARNING]
 
 
@@ -174,20 +177,33 @@ def test_inflated_registration_count_is_capped_and_the_median_ignores_it():
 
 @pytest.mark.slow
 def test_squatter_is_refused_when_the_id_is_pinned():
-    """Node 1 claims client 3's id and registers first. With client 3's id
-    pinned to its token the squatter is refused every round (logged with the
-    claimed id) and the real client 3 trains; the federation loses only the
-    squatter's own data."""
+    """Client 3 is late (its first info query fails); node 1 claims id 3 in
+    round 1. Without a pin the squatter holds the id and the real client 3 is
+    refused every round after (the rule: the first live claim holds). With
+    client 3's id pinned to its token the squatter is refused every round
+    (logged with the claimed id) and the real client 3 trains from round 2; the
+    federation loses only the squatter's own data."""
     secret = "client-3-secret"
-    attack = H.chain(H.impersonate("1", HOSTILE), with_token(HOSTILE, secret))
-    result, warnings = run("mfa-rr", attack, client_pins=f"{HOSTILE}={token_pin(secret)}")
+    def opening():
+        return H.chain(H.impersonate("1", HOSTILE), H.late_registration(HOSTILE))
+
+    squatted, warnings = run("mfa-rr", opening())
+    assert [m for m in warnings if f"Client id {HOSTILE} is claimed by nodes" in m]
+    for rnd in range(1, BASE["num_rounds"] + 1):  # "3" trains, but it is node 1
+        assert HOSTILE in {cid for cid, _, _ in squatted.assignments[rnd]}
+
+    result, warnings = run("mfa-rr", H.chain(opening(), with_token(HOSTILE, secret)),
+                           client_pins=f"{HOSTILE}={token_pin(secret)}")
     refused = [m for m in warnings
                if f"claims client id {HOSTILE} with" in m and m.endswith("refused (the id is pinned)")]
     assert len(refused) == BASE["num_rounds"]  # asked again at the start of every round
-    # the real client 3 holds its id and trains in every round; node 1 never does
-    for rnd in range(1, BASE["num_rounds"] + 1):
-        clients = {cid for cid, _, _ in result.assignments[rnd]}
-        assert HOSTILE in clients and "1" not in clients, (rnd, clients)
+    registered = [m for m in LAST_LOG if "identity proved by its token" in m]
+    # client 3 registers in round 2; MFA-RR lets a client that comes online
+    # mid-frame (2 models: frames of 2 rounds) wait for the next frame
+    assert HOSTILE not in {cid for cid, _, _ in result.assignments[1]}
+    assert any(f"Client {HOSTILE} registered" in m for m in registered)
+    for rnd in range(3, BASE["num_rounds"] + 1):
+        assert HOSTILE in {cid for cid, _, _ in result.assignments[rnd]}
     assert [r for r in result.history if r["round"] > 0 and r["rejected"]] == []
     honest = honest_accuracy("mfa-rr")
     assert final_accuracy(result) >= honest - MARGIN

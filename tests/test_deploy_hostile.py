@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from e2e_utils import (
     REPO_ROOT,
     ProcessTracker,

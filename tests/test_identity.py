@@ -410,3 +410,29 @@ def test_client_app_sends_its_token_only_when_configured():
         info = reply.content.config_records[P.INFO_KEY]
         assert info.get(CLIENT_TOKEN) == expected
         assert info[P.CLIENT_ID] == grid.context(nid).node_config["claim"]
+
+
+def test_a_client_app_without_the_mmfl_handlers_stops_the_run_with_one_clear_error():
+    """A quickstart-style ClientApp (``@app.train()`` only) under the strategy:
+    every node answers ``query.info`` with Flower's "No query function
+    registered" error, so no client can ever register; the run stops at once
+    with an error naming the missing handler and the protocol doc, instead of
+    training nobody and reporting accuracy nan."""
+    from flwr.clientapp import ClientApp
+
+    from mmfl_flwr.strategy.registration import NoClientRegistered
+
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, ctx: Context) -> Message:  # pragma: no cover - never reached
+        return Message(RecordDict(), reply_to=msg)
+
+    grid = InProcessGrid(app, [{"cid": "a"}, {"cid": "b"}], seed=0)
+    strategy = MultiModelStrategy(FullParticipation(), FedAvgAggregator(), seed=0,
+                                  node_wait_timeout=0.0)
+    with pytest.raises(NoClientRegistered) as err:
+        strategy.start(grid, initial(), num_rounds=2, timeout=10.0)
+    text = str(err.value)
+    assert "all 2 node(s)" in text and "no @app.query(\"info\") handler" in text
+    assert "docs/protocol.md" in text and "\n" not in text

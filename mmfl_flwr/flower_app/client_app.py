@@ -29,7 +29,7 @@ from mmfl_flwr import protocol as P
 from mmfl_flwr.client.app import ClientSpec, make_client_app
 from mmfl_flwr.config import Settings
 from mmfl_flwr.flower_app.data import federation_for
-from mmfl_flwr.tasks.registry import get_task, registered_tasks, restore
+from mmfl_flwr.tasks.registry import get_task, load_snapshot, registered_tasks, restore
 
 CLIENT_TOKEN = P.CLIENT_TOKEN
 
@@ -97,6 +97,7 @@ def build_client_app(settings: Settings | None = None) -> ClientApp:
 
     def spec(ctx: Context) -> ClientSpec:
         restore(snapshot)
+        load_snapshot(ctx.run_config)  # tasks registered by the process that started the run
         return client_spec(ctx, settings)
 
     return make_client_app(spec)

@@ -29,6 +29,7 @@ from mmfl_flwr.core.scaffold import ScaffoldAggregator
 from mmfl_flwr.presets import make_strategy, preset_kwargs
 from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
 from mmfl_flwr.strategy import MultiModelResult, MultiModelStrategy
+from mmfl_flwr.tasks.registry import load_snapshot
 
 
 def strategy_from_settings(
@@ -191,7 +192,9 @@ def server_main(
     """
     from mmfl_flwr.results import write_outputs
 
+    load_snapshot(context.run_config)  # tasks registered by the process that started the run
     s = settings if settings is not None else Settings.from_run_config(context.run_config)
+    custom = strategy is not None  # not the preset that s names (the plot title says so)
     if strategy is None:
         strategy = strategy_from_settings(s, progress_printer(s.num_rounds))
     if s.resume_from:
@@ -219,7 +222,11 @@ def server_main(
         resume_from=s.resume_from or None,
     )
     if s.output_dir:
-        out = write_outputs(result, s, s.output_dir)
+        name = (
+            f"custom {type(strategy.policy).__name__} + {type(strategy.aggregator).__name__}"
+            if custom else None
+        )
+        out = write_outputs(result, s, s.output_dir, strategy_name=name)
         print(f"[mmfl] results written to {os.path.abspath(out)}", flush=True)
     sys.stdout.flush()
     return result

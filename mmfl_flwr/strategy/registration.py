@@ -198,9 +198,14 @@ def refresh_clients(
                 if any(p.startswith(KEY_PIN) for p in run.client_pins.values()) else {})
         msgs = [instruction(n, RecordDict(), P.QUERY_INFO, server_round) for n in new]
         answered = set()
+        errors = []
         for reply in grid.send_and_receive(msgs, timeout=timeout):
             answered.add(reply.metadata.src_node_id)
+            if reply.has_error():
+                errors.append(str(reply.error.reason))
             register(run, reply, keys)
+        if errors and len(errors) == len(answered) and not run.table.ids():
+            raise NoClientRegistered(_no_client_message(len(errors), errors[0]))
         for n in new:
             if n not in answered:
                 log(WARNING, "Node %d did not answer the info query within %g s; it is "
@@ -212,6 +217,22 @@ def refresh_clients(
     }
     run.cid_to_node = {cid: nid for nid, cid in run.node_to_cid.items() if cid in online}
     run.table.set_online(online)
+
+
+class NoClientRegistered(RuntimeError):
+    """Every node answered the registration query with an error and no client
+    has ever registered: the nodes run a ClientApp that does not serve the
+    MMFL message protocol (``docs/protocol.md``)."""
+
+
+def _no_client_message(nodes: int, reason: str) -> str:
+    missing = re.search(r"No (\w+) function registered with name '(\w+)'", reason)
+    what = (f"their ClientApp has no @app.{missing.group(1)}(\"{missing.group(2)}\") handler"
+            if missing else f"the first error was: {reason.strip().splitlines()[-1][:300]}")
+    return (f"No client registered: all {nodes} node(s) answered the '{P.QUERY_INFO}' "
+            f"registration message with an error ({what}). MultiModelStrategy needs "
+            "ClientApps that answer query.info, query.losses, train and evaluate as "
+            "docs/protocol.md describes; build one with mmfl_flwr.make_client_app.")
 
 
 def evict_unproven(run: RunState) -> None:

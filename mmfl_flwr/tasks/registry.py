@@ -27,7 +27,7 @@ module that both the ServerApp and ClientApp import.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,6 +108,36 @@ def restore(snapshot: dict[str, TaskDefinition]) -> None:
     """Register every task of a snapshot that this process does not know yet."""
     for name, definition in snapshot.items():
         _REGISTRY.setdefault(name, definition)
+
+
+#: Run-config key naming a file with a pickled registry snapshot: how tasks
+#: registered in the process that starts a run reach the ServerApp and
+#: ClientApp processes of Flower's simulation runtime (``mmfl run`` and
+#: ``runner.run(..., engine="simulation")`` write it; see flower_app/launch.py).
+TASK_SNAPSHOT_KEY = "task-snapshot"
+_loaded: set[str] = set()
+
+
+def save_snapshot(path: str) -> None:
+    """Pickle this process's registry to ``path`` (by value, with cloudpickle,
+    so tasks defined in a script travel too)."""
+    import cloudpickle
+
+    with open(path, "wb") as f:
+        cloudpickle.dump(registered_tasks(), f)
+
+
+def load_snapshot(run_config: Mapping[str, Any]) -> None:
+    """Register the tasks of the snapshot the run config names (once per file
+    and process); nothing without the key."""
+    path = run_config.get(TASK_SNAPSHOT_KEY)
+    if not path or str(path) in _loaded:
+        return
+    import pickle
+
+    with open(str(path), "rb") as f:
+        restore(pickle.load(f))
+    _loaded.add(str(path))
 
 
 def unregister_task(name: str) -> None:

@@ -122,6 +122,25 @@ def impersonate(who: str, victim: str) -> Attack:
     return _on(P.QUERY_INFO, who, info)
 
 
+def late_registration(who: str) -> Attack:
+    """Not an attack but the opening for one: ``who``'s first ``query.info``
+    fails (its ClientApp raises, as one still starting up would), so it
+    registers a round later and a squatter (:func:`impersonate`) can claim its
+    id first."""
+    seen: set[str] = set()
+
+    def attack(app: ClientCall) -> ClientCall:
+        def call(msg: Message, ctx: Context) -> Message:
+            if _is(ctx, who) and msg.metadata.message_type == P.QUERY_INFO and who not in seen:
+                seen.add(who)
+                raise RuntimeError(f"client {who} is not ready yet")
+            return app(msg, ctx)
+
+        return call
+
+    return attack
+
+
 def replay(who: str) -> Attack:
     """``who`` answers every train message with its first train reply again
     (old weights, and the old round in the reply's group id)."""
@@ -157,6 +176,6 @@ def chain(*attacks: Attack) -> Attack:
 
 
 __all__ = [
-    "Attack", "chain", "huge_weights", "impersonate", "inflated_count", "lying_loss", "replay",
-    "scaled_update",
+    "Attack", "chain", "huge_weights", "impersonate", "inflated_count", "late_registration",
+    "lying_loss", "replay", "scaled_update",
 ]

@@ -1,0 +1,40 @@
+"""``mmfl run``'s path onto Flower's simulation runtime (flower_app/launch.py):
+the Flower App it writes carries every setting, and the log filter keeps the
+progress lines. The whole path runs in the slow tests (``mmfl run`` in
+test_e2e_slow.py and test_readme_main_job.py, the user-task example in
+test_sim_strategies_slow.py)."""
+
+from __future__ import annotations
+
+import math
+import tomllib
+
+from mmfl_flwr.config import Settings
+from mmfl_flwr.flower_app.launch import _show, app_pyproject
+
+
+def test_the_app_pyproject_holds_every_setting_exactly():
+    s = Settings(strategy="lvr", num_clients=7, lr=0.0125, output_dir='/tmp/a "quoted" dir',
+                 tasks="digits,synthetic", budget_fraction=0.35, overwrite=True)
+    config = s.to_run_config()
+    config["odd"] = math.inf
+    doc = tomllib.loads(app_pyproject(config))
+    assert doc["tool"]["flwr"]["app"]["config"] == config
+    components = doc["tool"]["flwr"]["app"]["components"]
+    assert components == {"serverapp": "mmfl_flwr.flower_app.server_app:app",
+                          "clientapp": "mmfl_flwr.flower_app.client_app:app"}
+    back = Settings.from_run_config({k: v for k, v in config.items() if k != "odd"})
+    assert back == s
+
+
+def test_the_log_filter_keeps_progress_warnings_and_errors_only():
+    progress = "[mmfl] round   1/2 | acc digits=0.300 | uploads 4 |   30.7s"
+    assert _show(progress, verbose=False)
+    assert _show("\x1b[93mWARNING \x1b[0m:   Client 3: rejected update", verbose=False)
+    assert _show("\x1b[91mERROR \x1b[0m:     boom", verbose=False)
+    assert _show("Traceback (most recent call last):", verbose=False)
+    assert not _show("\x1b[92mINFO \x1b[0m:      [ROUND 1/2]", verbose=False)
+    assert not _show("Using SuperLink: mmfl (127.0.0.1:40843)", verbose=False)
+    assert not _show("\x1b[93mWARNING \x1b[0m:   Since flwr 1.32, default simulated SuperNodes "
+                     "changed from 10 to 2.", verbose=False)
+    assert _show("\x1b[92mINFO \x1b[0m:      [ROUND 1/2]", verbose=True)

@@ -1,0 +1,69 @@
+"""The README's first command, the main job, run as a new user runs it.
+
+The command is read from the README (the first ``bash`` block under "The two
+commands"): ``python3 -m venv .venv && . .venv/bin/activate && pip install ...
+&& mmfl run``. The venv and the install are what runs this test suite already
+(the README's second command makes them), so the test runs what follows them,
+verbatim, in an empty folder with this venv's ``bin`` first on ``PATH`` and no
+network-facing Flower state: the embedded data, Flower's simulation engine,
+progress lines, and the results folder with its plot.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from e2e_utils import REPO_ROOT, ProcessTracker, flower_env, new_marker, tail
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="process clean-up reads /proc"
+)
+
+
+def main_job_command() -> list[str]:
+    """The README's first command, split at ``&&``."""
+    text = (REPO_ROOT / "README.md").read_text()
+    section = text.split("## The two commands", 1)[1]
+    block = re.search(r"```bash\n(.+?)\n```", section, re.DOTALL)
+    assert block, "no bash block under 'The two commands'"
+    return [part.strip() for part in block.group(1).split("&&")]
+
+
+def test_the_main_job_command_is_venv_install_then_mmfl_run():
+    parts = main_job_command()
+    assert parts[0].startswith("python3 -m venv") and parts[1].startswith(". ")
+    assert parts[2].startswith("pip install") and " -e ." in parts[2] + " "
+    assert parts[3:] == ["mmfl run"], parts
+
+
+@pytest.mark.slow
+def test_the_main_job_runs_verbatim(tmp_path: Path) -> None:
+    run_part = main_job_command()[3:]
+    assert run_part == ["mmfl run"]
+    marker = new_marker()
+    env = flower_env(tmp_path / "home", marker)
+    log = tmp_path / "mmfl.log"
+    with ProcessTracker(marker) as procs:
+        proc = procs.popen(shlex.split(run_part[0]), env=env, cwd=tmp_path, log_path=log)
+        try:
+            rc = proc.wait(timeout=1500)
+        except subprocess.TimeoutExpired:
+            procs.cleanup()
+            pytest.fail(f"mmfl run did not finish in 1500 s:\n{tail(log)}")
+    output = log.read_text(errors="replace")
+    assert rc == 0, output[-6000:]
+    out = tmp_path / "results" / "mmfl"
+    summary = json.loads((out / "summary.json").read_text())
+    rounds = summary["rounds"]
+    progress = [line for line in output.splitlines() if line.startswith("[mmfl] round")]
+    assert len(progress) == rounds + 1, output[-3000:]  # round 0 and every round
+    assert (out / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "metrics.csv").is_file() and (out / "assignments.csv").is_file()
+    assert "on Flower's simulation engine (Ray)" in output
+    assert "DEPRECATED" not in output  # Flower's supported simulation path

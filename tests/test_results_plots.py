@@ -1,0 +1,244 @@
+"""The run outputs for researchers: ``accuracy.png`` (two panels, a title naming
+the strategy, seed and key settings, the legend outside the data), drawn without
+touching matplotlib's global backend, and ``summary.json``'s ``versions``."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import math
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import matplotlib
+import pytest
+
+import mmfl_flwr
+from mmfl_flwr import results
+from mmfl_flwr.config import Settings
+from mmfl_flwr.results import (
+    accuracy_figure,
+    plot_accuracy,
+    run_title,
+    run_versions,
+    write_outputs,
+)
+from mmfl_flwr.strategy import MultiModelResult
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PACKAGE_DIR = Path(mmfl_flwr.__file__).resolve().parent
+
+ACC = {"digits": [0.1, 0.4, 0.7], "synthetic": [0.3, 0.5, 0.6], "digits_2": [0.2, 0.3, 0.8]}
+LOSS = {"digits": [2.3, 1.5, 0.9], "synthetic": [1.2, 1.0, 0.7], "digits_2": [2.2, 1.9, 1.1]}
+
+
+def _history() -> list[dict]:
+    return [
+        {"round": r, "task": t, "accuracy": ACC[t][r], "loss": LOSS[t][r], "uploads": 1,
+         "assigned": 1, "rejected": 0, "train_loss": math.nan, "step_l1": 0.0}
+        for r in range(3)
+        for t in ACC
+    ]
+
+
+def _settings(**kw) -> Settings:
+    base = {"strategy": "lvr", "seed": 7, "num_clients": 10, "num_rounds": 2,
+            "local_epochs": 3, "budget_fraction": 0.25}
+    base.update(kw)
+    return Settings(**base)
+
+
+def _figure_box(fig, artist):
+    return artist.get_window_extent().transformed(fig.transFigure.inverted())
+
+
+def test_png_has_two_panels_accuracy_with_mean_and_loss(tmp_path):
+    path = tmp_path / "accuracy.png"
+    fig = plot_accuracy(_history(), path, _settings())
+    assert path.read_bytes().startswith(PNG_SIGNATURE)
+    assert len(fig.axes) == 2
+    ax_acc, ax_loss = fig.axes
+    assert ax_acc.get_ylabel() == "test accuracy" and ax_loss.get_ylabel() == "test loss"
+
+    acc_lines = {line.get_label(): list(line.get_ydata()) for line in ax_acc.get_lines()}
+    assert set(acc_lines) == set(ACC) | {"mean of models"}
+    for task, ys in ACC.items():
+        assert acc_lines[task] == pytest.approx(ys)
+    means = [sum(ACC[t][r] for t in ACC) / 3 for r in range(3)]
+    assert acc_lines["mean of models"] == pytest.approx(means)
+
+    loss_lines = {line.get_label(): list(line.get_ydata()) for line in ax_loss.get_lines()}
+    assert set(loss_lines) == set(LOSS)
+    for task, ys in LOSS.items():
+        assert loss_lines[task] == pytest.approx(ys)
+    # one colour per model in both panels
+    colours = {line.get_label(): line.get_color() for line in ax_acc.get_lines()}
+    for line in ax_loss.get_lines():
+        assert line.get_color() == colours[line.get_label()]
+
+
+def test_nan_rows_are_left_out(tmp_path):
+    hist = _history()
+    hist[0]["accuracy"] = math.nan  # digits not evaluated at round 0
+    hist[0]["loss"] = math.nan
+    fig = accuracy_figure(hist, _settings())
+    ax_acc, ax_loss = fig.axes
+    lines = {line.get_label(): line for line in ax_acc.get_lines()}
+    assert list(lines["digits"].get_xdata()) == [1, 2]
+    # the round-0 mean is over the two evaluated models
+    assert lines["mean of models"].get_ydata()[0] == pytest.approx((0.3 + 0.2) / 2)
+    loss = {line.get_label(): line for line in ax_loss.get_lines()}
+    assert list(loss["digits"].get_xdata()) == [1, 2]
+
+
+def test_title_names_strategy_seed_and_key_settings():
+    title = accuracy_figure(_history(), _settings()).get_suptitle()
+    assert "lvr" in title and "seed 7" in title
+    for part in ("10 clients", "2 rounds", "3 local epochs", "budget fraction 0.25"):
+        assert part in title, (part, title)
+    assert "clients/round" not in title  # lvr has no clients-per-round
+
+    title = run_title(Settings(strategy="mfa-rr", seed=3, clients_per_round=4, local_epochs=1))
+    assert "mfa-rr" in title and "seed 3" in title
+    assert "4 clients/round" in title and "1 local epoch" in title
+    assert "budget fraction" not in title  # mfa-rr has no budget
+    # clients-per-round 0 (all clients) is not a setting worth a word
+    assert "clients/round" not in run_title(Settings(strategy="mfa-rr"))
+    # a custom strategy is named by what the server app passes
+    title = run_title(_settings(), "custom MFARand + FedAvgAggregator")
+    assert "custom MFARand + FedAvgAggregator" in title and "seed 7" in title
+    assert "lvr" not in title
+    # no settings: still a title (old callers)
+    assert accuracy_figure(_history()).get_suptitle() == "MMFL run"
+
+
+def test_legend_is_outside_both_panels_and_inside_the_figure():
+    fig = accuracy_figure(_history(), _settings())
+    fig.canvas.draw()
+    assert len(fig.legends) == 1
+    assert all(ax.get_legend() is None for ax in fig.axes)
+    legend = _figure_box(fig, fig.legends[0])
+    for ax in fig.axes:
+        box = _figure_box(fig, ax)
+        assert not legend.overlaps(box), (legend, box)
+        assert legend.x0 >= box.x1  # to the right of the data
+    assert legend.x0 >= 0 and legend.y0 >= 0 and legend.x1 <= 1 and legend.y1 <= 1
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels == list(ACC) + ["mean of models"]
+
+
+def test_drawing_leaves_the_global_backend_alone(tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("matplotlib.use called by the library")
+
+    monkeypatch.setattr(matplotlib, "use", refuse)
+    monkeypatch.setitem(matplotlib.rcParams, "backend", "svg")  # a sentinel, not Agg
+    plot_accuracy(_history(), tmp_path / "accuracy.png", _settings())
+    results.write_cluster_step(
+        {"round": 3, "k": 2, "clients": ["0", "1", "2"], "labels": [0, 1, 0],
+         "features": [[1.0, 2.0], [3.0, 1.0], [1.5, 2.5]]},
+        tmp_path,
+    )
+    assert matplotlib.rcParams["backend"] == "svg"
+    assert (tmp_path / "clusters_round_3.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_no_pyplot_and_no_backend_choice_in_a_fresh_interpreter(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import sys
+        import matplotlib
+        matplotlib.use = None  # any call fails
+        from mmfl_flwr.results import plot_accuracy, write_cluster_step
+        rows = [{{"round": r, "task": "m", "accuracy": 0.5, "loss": 1.0}} for r in range(3)]
+        plot_accuracy(rows, {str(tmp_path / 'a.png')!r})
+        write_cluster_step({{"round": 1, "k": 1, "clients": ["0", "1"], "labels": [0, 0],
+                            "features": [[1.0, 2.0], [2.0, 1.0]]}}, {str(tmp_path)!r})
+        assert "matplotlib.pyplot" not in sys.modules, "pyplot imported"
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+def test_the_library_never_sets_a_backend():
+    pattern = re.compile(r"matplotlib\.use\(|import matplotlib\.pyplot|from matplotlib import pyplot")
+    offenders = [str(p) for p in PACKAGE_DIR.rglob("*.py") if pattern.search(p.read_text())]
+    assert offenders == []
+
+
+def _git_head(folder: Path) -> str | None:
+    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True,
+                          text=True, check=False)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def test_summary_json_records_the_versions(tmp_path):
+    result = MultiModelResult(history=_history(), assignments={1: [("0", "digits", 1)]})
+    write_outputs(result, _settings(), tmp_path)
+    versions = json.loads((tmp_path / "summary.json").read_text())["versions"]
+    assert set(versions) == {"mmfl-flwr", "flwr", "torch", "numpy", "python", "git_commit"}
+    for dist in ("mmfl-flwr", "flwr", "torch", "numpy"):
+        assert versions[dist] == importlib.metadata.version(dist), dist
+    assert versions["python"] == platform.python_version()
+    # this test runs from a checkout (the commit) or an install (null)
+    tracked = shutil.which("git") is not None and subprocess.run(
+        ["git", "ls-files", "--error-unmatch", "--", "mmfl_flwr/__init__.py"],
+        cwd=PACKAGE_DIR.parent, capture_output=True, check=False,
+    ).returncode == 0
+    if tracked:
+        assert versions["git_commit"] == _git_head(PACKAGE_DIR.parent)
+        assert len(versions["git_commit"]) == 40
+    else:
+        assert versions["git_commit"] is None
+    # the PNG is still there, under its name
+    assert (tmp_path / "accuracy.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_versions_of_missing_distributions_are_null(monkeypatch):
+    real = importlib.metadata.version
+
+    def version(name):
+        if name in ("torch", "mmfl-flwr"):
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    v = run_versions()
+    assert v["torch"] is None
+    assert v["mmfl-flwr"] == mmfl_flwr.__version__  # the fallback
+    assert v["flwr"] == real("flwr")
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_git_commit_only_for_a_package_tracked_in_a_checkout(tmp_path):
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.org",
+           "-c", "commit.gpgsign=false"]
+    # not in any repository
+    (tmp_path / "plain" / "pkg").mkdir(parents=True)
+    (tmp_path / "plain" / "pkg" / "__init__.py").write_text("")
+    assert results._git_commit(tmp_path / "plain" / "pkg") is None
+
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "__init__.py").write_text("")
+    subprocess.run([*git, "init", "-q"], cwd=repo, check=True)
+    # inside a repository but untracked (an install into a repo's virtualenv)
+    (repo / "README").write_text("x")
+    subprocess.run([*git, "add", "README"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], cwd=repo, check=True)
+    assert results._git_commit(repo / "pkg") is None
+    # tracked: the commit
+    subprocess.run([*git, "add", "pkg/__init__.py"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-qm", "two"], cwd=repo, check=True)
+    assert results._git_commit(repo / "pkg") == _git_head(repo)

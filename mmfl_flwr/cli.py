@@ -5,6 +5,7 @@ Examples
 ``mmfl run`` — the default 3-model job on Flower's simulation engine.
 ``mmfl run --engine inprocess --strategy mfa-rand --num-rounds 5`` — fast, no Ray.
 ``mmfl run --resume results/mmfl --num-rounds 40`` — continue a run to 40 rounds.
+``mmfl compare results/a results/b`` — overlay runs (mean and band over seeds).
 
 Every user error (bad settings, a missing ``--config`` file or dataset, an
 unreadable checkpoint, an output folder that holds another run) is one line on
@@ -23,8 +24,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from mmfl_flwr.checkpoint import CHECKPOINT_FILE
-from mmfl_flwr.config import RESUME_MAY_CHANGE, Settings
-from mmfl_flwr.presets import AGGREGATORS, PRESETS, presets_taking
+from mmfl_flwr.config import RESUME_MAY_CHANGE, Settings, setting_help
 from mmfl_flwr.runner import ENGINES, run
 
 #: Names of the Settings fields that have a command-line flag.
@@ -38,47 +38,19 @@ def _flag(name: str) -> str:
 
 def _add_settings_args(p: argparse.ArgumentParser) -> None:
     """One flag per setting. Their default is ``argparse.SUPPRESS``, so that only
-    the flags given on the command line appear in the parsed namespace."""
+    the flags given on the command line appear in the parsed namespace. Each
+    flag's help (what it does, its allowed values, its default, the presets that
+    take it) is :func:`~mmfl_flwr.config.setting_help`, written from the same
+    :func:`~mmfl_flwr.config.options` table that ``Settings.validate`` checks."""
     defaults = Settings()
-    helps = {
-        "strategy": f"preset: {', '.join(PRESETS)}",
-        "aggregator": f"override the preset's aggregator: {', '.join(AGGREGATORS)}",
-        "tasks": "comma-separated task kinds (digits, synthetic); repeats are separate models",
-        "num_clients": "clients in the federation",
-        "num_rounds": "training rounds (with --resume: continue to this many)",
-        "local_epochs": "local SGD epochs per round",
-        "lr": "client learning rate",
-        "batch_size": "client mini-batch size",
-        "budget_fraction": "m/V for budgeted policies (random)",
-        "clients_per_round": "K for mfa-rand / mfa-rr / multi-fedavg (0 = all)",
-        "labels_per_client": "fraction of labels each client holds (label skew)",
-        "synthetic_max_samples": "cap on a Synthetic(1,1) user's samples (0 = none)",
-        "fraction_evaluate": "fraction of clients that also evaluate locally",
-        "seed": "the one seed of the run",
-        "output_dir": "folder for metrics.csv, summary.json, accuracy.png",
-        "timeout": "seconds to wait for one round trip's replies",
-        "client_pins": "pinned client ids: id=token:<sha256>,id=key:<sha256> (see README)",
-        "max_update_norm": "reject updates whose L2 norm exceeds this (0 = none)",
-        "update_norm_factor": "reject updates above this multiple of the reference norm (0 = off)",
-        "loss_cap": "cap reported losses above this multiple of the reference loss (0 = off)",
-        "count_cap": "use sample counts up to this multiple of the median (0 = off)",
-        "overwrite": "start a new run in an output folder that holds another run's "
-                     "checkpoint.pkl (default: refuse)",
-    }
     for name in SETTING_NAMES:
         default = getattr(defaults, name)
-        users = presets_taking(name)
-        used_by = f"; strategies: {', '.join(users)}" if users else ""
+        text = setting_help(name).replace("%", "%%")  # argparse expands %-formats
         if isinstance(default, bool):  # a switch: --overwrite
             p.add_argument(_flag(name), action="store_true", default=argparse.SUPPRESS,
-                           help=helps.get(name, ""))
+                           help=text)
             continue
-        p.add_argument(
-            _flag(name),
-            type=type(default),
-            default=argparse.SUPPRESS,
-            help=f"{helps.get(name, '')} (default: {default!r}{used_by})",
-        )
+        p.add_argument(_flag(name), type=type(default), default=argparse.SUPPRESS, help=text)
 
 
 def _fail(message: str, prog: str = "mmfl run") -> NoReturn:
@@ -99,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="mmfl", description="Multi-model federated learning on Flower.")
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="run an MMFL job and write its results")
+    from mmfl_flwr import compare
+
+    compare.add_parser(sub)
     p_run.add_argument(
         "--engine", choices=ENGINES, default="simulation",
         help="Flower's Ray simulation engine (default) or the in-process engine",
@@ -214,6 +189,10 @@ def check_before_run(settings: Settings) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mmfl`` command."""
     args = build_parser().parse_args(argv)
+    if args.command == "compare":
+        from mmfl_flwr import compare
+
+        return compare.main(args)
     if args.command != "run":
         return 2
     try:

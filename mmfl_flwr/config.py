@@ -7,8 +7,9 @@ and their defaults are the app's ``[tool.flwr.app.config]`` in pyproject.toml.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,14 @@ from typing import Any
 RESUME_MAY_CHANGE = ("num_rounds", "timeout")
 #: Settings that say where a run is written, not what it computes.
 _LOCATION = ("output_dir", "resume_from", "overwrite")
+#: Fewest expected uploads per model and round that a run's defaults aim at.
+#: The budgeted presets warn below it (:func:`mmfl_flwr.presets.warn_if_few_uploads`);
+#: the UCB presets' default ``K`` is this many clients per model
+#: (:func:`mmfl_flwr.presets.default_ucb_clients`). Measured on the default job
+#: (20 clients, models ``digits, synthetic, digits_2``, 10 rounds): with about
+#: 0.7 uploads per model (budget-fraction 0.1) every budgeted preset ends at
+#: chance; with 5 (budget-fraction 0.75) they reach 0.47-0.72 mean accuracy.
+MIN_UPLOADS_PER_MODEL = 5
 
 
 @dataclass
@@ -30,7 +39,11 @@ class Settings:
         ``lvr``, ``gvr``, ``stalevr``, ``stalevre``, ``fedvarp``, ``fedstale``, ``mifa``,
         ``scaffold``, ``ranklist-ucb``, ``pareto-ucb``, ``group``.
     aggregator : str
-        ``""`` for the preset's own, or ``fedavg`` / ``unbiased`` / ``mean``.
+        ``""`` for the preset's own, or ``fedavg`` / ``unbiased`` / ``mean`` /
+        ``median`` / ``trimmed-mean`` (:data:`mmfl_flwr.presets.AGGREGATORS`).
+
+    The allowed values and ranges of every setting, as ``mmfl run --help``
+    states them and :meth:`validate` checks them, are :func:`options`.
     tasks : str
         Comma-separated task kinds; repeats make separate models
         (``digits,synthetic,digits`` -> models ``digits``, ``synthetic``, ``digits_2``).
@@ -41,10 +54,21 @@ class Settings:
     local_epochs, lr, batch_size : int, float, int
         Local SGD settings.
     budget_fraction : float
-        ``m / V`` for the budgeted policies (random, lvr, gvr and the stale ones).
+        ``m / V`` for the budgeted presets (``random``, ``lvr``, ``gvr``, the
+        stale ones and ``scaffold``; ``V`` = total processors): ``m`` updates are
+        expected per round. 0 (the default) = auto: the smallest hundredth that
+        gives :data:`MIN_UPLOADS_PER_MODEL` expected uploads per model, at most 1
+        (:func:`mmfl_flwr.presets.auto_budget_fraction`: 0.75 for the default 20
+        clients and 3 models; the paper-003 configurations set 0.1). Below
+        :data:`MIN_UPLOADS_PER_MODEL` expected uploads per model a run warns
+        before it starts and names a budget-fraction that gives enough
+        (:func:`mmfl_flwr.presets.warn_if_few_uploads`).
     clients_per_round : int
         ``K`` for MFA-Rand / MFA-RR / Multi-FedAvg (0 means all clients) and the
-        UCB policies (required there).
+        UCB presets (0 means ``min(num_clients, MIN_UPLOADS_PER_MODEL x
+        number of models)``, :func:`mmfl_flwr.presets.default_ucb_clients`: 15
+        for the default 20 clients and 3 models, 10 for paper 004's two models,
+        its "large number of clients (10) per round").
     labels_per_client : float
         Fraction of the labels each client holds per image task (label skew).
     profile : str
@@ -138,7 +162,7 @@ class Settings:
     local_epochs: int = 5
     lr: float = 0.1
     batch_size: int = 16
-    budget_fraction: float = 0.1
+    budget_fraction: float = 0.0
     clients_per_round: int = 0
     labels_per_client: float = 0.3
     profile: str = "uniform"
@@ -332,21 +356,16 @@ class Settings:
         return s
 
     def validate(self) -> None:
-        """Raise ValueError with a clear message for settings that cannot run."""
-        from mmfl_flwr.core.group import VARIANTS
-        from mmfl_flwr.core.stale import STORAGE, StaleVRSampling
-        from mmfl_flwr.core.ucb import INITS
-        from mmfl_flwr.presets import AGGREGATORS, PRESETS, takes_aggregator
+        """Raise ValueError with a clear message for settings that cannot run.
 
-        if self.strategy not in PRESETS:
-            raise ValueError(
-                f"strategy={self.strategy!r} is unknown; choose from {', '.join(PRESETS)}"
-            )
-        if self.aggregator and self.aggregator not in AGGREGATORS:
-            raise ValueError(
-                f"aggregator={self.aggregator!r} is unknown; choose from "
-                f"{', '.join(AGGREGATORS)} (or leave empty for the preset's own)"
-            )
+        The allowed values and ranges come from :func:`options`, the same table
+        that ``mmfl run --help`` is written from."""
+        from mmfl_flwr.presets import PRESETS, takes_aggregator
+
+        opts = options()
+        for name in ("strategy", "aggregator"):
+            if not opts[name].accepts(getattr(self, name), self):
+                raise ValueError(opts[name].error(name, getattr(self, name)))
         if self.aggregator and not takes_aggregator(self.strategy):
             raise ValueError(
                 f"aggregator={self.aggregator!r} cannot be used with strategy "
@@ -355,61 +374,15 @@ class Settings:
             )
         if not self.task_kinds:
             raise ValueError("tasks must name at least one task, e.g. 'digits,synthetic'")
-        from mmfl_flwr.tasks.federation import KINDS, PROFILES
-
-        if self.profile not in PROFILES:
-            raise ValueError(
-                f"profile={self.profile!r} is unknown; choose from {', '.join(PROFILES)}"
-            )
-        from mmfl_flwr.tasks.registry import get_task
-
-        unknown = [k for k in self.task_kinds if k not in KINDS and get_task(k) is None]
-        if unknown:
-            raise ValueError(
-                f"unknown task kind(s) {unknown}; choose from {', '.join(KINDS)} or "
-                "register your own with mmfl_flwr.tasks.registry.register_task"
-            )
-        checks = [
-            (self.num_clients >= 1, "num-clients must be >= 1"),
-            (self.num_rounds >= 0, "num-rounds must be >= 0"),
-            (self.local_epochs >= 1, "local-epochs must be >= 1"),
-            (math.isfinite(self.lr) and self.lr > 0, "lr must be a finite number > 0"),
-            (self.batch_size >= 1, "batch-size must be >= 1"),
-            (0 < self.budget_fraction <= 1, "budget-fraction must be in (0, 1]"),
-            (
-                0 <= self.clients_per_round <= self.num_clients,
-                "clients-per-round must be in [0, num-clients] (0 = all)",
-            ),
-            (0 < self.labels_per_client <= 1, "labels-per-client must be in (0, 1]"),
-            (self.synthetic_max_samples >= 0, "synthetic-max-samples must be >= 0"),
-            (0 <= self.fraction_evaluate <= 1, "fraction-evaluate must be in [0, 1]"),
-            (self.timeout > 0, "timeout must be > 0"),
-            (self.max_update_norm >= 0, "max-update-norm must be >= 0 (0 = none)"),
-            (self.update_norm_factor == 0 or self.update_norm_factor > 1,
-             "update-norm-factor must be 0 (off) or > 1"),
-            (self.loss_cap == 0 or self.loss_cap > 1, "loss-cap must be 0 (off) or > 1"),
-            (self.count_cap == 0 or self.count_cap >= 1, "count-cap must be 0 (off) or >= 1"),
-            (self.seed >= 0, "seed must be >= 0"),
-            (0 <= self.stale_beta <= 1, "stale-beta must be in [0, 1]"),
-            (self.stale_storage in STORAGE, f"stale-storage must be one of {', '.join(STORAGE)}"),
-            (
-                self.stalevr_signal in StaleVRSampling.SIGNALS,
-                f"stalevr-signal must be one of {', '.join(StaleVRSampling.SIGNALS)}",
-            ),
-            (self.stalevre_b0 > 0, "stalevre-b0 must be > 0"),
-            (0 < self.ucb_gamma < 1, "ucb-gamma must be in (0, 1)"),
-            (0 < self.group_participation <= 1, "group-participation must be in (0, 1]"),
-            (self.group_variant in VARIANTS, f"group-variant must be one of {', '.join(VARIANTS)}"),
-            (self.group_max_clusters >= 0, "group-max-clusters must be >= 0 (0 = S + 4)"),
-            (self.ucb_init in INITS, f"ucb-init must be one of {', '.join(INITS)}"),
-            (
-                self.strategy not in ("ranklist-ucb", "pareto-ucb") or self.clients_per_round > 0,
-                f"strategy {self.strategy} needs clients-per-round (K) > 0",
-            ),
-        ]
-        for ok, msg in checks:
-            if not ok:
-                raise ValueError(msg)
+        if not opts["profile"].accepts(self.profile, self):
+            raise ValueError(opts["profile"].error("profile", self.profile))
+        if not opts["tasks"].accepts(self.tasks, self):
+            raise ValueError(opts["tasks"].error("tasks", self.tasks))
+        for name, opt in opts.items():
+            if name not in ("strategy", "aggregator", "profile", "tasks") and not opt.accepts(
+                getattr(self, name), self
+            ):
+                raise ValueError(opt.error(name, getattr(self, name), self))
         self.client_arrival_rounds()
         self.client_pin_map()
         arrivals = self.task_arrival_rounds()
@@ -431,6 +404,295 @@ class Settings:
             strategy_from_settings(self)
         except ValueError as err:
             raise ValueError(f"strategy={self.strategy!r}: {err}") from err
+
+
+def _number(x: float) -> str:
+    return f"{x:g}"
+
+
+@dataclass(frozen=True)
+class Option:
+    """What one setting does and which values it allows.
+
+    The one source of ``mmfl run --help`` (:func:`setting_help`) and of the
+    choice and range checks of :meth:`Settings.validate` (:meth:`accepts`,
+    :meth:`error`). A setting has ``choices``, a numeric range (``low`` /
+    ``high``), or a free form described by ``form`` (checked by its own parser,
+    e.g. :meth:`Settings.client_arrival_rounds`).
+
+    Attributes
+    ----------
+    help : str
+        What the setting does (one sentence, no final period).
+    choices : callable, optional
+        The allowed values (read when needed: the registries they come from,
+        e.g. user tasks, may grow).
+    listed : bool
+        With ``choices``: a comma-separated list of them (``tasks``).
+    empty : str
+        With ``choices``: what ``""`` means where it is allowed (``aggregator``).
+    low, high : float or str, optional
+        Bounds of a numeric range; ``high`` may name another setting
+        (``"num_clients"``).
+    low_open, high_open : bool
+        Whether the bound itself is excluded.
+    finite : bool
+        Whether the value must be finite (``inf`` and ``nan`` refused).
+    off : str
+        0 is allowed besides the range and means this (``"off"``).
+    zero : str
+        What 0, inside the range, means (``"none"``).
+    form : str
+        Free-form settings: the accepted form.
+    """
+
+    help: str
+    choices: Callable[[], Sequence[str]] | None = None
+    listed: bool = False
+    empty: str = ""
+    low: float | None = None
+    high: float | str | None = None
+    low_open: bool = False
+    high_open: bool = False
+    finite: bool = False
+    off: str = ""
+    zero: str = ""
+    form: str = ""
+
+    def _bound(self, value: float | str | None) -> str:
+        return value.replace("_", "-") if isinstance(value, str) else _number(float(value or 0))
+
+    def allowed(self) -> str:
+        """The allowed values, as ``mmfl run --help`` and the errors state them."""
+        if self.choices is not None:
+            names = ", ".join(self.choices())
+            if self.listed:
+                return f"comma-separated, each one of {names}"
+            if self.empty:
+                return f'"" ({self.empty}) or one of {names}'
+            return f"one of {names}"
+        if self.low is None and self.high is None:
+            return self.form
+        if self.low is not None and self.high is not None:
+            text = (f"in {'(' if self.low_open else '['}{self._bound(self.low)}, "
+                    f"{self._bound(self.high)}{')' if self.high_open else ']'}")
+        elif self.low is not None:
+            text = f"{'>' if self.low_open else '>='} {self._bound(self.low)}"
+        else:
+            text = f"{'<' if self.high_open else '<='} {self._bound(self.high)}"
+        if self.finite:
+            text = f"a finite number {text}"
+        if self.off:
+            text = f"0 ({self.off}) or {text}"
+        if self.zero:
+            text = f"{text} (0 = {self.zero})"
+        return text
+
+    def accepts(self, value: Any, settings: Settings) -> bool:
+        """Whether ``value`` is allowed (``settings`` give the bounds that name
+        another setting). Free-form values are left to their parsers."""
+        if self.choices is not None:
+            if self.listed:
+                items = [v.strip() for v in str(value).split(",") if v.strip()]
+                known = set(self.choices())
+                return bool(items) and all(v in known for v in items)
+            return (value == "" and bool(self.empty)) or value in self.choices()
+        if self.low is None and self.high is None:
+            return True
+        if self.off and value == 0:
+            return True
+        if self.finite and not math.isfinite(value):
+            return False
+        if self.low is not None:
+            low = float(self.low)
+            if not (value > low if self.low_open else value >= low):
+                return False
+        if self.high is not None:
+            high = float(getattr(settings, self.high) if isinstance(self.high, str)
+                         else self.high)
+            if not (value < high if self.high_open else value <= high):
+                return False
+        return True
+
+    def error(self, name: str, value: Any, settings: Settings | None = None) -> str:
+        """The one-line message for a ``value`` of setting ``name`` that
+        :meth:`accepts` refuses (``settings`` give the bounds that name another
+        setting)."""
+        key = name.replace("_", "-")
+        if self.choices is None:
+            named = (f" ({self._bound(self.high)}={getattr(settings, self.high)!r})"
+                     if isinstance(self.high, str) and settings is not None else "")
+            return f"{key} must be {self.allowed()}; got {value!r}{named}"
+        if self.listed:
+            known = set(self.choices())
+            unknown = [v.strip() for v in str(value).split(",")
+                       if v.strip() and v.strip() not in known]
+            return (f"unknown task kind(s) {unknown}; choose from "
+                    f"{', '.join(self.choices())} or register your own with "
+                    "mmfl_flwr.tasks.registry.register_task")
+        empty = f' (or "" for {self.empty})' if self.empty else ""
+        return f"{key}={value!r} is unknown; choose from {', '.join(self.choices())}{empty}"
+
+
+def _presets() -> list[str]:
+    from mmfl_flwr.presets import PRESETS
+
+    return list(PRESETS)
+
+
+def _aggregators() -> list[str]:
+    from mmfl_flwr.presets import AGGREGATORS
+
+    return list(AGGREGATORS)
+
+
+def _kinds() -> list[str]:
+    from mmfl_flwr.tasks.federation import known_kinds
+
+    return known_kinds()
+
+
+def _profiles() -> list[str]:
+    from mmfl_flwr.tasks.federation import PROFILES
+
+    return list(PROFILES)
+
+
+def _storage() -> list[str]:
+    from mmfl_flwr.core.stale import STORAGE
+
+    return list(STORAGE)
+
+
+def _signals() -> list[str]:
+    from mmfl_flwr.core.stale import StaleVRSampling
+
+    return list(StaleVRSampling.SIGNALS)
+
+
+def _inits() -> list[str]:
+    from mmfl_flwr.core.ucb import INITS
+
+    return list(INITS)
+
+
+def _variants() -> list[str]:
+    from mmfl_flwr.core.group import VARIANTS
+
+    return list(VARIANTS)
+
+
+@functools.cache
+def options() -> dict[str, Option]:
+    """Setting (field name) -> :class:`Option`, for every field of
+    :class:`Settings` but ``extra``, in field order."""
+    from mmfl_flwr.presets import UCB_PRESETS, presets_taking
+
+    k_all = ", ".join(p for p in presets_taking("clients_per_round") if p not in UCB_PRESETS)
+    table = {
+        "strategy": Option("the preset (policy and aggregator) to run", _presets),
+        "aggregator": Option("override the preset's aggregator", _aggregators,
+                             empty="the preset's own"),
+        "tasks": Option("the task kinds, one model each; repeats are separate models "
+                        "(digits,digits -> digits, digits_2)", _kinds, listed=True),
+        "num_clients": Option("clients in the federation (simulation: virtual SuperNodes)",
+                              low=1),
+        "num_rounds": Option("training rounds (with --resume: continue to this many)", low=0),
+        "local_epochs": Option("local SGD epochs per round", low=1),
+        "lr": Option("client learning rate (plain SGD)", low=0, low_open=True, finite=True),
+        "batch_size": Option("client mini-batch size", low=1),
+        "budget_fraction": Option(
+            "m / V, the expected uploads per round m over the total processors V, for "
+            "the budgeted presets; 0 = auto: the smallest hundredth giving "
+            f"{MIN_UPLOADS_PER_MODEL} expected uploads per model (at most 1); a run warns "
+            f"below {MIN_UPLOADS_PER_MODEL} expected uploads per model", low=0, high=1),
+        "clients_per_round": Option(
+            f"K, the clients that train per round (0 = all clients for {k_all}; "
+            f"0 = min(num-clients, {MIN_UPLOADS_PER_MODEL} x number of models) for "
+            f"{', '.join(UCB_PRESETS)})", low=0, high="num_clients"),
+        "labels_per_client": Option(
+            "fraction of the labels each client holds per image task (label skew)",
+            low=0, low_open=True, high=1),
+        "profile": Option(
+            "client heterogeneity: uniform (all tasks, one processor), paper003 (10% "
+            "high-data clients per task, 10% without one task, 1 to |S_i| processors), "
+            "clusters-consistent / clusters-inconsistent (5 label clusters per digits "
+            "task, one client map for all tasks or one per task)", _profiles),
+        "data_root": Option("folder of the real datasets",
+                            form="a folder (relative to the working directory)"),
+        "synthetic_max_samples": Option("cap on a Synthetic(1,1) user's samples", low=0,
+                                        zero="no cap"),
+        "fraction_evaluate": Option("fraction of clients that also evaluate on local data "
+                                    "each round", low=0, high=1),
+        "stale_beta": Option("beta of fedstale (Eq. 17)", low=0, high=1),
+        "stale_storage": Option("storage of the stale updates and control variates",
+                                _storage),
+        "stalevr_signal": Option("sampling signal of stalevr (loss: the paper's)", _signals),
+        "stalevre_b0": Option("starting beta b0 of stalevre (Eq. 21)", low=0, low_open=True),
+        "ucb_gamma": Option("discount gamma of the UCB index", low=0, low_open=True, high=1,
+                            high_open=True),
+        "ucb_init": Option("first observation of every (client, model) pair: loss-query "
+                           "(one forward pass of every pair) or train (untried pairs train "
+                           "first, within K per round)", _inits),
+        "group_participation": Option("fraction of a group's clients that train each round",
+                                      low=0, low_open=True, high=1),
+        "group_variant": Option("C-step on the loss vectors (consistent) or on one model's "
+                                "loss, rotating every cycle (modified)", _variants),
+        "group_max_clusters": Option("upper bound of the silhouette search", low=0,
+                                     zero="S + 4"),
+        "client_arrivals": Option(
+            "simulated late clients: clients 0..static-1 from the start, each other one "
+            "arrives at a round drawn from an exponential distribution with that rate",
+            form='"" (all from the start) or exponential:static=N,rate=R with N an '
+                 "integer in [0, num-clients] and R a finite number > 0"),
+        "task_arrivals": Option(
+            "models that join during training",
+            form='"" (none) or name:round pairs separated by commas (digits_2:30,'
+                 "synthetic:60), each a model of the run at most once, each round in "
+                 "[0, num-rounds]"),
+        "client_pins": Option(
+            "pinned client ids: a claim of a pinned id without its credential is refused",
+            form='"" (no pins) or id=pin pairs separated by commas, pin token:<sha256 '
+                 "hex> or key:<sha256 hex>, or *=key:first-use (see README)"),
+        "seed": Option("the one seed of the run", low=0),
+        "output_dir": Option("folder of metrics.csv, summary.json, accuracy.png and the "
+                             "checkpoint", form='a folder; "" writes nothing'),
+        "overwrite": Option("start a new run in an output folder that holds another run's "
+                            "checkpoint.pkl (without it such a run is refused)",
+                            form="a switch (no value)"),
+        "resume_from": Option("a checkpoint (file, or folder holding checkpoint.pkl) to "
+                              "continue", form='a file or folder; "" starts fresh'),
+        "max_update_norm": Option("reject updates whose L2 norm exceeds this", low=0,
+                                  zero="none"),
+        "update_norm_factor": Option("reject updates above this multiple of the model's "
+                                     "reference norm", low=1, low_open=True, off="off"),
+        "loss_cap": Option("cap reported losses above this multiple of the task's reference "
+                           "loss", low=1, low_open=True, off="off"),
+        "count_cap": Option("use a client's sample count up to this multiple of the task's "
+                            "median count", low=1, off="off"),
+        "timeout": Option("seconds to wait for the replies of one round trip", low=0,
+                          low_open=True),
+    }
+    names = [f.name for f in dataclasses.fields(Settings) if f.name != "extra"]
+    missing = set(names) ^ set(table)
+    if missing:
+        raise AssertionError(f"options() and Settings differ in {sorted(missing)}")
+    return {n: table[n] for n in names}
+
+
+def setting_help(name: str) -> str:
+    """The ``mmfl run --help`` text of setting ``name``: what it does, its
+    allowed values (:meth:`Option.allowed`), its default and the presets that
+    take it."""
+    from mmfl_flwr.presets import presets_taking
+
+    opt = options()[name]
+    default = getattr(Settings(), name)
+    users = presets_taking(name)
+    used_by = f" Strategies: {', '.join(users)}." if users else ""
+    if isinstance(default, bool):
+        return f"{opt.help}. Allowed: {opt.allowed()}. Default: {'on' if default else 'off'}."
+    return f"{opt.help}. Allowed: {opt.allowed()}. Default: {default!r}.{used_by}"
 
 
 def _coerce(key: str, value: Any, typ: type) -> Any:

@@ -10,10 +10,15 @@ algorithm itself (the stale ones and SCAFFOLD) do not (see
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from logging import WARNING
+from typing import TYPE_CHECKING, Any
 
+from flwr.common.logger import log
+
+from mmfl_flwr.config import MIN_UPLOADS_PER_MODEL
 from mmfl_flwr.core.aggregators import (
     Aggregator,
     FedAvgAggregator,
@@ -36,6 +41,10 @@ from mmfl_flwr.core.stale import (
 )
 from mmfl_flwr.core.ucb import ParetoMultiUCB, RanklistMultiUCB
 from mmfl_flwr.strategy import MultiModelStrategy
+
+if TYPE_CHECKING:
+    from mmfl_flwr.config import Settings
+    from mmfl_flwr.tasks.federation import Federation
 
 AGGREGATORS: dict[str, Callable[[], Aggregator]] = {
     "fedavg": FedAvgAggregator,
@@ -252,7 +261,8 @@ def ranklist_ucb(
     **kwargs: Any,
 ) -> MultiModelStrategy:
     """Ranklist-Multi-UCB (paper 004, Algorithm 3): K clients by per-model rank
-    lists of the discounted-loss UCB index; FedAvg per model."""
+    lists of the discounted-loss UCB index; FedAvg per model. (From settings,
+    ``clients-per-round`` 0 gives :func:`default_ucb_clients`.)"""
     return MultiModelStrategy(
         RanklistMultiUCB(clients_per_round, gamma, init),
         _aggregator(aggregator, FedAvgAggregator),
@@ -268,7 +278,8 @@ def pareto_ucb(
     **kwargs: Any,
 ) -> MultiModelStrategy:
     """Pareto-Multi-UCB (paper 004, Algorithm 4): K clients from the Pareto
-    front of the UCB score vectors, each on its best-rank model; FedAvg."""
+    front of the UCB score vectors, each on its best-rank model; FedAvg. (From
+    settings, ``clients-per-round`` 0 gives :func:`default_ucb_clients`.)"""
     return MultiModelStrategy(
         ParetoMultiUCB(clients_per_round, gamma, init),
         _aggregator(aggregator, FedAvgAggregator),
@@ -315,6 +326,23 @@ PRESETS: dict[str, Callable[..., MultiModelStrategy]] = {
     "pareto-ucb": pareto_ucb,
     "group": group_sampling,
 }
+
+
+#: The presets whose ``K`` (``clients_per_round``) is required by the algorithm:
+#: ``clients-per-round`` 0 gives them :func:`default_ucb_clients` instead of
+#: "all clients".
+UCB_PRESETS = ("ranklist-ucb", "pareto-ucb")
+
+
+def default_ucb_clients(num_clients: int, num_models: int) -> int:
+    """The ``K`` of the UCB presets when the settings leave it 0:
+    ``min(num_clients, MIN_UPLOADS_PER_MODEL * num_models)``, so that each model
+    expects :data:`~mmfl_flwr.config.MIN_UPLOADS_PER_MODEL` (5) trainers per
+    round (each chosen client trains one model). 15 for the default job (20
+    clients, 3 models); 10 for paper 004's two models, the paper's "large
+    number of clients (10) per round" (it gives no single default: 2, 10 or 64).
+    """
+    return max(1, min(int(num_clients), MIN_UPLOADS_PER_MODEL * max(1, int(num_models))))
 
 
 #: Settings fields (run-config keys with ``_``) whose preset parameter has
@@ -371,6 +399,9 @@ def preset_kwargs(
     value) give. A value of 0 or ``""`` for a parameter whose default is None
     means "the preset's default" (``clients-per-round 0`` = all clients,
     ``group-max-clusters 0`` = S + 4, ``aggregator ""`` = the preset's own).
+    For the :data:`UCB_PRESETS`, ``clients-per-round 0`` gives
+    :func:`default_ucb_clients` of the settings' ``num_clients`` and number of
+    ``tasks``.
 
     Raises ValueError for a setting that only other presets take, set to a value
     other than its default (``defaults``): it would be silently dropped."""
@@ -384,9 +415,14 @@ def preset_kwargs(
                 f"(strategies that use it: {', '.join(users)})"
             )
     out: dict[str, Any] = {}
+    known = {**defaults, **values}
     for field in preset_settings(name, values):
         param = params[SETTING_PARAMETER.get(field, field)]
         value = values[field]
+        if (field == "clients_per_round" and name in UCB_PRESETS and value == 0
+                and "num_clients" in known and "tasks" in known):
+            models = [t for t in str(known["tasks"]).split(",") if t.strip()]
+            value = default_ucb_clients(known["num_clients"], len(models))
         if param.default is None and value in (0, ""):
             continue
         out[param.name] = value
@@ -398,3 +434,85 @@ def make_strategy(name: str, **kwargs: Any) -> MultiModelStrategy:
     if name not in PRESETS:
         raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(PRESETS)}")
     return PRESETS[name](**kwargs)
+
+
+def upload_budget(
+    settings: Settings, federation: Federation | None = None
+) -> tuple[float, int, int, int]:
+    """``(m, V, N, M)`` of a budgeted run: the expected uploads per round ``m``,
+    computed as the policies compute it (:func:`~mmfl_flwr.core.policy.resolve_budget`
+    of ``budget_fraction`` and ``V``), the total processors ``V`` of the clients
+    holding a task, the clients ``N`` and the models ``M`` (once every client and
+    model has arrived). ``federation`` defaults to the run's
+    (:func:`~mmfl_flwr.flower_app.data.federation_for`, which loads its data)."""
+    from mmfl_flwr.core.policy import resolve_budget
+
+    if federation is None:
+        from mmfl_flwr.flower_app.data import federation_for
+
+        federation = federation_for(settings)
+    holds = sum(federation.eligible[t].astype(int) for t in federation.tasks) > 0
+    v = int(federation.processors[holds].sum())
+    m = resolve_budget(None, settings.budget_fraction, v)
+    return m, v, int(federation.num_clients), len(federation.tasks)
+
+
+def auto_budget_fraction(settings: Settings, federation: Federation | None = None) -> float:
+    """``budget-fraction 0`` (auto): the smallest hundredth ``f`` with ``f x V``
+    at least :data:`~mmfl_flwr.config.MIN_UPLOADS_PER_MODEL` expected uploads
+    per model and round, at most 1."""
+    _, v, _, models = upload_budget(dataclasses.replace(settings, budget_fraction=1.0),
+                                    federation)
+    if v == 0:
+        return 1.0
+    return min(1.0, -(-100 * MIN_UPLOADS_PER_MODEL * models // v) / 100)
+
+
+def resolved_budget(settings: Settings, federation: Federation | None = None) -> Settings:
+    """``settings`` with ``budget_fraction`` 0 (auto) replaced by
+    :func:`auto_budget_fraction` (the same settings otherwise, and for the presets
+    without a budget)."""
+    if settings.budget_fraction or settings.strategy not in presets_taking("budget_fraction"):
+        return settings
+    return dataclasses.replace(settings,
+                               budget_fraction=auto_budget_fraction(settings, federation))
+
+
+def budget_warning(settings: Settings, federation: Federation | None = None) -> str | None:
+    """The warning for a budgeted preset whose ``budget_fraction`` expects fewer
+    than :data:`~mmfl_flwr.config.MIN_UPLOADS_PER_MODEL` uploads per model and
+    round (None otherwise, and for the presets without a budget). It states
+    ``m``, ``V``, the clients and models, and the smallest budget-fraction (in
+    hundredths) that gives that many."""
+    if settings.strategy not in presets_taking("budget_fraction"):
+        return None
+    settings = resolved_budget(settings, federation)
+    m, v, n, models = upload_budget(settings, federation)
+    if v == 0 or m / models >= MIN_UPLOADS_PER_MODEL - 1e-9:  # (float error of fraction x V)
+        return None
+    need = MIN_UPLOADS_PER_MODEL * models
+    what = (
+        f"strategy {settings.strategy}: budget-fraction={settings.budget_fraction:g} gives "
+        f"m = {settings.budget_fraction:g} x V = {m:g} expected uploads per round (V = {v} "
+        f"processors of {n} clients) for {models} model{'s' if models > 1 else ''}, "
+        f"{m / models:.2g} per model, fewer than {MIN_UPLOADS_PER_MODEL}; with so few "
+        "uploads a model may not learn at all"
+    )
+    if need > v:
+        return (f"{what}. Even --budget-fraction 1 (run-config budget-fraction=1) gives only "
+                f"{v / models:.2g} per model: use it with more clients (num-clients) or "
+                "fewer models")
+    fraction = -(-100 * need // v) / 100  # the smallest hundredth with fraction * V >= need
+    return (f"{what}. Use --budget-fraction {fraction:g} or more (run-config budget-fraction="
+            f"{fraction:g}: m = {fraction * v:g}, {fraction * v / models:.3g} per model)")
+
+
+def warn_if_few_uploads(
+    settings: Settings, federation: Federation | None = None
+) -> str | None:
+    """Log :func:`budget_warning` with Flower's logger (WARNING), once per call;
+    returns it. The ServerApp calls it once, before the first round."""
+    message = budget_warning(settings, federation)
+    if message:
+        log(WARNING, message)
+    return message

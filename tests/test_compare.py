@@ -233,3 +233,39 @@ def test_compare_two_real_runs(real_runs, tmp_path):
     assert len(_read_csv(tmp_path / "real.csv")) == 3
     for d in real_runs:
         assert (d / "accuracy.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_mmfl_compare_command_line(fake_runs, tmp_path):
+    """``mmfl compare DIR... --output F`` through the ``mmfl`` entry point."""
+    from mmfl_flwr.cli import main
+
+    out = tmp_path / "cli.png"
+    assert main(["compare", *map(str, fake_runs.values()), "--output", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = _read_csv(out.with_suffix(".csv"))
+    assert {r["strategy"] for r in rows} == {"a", "b"}
+    assert main(["compare", str(tmp_path / "missing")]) == 2
+
+
+def test_the_readme_compare_command_runs_verbatim(tmp_path, monkeypatch):
+    """The README's ``mmfl compare ...`` line, in a folder holding run folders of
+    those names (two seeds of two strategies)."""
+    import re
+    import shlex
+
+    from mmfl_flwr.cli import main
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (line,) = re.findall(r"^mmfl compare .+$", readme, re.MULTILINE)
+    argv = shlex.split(line)[1:]
+    folders = [a for a in argv[1:] if not a.startswith("--") and a.startswith("results/")]
+    assert len(folders) == 4
+    for i, folder in enumerate(folders):
+        strategy, seed = folder.split("/")[-1].split("-s")
+        spec = RUNS[sorted(RUNS)[i % 2]]
+        _write_run(tmp_path / folder, strategy, int(seed), *spec[2:])
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 0
+    rows = _read_csv(tmp_path / "cmp.csv")
+    assert {r["strategy"] for r in rows} == {"rr", "lvr"}
+    assert (tmp_path / "cmp.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -44,7 +44,7 @@ def test_every_preset_is_documented_in_the_readme() -> None:
         {"profile": "nope"},
         {"fraction_evaluate": 1.5},
         {"stale_storage": "float8"},
-        {"strategy": "ranklist-ucb", "clients_per_round": 0},
+        {"strategy": "ranklist-ucb", "clients_per_round": -1},
         {"task_arrivals": "nope:3"},
         {"client_arrivals": "poisson:rate=1"},
     ],

@@ -745,11 +745,12 @@ def test_runner_inprocess_synthetic_tasks(tmp_path, name):
 
 
 @pytest.mark.parametrize("name", ["ranklist-ucb", "pareto-ucb"])
-def test_settings_ucb_needs_k(name):
+def test_settings_ucb_k_defaults_or_is_checked(name):
     from mmfl_flwr.config import Settings
 
+    Settings(strategy=name, clients_per_round=0).validate()  # K = default_ucb_clients
     with pytest.raises(ValueError, match="clients-per-round"):
-        Settings(strategy=name, clients_per_round=0).validate()
+        Settings(strategy=name, clients_per_round=-1).validate()
     Settings(strategy=name, clients_per_round=2).validate()
 
 

@@ -25,7 +25,6 @@ import math
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from mmfl_flwr.config import Settings
+from mmfl_flwr.flower_app.supervise import end_tree
 from mmfl_flwr.tasks.registry import TASK_SNAPSHOT_KEY, registered_tasks, save_snapshot
 
 #: Name of the SuperLink connection in the private Flower configuration.
@@ -128,18 +128,14 @@ def _json_out(text: str) -> dict[str, Any]:
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """Stop the SuperLink and everything it started (its process group)."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+    """Stop the SuperLink and everything it started: its supervisor
+    (:mod:`.supervise`) ends the whole process tree."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            end_tree(proc.pid)
 
 
 #: Lines of Flower's own chatter that say nothing about this run: the
@@ -207,8 +203,11 @@ def run_on_superlink(
         federation.append(f"init-args-num-cpus={int(num_cpus or os.cpu_count() or 1)}")
     link_log = work / "superlink.log"
     with open(link_log, "wb") as log_f:
+        # in a session of its own: a Ctrl-C or kill of this process group does not
+        # reach the supervisor, which then ends the SuperLink's whole tree
         link = subprocess.Popen(
-            [_exe("flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1",
+            [sys.executable, "-m", "mmfl_flwr.flower_app.supervise", "--",
+             _exe("flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1",
              "--port", str(port), "--database", ":flwr-in-memory:"],
             env=env, cwd=work, stdout=log_f, stderr=subprocess.STDOUT, start_new_session=True,
         )

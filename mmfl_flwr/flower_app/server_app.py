@@ -26,7 +26,12 @@ from flwr.serverapp import Grid, ServerApp
 from mmfl_flwr.checkpoint import CHECKPOINT_FILE, checkpoint_file
 from mmfl_flwr.config import Settings
 from mmfl_flwr.core.scaffold import ScaffoldAggregator
-from mmfl_flwr.presets import make_strategy, preset_kwargs
+from mmfl_flwr.presets import (
+    make_strategy,
+    preset_kwargs,
+    resolved_budget,
+    warn_if_few_uploads,
+)
 from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
 from mmfl_flwr.strategy import MultiModelResult, MultiModelStrategy
 from mmfl_flwr.tasks.registry import load_snapshot
@@ -35,7 +40,9 @@ from mmfl_flwr.tasks.registry import load_snapshot
 def strategy_from_settings(
     s: Settings, on_round_end: Callable[[int, list[dict[str, Any]]], None] | None = None
 ) -> MultiModelStrategy:
-    """The preset strategy that ``s`` names, with its parameters."""
+    """The preset strategy that ``s`` names, with its parameters
+    (``budget-fraction`` 0 resolved, :func:`~mmfl_flwr.presets.resolved_budget`)."""
+    s = resolved_budget(s)
     kwargs: dict[str, Any] = {
         "local_epochs": s.local_epochs,
         "lr": s.lr,
@@ -204,6 +211,8 @@ def server_main(
                 "in the server checkpoint; they restart from zero")
     check_output_folder(s)
     arrays, evaluate_fn = initial_arrays(s), central_evaluator(s)  # loads the data
+    if not custom:  # the preset that s names: warn when its budget is too small
+        warn_if_few_uploads(s)
     if s.output_dir:
         strategy.on_round_end = _with_cluster_records(strategy, s.output_dir)
         if not s.resume_from:  # a fresh run: no cluster records of an older run

@@ -1,0 +1,102 @@
+"""Run a command and end it, with every process it started, when told to or when
+the process that started this one is gone.
+
+    python -m mmfl_flwr.flower_app.supervise -- flower-superlink --simulation ...
+
+``mmfl run`` starts its private SuperLink through this supervisor, in a session
+of its own. Flower's SuperLink starts ``flower-superexec`` in yet another
+session, which starts ``flwr-simulation`` and Ray; stopping the SuperLink alone
+leaves those running. So the supervisor ends the whole tree (every descendant,
+found with ``ps``) on SIGTERM/SIGINT, and also when its parent dies, even by
+SIGKILL (it polls its parent id), so a killed ``mmfl run`` leaves no simulation
+behind writing into its output folder.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from types import FrameType
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below ``root`` (children first by depth), from ``ps``."""
+    out = subprocess.run(["ps", "-A", "-o", "pid=", "-o", "ppid="], capture_output=True,
+                         text=True, check=False).stdout
+    children: dict[int, list[int]] = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+            children.setdefault(int(parts[1]), []).append(int(parts[0]))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        for child in children.get(pid, []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def end_tree(root: int, grace: float = 10.0) -> None:
+    """SIGTERM ``root`` and all its descendants, SIGKILL whatever is left after
+    ``grace`` seconds. The tree is listed first: a child whose parent ends
+    first is re-parented and could not be found afterwards."""
+    tree = [root, *descendants(root)]
+    for pid in tree:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_alive(p) for p in tree):
+        time.sleep(0.2)
+    for pid in tree:
+        _signal(pid, signal.SIGKILL)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def main(argv: list[str]) -> int:
+    if "--" in argv:
+        argv = argv[argv.index("--") + 1:]
+    if not argv:
+        print("usage: python -m mmfl_flwr.flower_app.supervise -- COMMAND...", file=sys.stderr)
+        return 2
+    parent = os.getppid()
+    child = subprocess.Popen(argv)
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        end_tree(child.pid)
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    while child.poll() is None:
+        if os.getppid() != parent:
+            stop(signal.SIGTERM, None)
+        time.sleep(0.5)
+    end_tree(child.pid, grace=2.0)  # what it left behind
+    return int(child.returncode or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

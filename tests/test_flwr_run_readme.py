@@ -1,0 +1,70 @@
+"""The README's ``flwr run`` commands, run verbatim (slow).
+
+The lines after ``<!-- flwr-run-commands -->`` in the README run as one bash
+script from the repository root, as a user would paste them: they export the
+one variable the README tells the user to set, run this repository's app with
+``flwr run . --stream`` and the plug-into-your-app example. The test only
+isolates Flower's state (a private ``FLWR_HOME`` and private ports for the
+local SuperLink that ``flwr run`` starts, ended afterwards); it does not set
+``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION`` itself.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from e2e_utils import (
+    REPO_ROOT,
+    ProcessTracker,
+    check_outputs,
+    default_model_names,
+    flower_env,
+    free_ports,
+    new_marker,
+    tail,
+)
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="clean-up reads /proc"),
+]
+
+
+def readme_commands() -> list[str]:
+    text = (REPO_ROOT / "README.md").read_text()
+    block = re.search(r"<!-- flwr-run-commands -->\n```bash\n(.+?)\n```", text, re.DOTALL)
+    assert block, "no bash block after <!-- flwr-run-commands --> in the README"
+    return block.group(1).splitlines()
+
+
+def test_readme_flwr_run_commands_run_verbatim(tmp_path: Path) -> None:
+    lines = readme_commands()
+    assert lines[0] == "export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1"
+    http_port, control_port = free_ports(2)
+    marker = new_marker()
+    env = flower_env(tmp_path / "home", marker, {
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
+    })
+    env.pop("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION")  # only the README sets it
+    log = tmp_path / "commands.log"
+    script = "set -e\n" + "\n".join(lines) + "\n"
+    with ProcessTracker(marker) as procs:
+        procs.watch_superlink_port(http_port)
+        proc = procs.popen(["bash", "-c", script], env=env, cwd=REPO_ROOT, log_path=log)
+        try:
+            rc = proc.wait(timeout=900)
+        except subprocess.TimeoutExpired:
+            procs.cleanup()
+            pytest.fail(f"the README's flwr run commands did not finish in 900 s:\n{tail(log)}")
+    output = log.read_text(errors="replace")
+    assert rc == 0, output[-6000:]
+    assert "[mmfl] round   3/3" in output, output[-6000:]  # --stream showed the progress
+    assert "Exit Code" not in output and "Runtime installation" not in output, output[-4000:]
+    check_outputs(REPO_ROOT / "results" / "flwr", default_model_names(), num_rounds=3)
+    # the example's ServerApp prints its final accuracy per model
+    assert re.search(r"(iris|wine): accuracy \d\.\d{3} after round 5", output), output[-3000:]

@@ -25,6 +25,8 @@ _EXPORTS = {
     "multi_fedavg": "mmfl_flwr.presets",
     "make_client_app": "mmfl_flwr.client.app",
     "ClientSpec": "mmfl_flwr.client.app",
+    "FunctionTrainer": "mmfl_flwr.client.functions",
+    "client_app_from_functions": "mmfl_flwr.client.functions",
     "Settings": "mmfl_flwr.config",
     "ClientTable": "mmfl_flwr.core",
     "ClientInfo": "mmfl_flwr.core",

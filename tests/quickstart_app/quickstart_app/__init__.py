@@ -1,0 +1,1 @@
+"""A Flower quickstart-style app (train/test functions) trained by mmfl-flwr."""

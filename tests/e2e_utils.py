@@ -583,3 +583,41 @@ def fab_size_report(app: Path) -> tuple[int, list[tuple[int, str]]]:
     with zipfile.ZipFile(io.BytesIO(fab)) as z:
         largest = sorted(((i.file_size, i.filename) for i in z.infolist()), reverse=True)
     return len(fab), largest[:10]
+
+
+def run_isolated(
+    cmd: Sequence[str],
+    tmp_path: Path,
+    *,
+    cwd: Path,
+    timeout: float,
+    local_superlink: bool = True,
+    keep_runtime_install: bool = False,
+) -> tuple[int, str]:
+    """Run ``cmd`` with an isolated Flower environment (:func:`flower_env`; with
+    ``local_superlink``, private ports for the local SuperLink that ``flwr run``
+    starts, ended afterwards); return its exit code and output. With
+    ``keep_runtime_install`` the environment does not set
+    ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION`` (the command must)."""
+    marker = new_marker()
+    extra: dict[str, str] = {}
+    if local_superlink:
+        http_port, control_port = free_ports(2)
+        extra = {"FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
+                 "FLWR_LOCAL_CONTROL_API_PORT": str(control_port)}
+    env = flower_env(tmp_path / "home", marker, extra)
+    if keep_runtime_install:
+        env.pop("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION")
+    log = tmp_path / "command.log"
+    with ProcessTracker(marker) as procs:
+        if local_superlink:
+            procs.watch_superlink_port(int(extra["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"]))
+        proc = procs.popen(list(cmd), env=env, cwd=cwd, log_path=log)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            procs.cleanup()
+            raise AssertionError(
+                f"{' '.join(cmd)[:200]} did not finish in {timeout:.0f} s:\n{tail(log)}"
+            ) from None
+    return rc, log.read_text(errors="replace")

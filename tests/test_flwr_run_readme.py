@@ -12,21 +12,11 @@ local SuperLink that ``flwr run`` starts, ended afterwards); it does not set
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from e2e_utils import (
-    REPO_ROOT,
-    ProcessTracker,
-    check_outputs,
-    default_model_names,
-    flower_env,
-    free_ports,
-    new_marker,
-    tail,
-)
+from e2e_utils import REPO_ROOT, check_outputs, default_model_names, run_isolated
 
 pytestmark = [
     pytest.mark.slow,
@@ -44,24 +34,10 @@ def readme_commands() -> list[str]:
 def test_readme_flwr_run_commands_run_verbatim(tmp_path: Path) -> None:
     lines = readme_commands()
     assert lines[0] == "export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1"
-    http_port, control_port = free_ports(2)
-    marker = new_marker()
-    env = flower_env(tmp_path / "home", marker, {
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
-        "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
-    })
-    env.pop("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION")  # only the README sets it
-    log = tmp_path / "commands.log"
     script = "set -e\n" + "\n".join(lines) + "\n"
-    with ProcessTracker(marker) as procs:
-        procs.watch_superlink_port(http_port)
-        proc = procs.popen(["bash", "-c", script], env=env, cwd=REPO_ROOT, log_path=log)
-        try:
-            rc = proc.wait(timeout=900)
-        except subprocess.TimeoutExpired:
-            procs.cleanup()
-            pytest.fail(f"the README's flwr run commands did not finish in 900 s:\n{tail(log)}")
-    output = log.read_text(errors="replace")
+    # only the README sets FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION
+    rc, output = run_isolated(["bash", "-c", script], tmp_path, cwd=REPO_ROOT, timeout=900,
+                              keep_runtime_install=True)
     assert rc == 0, output[-6000:]
     assert "[mmfl] round   3/3" in output, output[-6000:]  # --stream showed the progress
     assert "Exit Code" not in output and "Runtime installation" not in output, output[-4000:]

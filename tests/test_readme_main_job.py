@@ -14,12 +14,11 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from e2e_utils import REPO_ROOT, ProcessTracker, flower_env, new_marker, tail
+from e2e_utils import REPO_ROOT, run_isolated
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="process clean-up reads /proc"
@@ -46,17 +45,8 @@ def test_the_main_job_command_is_venv_install_then_mmfl_run():
 def test_the_main_job_runs_verbatim(tmp_path: Path) -> None:
     run_part = main_job_command()[3:]
     assert run_part == ["mmfl run"]
-    marker = new_marker()
-    env = flower_env(tmp_path / "home", marker)
-    log = tmp_path / "mmfl.log"
-    with ProcessTracker(marker) as procs:
-        proc = procs.popen(shlex.split(run_part[0]), env=env, cwd=tmp_path, log_path=log)
-        try:
-            rc = proc.wait(timeout=1500)
-        except subprocess.TimeoutExpired:
-            procs.cleanup()
-            pytest.fail(f"mmfl run did not finish in 1500 s:\n{tail(log)}")
-    output = log.read_text(errors="replace")
+    rc, output = run_isolated(shlex.split(run_part[0]), tmp_path, cwd=tmp_path, timeout=1500,
+                              local_superlink=False)
     assert rc == 0, output[-6000:]
     out = tmp_path / "results" / "mmfl"
     summary = json.loads((out / "summary.json").read_text())

@@ -128,6 +128,11 @@ class Settings:
         Where ``metrics.csv``, ``summary.json``, ``assignments.csv`` and
         ``accuracy.png`` go; empty to
         write nothing.
+    download : bool
+        Fetch missing real datasets (``mnist``, ``fashion-mnist``, ``emnist``,
+        ``cifar10``) into ``data_root`` with torchvision before the run
+        (:func:`mmfl_flwr.tasks.real.download_datasets`); offline, the run stops
+        with one line saying so. The other kinds cannot be fetched this way.
     overwrite : bool
         Start a new run in an ``output_dir`` that holds another run's
         ``checkpoint.pkl`` (default False: refuse, so a finished or interrupted
@@ -167,6 +172,7 @@ class Settings:
     labels_per_client: float = 0.3
     profile: str = "uniform"
     data_root: str = "data"
+    download: bool = False
     synthetic_max_samples: int = 500
     fraction_evaluate: float = 0.0
     stale_beta: float = 0.8
@@ -620,6 +626,9 @@ def options() -> dict[str, Option]:
             "task, one client map for all tasks or one per task)", _profiles),
         "data_root": Option("folder of the real datasets",
                             form="a folder (relative to the working directory)"),
+        "download": Option("fetch missing mnist, fashion-mnist, emnist and cifar10 data into "
+                           "data-root with torchvision before the run (needs internet)",
+                           form="a switch (no value)"),
         "synthetic_max_samples": Option("cap on a Synthetic(1,1) user's samples", low=0,
                                         zero="no cap"),
         "fraction_evaluate": Option("fraction of clients that also evaluate on local data "

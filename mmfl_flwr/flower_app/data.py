@@ -37,7 +37,12 @@ def _federation(
 
 
 def federation_for(settings: Settings) -> Federation:
-    """The (cached) federation described by ``settings``."""
+    """The (cached) federation described by ``settings`` (with ``download``, the
+    missing real datasets are fetched first)."""
+    if settings.download:
+        from mmfl_flwr.tasks.real import download_datasets
+
+        download_datasets(list(settings.task_kinds), settings.data_root)
     return _federation(
         tuple(settings.task_kinds),
         settings.num_clients,

@@ -33,6 +33,31 @@ CELEBA_ATTRIBUTE = {
 REAL_KINDS.update({k: (2, (3, 32, 32), "cnn") for k in CELEBA_ATTRIBUTE})
 
 
+#: The kinds torchvision can fetch (``download``).
+DOWNLOADABLE = ("mnist", "fashion-mnist", "emnist", "cifar10")
+
+
+def download_datasets(kinds: list[str], root: str) -> list[str]:
+    """Fetch the missing data of every kind in ``kinds`` that torchvision can
+    download (:data:`DOWNLOADABLE`) into ``root``; returns those kinds. Raises
+    FileNotFoundError (one line) when a download fails, e.g. offline."""
+    from mmfl_flwr.tasks import datasets as D
+
+    fetch = {
+        "mnist": lambda split: D.load_mnist(root, split, "mnist", download=True),
+        "fashion-mnist": lambda split: D.load_mnist(root, split, "fashion-mnist", download=True),
+        "emnist": lambda split: D.load_emnist(root, split, download=True),
+        "cifar10": lambda split: D.load_cifar10(root, split, download=True),
+    }
+    done = []
+    for kind in dict.fromkeys(kinds):
+        if kind in fetch:
+            for split in ("train", "test"):
+                fetch[kind](split)
+            done.append(kind)
+    return done
+
+
 @lru_cache(maxsize=16)
 def load_split(kind: str, root: str) -> tuple[Dataset, Dataset]:
     """(train, test) of an image kind (cached per process)."""

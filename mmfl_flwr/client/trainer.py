@@ -190,6 +190,7 @@ class TorchTrainer:
         with torch.random.fork_rng(devices=[]):
             probe = model_fn()
         self._trainable = [n for n, p in probe.named_parameters() if p.requires_grad]
+        self._net: nn.Module | None = None
 
     @property
     def trainable_keys(self) -> list[str]:
@@ -199,11 +200,15 @@ class TorchTrainer:
         return list(self._trainable)
 
     def _model(self, weights: dict[str, np.ndarray]) -> nn.Module:
-        """Fresh model holding ``weights`` (global torch RNG left untouched)."""
-        with torch.random.fork_rng(devices=[]):
-            model = self.model_fn()
-        load_arrays(model, weights)
-        return model.to(self.device)
+        """This trainer's model holding ``weights``: built once (global torch RNG
+        left untouched) and reused by every call, which overwrites its whole
+        ``state_dict``; building a model per message cost more than a forward
+        pass over the local data."""
+        if self._net is None:
+            with torch.random.fork_rng(devices=[]):
+                self._net = self.model_fn().to(self.device)
+        load_arrays(self._net, weights)
+        return self._net
 
     @property
     def num_examples(self) -> int:

@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _common import write_outputs  # noqa: E402
+from _common import write_outputs
 
 HOSTILE = "3"
 ATTACKS = ("huge-weights", "scaled-x1000", "count-registration", "count-train", "lying-loss",
@@ -58,27 +58,8 @@ def _attack(name: str) -> Any:
         "replay": lambda: H.replay(HOSTILE),
         "squat": lambda: H.chain(H.impersonate(SQUATTER, HOSTILE), H.late_registration(HOSTILE)),
         "squat-pinned": lambda: H.chain(H.impersonate(SQUATTER, HOSTILE), H.late_registration(HOSTILE),
-                                        _token(HOSTILE)),
+                                        H.with_token(HOSTILE, SECRET)),
     }[name]()
-
-
-def _token(who: str) -> Any:
-    """The real client ``who`` sends its secret in its info reply (what its node
-    config's ``client-token`` does in a deployment)."""
-    from mmfl_flwr import protocol as P
-    from mmfl_flwr.testing import hostile as H
-
-    def wrap(app: Any) -> Any:
-        def call(msg: Any, ctx: Any) -> Any:
-            reply = app(msg, ctx)
-            if (H._is(ctx, who) and msg.metadata.message_type == P.QUERY_INFO
-                    and reply.has_content()):
-                reply.content.config_records[P.INFO_KEY][P.CLIENT_TOKEN] = SECRET
-            return reply
-
-        return call
-
-    return wrap
 
 
 def _run(preset: str, attack: str | None, seed: int, rounds: int, aggregator: str = ""):

@@ -9,8 +9,9 @@ folder on ``sys.path``). Every expected number in the tests that use
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,6 +136,22 @@ class LogTap(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append((record.levelno, record.getMessage()))
+
+    def warnings(self) -> list[str]:
+        """The messages at WARNING or above."""
+        return [m for lvl, m in self.records if lvl >= logging.WARNING]
+
+    @classmethod
+    @contextlib.contextmanager
+    def on_flwr(cls) -> Iterator[LogTap]:
+        """Collect the ``flwr`` logger's records while the block runs."""
+        tap = cls()
+        logger = logging.getLogger("flwr")
+        logger.addHandler(tap)
+        try:
+            yield tap
+        finally:
+            logger.removeHandler(tap)
 
 
 def node_of(grid: InProcessGrid, cid: str) -> int:

@@ -19,14 +19,12 @@ reliability table at this one).
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any
 
 import pytest
 from conftest import LogTap
 
-from mmfl_flwr import protocol as P
 from mmfl_flwr.config import Settings
 from mmfl_flwr.runner import run_inprocess
 from mmfl_flwr.strategy.registration import token_pin
@@ -57,15 +55,10 @@ def final_accuracy(result) -> float:
 
 def run(preset: str, attack=None, **extra: Any):
     s = Settings(strategy=preset, **BASE, **PRESET_KW[preset], **extra)
-    tap = LogTap()
-    logger = logging.getLogger("flwr")
-    logger.addHandler(tap)
-    try:
+    with LogTap.on_flwr() as tap:
         result = run_inprocess(s, wrap_client_app=attack)
-    finally:
-        logger.removeHandler(tap)
     LAST_LOG[:] = [m for _, m in tap.records]
-    return result, [m for lvl, m in tap.records if lvl >= logging.WARNING]
+    return result, tap.warnings()
 
 
 def honest_accuracy(preset: str, **extra: Any) -> float:
@@ -77,23 +70,6 @@ def honest_accuracy(preset: str, **extra: Any) -> float:
 
 def naming(warnings: list[str], who: str, *words: str) -> list[str]:
     return [m for m in warnings if m.startswith(f"Client {who}") and all(w in m for w in words)]
-
-
-def with_token(who: str, secret: str) -> H.Attack:
-    """The honest client ``who`` proves its id with ``secret`` (what the node
-    config's ``client-token`` does in a deployment)."""
-
-    def wrap(app):
-        def call(msg, ctx):
-            reply = app(msg, ctx)
-            if (H._is(ctx, who) and msg.metadata.message_type == P.QUERY_INFO
-                    and reply.has_content()):
-                reply.content.config_records[P.INFO_KEY][P.CLIENT_TOKEN] = secret
-            return reply
-
-        return call
-
-    return wrap
 
 
 def crashes_in_training(who: str) -> H.Attack:
@@ -192,7 +168,7 @@ def test_squatter_is_refused_when_the_id_is_pinned():
     for rnd in range(1, BASE["num_rounds"] + 1):  # "3" trains, but it is node 1
         assert HOSTILE in {cid for cid, _, _ in squatted.assignments[rnd]}
 
-    result, warnings = run("mfa-rr", H.chain(opening(), with_token(HOSTILE, secret)),
+    result, warnings = run("mfa-rr", H.chain(opening(), H.with_token(HOSTILE, secret)),
                            client_pins=f"{HOSTILE}={token_pin(secret)}")
     refused = [m for m in warnings
                if f"claims client id {HOSTILE} with" in m and m.endswith("refused (the id is pinned)")]

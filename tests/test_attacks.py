@@ -6,13 +6,12 @@ clients' updates still aggregate."""
 
 from __future__ import annotations
 
-import logging
 import math
 
 import numpy as np
 import pytest
-
 from conftest import LogTap
+
 from mmfl_flwr.config import Settings
 from mmfl_flwr.runner import run_inprocess
 from mmfl_flwr.testing import hostile as H
@@ -23,15 +22,9 @@ HOSTILE = "3"
 def run_attack(attack, strategy="mfa-rr", **kw):
     s = Settings(strategy=strategy, tasks="digits,synthetic", num_clients=8, num_rounds=3,
                  local_epochs=1, output_dir="", seed=2, **kw)
-    tap = LogTap()
-    logger = logging.getLogger("flwr")
-    logger.addHandler(tap)
-    try:
+    with LogTap.on_flwr() as tap:
         result = run_inprocess(s, wrap_client_app=attack)
-    finally:
-        logger.removeHandler(tap)
-    warnings = [m for lvl, m in tap.records if lvl >= logging.WARNING]
-    return result, warnings
+    return result, tap.warnings()
 
 
 def mine(warnings, *words):

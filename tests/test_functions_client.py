@@ -6,7 +6,6 @@ app runs on Flower's simulation engine in test_functions_client_sim.py."""
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 
@@ -30,14 +29,10 @@ def run(preset: str, rounds: int = 5, **kw):
     initial = {t: ArrayRecord(task.Net(d, c).state_dict()) for t, (d, c) in task.TASKS.items()}
     strategy = make_strategy(preset, local_epochs=2, lr=0.1, seed=0, fraction_evaluate=1.0,
                              node_wait_timeout=0.0, **kw)
-    tap = LogTap()
-    logging.getLogger("flwr").addHandler(tap)
-    try:
+    with LogTap.on_flwr() as tap:
         result = strategy.start(InProcessGrid(client_app.app, NODES, seed=0), initial,
                                 num_rounds=rounds, timeout=60)
-    finally:
-        logging.getLogger("flwr").removeHandler(tap)
-    return result, [m for lvl, m in tap.records if lvl >= logging.WARNING]
+    return result, tap.warnings()
 
 
 def accuracy(result, name: str) -> float:

@@ -5,7 +5,6 @@ second block) builds a strategy that trains it."""
 
 from __future__ import annotations
 
-import logging
 import re
 from pathlib import Path
 
@@ -56,13 +55,9 @@ def test_the_documented_client_app_serves_every_preset(preset):
     if "budget_fraction" in PRESETS[preset].__code__.co_varnames:
         kw["budget_fraction"] = 0.5
     strategy = make_strategy(preset, **kw)
-    tap = LogTap()
-    logging.getLogger("flwr").addHandler(tap)
-    try:
+    with LogTap.on_flwr() as tap:
         result = strategy.start(grid, snippet["initial"], num_rounds=6, timeout=30.0)
-    finally:
-        logging.getLogger("flwr").removeHandler(tap)
-    problems = [m for lvl, m in tap.records if lvl >= logging.WARNING]
+    problems = tap.warnings()
     assert problems == []  # nothing rejected, ignored or failed
     uploads = sum(r["uploads"] for r in result.history if r["round"] > 0)
     assert uploads > 0

@@ -14,6 +14,7 @@ numpy and flwr only; the honest client does all the training.
 from __future__ import annotations
 
 from collections.abc import Callable
+
 import numpy as np
 from flwr.app import Array, Context, Message
 
@@ -122,6 +123,17 @@ def impersonate(who: str, victim: str) -> Attack:
     return _on(P.QUERY_INFO, who, info)
 
 
+def with_token(who: str, secret: str) -> Attack:
+    """Not an attack: the honest client ``who`` proves its id with ``secret`` in
+    its info reply (what its node config's ``client-token`` does in a
+    deployment), for runs with that id pinned to ``token_pin(secret)``."""
+
+    def info(msg: Message, reply: Message, ctx: Context) -> None:
+        reply.content.config_records[P.INFO_KEY][P.CLIENT_TOKEN] = secret
+
+    return _on(P.QUERY_INFO, who, info)
+
+
 def late_registration(who: str) -> Attack:
     """Not an attack but the opening for one: ``who``'s first ``query.info``
     fails (its ClientApp raises, as one still starting up would), so it
@@ -177,5 +189,5 @@ def chain(*attacks: Attack) -> Attack:
 
 __all__ = [
     "Attack", "chain", "huge_weights", "impersonate", "inflated_count", "late_registration",
-    "lying_loss", "replay", "scaled_update",
+    "lying_loss", "replay", "scaled_update", "with_token",
 ]

@@ -76,6 +76,11 @@ _EXPORTS = {
     "token_pin": "mmfl_flwr.strategy.registration",
     "key_pin": "mmfl_flwr.strategy.registration",
     "Limits": "mmfl_flwr.strategy",
+    "gain": "mmfl_flwr.convergence",
+    "rounds_to_target": "mmfl_flwr.convergence",
+    "accuracy_curves": "mmfl_flwr.convergence",
+    "run_sequential": "mmfl_flwr.sequential",
+    "read_single_csv": "mmfl_flwr.sequential",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

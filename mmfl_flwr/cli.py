@@ -76,11 +76,31 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_parser(sub)
     p_run.add_argument(
         "--engine", choices=ENGINES, default="simulation",
-        help="Flower's Ray simulation engine (default) or the in-process engine",
+        help="simulation: Flower's Ray simulation engine (default); inprocess: the same "
+             "ServerApp and ClientApp in one process, one ClientApp call per message; "
+             "vectorized: in one process, each round trip computed per model for all "
+             "its clients at once with torch.func (CUDA when available)",
     )
     p_run.add_argument("--num-cpus", type=int, default=None,
                        help="CPUs Ray may use (simulation engine; default: all)")
+    p_run.add_argument(
+        "--num-gpus-per-client", type=float, default=None, metavar="F",
+        help="each client's share of a GPU (simulation engine): 0.25 runs 4 clients per "
+             "GPU at a time; a value in [0, 1] or a whole number; refused where Ray sees "
+             "no GPU (default: 0, CPUs only)",
+    )
+    p_run.add_argument(
+        "--ray-address", default=None, metavar="ADDR",
+        help="run the clients on the existing Ray cluster at ADDR (the head's HOST:PORT, "
+             "or auto for the one `ray start` started here; simulation engine; default: "
+             "$RAY_ADDRESS, else a Ray instance of this machine)",
+    )
     p_run.add_argument("--verbose", action="store_true", help="show Flower's and Ray's logs")
+    p_run.add_argument(
+        "--vector-chunk", type=int, default=None, metavar="C",
+        help="clients trained in one batched call (vectorized engine; default: as many "
+             "as fit in half of the free GPU memory, 64 on the CPU)",
+    )
     p_run.add_argument(
         "--config", metavar="FILE", default=None,
         help="a TOML file of run-config keys (e.g. configs/paper003-3task.toml); "
@@ -91,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue the run whose output folder is DIR from its last checkpoint "
              "(its config.json gives every setting; --num-rounds may extend it and "
              "--timeout may change, any other setting flag must match config.json)",
+    )
+    p_run.add_argument(
+        "--sequential", action="store_true",
+        help="instead of the multi-model run: train the models one after another, each "
+             "alone with all clients (the full preset, FedAvg), and write their accuracy "
+             "per round to OUTPUT-DIR/single.csv (the single-model curves of "
+             "mmfl_flwr.gain)",
     )
     _add_settings_args(p_run)
     return parser
@@ -186,6 +213,32 @@ def check_before_run(settings: Settings) -> None:
     federation_for(settings)  # loads the data (cached for the run)
 
 
+def check_ray_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The Ray options given on the command line (``--num-gpus-per-client``,
+    ``--ray-address``) as keyword arguments of :func:`~mmfl_flwr.runner.run`,
+    checked before the run: refused with another engine than ``simulation``;
+    an invalid GPU share, GPUs where Ray sees none, an unreachable cluster and
+    ``--num-cpus`` with ``--ray-address`` are ValueErrors
+    (:func:`~mmfl_flwr.flower_app.launch.plan_ray`, which also checks
+    ``RAY_ADDRESS``)."""
+    from os import environ
+
+    given = {name: getattr(args, name) for name in ("num_gpus_per_client", "ray_address")
+             if getattr(args, name, None) is not None}
+    for name in given:
+        if args.engine != "simulation":
+            raise ValueError(f"{_flag(name)} applies to --engine simulation (Flower's Ray "
+                             f"engine) only, not to --engine {args.engine}")
+        if getattr(args, "sequential", False):
+            raise ValueError(f"{_flag(name)} does not apply to --sequential yet")
+    if args.engine == "simulation" and (given or environ.get("RAY_ADDRESS", "").strip()):
+        from mmfl_flwr.flower_app.launch import plan_ray
+
+        plan_ray(given.get("num_gpus_per_client", 0.0), given.get("ray_address"),
+                 args.num_cpus)
+    return given
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mmfl`` command."""
     args = build_parser().parse_args(argv)
@@ -197,9 +250,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         settings = settings_from_args(args)
-        check_before_run(settings)
+        ray_options = check_ray_options(args)
+        if args.vector_chunk is not None and args.engine != "vectorized":
+            raise ValueError("--vector-chunk applies to --engine vectorized only, not to "
+                             f"--engine {args.engine}")
+        if args.vector_chunk is not None and args.vector_chunk < 1:
+            raise ValueError(f"--vector-chunk must be >= 1, got {args.vector_chunk}")
+        if args.sequential:
+            from mmfl_flwr.sequential import check_before_sequential
+
+            check_before_sequential(settings)
+        else:
+            check_before_run(settings)
     except (OSError, ValueError) as err:
         _fail(_message(err))
+    if args.sequential:
+        from mmfl_flwr.sequential import run_sequential
+
+        chunk = {} if args.vector_chunk is None else {"vector_chunk": args.vector_chunk}
+        run_sequential(settings, engine=args.engine, num_cpus=args.num_cpus,
+                       verbose=args.verbose, **chunk)
+        return 0
     print(
         f"[mmfl] {settings.strategy} on {settings.engine_label(args.engine)}: "
         f"models {', '.join(settings.model_names)}; {settings.num_clients} clients, "
@@ -207,7 +278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     t0 = time.monotonic()
-    result = run(settings, engine=args.engine, num_cpus=args.num_cpus, verbose=args.verbose)
+    vector = {} if args.vector_chunk is None else {"vector_chunk": args.vector_chunk}
+    result = run(settings, engine=args.engine, num_cpus=args.num_cpus, verbose=args.verbose,
+                 **ray_options, **vector)
     final = {t: round(r["accuracy"], 4) for t, r in result.final().items()}
     print(f"[mmfl] done in {time.monotonic() - t0:.1f}s; final accuracy "
           f"{json.dumps(final)}", flush=True)

@@ -122,6 +122,13 @@ class Settings:
         binds every id to the SuperNode key of its first claim; see
         :func:`mmfl_flwr.strategy.registration.check_pins`): a claim of a pinned
         id without its credential is refused. Empty: no pins.
+    target_accuracy : str
+        ``""`` (none), one accuracy for every model (``0.8``) or
+        ``model:accuracy`` pairs (``digits:0.8,synthetic:0.6``), each in
+        (0, 1]: ``summary.json`` then records ``rounds_to_target`` per model
+        (the first round ``r >= 1`` whose server-side accuracy is ``>=`` the
+        target, null if never) and ``rounds_to_target_all`` (the largest,
+        null if a model never reaches); see :mod:`mmfl_flwr.convergence`.
     seed : int
         The one seed of the run (>= 0).
     output_dir : str
@@ -187,6 +194,7 @@ class Settings:
     client_arrivals: str = ""
     task_arrivals: str = ""
     client_pins: str = ""
+    target_accuracy: str = ""
     seed: int = 0
     output_dir: str = "results/mmfl"
     overwrite: bool = False
@@ -281,6 +289,13 @@ class Settings:
                 )
             out[name] = when
         return out
+
+    def target_accuracies(self) -> dict[str, float]:
+        """Model name -> target accuracy (see ``target_accuracy``; ``{}`` when
+        empty), checked: :func:`mmfl_flwr.convergence.parse_target_accuracy`."""
+        from mmfl_flwr.convergence import parse_target_accuracy
+
+        return parse_target_accuracy(self.target_accuracy, self.model_names)
 
     @property
     def model_names(self) -> list[str]:
@@ -391,6 +406,7 @@ class Settings:
                 raise ValueError(opt.error(name, getattr(self, name), self))
         self.client_arrival_rounds()
         self.client_pin_map()
+        self.target_accuracies()
         arrivals = self.task_arrival_rounds()
         unknown_tasks = set(arrivals) - set(self.model_names)
         if unknown_tasks:
@@ -663,6 +679,11 @@ def options() -> dict[str, Option]:
             "pinned client ids: a claim of a pinned id without its credential is refused",
             form='"" (no pins) or id=pin pairs separated by commas, pin token:<sha256 '
                  "hex> or key:<sha256 hex>, or *=key:first-use (see README)"),
+        "target_accuracy": Option(
+            "target accuracy per model: summary.json records the rounds to reach it "
+            "(rounds_to_target, rounds_to_target_all)",
+            form='"" (none), one accuracy in (0, 1] for every model (0.8) or '
+                 "model:accuracy pairs separated by commas (digits:0.8,synthetic:0.6)"),
         "seed": Option("the one seed of the run", low=0),
         "output_dir": Option("folder of metrics.csv, summary.json, accuracy.png and the "
                              "checkpoint", form='a folder; "" writes nothing'),

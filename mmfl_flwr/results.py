@@ -37,6 +37,35 @@ BASE_COLUMNS = [
     "step_l1",
 ]
 
+#: What each column of ``metrics.csv`` holds (one row per round and model; an
+#: empty cell is NaN / not applicable). Extra columns follow the base ones in
+#: this order of first appearance: ``round_step_l1``, ``coef_sum``, then the
+#: client-side evaluation columns.
+COLUMN_DOCS = {
+    "round": "the round; 0 is the evaluation of the initial weights",
+    "task": "the model (task) name; repeated kinds are digits, digits_2, ...",
+    "accuracy": "server-side test accuracy of the model after the round",
+    "loss": "server-side test loss of the model after the round",
+    "uploads": "updates aggregated into the model this round",
+    "assigned": "clients assigned to train the model this round",
+    "rejected": "updates refused by the server's checks this round",
+    "train_loss": "the trainers' reported training loss, weighted by their samples",
+    "step_l1": "||w_old - w_new||_1 over the trainable entries: the size of the "
+               "model's weight change",
+    "round_step_l1": "the sum of step_l1 over the round's models (a weight-change "
+                     "size, not paper 003's ||H||_1); empty in round 0",
+    "coef_sum": "the sum of the aggregation coefficients applied to the round's "
+                "aggregated updates of the model: paper 003's ||H_{tau,s}||_1 = "
+                "sum over the aggregated (i, b) of d_{i,s} / (B_i p_{s|(i,b)}) for the "
+                "unbiased rules (random, lvr, gvr, scaffold; the fresh updates' "
+                "coefficients for fedvarp, fedstale, stalevr, stalevre), expectation 1; "
+                "1 for fedavg and mean; the trained clients' d_{i,s} for mifa; empty "
+                "for median and trimmed-mean; 0 without updates; empty in round 0",
+    "client_accuracy": "accuracy on the clients' local test data (fraction-evaluate > 0), "
+                       "weighted by their samples",
+    "client_loss": "loss on the clients' local test data (fraction-evaluate > 0)",
+}
+
 
 def _fmt(v: Any) -> Any:
     if isinstance(v, float):
@@ -45,8 +74,8 @@ def _fmt(v: Any) -> Any:
 
 
 def write_metrics_csv(history: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> None:
-    """One row per (round, task). Timing columns are left out so that the same
-    seed gives a byte-identical file."""
+    """One row per (round, task), the columns of :data:`COLUMN_DOCS`. Timing
+    columns are left out so that the same seed gives a byte-identical file."""
     extra: list[str] = []
     for row in history:
         for k in row:
@@ -143,7 +172,12 @@ def run_versions() -> dict[str, str | None]:
 
 def summarize(result: MultiModelResult, settings: Settings | None) -> dict[str, Any]:
     """Final accuracy per task, their mean, the configuration, the seed and the
-    software versions (:func:`run_versions`)."""
+    software versions (:func:`run_versions`). With a ``target_accuracy``
+    setting also ``target_accuracy`` (model -> target), ``rounds_to_target``
+    (model -> the first round ``r >= 1`` whose server-side accuracy is ``>=``
+    its target, None if never) and ``rounds_to_target_all`` (the largest of
+    them, None if some model never reaches its target):
+    :mod:`mmfl_flwr.convergence`."""
     final = {}
     for task, row in result.final().items():
         final[task] = {
@@ -154,7 +188,23 @@ def summarize(result: MultiModelResult, settings: Settings | None) -> dict[str, 
     accs = [v["accuracy"] for v in final.values() if v["accuracy"] is not None]
     uploads = sum(int(r["uploads"]) for r in result.history)
     rounds = max((r["round"] for r in result.history), default=0)
+    targets = settings.target_accuracies() if settings is not None else {}
+    reached: dict[str, Any] = {}
+    if targets:
+        from mmfl_flwr.convergence import (
+            accuracy_curves,
+            rounds_to_target,
+            rounds_to_target_all,
+        )
+
+        per_model = rounds_to_target(accuracy_curves(result.history), targets)
+        reached = {
+            "target_accuracy": targets,
+            "rounds_to_target": per_model,
+            "rounds_to_target_all": rounds_to_target_all(per_model),
+        }
     return {
+        **reached,
         "final_accuracy": {t: v["accuracy"] for t, v in final.items()},
         "final_loss": {t: v["loss"] for t, v in final.items()},
         "mean_final_accuracy": sum(accs) / len(accs) if accs else None,

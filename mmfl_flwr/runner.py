@@ -1,8 +1,11 @@
-"""Run an MMFL job on an engine: Flower's simulation engine or the in-process one.
+"""Run an MMFL job on an engine: Flower's simulation engine, the in-process one or
+the vectorised one.
 
-Both engines run the same ServerApp code (:func:`server_main`) and the same
-ClientApp; only the Grid differs (Flower's Ray-backed simulation vs
-:class:`~mmfl_flwr.grid.InProcessGrid`).
+All engines run the same ServerApp code (:func:`server_main`), the same strategy
+and the same message protocol; only the Grid differs (Flower's Ray-backed
+simulation, :class:`~mmfl_flwr.grid.InProcessGrid`, which calls the ClientApp
+once per message, or :class:`~mmfl_flwr.vector_grid.VectorizedGrid`, which
+computes a round trip's replies per model for all clients at once).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from flwr.app import Context, RecordDict
 from mmfl_flwr.config import Settings
 from mmfl_flwr.strategy import MultiModelResult, MultiModelStrategy
 
-ENGINES = ("simulation", "inprocess")
+ENGINES = ("simulation", "inprocess", "vectorized")
 
 
 def node_configs(settings: Settings) -> list[dict[str, Any]]:
@@ -60,8 +63,40 @@ def run_inprocess(
     return server_main(grid, ctx, settings, strategy)
 
 
+def run_vectorized(
+    settings: Settings,
+    strategy: MultiModelStrategy | None = None,
+    chunk: int | None = None,
+) -> MultiModelResult:
+    """Run on :class:`~mmfl_flwr.vector_grid.VectorizedGrid`: the in-process
+    engine with batched loss queries, training and evaluation per model
+    (``torch.func``; CUDA when available or ``MMFL_DEVICE``). ``chunk`` bounds
+    the clients trained in one batched call. Torch uses every core here (one
+    process computes for all clients)."""
+    import os
+
+    import torch
+
+    from mmfl_flwr.client.app import cache_specs, make_client_app
+    from mmfl_flwr.flower_app.client_app import node_spec_fn
+    from mmfl_flwr.flower_app.server_app import server_main
+    from mmfl_flwr.vector_grid import VectorizedGrid
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    torch.set_num_threads(max(1, int(cores or 1)))
+    run_config = settings.to_run_config()
+    spec = cache_specs(node_spec_fn(settings))
+    grid = VectorizedGrid(
+        make_client_app(spec, cached=True), spec, node_configs(settings), run_config,
+        seed=settings.seed, chunk=chunk,
+    )
+    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
+    return server_main(grid, ctx, settings, strategy)
+
+
 def run_simulation_engine(
-    settings: Settings, num_cpus: int | None = None, verbose: bool = False
+    settings: Settings, num_cpus: int | None = None, verbose: bool = False,
+    **ray: Any,
 ) -> MultiModelResult:
     """Run on Flower's Ray-backed simulation runtime the way ``flwr run`` does:
     a private SuperLink with ``--simulation``, one virtual SuperNode per client,
@@ -72,7 +107,7 @@ def run_simulation_engine(
     from mmfl_flwr.flower_app.launch import run_on_superlink
     from mmfl_flwr.records import numpy_to_arrays
 
-    out = run_on_superlink(settings, num_cpus=num_cpus, verbose=verbose)
+    out = run_on_superlink(settings, num_cpus=num_cpus, verbose=verbose, **ray)
     state = load_checkpoint(out / CHECKPOINT_FILE)
     result = MultiModelResult(
         arrays={t: numpy_to_arrays(w) for t, w in state["weights"].items()},
@@ -86,18 +121,29 @@ def run_simulation_engine(
 
 def run(
     settings: Settings, engine: str = "simulation", num_cpus: int | None = None,
-    verbose: bool = False,
+    verbose: bool = False, vector_chunk: int | None = None,
+    num_gpus_per_client: float | None = None, ray_address: str | None = None,
 ) -> MultiModelResult:
-    """Run ``settings`` on ``engine`` (``simulation`` or ``inprocess``)."""
+    """Run ``settings`` on ``engine`` (``simulation``, ``inprocess`` or
+    ``vectorized``; ``vector_chunk``: clients per batched training call of the
+    vectorised engine, default sized from free memory)."""
     settings.validate()
+    if vector_chunk is not None and engine != "vectorized":
+        raise ValueError("vector_chunk applies to engine='vectorized' only")
+    ray = {k: v for k, v in (("num_gpus_per_client", num_gpus_per_client),
+                             ("ray_address", ray_address)) if v is not None}
+    if ray and engine != "simulation":
+        raise ValueError(f"{', '.join(ray)} apply to engine='simulation' only")
     if engine == "simulation":
-        return run_simulation_engine(settings, num_cpus=num_cpus, verbose=verbose)
-    if engine == "inprocess":
+        return run_simulation_engine(settings, num_cpus=num_cpus, verbose=verbose, **ray)
+    if engine in ("inprocess", "vectorized"):
         flwr_logger = logging.getLogger("flwr")
         old_level = flwr_logger.level
         if not verbose:
             flwr_logger.setLevel(logging.WARNING)
         try:
+            if engine == "vectorized":
+                return run_vectorized(settings, chunk=vector_chunk)
             return run_inprocess(settings)
         finally:
             flwr_logger.setLevel(old_level)

@@ -195,9 +195,10 @@ def test_images_use_the_installed_flower_version() -> None:
     froms = re.findall(r"^FROM\s+(\S+)", DOCKERFILE.read_text(), flags=re.M)
     assert froms == [f"flwr/superexec:{FLWR_VERSION}"], froms
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    flwr_reqs = [d for d in pyproject["project"]["dependencies"] if d.startswith("flwr")]
-    assert flwr_reqs, "pyproject.toml does not depend on flwr"
     from packaging.requirements import Requirement
+
+    flwr_reqs = [d for d in pyproject["project"]["dependencies"] if Requirement(d).name == "flwr"]
+    assert flwr_reqs, "pyproject.toml does not depend on flwr"
 
     for req in flwr_reqs:
         assert Requirement(req).specifier.contains(FLWR_VERSION), (req, FLWR_VERSION)

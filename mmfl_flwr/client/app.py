@@ -110,21 +110,13 @@ def _scaffold_train(
     return new, n, loss, c_new
 
 
-def make_client_app(
+def cache_specs(
     spec_fn: SpecFn, cache_key: Callable[[Context], Hashable] | None = None
-) -> ClientApp:
-    """Build the MMFL ClientApp.
-
-    Parameters
-    ----------
-    spec_fn : callable
-        ``spec_fn(context) -> ClientSpec``: this node's stable id, processors and
-        trainers (read ``context.node_config`` / ``context.run_config``).
-    cache_key : callable, optional
-        Specs are built once per process and key (default: the node config and
-        run config), since building data loaders on every message is wasteful.
-    """
-    app = ClientApp()
+) -> SpecFn:
+    """``spec_fn`` with its specs built once per process and key (default: the
+    node config and run config), since building data loaders on every message is
+    wasteful. Pass the result to :func:`make_client_app` with ``cached=True`` to
+    share the specs with another consumer (the vectorised engine)."""
     cache: dict[Hashable, ClientSpec] = {}
 
     def default_key(ctx: Context) -> Hashable:
@@ -140,6 +132,31 @@ def make_client_app(
         if k not in cache:
             cache[k] = spec_fn(ctx)
         return cache[k]
+
+    return spec
+
+
+def make_client_app(
+    spec_fn: SpecFn,
+    cache_key: Callable[[Context], Hashable] | None = None,
+    *,
+    cached: bool = False,
+) -> ClientApp:
+    """Build the MMFL ClientApp.
+
+    Parameters
+    ----------
+    spec_fn : callable
+        ``spec_fn(context) -> ClientSpec``: this node's stable id, processors and
+        trainers (read ``context.node_config`` / ``context.run_config``).
+    cache_key : callable, optional
+        Specs are built once per process and key (default: the node config and
+        run config), since building data loaders on every message is wasteful.
+    cached : bool, default False
+        ``spec_fn`` already caches (:func:`cache_specs`); use it as it is.
+    """
+    app = ClientApp()
+    spec = spec_fn if cached else cache_specs(spec_fn, cache_key)
 
     def trainer(s: ClientSpec, task: str) -> LocalTrainer:
         if task not in s.trainers:

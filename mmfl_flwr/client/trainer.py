@@ -93,9 +93,12 @@ def initial_weights(model_fn: Callable[[], nn.Module], seed: int) -> dict[str, n
     return model_to_arrays(model)
 
 
-def _tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
-    """Torch copies of a dataset's inputs (float32) and labels (int64)."""
-    x = torch.tensor(np.asarray(dataset.x, dtype=np.float32))
+def _tensors(
+    dataset: Dataset, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch copies of a dataset's inputs (``dtype``, float32 by default) and labels
+    (int64)."""
+    x = torch.tensor(np.asarray(dataset.x, dtype=np.float32), dtype=dtype)
     y = torch.tensor(np.asarray(dataset.y, dtype=np.int64))
     return x, y
 
@@ -185,10 +188,14 @@ class TorchTrainer:
         self.num_train = len(train)
         self.num_test = len(test)
         self.device = default_device()
-        self._x_train, self._y_train = (t.to(self.device) for t in _tensors(train))
-        self._x_test, self._y_test = (t.to(self.device) for t in _tensors(test))
         with torch.random.fork_rng(devices=[]):
             probe = model_fn()
+        # inputs in the model's floating dtype (float32 for the zoo; a float64
+        # model gets float64 inputs)
+        dtype = next((p.dtype for p in probe.parameters() if p.is_floating_point()),
+                     torch.float32)
+        self._x_train, self._y_train = (t.to(self.device) for t in _tensors(train, dtype))
+        self._x_test, self._y_test = (t.to(self.device) for t in _tensors(test, dtype))
         self._trainable = [n for n, p in probe.named_parameters() if p.requires_grad]
         self._net: nn.Module | None = None
 
@@ -214,6 +221,18 @@ class TorchTrainer:
     def num_examples(self) -> int:
         """Number of local training examples."""
         return self.num_train
+
+    def train_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The local training inputs and labels as tensors on :attr:`device` (shared,
+        not copies: do not modify). Used by the vectorised engine."""
+        return self._x_train, self._y_train
+
+    def eval_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """What :meth:`evaluate` evaluates on: the local test data, or the training
+        data when the test set is empty (shared tensors: do not modify)."""
+        if self.num_test > 0:
+            return self._x_test, self._y_test
+        return self._x_train, self._y_train
 
     def train(
         self,

@@ -7,6 +7,7 @@ Arithmetic is done in float64 and cast back to each array's dtype.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -118,6 +119,34 @@ class Aggregator(Component, ABC):
     @abstractmethod
     def coefficients(self, updates: Sequence[Update]) -> list[float]:
         """Weight of each update in the global step ``sum_k c_k G_k``."""
+
+    def coefficient_sum(
+        self,
+        task: str,
+        updates: Sequence[Update],
+        *,
+        shares: Mapping[str, float] | None = None,
+    ) -> float:
+        """The ``coef_sum`` metric of a round: the sum of the coefficients that
+        :meth:`aggregate` applied to the round's fresh (aggregated) updates
+        ``updates`` of ``task``.
+
+        For the unbiased rule of paper 003 (Eq. 3) this is ``||H_{tau,s}||_1 =
+        sum_{(i,b) in A_s} d_{i,s} / (B_i p_{s|(i,b)})`` (a client whose ``l``
+        processors drew the task counts ``l`` times), whose expectation over
+        the sampling is 1 (Eq. 16, Fig. 2); for FedAvg and the plain mean it is
+        1 by construction. 0.0 without updates (no step). The default is
+        ``sum(coefficients(updates))``, NaN when :meth:`coefficients` raises
+        NotImplementedError (a rule that is not a weighted sum of the updates,
+        e.g. the coordinate-wise median); rules with their own
+        :meth:`aggregate` override it (the stale-update rules: the coefficients
+        of the fresh updates ``G``, not of the stale ones)."""
+        if not updates:
+            return 0.0
+        try:
+            return float(math.fsum(self.coefficients(updates)))
+        except NotImplementedError:
+            return math.nan
 
     def aggregate(
         self,

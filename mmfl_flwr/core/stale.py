@@ -24,6 +24,7 @@ sampling, ``E[Delta] = sum_i d_i G_i``, because ``z_i`` is fixed before the draw
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -217,6 +218,26 @@ class _StaleBase(Aggregator):
         """Not used: stale rules are not a weighted sum of the fresh updates."""
         raise NotImplementedError
 
+    @staticmethod
+    def _fresh_coefficient(u: Update) -> float:
+        """``d_{i,s} l / (B_i p_{s|(i,b)})``: the weight of a sampled pair's
+        fresh update ``G`` (and of ``-z``) in Eq. 17 / 18."""
+        return u.data_share * u.count / (u.processors * u.prob)
+
+    def coefficient_sum(
+        self,
+        task: str,
+        updates: Sequence[Update],
+        *,
+        shares: Mapping[str, float] | None = None,
+    ) -> float:
+        """``sum_{(i,b) in A_s} d_{i,s} / (B_i p_{s|(i,b)})``: the sum of the
+        coefficients of the round's fresh updates ``G`` in Eq. 17 / 18, which
+        is paper 003's ``||H_{tau,s}||_1`` (expectation 1). The stale terms
+        (``beta sum_{N_s} d h`` and the ``-z`` inside the sampled sum) are not
+        counted."""
+        return float(math.fsum(self._fresh_coefficient(u) for u in updates))
+
     def config(self) -> dict[str, Any]:
         return {"storage": self.store.storage}
 
@@ -297,7 +318,7 @@ class _StaleBase(Aggregator):
         for u in updates:
             if not u.prob > 0:
                 raise ValueError(f"client {u.cid}: stale rules need prob > 0, got {u.prob}")
-            c = u.data_share * u.count / (u.processors * u.prob)
+            c = _StaleBase._fresh_coefficient(u)
             zu = z.get(u.cid)
             for j, acc in enumerate(delta):
                 g = np.asarray(u.delta[j], dtype=np.float64)
@@ -353,6 +374,20 @@ class MIFAAggregator(_StaleBase):
 
     name = "mifa"
     needs_inclusion_probabilities = False
+
+    def coefficient_sum(
+        self,
+        task: str,
+        updates: Sequence[Update],
+        *,
+        shares: Mapping[str, float] | None = None,
+    ) -> float:
+        """``sum_{i trained s} d_{i,s}``: the coefficients of the round's fresh
+        updates (the other eligible clients' stale ``h`` make up the rest of
+        the weight 1; not divided by probabilities)."""
+        shares = default_shares(shares, updates)
+        trained = {u.cid for u in updates}
+        return float(math.fsum(d for cid, d in shares.items() if cid in trained and d > 0))
 
     def aggregate(
         self,

@@ -19,7 +19,7 @@ A node's identity and resources come from its ``node_config``:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flwr.app import Context
@@ -86,12 +86,11 @@ def client_spec(context: Context, settings: Settings | None = None) -> ClientSpe
     )
 
 
-def build_client_app(settings: Settings | None = None) -> ClientApp:
-    """The ClientApp; with ``settings`` given, ``run_config`` is not read.
+def node_spec_fn(settings: Settings | None = None) -> Callable[[Context], ClientSpec]:
+    """``context -> ClientSpec`` of the embedded tasks (not cached).
 
-    The user tasks registered in this process travel with the app (a snapshot
-    of the registry), so simulated clients in other processes know them too.
-    The node's ``client-token`` (node config) goes into its info reply.
+    The user tasks registered in this process travel with it (a snapshot of the
+    registry), so simulated clients in other processes know them too.
     """
     snapshot = registered_tasks()
 
@@ -100,7 +99,17 @@ def build_client_app(settings: Settings | None = None) -> ClientApp:
         load_snapshot(ctx.run_config)  # tasks registered by the process that started the run
         return client_spec(ctx, settings)
 
-    return make_client_app(spec)
+    return spec
+
+
+def build_client_app(settings: Settings | None = None) -> ClientApp:
+    """The ClientApp; with ``settings`` given, ``run_config`` is not read.
+
+    The user tasks registered in this process travel with the app (a snapshot
+    of the registry), so simulated clients in other processes know them too.
+    The node's ``client-token`` (node config) goes into its info reply.
+    """
+    return make_client_app(node_spec_fn(settings))
 
 
 app = build_client_app()

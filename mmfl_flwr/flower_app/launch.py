@@ -16,6 +16,22 @@ What :func:`run_on_superlink` does, step by step (each a plain Flower command):
    progress lines, warnings and errors; everything with ``verbose``);
 5. checks the run's final status with ``flwr ls``, stops the SuperLink and
    its children, and reads the result back from the run's output folder.
+
+Bigger experiments (:func:`plan_ray`, checked before anything starts):
+
+- ``num_gpus_per_client=F`` adds ``client-resources-num-gpus=F`` to the
+  federation config: Flower's Ray backend gives each ClientApp actor ``F`` GPUs
+  (``RayBackend`` in ``flwr/server/superlink/fleet/vce/backend/raybackend.py``)
+  and runs ``min(CPUs, GPUs / F)`` ClientApps at a time on each node
+  (``pool_size_from_resources`` in ``flwr/simulation/ray_transport/ray_actor.py``).
+- ``ray_address=ADDR`` (or ``RAY_ADDRESS`` in the environment) joins an existing
+  Ray cluster. Flower 1.42's federation config has no key for an address
+  (``SimulationConfig`` has ``init-args-num-cpus``/``-num-gpus``/``-logging-level``/
+  ``-log-to-driver`` only), and its backend calls ``ray.init(**init_args)``
+  without one, so Ray takes the address from ``RAY_ADDRESS``: it is set in the
+  SuperLink's environment, which ``flower-superexec`` and ``flwr-simulation``
+  inherit. ``init-args-num-cpus`` is then left out (Ray refuses ``num_cpus`` for
+  an existing cluster).
 """
 
 from __future__ import annotations
@@ -32,6 +48,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -154,18 +172,260 @@ def _show(line: str, verbose: bool) -> bool:
     return not (plain.startswith(("INFO ", "DEBUG ")) or any(c in plain for c in _CHATTER))
 
 
+# ------------------------------------------------------------- GPUs and Ray clusters
+#: Run in a subprocess by :func:`_probe_cluster`: connect to the cluster as a
+#: driver, print its GCS address and the CPUs and GPUs of each live node.
+_PROBE = r"""
+import json, sys, warnings
+warnings.filterwarnings("ignore")
+try:
+    import ray
+    ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+    nodes = [{"CPU": float(n["Resources"].get("CPU", 0)),
+              "GPU": float(n["Resources"].get("GPU", 0))}
+             for n in ray.nodes() if n.get("Alive") and n.get("Resources")]
+    try:
+        gcs = ray.get_runtime_context().gcs_address
+    except Exception:
+        gcs = None
+    print("MMFL-PROBE " + json.dumps({"address": gcs, "nodes": nodes}), flush=True)
+    ray.shutdown()
+except BaseException as err:
+    text = " ".join(str(err).split()) or type(err).__name__
+    print("MMFL-PROBE-ERROR " + type(err).__name__ + ": " + text[:400], flush=True)
+    sys.exit(1)
+"""
+
+
+@dataclass(frozen=True)
+class RayPlan:
+    """Where the ClientApps run: ``address`` is the GCS address of an existing Ray
+    cluster (None: a Ray instance of this machine that Flower starts), ``nodes``
+    the CPUs and GPUs of each node, ``slots`` how many ClientApps run at a time
+    (Flower's ``pool_size_from_resources``: ``min(CPUs, GPUs / F)`` per node)."""
+
+    address: str | None
+    nodes: tuple[tuple[float, float], ...]
+    num_gpus_per_client: float
+    slots: int
+
+    def describe(self) -> str:
+        """One line for the log: where, how many nodes, CPUs, GPUs, slots."""
+        def n(count: float, what: str) -> str:
+            return f"{count:g} {what}{'' if count == 1 else 's'}"
+
+        cpus = n(sum(c for c, _ in self.nodes), "CPU")
+        gpus = n(sum(g for _, g in self.nodes), "GPU")
+        where = (f"Ray cluster at {self.address}: {n(len(self.nodes), 'node')}, "
+                 if self.address else "Ray on this machine: ")
+        per = (f"{self.num_gpus_per_client:g} GPU and 1 CPU per client"
+               if self.num_gpus_per_client else "1 CPU per client")
+        return f"{where}{cpus}, {gpus}; {per}, up to {n(self.slots, 'client')} at a time"
+
+
+def check_num_gpus_per_client(value: float) -> float:
+    """``value`` as a float if it is a valid GPU share per client: in [0, 1] (a
+    fraction of one GPU, as Ray allows) or a whole number of GPUs; else
+    ValueError (one line)."""
+    try:
+        gpus = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"--num-gpus-per-client {value!r}: not a number") from None
+    if not math.isfinite(gpus) or gpus < 0 or (gpus > 1 and not gpus.is_integer()):
+        raise ValueError(
+            f"--num-gpus-per-client {value}: must be in [0, 1] (a share of one GPU, "
+            "e.g. 0.25 for 4 clients per GPU) or a whole number of GPUs (Ray's rule)"
+        )
+    return gpus
+
+
+def _slots(nodes: tuple[tuple[float, float], ...], num_gpus: float) -> int:
+    """ClientApps that fit at a time with 1 CPU and ``num_gpus`` GPUs each, node by
+    node, exactly as Flower's ``pool_size_from_resources`` counts them."""
+    total = 0
+    for cpus, gpus in nodes:
+        n = int(cpus / 1)
+        if num_gpus > 0:
+            n = min(n, int(gpus / num_gpus)) if gpus else 0
+        total += n
+    return total
+
+
+def local_gpus() -> int:
+    """GPUs that a Ray instance started here would see: Ray's own detection
+    (NVIDIA, AMD, Intel GPUs, capped by ``CUDA_VISIBLE_DEVICES`` and its likes),
+    else ``torch.cuda.device_count()``."""
+    try:
+        from ray._private.accelerators import get_accelerator_manager_for_resource
+
+        manager = get_accelerator_manager_for_resource("GPU")
+    except (ImportError, AttributeError):  # a Ray without this private API
+        manager = None
+    if manager is not None:
+        count = int(manager.get_current_node_num_accelerators())
+        visible = manager.get_current_process_visible_accelerator_ids()
+        return min(count, len(visible)) if visible is not None else count
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return int(torch.cuda.device_count())
+
+
+def _check_reachable(address: str) -> None:
+    """A quick TCP check of ``HOST:PORT``: Ray itself retries a wrong address for
+    minutes before it gives up."""
+    host, sep, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(
+            f"{address}: expected HOST:PORT (the head node's address, as `ray start "
+            "--head` prints it), ray://HOST:PORT or auto"
+        )
+    try:
+        with socket.create_connection((host, int(port)), timeout=5.0):
+            pass
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise ValueError(
+            f"{address}: no Ray cluster answers there ({reason}); start one with "
+            f"`ray start --head --port={port}` or check the address"
+        ) from None
+
+
+@lru_cache(maxsize=8)
+def _probe_cluster(address: str) -> tuple[str, tuple[tuple[float, float], ...]]:
+    """``(GCS address, ((CPUs, GPUs) per live node))`` of the Ray cluster at
+    ``address``, from a short-lived driver in a subprocess (so that this process
+    never holds a Ray connection). Raises ValueError (one line, starting with
+    ``address``)."""
+    if address != "auto":
+        _check_reachable(address.split("://", 1)[-1])
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0", RAY_USAGE_STATS_ENABLED="0")
+    try:
+        res = subprocess.run([sys.executable, "-c", _PROBE, address], env=env,
+                             capture_output=True, text=True, timeout=90, check=False)
+    except subprocess.TimeoutExpired:
+        raise ValueError(f"{address}: Ray did not connect within 90 s (is it a Ray "
+                         "head node, of the same Ray version?)") from None
+    lines = res.stdout.splitlines()
+    found = [ln.split(" ", 1)[1] for ln in lines if ln.startswith("MMFL-PROBE ")]
+    if res.returncode != 0 or not found:
+        errors = [ln.split(" ", 1)[1] for ln in lines if ln.startswith("MMFL-PROBE-ERROR ")]
+        reason = errors[0] if errors else _ANSI.sub("", (res.stderr or "").strip()[-300:])
+        if address == "auto" and "Could not find any running Ray instance" in reason:
+            reason = "no Ray cluster started here with `ray start` was found"
+        raise ValueError(f"{address}: cannot join that Ray cluster: {reason}")
+    info = json.loads(found[-1])
+    nodes = tuple((float(n["CPU"]), float(n["GPU"])) for n in info["nodes"])
+    gcs = str(info.get("address") or "")
+    keep = address.startswith("ray://") or not gcs  # Ray Client: keep the ray:// form
+    return (address if keep else gcs), nodes
+
+
+def plan_ray(
+    num_gpus_per_client: float = 0.0,
+    ray_address: str | None = None,
+    num_cpus: int | None = None,
+) -> RayPlan:
+    """Check, before anything starts, that Flower's Ray backend can run at least one
+    ClientApp with 1 CPU and ``num_gpus_per_client`` GPUs, on this machine or on the
+    Ray cluster at ``ray_address`` (else ``RAY_ADDRESS`` of the environment;
+    ``auto`` is the cluster that ``ray start`` last started here). Raises
+    ValueError with a one-line reason: an invalid GPU share, GPUs asked for where
+    Ray sees none (Flower would stop the run with "ActorPool is empty"), an
+    unreachable cluster, or ``num_cpus`` for an existing cluster (Ray refuses it).
+    """
+    gpus = check_num_gpus_per_client(num_gpus_per_client)
+    address = (ray_address or "").strip() or None
+    from_env = address is None and bool(os.environ.get("RAY_ADDRESS", "").strip())
+    if from_env:
+        address = os.environ["RAY_ADDRESS"].strip()
+    if address == "local":  # Ray's word for "start a new local instance"
+        address = None
+    if address is not None and num_cpus is not None and not from_env:
+        raise ValueError(
+            f"--num-cpus {num_cpus} and --ray-address {address} exclude each other: "
+            "--num-cpus sizes the Ray instance mmfl starts on this machine, while the "
+            "nodes of an existing cluster bring their own CPUs (ray start --num-cpus)"
+        )
+    if address is not None:
+        try:
+            resolved, nodes = _probe_cluster(address)
+        except ValueError as err:
+            raise ValueError(f"{'RAY_ADDRESS=' if from_env else '--ray-address '}{err}") from None
+        where = f"the Ray cluster at {address}" + (f" ({resolved})" if resolved != address
+                                                   else "")
+    else:
+        resolved = None
+        nodes = ((float(num_cpus or os.cpu_count() or 1), float(local_gpus() if gpus else 0)),)
+        where = "this machine"
+    slots = _slots(nodes, gpus)
+    if slots == 0:
+        most_gpus = max((g for _, g in nodes), default=0.0)
+        if gpus > 0 and most_gpus == 0:
+            hint = (" (CUDA_VISIBLE_DEVICES is empty)" if address is None
+                    and os.environ.get("CUDA_VISIBLE_DEVICES") == "" else "")
+            raise ValueError(
+                f"--num-gpus-per-client {num_gpus_per_client:g}: Ray sees no GPU on "
+                f"{where}{hint}; leave the flag out (or 0) to train the clients on CPUs"
+            )
+        if gpus > 0 and most_gpus < gpus:
+            raise ValueError(
+                f"--num-gpus-per-client {num_gpus_per_client:g}: no node of {where} has "
+                f"that many GPUs (the most is {most_gpus:g}); a client runs on one node"
+            )
+        raise ValueError(f"{where} has no free CPU for a client (Ray reports "
+                         f"{sum(c for c, _ in nodes):g} CPUs on {len(nodes)} nodes)")
+    return RayPlan(address=resolved, nodes=nodes, num_gpus_per_client=gpus, slots=slots)
+
+
+def federation_config(
+    num_supernodes: int, plan: RayPlan, num_cpus: int | None = None, verbose: bool = False
+) -> tuple[str, dict[str, str]]:
+    """``flwr run``'s ``--federation-config`` for ``plan`` and the environment
+    variables the SuperLink needs for it (``RAY_ADDRESS`` for a cluster).
+
+    Flower 1.42's ``SimulationConfig`` (``flwr/proto/federation_config_pb2.py``,
+    read by ``_run_simulation_settings`` in ``flwr/simulation/app.py``) has
+    ``client-resources-num-cpus``/``-num-gpus`` and ``init-args-num-cpus``/
+    ``-num-gpus``/``-logging-level``/``-log-to-driver``, and no key for a Ray
+    address: ``RayBackend.init_ray`` calls ``ray.init(**init_args)``, and Ray then
+    reads ``RAY_ADDRESS``. ``init-args-num-cpus`` is left out for a cluster (Ray
+    refuses ``num_cpus`` when it joins one).
+    """
+    keys = [f"num-supernodes={num_supernodes}", "client-resources-num-cpus=1",
+            "init-args-logging-level='ERROR'",
+            f"init-args-log-to-driver={'true' if verbose else 'false'}"]
+    if plan.num_gpus_per_client > 0:
+        keys.append(f"client-resources-num-gpus={plan.num_gpus_per_client!r}")
+    if plan.address:
+        return " ".join(keys), {"RAY_ADDRESS": plan.address}
+    keys.append(f"init-args-num-cpus={int(num_cpus or os.cpu_count() or 1)}")
+    return " ".join(keys), {}
+
+
 def run_on_superlink(
     settings: Settings,
     num_cpus: int | None = None,
     verbose: bool = False,
     timeout: float | None = None,
+    num_gpus_per_client: float = 0.0,
+    ray_address: str | None = None,
 ) -> Path:
     """Run ``settings`` on Flower's simulation runtime through a private
     SuperLink (see the module docstring); returns the run's output folder.
 
+    ``num_gpus_per_client`` is each ClientApp's share of a GPU (0.25: four clients
+    per GPU; 0: CPUs only); ``ray_address`` joins an existing Ray cluster instead
+    of starting Ray here (default: ``RAY_ADDRESS`` of the environment, if set).
+    :func:`plan_ray` checks both first and raises ValueError (one line).
+
     Raises :class:`SimulationError` with a one-line reason when the run does not
     finish as ``finished:completed``.
     """
+    plan = plan_ray(num_gpus_per_client, ray_address, num_cpus)
     work = Path(tempfile.mkdtemp(prefix="mmfl-run-"))
     out = Path(settings.output_dir or work / "outputs").resolve()
     config = settings.to_run_config()
@@ -187,20 +447,17 @@ def run_on_superlink(
         f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
         f'address = "127.0.0.1:{port}"\ninsecure = true\n'
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLWR_")}
+    federation, ray_env = federation_config(settings.num_clients, plan, num_cpus, verbose)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("FLWR_") and k != "RAY_ADDRESS"}
     env.update(FLWR_HOME=str(home), FLWR_DISABLE_UPDATE_CHECK="1",
                # the app's code is this environment's mmfl_flwr: nothing to install
                FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-               RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0", RAY_DEDUP_LOGS="0")
+               RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0", RAY_DEDUP_LOGS="0", **ray_env)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    federation = [f"num-supernodes={settings.num_clients}", "client-resources-num-cpus=1",
-                  "init-args-logging-level='ERROR'",
-                  f"init-args-log-to-driver={'true' if verbose else 'false'}"]
-    if env.get("RAY_ADDRESS"):
-        print(f"[mmfl] RAY_ADDRESS={env['RAY_ADDRESS']}: Ray joins that cluster "
-              "(its CPUs, not --num-cpus)", flush=True)
-    else:
-        federation.append(f"init-args-num-cpus={int(num_cpus or os.cpu_count() or 1)}")
+    if plan.address or plan.num_gpus_per_client > 0:
+        ignored = " (--num-cpus does not apply to a cluster)" if plan.address and num_cpus else ""
+        print(f"[mmfl] {plan.describe()}{ignored}", flush=True)
     link_log = work / "superlink.log"
     with open(link_log, "wb") as log_f:
         # in a session of its own: a Ctrl-C or kill of this process group does not
@@ -216,7 +473,7 @@ def run_on_superlink(
         flwr = _exe("flwr")
         sub = subprocess.run(
             [flwr, "run", str(app), CONNECTION, "--format", "json",
-             "--federation-config", " ".join(federation)],
+             "--federation-config", federation],
             env=env, cwd=work, capture_output=True, text=True, timeout=300, check=False,
         )
         payload = _json_out(sub.stdout)

@@ -132,7 +132,14 @@ def aggregate_round(
     ``updates`` are the updates to aggregate (after any selection); the
     trainable entries go through the aggregator, the state entries are
     averaged (:func:`average_state`). A non-finite result leaves the model
-    unchanged (logged)."""
+    unchanged (logged).
+
+    Per task the row holds ``step_l1 = ||w_old - w_new||_1`` over the trainable
+    entries (the size of the weight change) and ``coef_sum``
+    (:meth:`Aggregator.coefficient_sum`: the sum of the coefficients applied to
+    the round's aggregated updates, paper 003's ``||H_{tau,s}||_1 = sum d/(B p)``
+    for the unbiased rules; computed as the aggregator applied them, also in a
+    round whose non-finite result was discarded)."""
     rows: dict[str, dict[str, Any]] = {}
     for task in plan.tasks:
         old = run.weights[task]
@@ -148,6 +155,7 @@ def aggregate_round(
                 else None
             ),
         )
+        coef_sum = aggregator.coefficient_sum(task, updates[task], shares=shares[task])
         new_state = average_state([old[k] for k in state_keys], updates[task])
         if not all(np.isfinite(a).all() for a in new_train + new_state if a.dtype.kind in "fc"):
             log(ERROR, "Task %r: aggregation produced NaN/inf (overflow); the global model "
@@ -168,6 +176,7 @@ def aggregate_round(
                 float(sum(v * n for v, n, _ in tl) / sum(n for _, n, _ in tl)) if tl else math.nan
             ),
             "step_l1": step_l1,
+            "coef_sum": coef_sum,
         }
     return rows
 

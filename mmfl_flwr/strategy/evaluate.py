@@ -138,11 +138,17 @@ def round_rows(
     seconds: float,
 ) -> list[dict[str, Any]]:
     """The history rows of a round: the training rows of every active task with
-    ``round_step_l1`` (their summed ``step_l1``) and the evaluations."""
+    ``round_step_l1`` (their summed ``step_l1``: the total size of the weight
+    changes, not paper 003's ``||H||_1``), ``coef_sum`` last among the training
+    columns (the sum of the aggregation coefficients, paper 003's
+    ``||H_{tau,s}||_1``), and the evaluations."""
     round_l1 = sum(r["step_l1"] for r in rows.values())
     out = []
     for task in run.tasks:
-        row = {"round": server_round, "task": task, **rows[task], "round_step_l1": round_l1}
+        train = dict(rows[task])
+        coef_sum = train.pop("coef_sum", math.nan)
+        row = {"round": server_round, "task": task, **train, "round_step_l1": round_l1,
+               "coef_sum": coef_sum}
         row.update(
             server_eval(evaluate_fn, run, server_round, task, result) if evaluated
             else {"accuracy": math.nan, "loss": math.nan}

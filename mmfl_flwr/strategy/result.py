@@ -27,10 +27,20 @@ class MultiModelResult:
         (server-side evaluation, NaN without ``evaluate_fn``), ``uploads``
         (accepted updates), ``assigned`` (clients assigned), ``rejected``,
         ``train_loss``, ``step_l1`` (``||w_old - w_new||_1`` over the trainable
-        entries), ``round_step_l1`` (the sum of ``step_l1`` over the tasks: paper
-        003's summed global step size ``sum_s ||H_s||_1``), and with
+        entries: the size of the model's weight change), ``round_step_l1``
+        (the sum of ``step_l1`` over the round's tasks; a weight-change size,
+        not paper 003's ``||H||_1``), ``coef_sum`` (the sum of the coefficients
+        the aggregator applied to the round's aggregated updates of the task:
+        paper 003's ``||H_{tau,s}||_1 = sum_{(i,b) in A_s} d_{i,s} / (B_i
+        p_{s|(i,b)})`` for the unbiased rules, expectation 1, and the same sum
+        over the fresh updates for FedVARP, FedStale, StaleVR and StaleVRE
+        (their stale terms not counted); 1 for FedAvg and the plain mean; the
+        trained clients' ``d_{i,s}`` for MIFA; NaN for the median and trimmed
+        mean; 0 without updates), and with
         client-side evaluation ``client_accuracy`` and ``client_loss``.
-        Round 0 holds the evaluation of the initial weights.
+        Round 0 holds the evaluation of the initial weights (``uploads``,
+        ``assigned``, ``rejected`` and ``step_l1`` 0; no ``round_step_l1`` or
+        ``coef_sum``).
     assignments : dict[int, list[tuple[str, str, int]]]
         Per round, the ``(client id, task, count)`` picks of the policy.
     """

@@ -25,6 +25,7 @@ __all__ = [
     "label_skew_partition",
     "Profile",
     "PROFILES",
+    "PARTITIONS",
 ]
 
 
@@ -54,7 +55,11 @@ def _build_registered(
     """Data of a user task: per client data, server test set, eligibility."""
     definition = get_task(kind)
     assert definition is not None
-    clients, server = definition.data_fn(num_clients, seed, copy)
+    if definition.partitioner is not None:
+        clients, server = _build_partitioned(kind, num_clients, seed, copy)
+    else:
+        assert definition.data_fn is not None
+        clients, server = definition.data_fn(num_clients, seed, copy)
     if len(clients) != num_clients:
         raise ValueError(
             f"task {kind!r}: data_fn returned {len(clients)} clients, expected {num_clients}"
@@ -71,6 +76,49 @@ def _build_registered(
     if not eligible.any():
         raise ValueError(f"task {kind!r}: data_fn gave no client any training data")
     return out, server, eligible
+
+
+def _build_partitioned(
+    kind: str, num_clients: int, seed: int, copy: int
+) -> tuple[list[tuple[Dataset, Dataset] | None], Dataset]:
+    """A user task's ``dataset`` split by its flwr-datasets ``partitioner`` (see
+    :func:`~mmfl_flwr.tasks.registry.register_task`): partition ``i`` is client
+    ``i``'s training set, local test sets are empty, the server tests on ``test``."""
+    import zlib
+
+    from mmfl_flwr.tasks.partitions import LABEL, make_partitioner, partitioner_indices
+
+    definition = get_task(kind)
+    assert definition is not None and definition.dataset is not None
+    got = definition.dataset(int(seed))
+    if not isinstance(got, (tuple, list)) or len(got) not in (2, 3):
+        raise TypeError(
+            f"task {kind!r}: dataset(seed) must return (train, test) or (train, test, "
+            f"columns), got {type(got).__name__}"
+        )
+    train, test = got[0], got[1]
+    if not isinstance(train, Dataset) or not isinstance(test, Dataset):
+        raise TypeError(
+            f"task {kind!r}: dataset's train and test must be mmfl_flwr.tasks.data.Dataset"
+        )
+    columns = {str(k): np.asarray(v) for k, v in (got[2] if len(got) == 3 else {}).items()}
+    if LABEL in columns:
+        raise ValueError(f"task {kind!r}: the column name {LABEL!r} is the builder's (train.y)")
+    # the task's own stream: run seed, task name, copy
+    stream = np.random.SeedSequence([int(seed), zlib.crc32(kind.encode()), int(copy)])
+    part_seed, order_seed, pick_seed = stream.spawn(3)
+    partitioner = make_partitioner(
+        definition.partitioner, num_clients, int(part_seed.generate_state(1)[0])
+    )
+    parts = partitioner_indices(
+        partitioner,
+        {LABEL: train.y, **columns},
+        order=np.random.default_rng(order_seed).permutation(len(train)),
+        num_clients=num_clients,
+        rng=np.random.default_rng(pick_seed),
+    )
+    empty = test.subset(np.zeros(0, dtype=np.int64))
+    return [(train.subset(ix), empty) for ix in parts], test
 
 
 def task_names(kinds: list[str]) -> list[str]:
@@ -125,6 +173,17 @@ def label_skew_partition(
     example (only possible when a label has more holders than examples) takes one
     random example from the currently largest client, and its held labels become
     that example's label.
+
+    This is our own code, not flwr-datasets' ``PathologicalPartitioner`` (which
+    draws the labels the same way, see
+    :func:`~mmfl_flwr.tasks.partitions.pathological_partition`): no flwr-datasets
+    partitioner weights clients (paper 003's high-data clients, ``weights``),
+    the pathological one drops labels no client drew and raises where a client
+    would be empty instead of repairing both, and none returns the labels each
+    client holds, from which the builder cuts the local test sets. It is the
+    builder's partition for the uniform profile too, so that every profile splits
+    by the same rule (and the reference runs of the default federations stay
+    byte-identical).
 
     Parameters
     ----------
@@ -387,6 +446,22 @@ class Profile:
     consistent : bool
         With ``clusters``: one client-to-cluster map for all tasks (consistent
         structure) or an independent map per task (inconsistent).
+    partition : str
+        How the training examples of the labelled image tasks (digits, mnist,
+        fashion-mnist, emnist, cifar10) are split among a task's eligible
+        clients: ``"label-skew"`` (the default, our
+        :func:`label_skew_partition`, which the high-data clients and the
+        clusters need), or a flwr-datasets partitioner (only without clusters
+        and high-data clients, which they cannot express):
+        ``"pathological"`` (``max(1, round(labels_per_client * C))`` labels per
+        client, :func:`~mmfl_flwr.tasks.partitions.pathological_partition`),
+        ``"dirichlet"`` (``Dir(dirichlet_alpha)`` label skew, at least one
+        example per client, :func:`~mmfl_flwr.tasks.partitions.dirichlet_partition`)
+        or ``"iid"`` (:func:`~mmfl_flwr.tasks.partitions.iid_partition`). A
+        client's local test set is the global test examples of the labels it
+        holds, split among their holders.
+    dirichlet_alpha : float
+        Concentration of ``partition="dirichlet"``.
     """
 
     high_data_fraction: float = 0.0
@@ -395,6 +470,12 @@ class Profile:
     processors: str = "one"
     clusters: int = 0
     consistent: bool = True
+    partition: str = "label-skew"
+    dirichlet_alpha: float = 0.5
+
+
+#: Values of :attr:`Profile.partition`; all but ``label-skew`` run flwr-datasets.
+PARTITIONS = ("label-skew", "pathological", "dirichlet", "iid")
 
 
 #: Named profiles: ``uniform`` (every client alike, one processor, all tasks),
@@ -437,11 +518,14 @@ def _build_digits(
     clusters: int = 0,
     kind: str = "digits",
     data: tuple[Dataset, Dataset] | None = None,
+    partition: str = "label-skew",
+    alpha: float = 0.5,
 ) -> tuple[list[tuple[Dataset, Dataset]], Dataset]:
     """Per-client data and server test set for one copy of a labelled image task
     (the embedded digits, or ``data`` of a real ``kind``); the training examples
     are shared out among the eligible clients only. With ``clusters``, client
-    ``i`` holds the labels of cluster ``cluster_of[i]``."""
+    ``i`` holds the labels of cluster ``cluster_of[i]``; otherwise ``partition``
+    (see :attr:`Profile.partition`) splits them."""
     train, test = data if data is not None else load_digits_data(seed)
     rng = np.random.default_rng(_stream_seed(seed, kind, copy))
     num_classes = KINDS[kind].num_classes
@@ -452,6 +536,10 @@ def _build_digits(
         _, label_groups = cluster_labels(num_clients, clusters, num_classes, rng)
         held = [label_groups[int(cluster_of[i])] for i in members]
         train_parts = _split_by_holders(train.y, held, rng)
+    elif partition != "label-skew":
+        train_parts, held = _fds_partition(
+            partition, train.y, members.shape[0], per, alpha, rng
+        )
     else:
         train_parts, held = label_skew_partition(
             train.y,
@@ -466,6 +554,31 @@ def _build_digits(
     for j, cid in enumerate(members):
         clients[int(cid)] = (train.subset(train_parts[j]), test.subset(test_parts[j]))
     return clients, test
+
+
+def _fds_partition(
+    partition: str,
+    labels: np.ndarray,
+    num_clients: int,
+    per: int,
+    alpha: float,
+    rng: np.random.Generator,
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """A flwr-datasets partition of an image task's training labels: per client
+    its indices and the labels it holds."""
+    from mmfl_flwr.tasks import partitions as P
+
+    if not 1 <= num_clients <= labels.shape[0]:
+        raise ValueError(f"need 1 <= clients <= {labels.shape[0]}, got {num_clients}")
+    if partition == "pathological":
+        return P.pathological_partition(labels, num_clients, per, rng)
+    if partition == "dirichlet":
+        parts = P.dirichlet_partition(labels, num_clients, alpha, rng, min_size=1)
+    elif partition == "iid":
+        parts = P.iid_partition(labels.shape[0], num_clients, rng)
+    else:  # pragma: no cover - build_federation validated it
+        raise ValueError(f"unknown partition {partition!r}")
+    return parts, [np.unique(labels[ix]).astype(np.int64) for ix in parts]
 
 
 def _build_synthetic(
@@ -595,6 +708,16 @@ def build_federation(
         if profile not in PROFILES:
             raise ValueError(f"unknown profile {profile!r}; choose from {', '.join(PROFILES)}")
         profile = PROFILES[profile]
+    if profile.partition not in PARTITIONS:
+        raise ValueError(
+            f"unknown partition {profile.partition!r}; choose from {', '.join(PARTITIONS)}"
+        )
+    if profile.partition != "label-skew" and (profile.clusters or profile.high_data_fraction > 0):
+        raise ValueError(
+            f"partition {profile.partition!r} (a flwr-datasets partitioner) cannot express "
+            "label clusters or high-data clients (no flwr-datasets partitioner weights "
+            "clients or maps them to label groups); use partition='label-skew'"
+        )
     names = task_names(list(kinds))
     eligible, high, processors = _heterogeneity(num_clients, len(names), seed, profile)
     heterogeneous_data = profile.high_data_fraction > 0
@@ -621,7 +744,7 @@ def build_federation(
             data[name], server_tests[name] = _build_digits(
                 num_clients, seed, copy, labels_per_client, eligible[s], weights,
                 maps[0 if profile.consistent else s] if profile.clusters else None,
-                profile.clusters,
+                profile.clusters, partition=profile.partition, alpha=profile.dirichlet_alpha,
             )
         elif kind in SYNTHETIC_KINDS:
             data[name], server_tests[name] = _build_synthetic(
@@ -657,6 +780,7 @@ def build_federation(
                 num_clients, seed, copy, labels_per_client, eligible[s], weights,
                 maps[0 if profile.consistent else s] if profile.clusters else None,
                 profile.clusters, kind=kind, data=load_split(kind, data_root),
+                partition=profile.partition, alpha=profile.dirichlet_alpha,
             )
         elif get_task(kind) is not None:
             data[name], server_tests[name], user_eligible = _build_registered(

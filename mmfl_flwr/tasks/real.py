@@ -3,8 +3,10 @@
 numpy only (the loaders in :mod:`mmfl_flwr.tasks.datasets` need no torch). Image
 tasks are partitioned like the embedded digits task (label skew, the paper-003
 profile or the papers 000/001 label clusters); Shakespeare uses LEAF's natural
-split (one speaking role per client); CelebA attributes are split IID (binary
-labels leave no room for a label skew).
+split (one speaking role per client; our code, as LEAF's files are already split
+per user, see :mod:`mmfl_flwr.tasks.partitions`); CelebA attributes are split IID
+(binary labels leave no room for a label skew) by flwr-datasets'
+``IidPartitioner`` (:func:`~mmfl_flwr.tasks.partitions.iid_partition`).
 """
 
 from __future__ import annotations
@@ -115,8 +117,9 @@ def build_shakespeare(
 def build_iid(
     train: Dataset, test: Dataset, num_clients: int, seed: int, copy: int, eligible: np.ndarray
 ) -> tuple[list[tuple[Dataset, Dataset]], Dataset]:
-    """IID split of ``train`` among the eligible clients; the whole test split is
-    the server's."""
+    """IID split of ``train`` among the eligible clients (flwr-datasets'
+    ``IidPartitioner`` on a random order of the examples, imported on first use);
+    the whole test split is the server's."""
     from mmfl_flwr.tasks.partitions import iid_partition
 
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 6161, int(copy)]))

@@ -14,10 +14,22 @@ from mmfl_flwr.tasks.kinds import KINDS
 >>> register_task("my-task", model_fn=lambda: MyTorchModel(), data_fn=my_data)
 
 A client for which ``data_fn`` returns ``None`` (or an empty training set) does
-not hold data for the task. ``trainer_fn(model_fn, train, test, batch_size)``
-may return a custom trainer (an object with ``num_examples``, ``train``,
-``loss`` and ``evaluate``, see :class:`mmfl_flwr.client.app.LocalTrainer`);
-by default the torch :class:`~mmfl_flwr.client.trainer.TorchTrainer` is used.
+not hold data for the task.
+
+Instead of ``data_fn``, a task can give its unsplit data and any flwr-datasets
+partitioner (https://flower.ai/docs/datasets/); the federation builder runs it
+offline on an in-memory table of the labels (nothing is downloaded):
+
+>>> from flwr_datasets.partitioner import DirichletPartitioner
+>>> register_task(
+...     "my-task", model_fn=lambda: MyTorchModel(), dataset=(train, test),
+...     partitioner=lambda num_partitions, seed: DirichletPartitioner(
+...         num_partitions, "label", alpha=0.5, min_partition_size=1, seed=seed))
+
+``trainer_fn(model_fn, train, test, batch_size)`` may return a custom trainer
+(an object with ``num_examples``, ``train``, ``loss`` and ``evaluate``, see
+:class:`mmfl_flwr.client.app.LocalTrainer`); by default the torch
+:class:`~mmfl_flwr.client.trainer.TorchTrainer` is used.
 
 Registrations live in the Python process that makes them. ``mmfl run`` and the
 in-process / simulation runners carry a snapshot of the registry to every
@@ -38,17 +50,35 @@ from mmfl_flwr.tasks.kinds import KINDS
 #: ``(train, local_test)`` pair (or None: no data for this task).
 DataFn = Callable[[int, int, int], "tuple[list[tuple[Dataset, Dataset] | None], Dataset]"]
 
+#: ``dataset(seed) -> (train, test)`` or ``(train, test, columns)``: the unsplit
+#: data of a task partitioned by a flwr-datasets partitioner.
+DatasetFn = Callable[[int], "tuple[Any, ...]"]
+
+
+class _Fixed:
+    """``dataset`` given as a tuple: a callable returning it (hashable by identity,
+    so that a definition stays usable as a cache key)."""
+
+    def __init__(self, value: tuple[Any, ...]) -> None:
+        self.value = value
+
+    def __call__(self, seed: int) -> tuple[Any, ...]:
+        return self.value
+
 
 @dataclass(frozen=True)
 class TaskDefinition:
-    """A user task: how to build its model, its federated data, and (optionally)
-    its local trainer."""
+    """A user task: how to build its model, its federated data (``data_fn``, or
+    ``dataset`` split by ``partitioner``), and (optionally) its local trainer."""
 
     name: str
     model_fn: Callable[[], Any]
-    data_fn: DataFn
+    data_fn: DataFn | None
     trainer_fn: Callable[..., Any] | None = None
     description: str = ""
+    #: a flwr-datasets Partitioner (without dataset) or ``fn(num_partitions, seed)``
+    partitioner: Any = None
+    dataset: DatasetFn | None = None
 
 
 _REGISTRY: dict[str, TaskDefinition] = {}
@@ -57,12 +87,18 @@ _REGISTRY: dict[str, TaskDefinition] = {}
 def register_task(
     name: str,
     model_fn: Callable[[], Any],
-    data_fn: DataFn,
+    data_fn: DataFn | None = None,
     trainer_fn: Callable[..., Any] | None = None,
     description: str = "",
     replace: bool = False,
+    *,
+    dataset: tuple[Any, ...] | DatasetFn | None = None,
+    partitioner: Any = None,
 ) -> TaskDefinition:
     """Register a task kind under ``name``.
+
+    The task's federated data comes either from ``data_fn`` (you split it) or
+    from ``dataset`` and ``partitioner`` (a flwr-datasets partitioner splits it).
 
     Parameters
     ----------
@@ -71,7 +107,7 @@ def register_task(
         built-in kind).
     model_fn : callable
         Returns a fresh model (e.g. a ``torch.nn.Module`` returning logits).
-    data_fn : callable
+    data_fn : callable, optional
         ``data_fn(num_clients, seed, copy)`` returns ``(clients, server_test)``;
         ``copy`` numbers repeated models of this kind (0, 1, ...).
     trainer_fn : callable, optional
@@ -80,18 +116,127 @@ def register_task(
         Shown by ``registered_tasks()``.
     replace : bool
         Allow re-registering an existing name.
+    dataset : tuple or callable, optional
+        With ``partitioner``: the unsplit data, ``(train, test)`` of
+        :class:`~mmfl_flwr.tasks.data.Dataset`, optionally with a third item,
+        ``columns``: a dict of further per-training-example 1-D arrays a
+        partitioner may partition by (e.g. ``{"writer": ids}`` for
+        ``NaturalIdPartitioner("writer")``); or a callable ``dataset(seed)``
+        returning that tuple (loads lazily, e.g. from local files, in every
+        process that builds the federation).
+    partitioner : flwr_datasets.partitioner.Partitioner or callable, optional
+        Any flwr-datasets partitioner, as a factory
+        ``partitioner(num_partitions, seed) -> Partitioner`` (recommended) or an
+        instance without a dataset. The builder calls the factory with the
+        number of clients and a seed derived from the run's seed, the task and
+        its copy, so every copy and every run seed gets its own partition; an
+        instance is deep-copied for each use (flwr-datasets assigns a dataset to
+        a partitioner only once), so its own seed stays fixed. The partitioner
+        sees an in-memory ``datasets.Dataset`` with the column ``"label"``
+        (``train.y``) and the ``columns``, with the rows in a random order drawn
+        from the run's seed (``IidPartitioner``, ``SizePartitioner`` and
+        ``LinearPartitioner`` cut the data in its order). Partition ``i`` is
+        client ``i``'s training set; a partitioner with more partitions than
+        clients (``NaturalIdPartitioner``: one per id) has ``num_clients`` of
+        them drawn, one with fewer is an error. A client with an empty partition
+        does not hold the task. Local test sets are empty; the server evaluates
+        on ``test``. flwr-datasets is imported only when such a task is built
+        (a few seconds, once per process).
     """
     if not isinstance(name, str) or not name or "," in name or name != name.strip():
         raise ValueError(f"task name must be a non-empty string without commas, got {name!r}")
     if name in KINDS:
         raise ValueError(f"{name!r} is a built-in task kind; choose another name")
-    if name in _REGISTRY and not replace and _REGISTRY[name].data_fn is not data_fn:
+    if not callable(model_fn):
+        raise TypeError("model_fn must be a callable")
+    source: DatasetFn | None = None
+    if partitioner is None:
+        if dataset is not None:
+            raise ValueError("dataset= needs partitioner= (or pass data_fn instead)")
+        if not callable(data_fn):
+            raise TypeError("data_fn must be a callable (or pass dataset= and partitioner=)")
+    else:
+        if data_fn is not None:
+            raise ValueError("pass either data_fn or dataset= and partitioner=, not both")
+        _check_partitioner(partitioner)
+        if dataset is None:
+            raise ValueError("partitioner= needs dataset=(train, test) or a dataset(seed) callable")
+        if callable(dataset):
+            source = dataset
+        else:
+            _check_dataset(dataset, name)
+            source = _Fixed(tuple(dataset))
+    old = _REGISTRY.get(name)
+    if old is not None and not replace and (
+        old.data_fn is not data_fn
+        or old.partitioner is not partitioner
+        or (old.dataset is not dataset
+            and not (isinstance(old.dataset, _Fixed) and isinstance(source, _Fixed)
+                     and _same(old.dataset.value, source.value)))
+    ):
         raise ValueError(f"task {name!r} is already registered (pass replace=True)")
-    if not callable(model_fn) or not callable(data_fn):
-        raise TypeError("model_fn and data_fn must be callables")
-    definition = TaskDefinition(name, model_fn, data_fn, trainer_fn, description)
+    definition = TaskDefinition(
+        name, model_fn, data_fn, trainer_fn, description, partitioner=partitioner,
+        dataset=source,
+    )
     _REGISTRY[name] = definition
     return definition
+
+
+def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+def _check_partitioner(partitioner: Any) -> None:
+    """Refuse what cannot be a flwr-datasets partitioner or a factory of one,
+    without importing flwr-datasets (the builder checks the type)."""
+    if hasattr(partitioner, "load_partition") and hasattr(partitioner, "is_dataset_assigned"):
+        if partitioner.is_dataset_assigned():
+            raise ValueError(
+                f"the {type(partitioner).__name__} passed as partitioner already has a "
+                "dataset (flwr-datasets assigns one only once); pass one without a "
+                "dataset, or a factory fn(num_partitions, seed)"
+            )
+        return
+    if not callable(partitioner):
+        raise TypeError(
+            "partitioner must be a flwr_datasets.partitioner.Partitioner or a factory "
+            f"fn(num_partitions, seed) -> Partitioner, got {type(partitioner).__name__}"
+        )
+
+
+def _check_dataset(dataset: Any, name: str) -> None:
+    """``(train, test)`` or ``(train, test, columns)`` with a row per training
+    example in every column."""
+    if not isinstance(dataset, (tuple, list)) or len(dataset) not in (2, 3):
+        raise TypeError(
+            f"task {name!r}: dataset must be (train, test), (train, test, columns) or a "
+            f"callable dataset(seed) returning one, got {type(dataset).__name__}"
+        )
+    train, test = dataset[0], dataset[1]
+    if not isinstance(train, Dataset) or not isinstance(test, Dataset):
+        raise TypeError(
+            f"task {name!r}: dataset's train and test must be mmfl_flwr.tasks.data.Dataset, "
+            f"got {type(train).__name__} and {type(test).__name__}"
+        )
+    if len(train) == 0:
+        raise ValueError(f"task {name!r}: the training set is empty")
+    if len(dataset) == 3:
+        columns = dataset[2]
+        if not isinstance(columns, Mapping):
+            raise TypeError(f"task {name!r}: columns must be a dict of name -> array")
+        for col, values in columns.items():
+            shape = getattr(values, "shape", (len(values),))
+            if col == "label" or not isinstance(col, str):
+                raise ValueError(
+                    f"task {name!r}: column names must be strings other than 'label' "
+                    "(the builder's column of train.y)"
+                )
+            if tuple(shape) != (len(train),):
+                raise ValueError(
+                    f"task {name!r}: column {col!r} has shape {tuple(shape)}, expected "
+                    f"({len(train)},): one value per training example"
+                )
 
 
 def get_task(name: str) -> TaskDefinition | None:

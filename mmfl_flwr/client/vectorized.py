@@ -1,0 +1,391 @@
+"""Many clients of one model at once: batched loss queries, evaluation and local
+training with ``torch.func`` (framework-free: torch and numpy only, no Flower).
+
+The per-client path (:class:`~mmfl_flwr.client.trainer.TorchTrainer`) trains one
+client at a time. Here the clients that train the same model in a round train
+together: their weights are stacked along a leading client axis and one
+``vmap(grad(loss))`` call computes every client's gradient of its own mini-batch.
+What each client computes is exactly what :meth:`TorchTrainer.train` computes:
+
+* the same mini-batch order: a ``torch.Generator`` seeded with the client's
+  training seed draws ``randperm(n_i)`` at every epoch;
+* plain SGD with the same learning rate, batch size and number of epochs; the
+  mini-batch loss is the mean cross-entropy over the client's real samples;
+* unequal dataset sizes: an epoch runs as many steps as the largest client
+  needs; a client whose batches are exhausted is masked out (its samples get
+  weight 0 and its update is multiplied by 0), which is what "it stopped" means;
+* models with state buffers (batch norm) keep per-client buffers; since batch
+  norm sees every sample of a batch, those models never pad: at each step the
+  clients are grouped by their actual batch length and each group runs its own
+  ``vmap`` call;
+* the reported training loss is the mean per-example loss of the last epoch.
+
+Loss queries and evaluation run one no-grad forward over the concatenated data
+of all clients (in chunks) and reduce per client.
+
+The results equal the per-client path's up to floating-point summation order
+(checked per model of the zoo in ``tests/test_vectorized.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+from torch.nn import functional as F
+
+__all__ = [
+    "ClientData",
+    "TrainJob",
+    "VectorModel",
+    "batched_evaluate",
+    "batched_losses",
+    "batched_train",
+    "default_chunk",
+]
+
+Weights = dict[str, np.ndarray]
+
+
+@dataclass
+class ClientData:
+    """One client's tensors for one model (already on the compute device)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+    @property
+    def n(self) -> int:
+        """Number of samples."""
+        return int(self.y.shape[0])
+
+
+@dataclass
+class TrainJob:
+    """One client's local training in a batched call."""
+
+    data: ClientData
+    #: the client's training seed (``training_seed(seed, round, client, task)``)
+    seed: int
+
+
+def unsupported_reason(model: nn.Module, device_type: str) -> str | None:
+    """Why ``model`` cannot be trained batched on ``device_type``, or None.
+
+    ``nn.LSTM`` on CUDA: cuDNN's fused kernel reads its weights' storage, which
+    ``vmap`` does not have (on the CPU, PyTorch's fallback loops inside ``vmap``:
+    correct, not faster)."""
+    if device_type == "cuda" and any(isinstance(m, nn.RNNBase) for m in model.modules()):
+        return f"{type(model).__name__} (nn.LSTM/GRU/RNN) does not run under vmap on CUDA"
+    return None
+
+
+class VectorModel:
+    """A model architecture prepared for functional, batched calls.
+
+    Parameters
+    ----------
+    model_fn : callable
+        Builds the model (its initialisation is never used; the caller's
+        global torch RNG is left untouched).
+    device : torch.device
+        Where the computation runs.
+    """
+
+    def __init__(self, model_fn: Callable[[], nn.Module], device: torch.device) -> None:
+        with torch.random.fork_rng(devices=[]):
+            self.base = model_fn().to(device)
+        self.device = device
+        state = self.base.state_dict()
+        self.keys = list(state)
+        self.param_keys = [n for n, p in self.base.named_parameters() if p.requires_grad]
+        self.buffer_keys = [k for k in self.keys if k not in set(self.param_keys)]
+        #: state buffers that change in train mode (batch norm): no padding then
+        self.has_state = any(
+            isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.base.modules()
+        )
+        #: why this model cannot be trained batched here (None: it can)
+        self.unsupported = unsupported_reason(self.base, device.type)
+        self.dtypes = {k: v.dtype for k, v in state.items()}
+        self.shapes = {k: tuple(v.shape) for k, v in state.items()}
+
+    def tensors(self, weights: Weights) -> dict[str, torch.Tensor]:
+        """``weights`` as tensors on the device (strict keys and shapes)."""
+        missing = set(self.keys) - set(weights)
+        extra = set(weights) - set(self.keys)
+        if missing or extra:
+            raise KeyError(
+                f"weight keys mismatch: missing {sorted(missing)}, extra {sorted(extra)}"
+            )
+        out = {}
+        for k in self.keys:
+            arr = np.asarray(weights[k])
+            if tuple(arr.shape) != self.shapes[k]:
+                raise ValueError(f"shape mismatch for {k}: {arr.shape} vs {self.shapes[k]}")
+            out[k] = torch.as_tensor(arr, dtype=self.dtypes[k]).to(self.device)
+        return out
+
+    def load(self, weights: Weights) -> nn.Module:
+        """The base module holding ``weights`` (for no-grad passes)."""
+        self.base.load_state_dict(self.tensors(weights), strict=True)
+        return self.base
+
+
+def default_chunk(device: torch.device, per_client_bytes: int) -> int:
+    """How many clients to train in one batched call: on a GPU, as many as fit in
+    half of the free memory; on the CPU, 64 (larger chunks stop paying off once
+    the cores are busy)."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return max(1, int(0.5 * free) // max(1, per_client_bytes))
+    return 64
+
+
+@torch.no_grad()
+def _forward_rows(
+    model: nn.Module, datasets: Sequence[ClientData], rows: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-client summed cross-entropy and correct predictions (float64) of one
+    no-grad forward over the concatenated data, ``rows`` samples at a time."""
+    model.eval()
+    device = next(iter(model.state_dict().values())).device
+    c = len(datasets)
+    loss_sum = torch.zeros(c, dtype=torch.float64, device=device)
+    correct = torch.zeros(c, dtype=torch.float64, device=device)
+    owner = torch.cat(
+        [torch.full((d.n,), i, dtype=torch.long, device=device) for i, d in enumerate(datasets)]
+    )
+    x_all = torch.cat([d.x for d in datasets])
+    y_all = torch.cat([d.y for d in datasets])
+    for start in range(0, int(y_all.shape[0]), rows):
+        xb = x_all[start : start + rows]
+        yb = y_all[start : start + rows]
+        ob = owner[start : start + rows]
+        logits = model(xb)
+        per = F.cross_entropy(logits, yb, reduction="none").double()
+        loss_sum.index_add_(0, ob, per)
+        correct.index_add_(0, ob, (logits.argmax(dim=1) == yb).double())
+    return loss_sum, correct
+
+
+def batched_losses(
+    vm: VectorModel, weights: Weights, datasets: Sequence[ClientData], rows: int = 8192
+) -> list[float]:
+    """Mean cross-entropy of ``weights`` on each client's data (a loss query).
+
+    Parameters
+    ----------
+    vm : VectorModel
+        The model architecture.
+    weights : dict of str to np.ndarray
+        One model's weights, the same for every client.
+    datasets : sequence of ClientData
+        Each client's (non-empty) training data.
+    rows : int
+        Samples per forward pass.
+
+    Returns
+    -------
+    list of float
+        ``f_i(w)`` per client, in the order of ``datasets``.
+    """
+    if not datasets:
+        return []
+    model = vm.load(weights)
+    loss_sum, _ = _forward_rows(model, datasets, rows)
+    n = torch.tensor([d.n for d in datasets], dtype=torch.float64, device=loss_sum.device)
+    return [float(v) for v in (loss_sum / n).cpu()]
+
+
+def batched_evaluate(
+    vm: VectorModel, weights: Weights, datasets: Sequence[ClientData], rows: int = 8192
+) -> list[tuple[float, float, int]]:
+    """``(loss, accuracy, n)`` of ``weights`` on each client's data."""
+    if not datasets:
+        return []
+    model = vm.load(weights)
+    loss_sum, correct = _forward_rows(model, datasets, rows)
+    out = []
+    for i, d in enumerate(datasets):
+        out.append((float(loss_sum[i]) / d.n, float(correct[i]) / d.n, d.n))
+    return out
+
+
+def _schedule(
+    jobs: Sequence[TrainJob], epochs: int, batch_size: int
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Every client's mini-batch indices for every step, the same draws as
+    :meth:`TorchTrainer.train`.
+
+    Returns ``index`` of shape ``(epochs, steps, clients, batch)`` (padding
+    entries are 0), ``count`` of shape ``(epochs, steps, clients)`` (the real
+    batch length; 0 once a client has no batch left in the epoch) and ``steps``
+    (the most steps any client takes per epoch).
+    """
+    c = len(jobs)
+    steps = max(-(-j.data.n // batch_size) for j in jobs)
+    width = min(batch_size, max(j.data.n for j in jobs))
+    index = torch.zeros((epochs, steps, c, width), dtype=torch.long)
+    count = torch.zeros((epochs, steps, c), dtype=torch.long)
+    for ci, job in enumerate(jobs):
+        n = job.data.n
+        gen = torch.Generator().manual_seed(int(job.seed))
+        for e in range(epochs):
+            order = torch.randperm(n, generator=gen)
+            for s, start in enumerate(range(0, n, batch_size)):
+                idx = order[start : start + batch_size]
+                index[e, s, ci, : idx.shape[0]] = idx
+                count[e, s, ci] = idx.shape[0]
+    return index, count, steps
+
+
+def _padded(datasets: Sequence[ClientData]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clients' data stacked as ``(clients, n_max, ...)`` (zero-padded)."""
+    n_max = max(d.n for d in datasets)
+    first = datasets[0]
+    x = first.x.new_zeros((len(datasets), n_max, *first.x.shape[1:]))
+    y = first.y.new_zeros((len(datasets), n_max))
+    for i, d in enumerate(datasets):
+        x[i, : d.n] = d.x
+        y[i, : d.n] = d.y
+    return x, y
+
+
+def _train_chunk(
+    vm: VectorModel,
+    start: dict[str, torch.Tensor],
+    jobs: Sequence[TrainJob],
+    epochs: int,
+    lr: float,
+    batch_size: int,
+) -> list[tuple[Weights, int, float]]:
+    c = len(jobs)
+    device = vm.device
+    index, count, steps = _schedule(jobs, epochs, batch_size)
+    index = index.to(device)
+    count = count.to(device)
+    x_pad, y_pad = _padded([j.data for j in jobs])
+    params = {k: start[k].unsqueeze(0).repeat(c, *([1] * start[k].dim()))
+              for k in vm.param_keys}
+    buffers = {k: start[k].unsqueeze(0).repeat(c, *([1] * start[k].dim()))
+               for k in vm.buffer_keys}
+    base = vm.base
+    base.train()
+
+    def loss_fn(p, b, xb, yb, mb):  # one client's masked mean cross-entropy
+        logits = functional_call(base, (p, b), (xb,))
+        per = F.cross_entropy(logits, yb, reduction="none")
+        total = (per * mb).sum()
+        loss = total / mb.sum().clamp(min=1.0)
+        return loss, loss.detach()
+
+    step_fn = vmap(grad(loss_fn, has_aux=True), in_dims=(0, 0, 0, 0, 0), randomness="same")
+    rows = torch.arange(c, device=device)
+    last_total = torch.zeros(c, dtype=torch.float64, device=device)
+    for e in range(epochs):
+        for s in range(steps):
+            cnt = count[e, s]
+            idx = index[e, s]
+            if vm.has_state:
+                # no padding: one call per group of equal batch length
+                for length in torch.unique(cnt[cnt > 0]).tolist():
+                    members = torch.nonzero(cnt == length).flatten()
+                    sel = idx[members, :length]
+                    xb = x_pad[members.unsqueeze(1), sel]
+                    yb = y_pad[members.unsqueeze(1), sel]
+                    mb = torch.ones(yb.shape, dtype=x_pad.dtype, device=device)
+                    p = {k: v.index_select(0, members) for k, v in params.items()}
+                    b = {k: v.index_select(0, members) for k, v in buffers.items()}
+                    grads, loss = step_fn(p, b, xb, yb, mb)
+                    with torch.no_grad():
+                        for k in params:
+                            params[k].index_copy_(0, members, p[k] - lr * grads[k])
+                        for k in buffers:
+                            buffers[k].index_copy_(0, members, b[k])
+                        if e == epochs - 1:
+                            last_total.index_add_(0, members, loss.double() * length)
+            else:
+                width = int(cnt.max())
+                sel = idx[:, :width]
+                xb = x_pad[rows.unsqueeze(1), sel]
+                yb = y_pad[rows.unsqueeze(1), sel]
+                mb = (torch.arange(width, device=device).unsqueeze(0) < cnt.unsqueeze(1))
+                mb = mb.to(x_pad.dtype)
+                grads, loss = step_fn(params, buffers, xb, yb, mb)
+                active = (cnt > 0).to(x_pad.dtype)
+                with torch.no_grad():
+                    for k in params:
+                        g = grads[k] * active.view(-1, *([1] * (grads[k].dim() - 1)))
+                        params[k].sub_(lr * g)
+                    if e == epochs - 1:
+                        last_total += loss.double() * cnt.double()
+    out = []
+    for ci, job in enumerate(jobs):
+        w: Weights = {}
+        for k in vm.keys:
+            t = params[k][ci] if k in params else buffers[k][ci]
+            w[k] = t.detach().cpu().numpy().copy()
+        out.append((w, job.data.n, float(last_total[ci]) / job.data.n))
+    return out
+
+
+def batched_train(
+    vm: VectorModel,
+    weights: Weights,
+    jobs: Sequence[TrainJob],
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    chunk: int | None = None,
+) -> list[tuple[Weights, int, float]]:
+    """Local training of several clients from the same starting weights.
+
+    Parameters
+    ----------
+    vm : VectorModel
+        The model architecture.
+    weights : dict of str to np.ndarray
+        The starting (global) weights.
+    jobs : sequence of TrainJob
+        Each client's data and training seed.
+    epochs, lr, batch_size
+        As :meth:`TorchTrainer.train`.
+    chunk : int, optional
+        Clients per batched call (default: :func:`default_chunk`).
+
+    Returns
+    -------
+    list of (weights, n, train_loss)
+        Per job, what :meth:`TorchTrainer.train` returns for it.
+    """
+    if epochs < 1:
+        raise ValueError(f"epochs must be >= 1, got {epochs}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if not jobs:
+        return []
+    start = vm.tensors(weights)
+    if chunk is None:
+        n_max = max(j.data.n for j in jobs)
+        sample = jobs[0].data.x[0].numel() * jobs[0].data.x.element_size()
+        model_bytes = sum(v.numel() * v.element_size() for v in start.values())
+        # weights, gradients, activations of one batch (a rough 64 floats per input value)
+        per_client = 4 * model_bytes + n_max * sample + 64 * min(batch_size, n_max) * sample
+        chunk = default_chunk(vm.device, per_client)
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    # clients of similar size together: less padding and fewer idle steps
+    order = sorted(range(len(jobs)), key=lambda i: jobs[i].data.n)
+    results: list[tuple[Weights, int, float] | None] = [None] * len(jobs)
+    for lo in range(0, len(order), chunk):
+        part = order[lo : lo + chunk]
+        for i, res in zip(part, _train_chunk(vm, start, [jobs[i] for i in part],
+                                             epochs, lr, batch_size)):
+            results[i] = res
+    assert all(r is not None for r in results)
+    return [r for r in results if r is not None]
+

@@ -347,3 +347,27 @@ def test_one_seed_fixes_a_vectorized_run():
     strip = [{k: v for k, v in r.items() if k != "seconds"} for r in a.history]
     assert strip == [{k: v for k, v in r.items() if k != "seconds"} for r in b.history]
     assert a.assignments == b.assignments
+
+
+@pytest.mark.slow
+def test_every_preset_runs_on_the_vectorized_engine():
+    from mmfl_flwr.presets import PRESETS
+
+    for strategy in sorted(PRESETS):
+        result = _run("vectorized", strategy=strategy, num_rounds=2, local_epochs=1)
+        final = result.final()
+        assert set(final) == {"digits", "synthetic", "digits_2"}, strategy
+        assert all(math.isfinite(r["accuracy"]) for r in final.values()), strategy
+
+
+def test_cli_runs_the_vectorized_engine_and_refuses_a_misplaced_chunk(tmp_path, capsys):
+    from mmfl_flwr.cli import main
+
+    out = tmp_path / "run"
+    assert main(["run", "--engine", "vectorized", "--vector-chunk", "2", "--num-clients", "4",
+                 "--num-rounds", "1", "--local-epochs", "1", "--output-dir", str(out)]) == 0
+    assert (out / "metrics.csv").is_file()
+    with pytest.raises(SystemExit) as err:
+        main(["run", "--engine", "inprocess", "--vector-chunk", "2", "--output-dir", ""])
+    assert err.value.code == 2
+    assert "--vector-chunk applies to --engine vectorized only" in capsys.readouterr().err

@@ -1,0 +1,317 @@
+"""Shared plumbing of the paper-evidence scripts (issue: the papers' evidence).
+
+Every experiment script under ``benchmarks/`` that feeds RESULTS.md uses this module:
+
+* :func:`mode_args` adds ``--quick`` (the default: minutes on 2 cores) / ``--full``,
+  ``--engine`` (default ``vectorized``, the fastest engine), ``--workers`` and
+  ``--out`` (default ``docs/results``) to an argparse parser;
+* :func:`run_many` runs ``Settings`` keyword dicts (one per (method, seed)) on an engine in
+  worker processes and returns their history rows tagged with the method and seed;
+* :func:`write_long_csv` writes those rows as one long CSV (``method, seed, round, task,
+  accuracy, loss, ...``), the raw data of a figure;
+* :func:`paired_ci` / :func:`compare_to_reference` give paired per-seed differences
+  against a reference method with a 95% t confidence interval and a verdict (``better``,
+  ``worse`` or ``level`` where the interval covers 0);
+* :func:`plot_curves` (mean curve per method with a shaded 95% band over seeds) and
+  :func:`plot_final` (box plot of a final value per method) write PNGs;
+* :func:`write_fragment` writes the experiment's Markdown fragment
+  (``<out>/<name>.md``) that ``benchmarks/reproduce.py`` assembles into RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO / "docs" / "results"
+
+
+# ------------------------------------------------------------------------ arguments
+def mode_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add ``--quick`` / ``--full``, ``--engine``, ``--workers`` and ``--out``."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--quick", dest="mode", action="store_const", const="quick",
+                       help="small scale, minutes on 2 cores (default)")
+    group.add_argument("--full", dest="mode", action="store_const", const="full",
+                       help="the scale reported in RESULTS.md")
+    parser.set_defaults(mode="quick")
+    parser.add_argument("--engine", default="vectorized",
+                        choices=("vectorized", "inprocess", "simulation"),
+                        help="engine of every run (default: vectorized, the fastest)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="runs in parallel (processes; default 1: the vectorized engine "
+                             "already uses every core)")
+    parser.add_argument("--out", default=str(DEFAULT_OUT),
+                        help="folder of the CSV, PNG and Markdown outputs")
+    return parser
+
+
+def machine() -> str:
+    """One line naming the machine (CPU model, cores, torch, GPU if any)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        import torch
+
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+        tv = torch.__version__
+    except ImportError:  # pragma: no cover
+        gpu, tv = "no GPU", "none"
+    return f"{cpu}, {os.cpu_count()} cores, {gpu}, torch {tv}"
+
+
+# ---------------------------------------------------------------------------- runs
+def _one(job: tuple[str, int, dict[str, Any], str]) -> list[dict[str, Any]]:
+    method, seed, settings, engine = job
+    from mmfl_flwr.config import Settings
+    from mmfl_flwr.runner import run
+
+    s = Settings(**{**settings, "seed": seed, "output_dir": ""})
+    t0 = time.monotonic()
+    result = run(s, engine=engine)
+    wall = time.monotonic() - t0
+    rows = []
+    for r in result.history:
+        row = {"method": method, "seed": seed, **{k: v for k, v in r.items()
+                                                  if k != "seconds"}}
+        row["run_seconds"] = round(wall, 3)
+        rows.append(row)
+    return rows
+
+
+def run_many(
+    jobs: Sequence[tuple[str, int, Mapping[str, Any]]],
+    engine: str = "vectorized",
+    workers: int = 1,
+) -> list[dict[str, Any]]:
+    """Run every ``(method, seed, settings)``; return all history rows, each tagged
+    with ``method`` and ``seed`` (``seconds`` dropped: timings are not evidence), in
+    job order. Prints one line per finished run."""
+    full = [(m, int(s), dict(kw), engine) for m, s, kw in jobs]
+    rows: list[dict[str, Any]] = []
+    if workers <= 1:
+        results: Iterable[list[dict[str, Any]]] = map(_one, full)
+        for (m, s, *_), r in zip(full, results):
+            rows.extend(r)
+            print(f"  {m} seed {s}: done", flush=True)
+        return rows
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for (m, s, *_), r in zip(full, pool.map(_one, full)):
+            rows.extend(r)
+            print(f"  {m} seed {s}: done", flush=True)
+    return rows
+
+
+# ---------------------------------------------------------------------------- files
+def write_long_csv(path: str | Path, rows: Sequence[Mapping[str, Any]]) -> Path:
+    """Write rows (dicts) as CSV; the columns are the union of the keys, first-seen order."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cols: list[str] = []
+    for r in rows:
+        for k in r:
+            if k not in cols:
+                cols.append(k)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if isinstance(v, float) and math.isnan(v) else v)
+                        for k, v in r.items()})
+    return path
+
+
+def write_fragment(out: str | Path, name: str, text: str) -> Path:
+    """Write the experiment's Markdown fragment ``<out>/<name>.md``."""
+    path = Path(out) / f"{name}.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text.rstrip() + "\n")
+    return path
+
+
+# ------------------------------------------------------------------------ statistics
+def t_quantile(df: int, level: float = 0.95) -> float:
+    """The two-sided ``level`` quantile of Student's t with ``df`` degrees of freedom."""
+    from scipy import stats
+
+    return float(stats.t.ppf(0.5 + level / 2, df))
+
+
+def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """Mean and the ``level`` t confidence interval of the mean: ``(mean, lo, hi)``.
+    A single value has an infinite interval."""
+    vals = [float(v) for v in values]
+    if not vals:
+        raise ValueError("no values")
+    m = statistics.fmean(vals)
+    if len(vals) == 1:
+        return m, -math.inf, math.inf
+    half = t_quantile(len(vals) - 1, level) * statistics.stdev(vals) / math.sqrt(len(vals))
+    return m, m - half, m + half
+
+
+def paired_ci(
+    values: Mapping[int, float], reference: Mapping[int, float], level: float = 0.95
+) -> dict[str, Any]:
+    """Paired difference ``values[seed] - reference[seed]`` over the seeds both have:
+    mean, ``level`` t interval, number of pairs and a verdict: ``better`` (the interval
+    lies above 0), ``worse`` (below 0) or ``level`` (it covers 0)."""
+    seeds = sorted(set(values) & set(reference))
+    if not seeds:
+        raise ValueError("no seed in common")
+    diffs = [float(values[s]) - float(reference[s]) for s in seeds]
+    m, lo, hi = mean_ci(diffs, level)
+    verdict = "better" if lo > 0 else "worse" if hi < 0 else "level"
+    return {"mean": m, "lo": lo, "hi": hi, "n": len(seeds), "verdict": verdict}
+
+
+def final_values(
+    rows: Sequence[Mapping[str, Any]], metric: str = "accuracy", last: int = 1
+) -> dict[str, dict[int, float]]:
+    """Per method and seed: ``metric`` averaged over the models and over the last
+    ``last`` rounds of the run (rows with a NaN or empty value are skipped)."""
+    by: dict[tuple[str, int], dict[int, list[float]]] = {}
+    for r in rows:
+        v = r.get(metric)
+        if v is None or v == "" or (isinstance(v, float) and math.isnan(v)):
+            continue
+        by.setdefault((r["method"], int(r["seed"])), {}).setdefault(int(r["round"]), []).append(
+            float(v))
+    out: dict[str, dict[int, float]] = {}
+    for (method, seed), rounds in by.items():
+        tail = sorted(rounds)[-last:]
+        out.setdefault(method, {})[seed] = statistics.fmean(
+            statistics.fmean(rounds[r]) for r in tail)
+    return out
+
+
+def compare_to_reference(
+    finals: Mapping[str, Mapping[int, float]], reference: str, level: float = 0.95
+) -> list[dict[str, Any]]:
+    """One row per method: mean and CI of its final value, and the paired difference to
+    ``reference`` (absent for the reference itself)."""
+    rows = []
+    for method, per_seed in finals.items():
+        m, lo, hi = mean_ci(list(per_seed.values()), level)
+        row: dict[str, Any] = {"method": method, "mean": m, "lo": lo, "hi": hi,
+                               "seeds": len(per_seed)}
+        if method != reference and reference in finals:
+            d = paired_ci(per_seed, finals[reference], level)
+            row.update({"diff": d["mean"], "diff_lo": d["lo"], "diff_hi": d["hi"],
+                        "verdict": d["verdict"]})
+        rows.append(row)
+    return rows
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]], reference: str, value: str) -> str:
+    """A Markdown table of :func:`compare_to_reference` rows."""
+    lines = [f"| method | {value} (mean, 95% CI) | seeds | vs {reference} (paired, 95% CI) "
+             "| verdict |", "|---|---|---|---|---|"]
+    for r in rows:
+        ci = f"{r['mean']:.4f} [{r['lo']:.4f}, {r['hi']:.4f}]"
+        if "diff" in r:
+            d = f"{r['diff']:+.4f} [{r['diff_lo']:+.4f}, {r['diff_hi']:+.4f}]"
+            verdict = r["verdict"]
+        else:
+            d, verdict = "reference", ""
+        lines.append(f"| {r['method']} | {ci} | {r['seeds']} | {d} | {verdict} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- plots
+def _pyplot() -> Any:
+    import matplotlib
+
+    if not os.environ.get("DISPLAY"):
+        matplotlib.use("Agg")  # a script, not the library: no display here
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def curves(
+    rows: Sequence[Mapping[str, Any]], metric: str = "accuracy",
+    key: Callable[[Mapping[str, Any]], str] = lambda r: str(r["method"]),
+) -> dict[str, dict[int, dict[int, float]]]:
+    """``{label: {seed: {round: metric averaged over the models}}}``."""
+    acc: dict[str, dict[int, dict[int, list[float]]]] = {}
+    for r in rows:
+        v = r.get(metric)
+        if v is None or v == "" or (isinstance(v, float) and math.isnan(v)):
+            continue
+        acc.setdefault(key(r), {}).setdefault(int(r["seed"]), {}).setdefault(
+            int(r["round"]), []).append(float(v))
+    return {lab: {s: {rd: statistics.fmean(v) for rd, v in per.items()}
+                  for s, per in seeds.items()} for lab, seeds in acc.items()}
+
+
+def plot_curves(
+    path: str | Path, data: Mapping[str, Mapping[int, Mapping[int, float]]], title: str,
+    ylabel: str = "accuracy (mean over models)", xlabel: str = "round",
+) -> Path:
+    """Mean curve per label with a shaded 95% t band over seeds."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for label, seeds in data.items():
+        rounds = sorted({rd for per in seeds.values() for rd in per})
+        means, los, his = [], [], []
+        for rd in rounds:
+            vals = [per[rd] for per in seeds.values() if rd in per]
+            m, lo, hi = mean_ci(vals)
+            means.append(m)
+            los.append(lo if math.isfinite(lo) else m)
+            his.append(hi if math.isfinite(hi) else m)
+        (line,) = ax.plot(rounds, means, label=f"{label} ({len(seeds)} seeds)")
+        ax.fill_between(rounds, los, his, alpha=0.2, color=line.get_color(), linewidth=0)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_final(
+    path: str | Path, finals: Mapping[str, Mapping[int, float]], title: str,
+    ylabel: str = "final accuracy (mean over models)",
+) -> Path:
+    """Box plot (with the per-seed points) of a final value per label."""
+    plt = _pyplot()
+    labels = list(finals)
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.2 * len(labels) + 2), 4.5))
+    data = [list(finals[lab].values()) for lab in labels]
+    ax.boxplot(data)
+    ax.set_xticks(range(1, len(labels) + 1), labels, rotation=20, ha="right")
+    for i, vals in enumerate(data, start=1):
+        ax.scatter([i] * len(vals), vals, s=10, alpha=0.6)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

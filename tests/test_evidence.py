@@ -1,0 +1,119 @@
+"""The statistics and plumbing of the paper-evidence scripts (benchmarks/_evidence.py)
+with hand-computed cases, and benchmarks/reproduce.py --quick end to end (slow)."""
+
+from __future__ import annotations
+
+import csv
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import _evidence as E  # noqa: E402
+
+
+def test_t_quantiles_match_the_table():
+    # Student's t, two-sided 95%: df 1 -> 12.706, df 2 -> 4.303, df 9 -> 2.262
+    assert E.t_quantile(1) == pytest.approx(12.7062, abs=1e-4)
+    assert E.t_quantile(2) == pytest.approx(4.3027, abs=1e-4)
+    assert E.t_quantile(9) == pytest.approx(2.2622, abs=1e-4)
+
+
+def test_mean_ci_by_hand():
+    # values 1, 2, 3: mean 2, sd 1, half width 4.3027 / sqrt(3) = 2.4842
+    m, lo, hi = E.mean_ci([1.0, 2.0, 3.0])
+    assert m == 2.0
+    assert lo == pytest.approx(2 - 2.48414, abs=1e-4)
+    assert hi == pytest.approx(2 + 2.48414, abs=1e-4)
+    m, lo, hi = E.mean_ci([0.5])
+    assert m == 0.5 and lo == -math.inf and hi == math.inf
+    with pytest.raises(ValueError):
+        E.mean_ci([])
+
+
+def test_paired_ci_verdicts():
+    ref = {0: 0.50, 1: 0.60, 2: 0.70, 3: 0.40}
+    # a constant +0.1 shift: the interval is a point above 0 -> better
+    up = {s: v + 0.1 for s, v in ref.items()}
+    d = E.paired_ci(up, ref)
+    assert d["mean"] == pytest.approx(0.1) and d["verdict"] == "better" and d["n"] == 4
+    down = {s: v - 0.05 + 0.001 * s for s, v in ref.items()}
+    assert E.paired_ci(down, ref)["verdict"] == "worse"
+    # differences +0.1, -0.1, +0.1, -0.1: mean 0 -> level
+    mixed = {s: v + (0.1 if s % 2 == 0 else -0.1) for s, v in ref.items()}
+    d = E.paired_ci(mixed, ref)
+    assert d["mean"] == pytest.approx(0.0) and d["verdict"] == "level"
+    # only common seeds are paired
+    assert E.paired_ci({0: 1.0, 1: 2.0, 9: 5.0}, {0: 0.0, 1: 0.0})["n"] == 2
+    with pytest.raises(ValueError, match="common"):
+        E.paired_ci({5: 1.0}, {6: 1.0})
+
+
+def test_final_values_average_models_then_last_rounds():
+    rows = [
+        {"method": "a", "seed": 0, "round": 1, "task": "x", "accuracy": 0.2},
+        {"method": "a", "seed": 0, "round": 1, "task": "y", "accuracy": 0.4},
+        {"method": "a", "seed": 0, "round": 2, "task": "x", "accuracy": 0.6},
+        {"method": "a", "seed": 0, "round": 2, "task": "y", "accuracy": float("nan")},
+        {"method": "a", "seed": 1, "round": 2, "task": "x", "accuracy": 0.9},
+    ]
+    f = E.final_values(rows, last=2)
+    # seed 0: round 1 mean 0.3, round 2 mean 0.6 (NaN skipped) -> 0.45
+    assert f["a"][0] == pytest.approx(0.45)
+    assert f["a"][1] == pytest.approx(0.9)
+    assert E.final_values(rows, last=1)["a"][0] == pytest.approx(0.6)
+
+
+def test_compare_to_reference_and_table():
+    finals = {"full": {0: 0.8, 1: 0.7, 2: 0.9}, "lvr": {0: 0.7, 1: 0.6, 2: 0.8}}
+    rows = E.compare_to_reference(finals, "full")
+    lvr = next(r for r in rows if r["method"] == "lvr")
+    assert lvr["diff"] == pytest.approx(-0.1) and lvr["verdict"] == "worse"
+    table = E.markdown_table(rows, "full", "final accuracy")
+    assert "| full |" in table and "reference" in table and "worse" in table
+
+
+def test_outputs_are_written(tmp_path):
+    rows = [{"method": "a", "seed": s, "round": r, "task": "x", "accuracy": 0.1 * r + 0.01 * s}
+            for s in range(3) for r in range(4)]
+    path = E.write_long_csv(tmp_path / "x.csv", rows)
+    with open(path) as f:
+        back = list(csv.DictReader(f))
+    assert len(back) == 12 and float(back[-1]["accuracy"]) == pytest.approx(0.32)
+    png = E.plot_curves(tmp_path / "c.png", E.curves(rows), "t")
+    box = E.plot_final(tmp_path / "b.png", E.final_values(rows), "t")
+    assert png.stat().st_size > 1000 and box.stat().st_size > 1000
+    md = E.write_fragment(tmp_path, "x", "### x\n\ntext")
+    assert md.read_text() == "### x\n\ntext\n"
+
+
+def test_reproduce_refuses_an_unknown_experiment(tmp_path):
+    proc = subprocess.run([sys.executable, str(BENCH / "reproduce.py"), "--only", "nope",
+                           "--out", str(tmp_path)], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 2
+    assert "unknown experiment" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_reproduce_quick_runs_every_experiment_and_writes_results(tmp_path):
+    sys.path.insert(0, str(BENCH))
+    from reproduce import EXPERIMENTS
+
+    proc = subprocess.run([sys.executable, str(BENCH / "reproduce.py"), "--quick",
+                           "--out", str(tmp_path)], capture_output=True, text=True,
+                          timeout=3600, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = (tmp_path / "RESULTS.md").read_text()
+    for name, fragments in EXPERIMENTS:
+        for frag in fragments:
+            assert (tmp_path / f"{frag}.md").is_file(), frag
+            assert (tmp_path / f"{frag}.csv").is_file(), frag
+            assert "Verdict:" in (tmp_path / f"{frag}.md").read_text(), frag
+        assert list(tmp_path.glob(f"{name.split('_')[0]}*.png")), name
+    assert "--quick" in results and "Failed" not in results

@@ -97,11 +97,45 @@ def test_image_cnn_parity():
                   epochs=2, lr=0.02, batch=4, tol=1e-5)
 
 
-@pytest.mark.skipif(DEV.type == "cuda", reason="nn.LSTM takes the per-client path on CUDA")
+@pytest.mark.slow
 def test_char_lstm_parity():
+    # on CUDA the LSTM runs step by step under vmap (see the next test)
     _check_parity(lambda: make_model("shakespeare"),
                   _datasets((80,), 80, [5, 9], integer=True), epochs=2, lr=0.5, batch=4,
                   tol=1e-5)
+
+
+def test_step_by_step_lstm_equals_the_fused_one():
+    from mmfl_flwr.tasks.zoo import lstm_last_hidden
+
+    torch.manual_seed(0)
+    model = make_model("shakespeare")
+    x = torch.randint(0, 80, (3, 80))
+    fused = model(x)
+    model.unfused = True
+    stepped = model(x)
+    torch.testing.assert_close(stepped, fused, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="batch-first"):
+        lstm_last_hidden(torch.nn.LSTM(4, 5), torch.zeros(2, 3, 4))
+
+
+@pytest.mark.slow
+def test_step_by_step_lstm_training_parity():
+    # the CUDA path (recurrence step by step under vmap), forced on this device
+    model_fn = lambda: make_model("shakespeare")  # noqa: E731
+    data = _datasets((80,), 80, [5, 9], integer=True)
+    start = initial_weights(model_fn, 5)
+    trainers = [TorchTrainer(model_fn, d, d, 4) for d in data]
+    ref = [tr.train(start, 2, 0.5, 100 + i, 4) for i, tr in enumerate(trainers)]
+    vm = V.VectorModel(model_fn, DEV)
+    vm.step_by_step = True
+    got = V.batched_train(vm, start, [V.TrainJob(V.ClientData(*tr.train_tensors()), 100 + i)
+                                      for i, tr in enumerate(trainers)], 2, 0.5, 4)
+    assert not vm.base.unfused  # switched back after training
+    for (rw, _, rl), (gw, _, gl) in zip(ref, got):
+        gap, _ = _update_gap(start, rw, gw)
+        assert gap <= 1e-5, gap
+        assert gl == pytest.approx(rl, rel=1e-5)
 
 
 def test_resnet_float32_single_step_parity():
@@ -178,11 +212,13 @@ def test_batched_evaluate_matches_per_client_evaluate():
         assert acc == pytest.approx(r_acc)
 
 
-def test_recurrent_models_are_not_vectorised_on_cuda():
+def test_fused_recurrent_models_are_not_vectorised_on_cuda():
     # checked without a GPU: the reason depends on the device type only
-    lstm = make_model("shakespeare")
-    assert "vmap on CUDA" in V.unsupported_reason(lstm, "cuda")
-    assert V.unsupported_reason(lstm, "cpu") is None
+    plain = torch.nn.Sequential(torch.nn.LSTM(4, 5, batch_first=True))
+    assert "vmap on CUDA" in V.unsupported_reason(plain, "cuda")
+    assert V.unsupported_reason(plain, "cpu") is None
+    # the zoo's char-LSTM can run its recurrence step by step
+    assert V.unsupported_reason(make_model("shakespeare"), "cuda") is None
     assert V.unsupported_reason(make_model("digits"), "cuda") is None
 
 

@@ -29,7 +29,8 @@ The results equal the per-client path's up to floating-point summation order
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,6 +80,8 @@ def unsupported_reason(model: nn.Module, device_type: str) -> str | None:
     ``nn.LSTM`` on CUDA: cuDNN's fused kernel reads its weights' storage, which
     ``vmap`` does not have (on the CPU, PyTorch's fallback loops inside ``vmap``:
     correct, not faster)."""
+    if any(hasattr(m, "unfused") for m in model.modules()):
+        return None  # it computes its recurrence step by step when asked
     if device_type == "cuda" and any(isinstance(m, nn.RNNBase) for m in model.modules()):
         return f"{type(model).__name__} (nn.LSTM/GRU/RNN) does not run under vmap on CUDA"
     return None
@@ -108,6 +111,10 @@ class VectorModel:
         self.has_state = any(
             isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.base.modules()
         )
+        #: recurrent layers step by step under vmap (on CUDA, where the fused cuDNN
+        #: kernel cannot be batched; on the CPU PyTorch's fallback for the fused
+        #: kernel is faster)
+        self.step_by_step = device.type == "cuda"
         #: why this model cannot be trained batched here (None: it can)
         self.unsupported = unsupported_reason(self.base, device.type)
         self.dtypes = {k: v.dtype for k, v in state.items()}
@@ -255,6 +262,21 @@ def _padded(datasets: Sequence[ClientData]) -> tuple[torch.Tensor, torch.Tensor]
     return x, y
 
 
+@contextmanager
+def _step_by_step_recurrences(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """With ``enabled``, modules with an ``unfused`` switch
+    (:class:`~mmfl_flwr.tasks.zoo.CharLSTM`) compute their recurrence step by step
+    inside: ``vmap`` batches that on CUDA, not the fused cuDNN kernel."""
+    switches = [m for m in model.modules() if hasattr(m, "unfused")] if enabled else []
+    for m in switches:
+        m.unfused = True
+    try:
+        yield
+    finally:
+        for m in switches:
+            m.unfused = False
+
+
 def _train_chunk(
     vm: VectorModel,
     start: dict[str, torch.Tensor],
@@ -381,11 +403,12 @@ def batched_train(
     # clients of similar size together: less padding and fewer idle steps
     order = sorted(range(len(jobs)), key=lambda i: jobs[i].data.n)
     results: list[tuple[Weights, int, float] | None] = [None] * len(jobs)
-    for lo in range(0, len(order), chunk):
-        part = order[lo : lo + chunk]
-        for i, res in zip(part, _train_chunk(vm, start, [jobs[i] for i in part],
-                                             epochs, lr, batch_size)):
-            results[i] = res
+    with _step_by_step_recurrences(vm.base, vm.step_by_step):
+        for lo in range(0, len(order), chunk):
+            part = order[lo : lo + chunk]
+            for i, res in zip(part, _train_chunk(vm, start, [jobs[i] for i in part],
+                                                 epochs, lr, batch_size)):
+                results[i] = res
     assert all(r is not None for r in results)
     return [r for r in results if r is not None]
 

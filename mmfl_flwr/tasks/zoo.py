@@ -156,12 +156,45 @@ class CharLSTM(nn.Module):
         self.embedding = nn.Embedding(vocab_size, embed_dim)
         self.lstm = nn.LSTM(embed_dim, hidden, num_layers=num_layers, batch_first=True)
         self.linear = nn.Linear(hidden, vocab_size)
+        #: compute the LSTM step by step from its weights instead of the fused
+        #: kernel (the same math; ``torch.func.vmap`` batches it, which it cannot
+        #: do for the fused CPU and cuDNN kernels). Set by the vectorised engine.
+        self.unfused = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Map character indices ``(B, T)`` (any numeric dtype; cast to long) to
         next-character logits ``(B, vocab_size)``."""
-        out, _ = self.lstm(self.embedding(x.long()))
+        emb = self.embedding(x.long())
+        if self.unfused:
+            return self.linear(lstm_last_hidden(self.lstm, emb))
+        out, _ = self.lstm(emb)
         return self.linear(out[:, -1, :])
+
+
+def lstm_last_hidden(lstm: nn.LSTM, x: torch.Tensor) -> torch.Tensor:
+    """The top layer's hidden state after the last step of a batch-first, one-way
+    :class:`torch.nn.LSTM` with zero initial state, computed from its weights
+    (gates i, f, g, o as in PyTorch): what ``lstm(x)[0][:, -1]`` returns."""
+    if not lstm.batch_first or lstm.bidirectional or lstm.proj_size:
+        raise ValueError("lstm_last_hidden supports batch-first one-way LSTMs only")
+    seq = x
+    h = seq.new_zeros(())
+    for layer in range(lstm.num_layers):
+        w_ih = getattr(lstm, f"weight_ih_l{layer}")
+        w_hh = getattr(lstm, f"weight_hh_l{layer}")
+        b = getattr(lstm, f"bias_ih_l{layer}") + getattr(lstm, f"bias_hh_l{layer}")
+        # the input part of every step at once, then the recurrence
+        pre = F.linear(seq, w_ih, b)
+        h = seq.new_zeros((seq.shape[0], lstm.hidden_size))
+        c = torch.zeros_like(h)
+        outs = []
+        for t in range(seq.shape[1]):
+            i, f, g, o = (pre[:, t] + F.linear(h, w_hh)).chunk(4, dim=1)
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            h = torch.sigmoid(o) * torch.tanh(c)
+            outs.append(h)
+        seq = torch.stack(outs, dim=1)
+    return h
 
 
 class LogisticRegression(nn.Module):

@@ -197,6 +197,21 @@ def test_chunking_does_not_change_results():
         assert lb == pytest.approx(la, rel=1e-5)
 
 
+def test_chunks_group_clients_of_similar_size():
+    # sorted by size; the 100-sample client would make the call compute
+    # 4 * 100 = 400 samples for 1 + 2 + 3 + 100 = 106 real ones: it goes alone
+    assert V.chunks_by_size([100, 2, 3, 1], batch_size=1000, chunk=64) == [[3, 1, 2], [0]]
+    # with batch 2 every client takes ceil(n/2) steps of width 2
+    assert V.chunks_by_size([4, 4, 4], batch_size=2, chunk=2) == [[0, 1], [2]]
+    sizes = list(np.random.default_rng(0).integers(1, 500, size=50))
+    parts = V.chunks_by_size(sizes, batch_size=10000, chunk=8)
+    assert sorted(i for p in parts for i in p) == list(range(50))
+    assert all(len(p) <= 8 for p in parts)
+    for p in parts:
+        if len(p) > 1:
+            assert len(p) * max(sizes[i] for i in p) <= 1.5 * sum(sizes[i] for i in p)
+
+
 def test_batched_evaluate_matches_per_client_evaluate():
     model_fn = lambda: make_model("digits")
     trains = _datasets((1, 8, 8), 10, [12, 30], seed=1)

@@ -212,6 +212,25 @@ def test_chunks_group_clients_of_similar_size():
             assert len(p) * max(sizes[i] for i in p) <= 1.5 * sum(sizes[i] for i in p)
 
 
+def test_loss_queries_reuse_the_concatenated_data_only_while_it_is_the_same():
+    model_fn = lambda: make_model("synthetic")  # noqa: E731
+    vm = V.VectorModel(model_fn, DEV)
+    w = initial_weights(model_fn, 0)
+    tensors = [(torch.randn(n, 60, device=DEV), torch.randint(0, 5, (n,), device=DEV))
+               for n in (3, 5)]
+    first = V.batched_losses(vm, w, [V.ClientData(*t) for t in tensors])
+    cached = vm.loss_cache._value
+    # new wrappers of the same tensors (what the Grid builds each round): reused
+    again = V.batched_losses(vm, w, [V.ClientData(*t) for t in tensors])
+    assert vm.loss_cache._value is cached and again == first
+    # other data: rebuilt, and the losses are those of the new data
+    other = [(t[0] + 1.0, t[1]) for t in tensors]
+    moved = V.batched_losses(vm, w, [V.ClientData(*t) for t in other])
+    assert vm.loss_cache._value is not cached
+    fresh = V.VectorModel(model_fn, DEV)
+    assert moved == pytest.approx(V.batched_losses(fresh, w, [V.ClientData(*t) for t in other]))
+
+
 def test_batched_evaluate_matches_per_client_evaluate():
     model_fn = lambda: make_model("digits")
     trains = _datasets((1, 8, 8), 10, [12, 30], seed=1)

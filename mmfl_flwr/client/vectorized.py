@@ -118,6 +118,8 @@ class VectorModel:
         #: why this model cannot be trained batched here (None: it can)
         self.unsupported = unsupported_reason(self.base, device.type)
         self.dtypes = {k: v.dtype for k, v in state.items()}
+        self.loss_cache = _ConcatCache()
+        self.eval_cache = _ConcatCache()
         self.shapes = {k: tuple(v.shape) for k, v in state.items()}
 
     def tensors(self, weights: Weights) -> dict[str, torch.Tensor]:
@@ -153,21 +155,48 @@ def default_chunk(device: torch.device, per_client_bytes: int) -> int:
 
 
 @torch.no_grad()
+def _concat(
+    datasets: Sequence[ClientData],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The clients' data one after another: inputs, labels, each sample's client
+    (position in ``datasets``) and each client's first row."""
+    device = datasets[0].x.device
+    counts = torch.tensor([d.n for d in datasets], dtype=torch.long, device=device)
+    owner = torch.repeat_interleave(torch.arange(len(datasets), device=device), counts)
+    offsets = torch.cumsum(counts, 0) - counts
+    return (torch.cat([d.x for d in datasets]), torch.cat([d.y for d in datasets]), owner,
+            offsets)
+
+
+class _ConcatCache:
+    """The last concatenation of a list of clients' data: a loss query asks for
+    the same clients round after round (LVR asks every client)."""
+
+    def __init__(self) -> None:
+        self._key: list[torch.Tensor] = []
+        self._value: tuple[torch.Tensor, ...] = ()
+
+    def get(self, datasets: Sequence[ClientData]) -> tuple[torch.Tensor, ...]:
+        """The concatenation of ``datasets``, reused while their tensors are the
+        same objects (a client's data tensors never change during a run)."""
+        key = [t for d in datasets for t in (d.x, d.y)]
+        if len(key) != len(self._key) or any(a is not b for a, b in zip(key, self._key)):
+            self._key, self._value = key, _concat(datasets)
+        return self._value
+
+
+@torch.no_grad()
 def _forward_rows(
-    model: nn.Module, datasets: Sequence[ClientData], rows: int
+    model: nn.Module, datasets: Sequence[ClientData], rows: int,
+    cache: _ConcatCache | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-client summed cross-entropy and correct predictions (float64) of one
     no-grad forward over the concatenated data, ``rows`` samples at a time."""
     model.eval()
-    device = next(iter(model.state_dict().values())).device
+    x_all, y_all, owner, _ = cache.get(datasets) if cache is not None else _concat(datasets)
     c = len(datasets)
-    loss_sum = torch.zeros(c, dtype=torch.float64, device=device)
-    correct = torch.zeros(c, dtype=torch.float64, device=device)
-    owner = torch.cat(
-        [torch.full((d.n,), i, dtype=torch.long, device=device) for i, d in enumerate(datasets)]
-    )
-    x_all = torch.cat([d.x for d in datasets])
-    y_all = torch.cat([d.y for d in datasets])
+    loss_sum = torch.zeros(c, dtype=torch.float64, device=x_all.device)
+    correct = torch.zeros(c, dtype=torch.float64, device=x_all.device)
     for start in range(0, int(y_all.shape[0]), rows):
         xb = x_all[start : start + rows]
         yb = y_all[start : start + rows]
@@ -203,7 +232,7 @@ def batched_losses(
     if not datasets:
         return []
     model = vm.load(weights)
-    loss_sum, _ = _forward_rows(model, datasets, rows)
+    loss_sum, _ = _forward_rows(model, datasets, rows, vm.loss_cache)
     n = torch.tensor([d.n for d in datasets], dtype=torch.float64, device=loss_sum.device)
     return [float(v) for v in (loss_sum / n).cpu()]
 
@@ -215,7 +244,7 @@ def batched_evaluate(
     if not datasets:
         return []
     model = vm.load(weights)
-    loss_sum, correct = _forward_rows(model, datasets, rows)
+    loss_sum, correct = _forward_rows(model, datasets, rows, vm.eval_cache)
     out = []
     for i, d in enumerate(datasets):
         out.append((float(loss_sum[i]) / d.n, float(correct[i]) / d.n, d.n))
@@ -250,18 +279,6 @@ def _schedule(
     return index, count, steps
 
 
-def _padded(datasets: Sequence[ClientData]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Clients' data stacked as ``(clients, n_max, ...)`` (zero-padded)."""
-    n_max = max(d.n for d in datasets)
-    first = datasets[0]
-    x = first.x.new_zeros((len(datasets), n_max, *first.x.shape[1:]))
-    y = first.y.new_zeros((len(datasets), n_max))
-    for i, d in enumerate(datasets):
-        x[i, : d.n] = d.x
-        y[i, : d.n] = d.y
-    return x, y
-
-
 @contextmanager
 def _step_by_step_recurrences(model: nn.Module, enabled: bool) -> Iterator[None]:
     """With ``enabled``, modules with an ``unfused`` switch
@@ -290,7 +307,10 @@ def _train_chunk(
     index, count, steps = _schedule(jobs, epochs, batch_size)
     index = index.to(device)
     count = count.to(device)
-    x_pad, y_pad = _padded([j.data for j in jobs])
+    x_all, y_all, _, offsets = _concat([j.data for j in jobs])
+    # rows of x_all: each client's indices shifted to its first row (padding
+    # entries point at the client's first sample, masked out)
+    index = index + offsets.view(1, 1, -1, 1)
     params = {k: start[k].unsqueeze(0).repeat(c, *([1] * start[k].dim()))
               for k in vm.param_keys}
     buffers = {k: start[k].unsqueeze(0).repeat(c, *([1] * start[k].dim()))
@@ -306,7 +326,6 @@ def _train_chunk(
         return loss, loss.detach()
 
     step_fn = vmap(grad(loss_fn, has_aux=True), in_dims=(0, 0, 0, 0, 0), randomness="same")
-    rows = torch.arange(c, device=device)
     last_total = torch.zeros(c, dtype=torch.float64, device=device)
     for e in range(epochs):
         for s in range(steps):
@@ -317,9 +336,8 @@ def _train_chunk(
                 for length in torch.unique(cnt[cnt > 0]).tolist():
                     members = torch.nonzero(cnt == length).flatten()
                     sel = idx[members, :length]
-                    xb = x_pad[members.unsqueeze(1), sel]
-                    yb = y_pad[members.unsqueeze(1), sel]
-                    mb = torch.ones(yb.shape, dtype=x_pad.dtype, device=device)
+                    xb, yb = x_all[sel], y_all[sel]
+                    mb = torch.ones(yb.shape, dtype=x_all.dtype, device=device)
                     p = {k: v.index_select(0, members) for k, v in params.items()}
                     b = {k: v.index_select(0, members) for k, v in buffers.items()}
                     grads, loss = step_fn(p, b, xb, yb, mb)
@@ -333,12 +351,11 @@ def _train_chunk(
             else:
                 width = int(cnt.max())
                 sel = idx[:, :width]
-                xb = x_pad[rows.unsqueeze(1), sel]
-                yb = y_pad[rows.unsqueeze(1), sel]
+                xb, yb = x_all[sel], y_all[sel]
                 mb = (torch.arange(width, device=device).unsqueeze(0) < cnt.unsqueeze(1))
-                mb = mb.to(x_pad.dtype)
+                mb = mb.to(x_all.dtype)
                 grads, loss = step_fn(params, buffers, xb, yb, mb)
-                active = (cnt > 0).to(x_pad.dtype)
+                active = (cnt > 0).to(x_all.dtype)
                 with torch.no_grad():
                     for k in params:
                         g = grads[k] * active.view(-1, *([1] * (grads[k].dim() - 1)))

@@ -42,7 +42,8 @@ def _sync(device: torch.device) -> None:
 
 
 def measure(n: int, rounds: int, budget: float, epochs: int, lr: float, batch: int,
-            seed: int, device: torch.device, chunk: int | None) -> dict:
+            seed: int, device: torch.device, chunk: int | None,
+            wastes: list[float | None]) -> list[dict]:
     from mmfl_flwr.client import vectorized as V
     from mmfl_flwr.client.trainer import TorchTrainer, initial_weights
     from mmfl_flwr.tasks.federation import build_federation
@@ -59,7 +60,7 @@ def measure(n: int, rounds: int, budget: float, epochs: int, lr: float, batch: i
     models = {t: V.VectorModel(lambda k=fed.kinds[t]: make_model(k), device) for t in fed.tasks}
     m = max(1, round(budget * int(np.sum(fed.processors))))
     rng = np.random.default_rng(seed)
-    times = {"per-client": [], "vectorized": []}
+    times: dict = {"per-client": [], **{w: [] for w in wastes}}
     worst_update = worst_loss = 0.0
     for r in range(rounds + 1):
         picks = [pairs[i] for i in rng.choice(len(pairs), size=min(m, len(pairs)),
@@ -72,23 +73,27 @@ def measure(n: int, rounds: int, budget: float, epochs: int, lr: float, batch: i
         ref = {p: trainers[p].train(weights[p[1]], epochs, lr, seeds[p], batch) for p in picks}
         _sync(device)
         t1 = time.perf_counter()
-        # vectorised path
-        vec_loss = {}
-        vec = {}
-        for t in fed.tasks:
-            mine = [p for p in pairs if p[1] == t]
-            data = [V.ClientData(*trainers[p].train_tensors()) for p in mine]
-            vec_loss.update(zip(mine, V.batched_losses(models[t], weights[t], data)))
-            chosen = [p for p in picks if p[1] == t]
-            jobs = [V.TrainJob(V.ClientData(*trainers[p].train_tensors()), seeds[p])
-                    for p in chosen]
-            vec.update(zip(chosen, V.batched_train(models[t], weights[t], jobs, epochs, lr,
-                                                   batch, chunk=chunk)))
-        _sync(device)
-        t2 = time.perf_counter()
         if r > 0:  # round 0 is the warm-up
             times["per-client"].append(t1 - t0)
-            times["vectorized"].append(t2 - t1)
+        # vectorised path (once per padding allowance)
+        for waste in wastes:
+            _sync(device)
+            t1 = time.perf_counter()
+            vec_loss = {}
+            vec = {}
+            for t in fed.tasks:
+                mine = [p for p in pairs if p[1] == t]
+                data = [V.ClientData(*trainers[p].train_tensors()) for p in mine]
+                vec_loss.update(zip(mine, V.batched_losses(models[t], weights[t], data)))
+                chosen = [p for p in picks if p[1] == t]
+                jobs = [V.TrainJob(V.ClientData(*trainers[p].train_tensors()), seeds[p])
+                        for p in chosen]
+                vec.update(zip(chosen, V.batched_train(models[t], weights[t], jobs, epochs,
+                                                       lr, batch, chunk=chunk, waste=waste)))
+            _sync(device)
+            t2 = time.perf_counter()
+            if r > 0:
+                times[waste].append(t2 - t1)
         for p in picks:
             w0 = weights[p[1]]
             keys = [k for k in w0 if w0[k].dtype.kind == "f"]
@@ -105,12 +110,16 @@ def measure(n: int, rounds: int, budget: float, epochs: int, lr: float, batch: i
                 weights[t] = {k: np.mean([d[k] for d in done], axis=0).astype(weights[t][k].dtype)
                               for k in weights[t]}
     per = float(np.mean(times["per-client"]))
-    vec_s = float(np.mean(times["vectorized"]))
-    return {
-        "num_clients": n, "pairs": len(pairs), "trainings_per_round": m, "rounds": rounds,
-        "per_client_s_per_round": per, "vectorized_s_per_round": vec_s,
-        "speedup": per / vec_s, "max_update_gap": worst_update, "max_loss_gap": worst_loss,
-    }
+    out = []
+    for waste in wastes:
+        vec_s = float(np.mean(times[waste]))
+        out.append({
+            "num_clients": n, "pairs": len(pairs), "trainings_per_round": m,
+            "rounds": rounds, "waste": waste, "per_client_s_per_round": per,
+            "vectorized_s_per_round": vec_s, "speedup": per / vec_s,
+            "max_update_gap": worst_update, "max_loss_gap": worst_loss,
+        })
+    return out
 
 
 def main() -> None:
@@ -124,6 +133,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.add_argument("--chunk", type=int, default=None)
+    p.add_argument("--waste", default="",
+                   help="comma-separated padding allowances of the batched calls to "
+                        "compare (default: the device's default only)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--tf32", action="store_true",
                    help="allow TF32 convolutions and matmuls on the GPU (default: off, so "
@@ -142,16 +154,19 @@ def main() -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
     print(f"device {device} ({name}); torch {torch.__version__}; "
           f"{torch.get_num_threads()} threads; TF32 {'on' if args.tf32 else 'off'}", flush=True)
+    wastes = [float(w) for w in args.waste.split(",") if w.strip()] or [None]
     rows = []
     for n in args.num_clients:
-        row = measure(n, args.rounds, args.budget_fraction, args.local_epochs, args.lr,
-                      args.batch_size, args.seed, device, args.chunk)
-        rows.append(row)
-        print(f"N={n:5d} ({row['pairs']} pairs, {row['trainings_per_round']} trainings/round): "
-              f"per-client {row['per_client_s_per_round']:.3f} s/round, vectorized "
-              f"{row['vectorized_s_per_round']:.3f} s/round, speed-up "
-              f"{row['speedup']:.1f}x; max update gap {row['max_update_gap']:.1e}, "
-              f"loss gap {row['max_loss_gap']:.1e}", flush=True)
+        for row in measure(n, args.rounds, args.budget_fraction, args.local_epochs, args.lr,
+                           args.batch_size, args.seed, device, args.chunk, wastes):
+            rows.append(row)
+            label = "" if row["waste"] is None else f" waste {row['waste']:g}"
+            print(f"N={n:5d} ({row['pairs']} pairs, {row['trainings_per_round']} "
+                  f"trainings/round){label}: per-client {row['per_client_s_per_round']:.3f} "
+                  f"s/round, vectorized {row['vectorized_s_per_round']:.3f} s/round, "
+                  f"speed-up {row['speedup']:.1f}x; max update gap "
+                  f"{row['max_update_gap']:.1e}, loss gap {row['max_loss_gap']:.1e}",
+                  flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": str(device), "name": name, "torch": torch.__version__,

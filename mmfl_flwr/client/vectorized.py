@@ -29,6 +29,7 @@ The results equal the per-client path's up to floating-point summation order
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -372,6 +373,14 @@ def _train_chunk(
     return out
 
 
+#: padded work allowed per batched call, as a multiple of the real work, per device
+#: type (see :func:`chunks_by_size`). On an H200, fewer and larger calls win even
+#: with padding (N = 1000 paper-003 round: 0.156 s unlimited, 0.197 s at 4, 0.327 s
+#: at 1.5); on 2 CPU cores padding costs compute (N = 40: 1.9 s at 1.5, 8.5 s
+#: unlimited). ``benchmarks/bench_vectorized.py --waste`` measures it.
+DEFAULT_WASTE = {"cpu": 1.5, "cuda": math.inf}
+
+
 def chunks_by_size(
     sizes: Sequence[int], batch_size: int, chunk: int, waste: float = 1.5
 ) -> list[list[int]]:
@@ -408,6 +417,7 @@ def batched_train(
     lr: float,
     batch_size: int,
     chunk: int | None = None,
+    waste: float | None = None,
 ) -> list[tuple[Weights, int, float]]:
     """Local training of several clients from the same starting weights.
 
@@ -423,6 +433,9 @@ def batched_train(
         As :meth:`TorchTrainer.train`.
     chunk : int, optional
         Clients per batched call (default: :func:`default_chunk`).
+    waste : float, optional
+        Padded work allowed per call, as a multiple of the real work
+        (:func:`chunks_by_size`; default :data:`DEFAULT_WASTE` of the device).
 
     Returns
     -------
@@ -447,7 +460,9 @@ def batched_train(
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     results: list[tuple[Weights, int, float] | None] = [None] * len(jobs)
     with _step_by_step_recurrences(vm.base, vm.step_by_step):
-        for part in chunks_by_size([j.data.n for j in jobs], batch_size, chunk):
+        if waste is None:
+            waste = DEFAULT_WASTE.get(vm.device.type, 1.5)
+        for part in chunks_by_size([j.data.n for j in jobs], batch_size, chunk, waste):
             for i, res in zip(part, _train_chunk(vm, start, [jobs[i] for i in part],
                                                  epochs, lr, batch_size)):
                 results[i] = res

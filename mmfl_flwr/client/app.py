@@ -16,7 +16,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from mmfl_flwr import protocol as P
-from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
+from mmfl_flwr.records import DecodeCache, arrays_to_numpy, numpy_to_arrays
 from mmfl_flwr.seeding import training_seed
 
 Weights = dict[str, np.ndarray]
@@ -157,6 +157,7 @@ def make_client_app(
     """
     app = ClientApp()
     spec = spec_fn if cached else cache_specs(spec_fn, cache_key)
+    decode = DecodeCache().decode  # the round's weights are the same for every client
 
     def trainer(s: ClientSpec, task: str) -> LocalTrainer:
         if task not in s.trainers:
@@ -188,7 +189,7 @@ def make_client_app(
         s = spec(context)
         out = MetricRecord()
         for task, rec in _tasks_in(msg).items():
-            out[task] = float(trainer(s, task).loss(arrays_to_numpy(rec)))
+            out[task] = float(trainer(s, task).loss(decode(rec)))
         return Message(RecordDict({P.LOSSES_KEY: out}), reply_to=msg)
 
     @app.train()
@@ -202,7 +203,7 @@ def make_client_app(
         rnd = int(cfg.get(P.CFG_ROUND, 0))  # type: ignore[arg-type]
         content = RecordDict()
         for task, rec in _tasks_in(msg).items():
-            weights = arrays_to_numpy(rec)
+            weights = decode(rec)
             tseed = training_seed(seed, rnd, s.client_id, task)
             tr = trainer(s, task)
             if P.control_key(task) in msg.content.array_records:
@@ -224,7 +225,7 @@ def make_client_app(
         s = spec(context)
         content = RecordDict()
         for task, rec in _tasks_in(msg).items():
-            loss, acc, n = trainer(s, task).evaluate(arrays_to_numpy(rec))
+            loss, acc, n = trainer(s, task).evaluate(decode(rec))
             content[P.metrics_key(task)] = MetricRecord(
                 {P.NUM_EXAMPLES: int(n), P.LOSS: float(loss), P.ACCURACY: float(acc)}
             )

@@ -61,13 +61,15 @@ def load_arrays(model: nn.Module, weights: dict[str, np.ndarray]) -> None:
     extra = set(weights) - set(state)
     if missing or extra:
         raise KeyError(f"weight keys mismatch: missing {sorted(missing)}, extra {sorted(extra)}")
-    new_state = {}
     for key, ref in state.items():
         arr = np.asarray(weights[key])
         if tuple(arr.shape) != tuple(ref.shape):
             raise ValueError(f"shape mismatch for {key}: {arr.shape} vs {tuple(ref.shape)}")
-        new_state[key] = torch.tensor(arr, dtype=ref.dtype)
-    model.load_state_dict(new_state, strict=True)
+    # one copy per entry, straight into the model's tensors (state_dict() shares
+    # their storage)
+    with torch.no_grad():
+        for key, ref in state.items():
+            ref.copy_(torch.as_tensor(np.asarray(weights[key])).to(ref.dtype))
 
 
 def initial_weights(model_fn: Callable[[], nn.Module], seed: int) -> dict[str, np.ndarray]:

@@ -5,12 +5,15 @@ No torch here: the server side runs where torch is absent.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import io
 import math
 from collections.abc import Mapping
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
+from flwr.common.constant import SType
 
 NumpyWeights = dict[str, np.ndarray]
 
@@ -19,9 +22,52 @@ class InvalidReply(ValueError):
     """Part of a client's reply cannot be used; the message says why."""
 
 
+@functools.lru_cache(maxsize=512)
+def _npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:
+    """The ``.npy`` header ``np.save`` writes for a C-ordered array of ``dtype`` and
+    ``shape`` (what Flower's ``Array`` holds in front of the raw bytes)."""
+    buf = io.BytesIO()
+    np.save(buf, np.empty(shape, dtype=np.dtype(dtype)), allow_pickle=False)
+    data = buf.getvalue()
+    return data[: len(data) - int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize]
+
+
+def array_to_numpy(arr: Array) -> np.ndarray:
+    """``arr.numpy()``, without parsing the ``.npy`` header when it is exactly the
+    header ``np.save`` writes for the array's declared dtype and shape (then the
+    rest of the bytes is the data); anything else goes through ``arr.numpy()``.
+    Returns a writable copy."""
+    try:
+        if arr.stype == SType.NUMPY and arr.dtype != "object":
+            shape = tuple(int(d) for d in arr.shape)
+            header = _npy_header(str(arr.dtype), shape)
+            data = arr.data
+            dtype = np.dtype(arr.dtype)
+            n = int(np.prod(shape, dtype=np.int64))
+            if len(data) == len(header) + n * dtype.itemsize and data.startswith(header):
+                return np.frombuffer(data, dtype=dtype, count=n,
+                                     offset=len(header)).reshape(shape).copy()
+    except (TypeError, ValueError):  # an odd dtype or shape: the general path decides
+        pass
+    return arr.numpy()
+
+
+def numpy_to_array(value: np.ndarray) -> Array:
+    """``Array(value)`` with the same bytes Flower writes (``np.save`` of a C-ordered
+    array), the header built once per dtype and shape."""
+    a = np.asarray(value)
+    if a.dtype.hasobject or not a.flags.c_contiguous:
+        return Array(a if a.flags.c_contiguous else a.copy(order="C"))
+    shape = tuple(int(d) for d in a.shape)
+    header = _npy_header(str(a.dtype), shape)
+    return Array(dtype=str(a.dtype), shape=shape, stype=SType.NUMPY,
+                 data=header + a.tobytes())
+
+
 def arrays_to_numpy(record: ArrayRecord) -> NumpyWeights:
-    """ArrayRecord -> ``{key: ndarray}`` in record order."""
-    return {k: v.numpy() for k, v in record.items()}
+    """ArrayRecord -> ``{key: ndarray}`` in record order (fast path:
+    :func:`array_to_numpy`)."""
+    return {k: array_to_numpy(v) for k, v in record.items()}
 
 
 class DecodeCache:
@@ -64,8 +110,7 @@ def numpy_to_arrays(weights: Mapping[str, np.ndarray]) -> ArrayRecord:
     # num_batches_tracked) into 1-d ones; keep their shape.
     out = {}
     for k, v in weights.items():
-        a = np.asarray(v)  # numpy scalars (0-d arithmetic results) back to arrays
-        out[k] = Array(a if a.flags.c_contiguous else a.copy(order="C"))
+        out[k] = numpy_to_array(np.asarray(v))  # numpy scalars (0-d) back to arrays
     return ArrayRecord(out)
 
 
@@ -87,7 +132,7 @@ def check_weights(record: object, reference: Mapping[str, np.ndarray]) -> NumpyW
     for k, ref in reference.items():
         arr = record[k]
         try:
-            value = arr.numpy()
+            value = array_to_numpy(arr)
         except Exception as err:  # corrupt bytes, wrong stype, ...
             raise InvalidReply(f"array {k!r} cannot be decoded: {err}") from err
         if value.shape != ref.shape:

@@ -81,6 +81,11 @@ class DecodeCache:
     def __init__(self, size: int = 8) -> None:
         self.size = int(size)
         self._entries: dict[bytes, NumpyWeights] = {}
+        # byte strings of recently decoded records and their digests: a record whose
+        # arrays hold these very objects (bytes are immutable; in-process copies
+        # share them) has the same digest without hashing. The strings are kept
+        # alive here, so their ids cannot be reused by other objects.
+        self._seen: dict[tuple[int, ...], tuple[list[bytes], bytes]] = {}
 
     @staticmethod
     def digest(record: ArrayRecord) -> bytes:
@@ -92,9 +97,21 @@ class DecodeCache:
             h.update(arr.data)
         return h.digest()
 
+    def _key(self, record: ArrayRecord) -> bytes:
+        datas = [arr.data for arr in record.values()]
+        ids = tuple(id(d) for d in datas)
+        seen = self._seen.get(ids)
+        if seen is not None and all(a is b for a, b in zip(datas, seen[0])):
+            return seen[1]
+        key = self.digest(record)
+        if len(self._seen) >= self.size:
+            self._seen.pop(next(iter(self._seen)))
+        self._seen[ids] = (datas, key)
+        return key
+
     def decode(self, record: ArrayRecord) -> NumpyWeights:
         """``arrays_to_numpy(record)``, from the cache when the bytes were seen."""
-        key = self.digest(record)
+        key = self._key(record)
         hit = self._entries.pop(key, None)
         if hit is None:
             hit = arrays_to_numpy(record)

@@ -49,3 +49,24 @@ def test_the_cache_is_bounded_and_keeps_the_most_recent():
     assert len(cache._entries) == 2
     assert DecodeCache.digest(_rec(1.0)) not in cache._entries
     assert DecodeCache.digest(_rec(3.0)) in cache._entries
+
+
+def test_shared_byte_strings_skip_hashing_but_equal_bytes_still_hit(monkeypatch):
+    import copy
+
+    cache = DecodeCache()
+    rec = _rec(4.0)
+    first = cache.decode(rec)
+    hashed = []
+    real = DecodeCache.digest
+    monkeypatch.setattr(DecodeCache, "digest", staticmethod(
+        lambda r: hashed.append(1) or real(r)))
+    # an in-process copy shares the (immutable) byte strings: no hashing
+    again = cache.decode(copy.deepcopy(rec))
+    assert hashed == []
+    np.testing.assert_array_equal(again["w"], first["w"])
+    # the same bytes in new objects (a message from another process): hashed, a hit
+    fresh = _rec(4.0)
+    assert fresh["w"].data is not rec["w"].data
+    np.testing.assert_array_equal(cache.decode(fresh)["w"], first["w"])
+    assert hashed == [1]

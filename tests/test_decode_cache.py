@@ -70,3 +70,20 @@ def test_shared_byte_strings_skip_hashing_but_equal_bytes_still_hit(monkeypatch)
     assert fresh["w"].data is not rec["w"].data
     np.testing.assert_array_equal(cache.decode(fresh)["w"], first["w"])
     assert hashed == [1]
+
+
+def test_in_process_transport_copies_share_the_bytes_and_are_independent():
+    from flwr.app import ConfigRecord, Message, RecordDict
+
+    from mmfl_flwr.grid import ensure_task_identity, transport_copy
+
+    ensure_task_identity()
+    rec = _rec(1.0)
+    msg = Message(RecordDict({"arrays.x": rec, "config": ConfigRecord({"k": 1})}),
+                  dst_node_id=3, message_type="query.losses", group_id="1")
+    copy_ = transport_copy(msg)
+    assert copy_.content["arrays.x"]["w"].data is rec["w"].data  # immutable, shared
+    assert copy_.content["arrays.x"] is not rec
+    copy_.content["config"]["k"] = 2
+    assert msg.content["config"]["k"] == 1
+    assert copy_.metadata.dst_node_id == 3

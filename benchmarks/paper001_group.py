@@ -1,0 +1,253 @@
+"""Evidence for papers 000/001 (MMFL-Group Sampling), scenarios (a)-(d), against the
+papers' two baselines, with paired 95% confidence intervals over seeds.
+
+Settings as in ``benchmarks/group_compare.py`` (imported from it): digits CNNs with 5
+ground-truth label clusters per model (20% of the labels each), participation 1/6,
+E = 5, lr 0.1, batch 16, plain mean aggregation. Methods:
+
+* ``group``             MMFL-Group Sampling (C-step + T-step; modified C-step in (b));
+* ``rr-random-groups``  the papers' round-robin baseline: the same T-step over 5
+                        random groups, no clustering;
+* ``random``            random allocation: N/6 clients per round, a random model each.
+
+Scenarios (papers 000/001, Section III): (a) consistent cluster structure, 3 models,
+30 clients; (b) inconsistent structure (one client map per model), modified C-step;
+(c) 24 static + 36 arriving clients (exponential arrivals, rate 0.1 per round over 90
+rounds); (d) 3 models at round 0, one more at round 30 and one at round 60 (of 90).
+With fewer rounds (``--quick``) the arrival rate and the task arrival rounds are
+scaled with the run length (rate 0.1 * 90 / R; rounds R/3 and 2R/3).
+
+    python benchmarks/paper001_group.py --quick          # 20 rounds, 3 seeds
+    python benchmarks/paper001_group.py --full           # 90 rounds, 20 seeds
+
+Engine: ``inprocess`` by default here (measured on the shared 2-core machine: 51 s
+against 197 s for the vectorized engine on 30 rounds of scenario (a); the vectorized
+engine's multi-threaded batches lose on these small CNNs with ~5 trainers per round).
+The MMFL-Group and round-robin baselines are custom strategies (not presets), so the
+runs go through ``runner.run_inprocess`` / ``runner.run_vectorized`` with a strategy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import logging
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _evidence as E
+from group_compare import METHODS, SCENARIOS
+
+NAME = "paper001_group"
+REFERENCE = "group"
+LABELS = {"consistent": "(a) consistent clusters", "inconsistent": "(b) inconsistent clusters",
+          "clients": "(c) arriving clients", "tasks": "(d) arriving tasks"}
+MODES = {
+    "quick": {"num_rounds": 20, "seeds": [0, 1, 2]},
+    "full": {"num_rounds": 90, "seeds": list(range(20))},
+}
+BASE = {"local_epochs": 5, "lr": 0.1, "batch_size": 16}
+PAPER_ROUNDS = 90
+
+
+def scenario_settings(scenario: str, num_rounds: int) -> tuple[dict[str, Any], str]:
+    """Settings keywords of a scenario at ``num_rounds`` (arrivals scaled to the length)
+    and its C-step variant."""
+    sc = dict(SCENARIOS[scenario])
+    variant = sc.pop("variant")
+    scale = num_rounds / PAPER_ROUNDS
+    if sc.get("client_arrivals"):
+        rate = 0.1 / scale
+        sc["client_arrivals"] = f"exponential:static=24,rate={rate:g}"
+    if sc.get("task_arrivals"):
+        sc["task_arrivals"] = (f"digits_4:{round(30 * scale)},digits_5:{round(60 * scale)}")
+    return {**sc, **BASE, "num_rounds": num_rounds, "group_variant": variant}, variant
+
+
+def _one(job: tuple[str, str, int, int, str]) -> list[dict[str, Any]]:
+    """One run; history rows tagged like ``_evidence.run_many`` (plus ``scenario``)."""
+    scenario, method, seed, num_rounds, engine = job
+    from mmfl_flwr import runner
+    from mmfl_flwr.config import Settings
+    from mmfl_flwr.core import MultiFedAvg
+    from mmfl_flwr.core.aggregators import MeanAggregator
+    from mmfl_flwr.core.group import GroupSampling
+    from mmfl_flwr.strategy import MultiModelStrategy
+
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    kw, variant = scenario_settings(scenario, num_rounds)
+    s = Settings(strategy="group", seed=seed, output_dir="", **kw)
+    s.validate()
+    skw: dict[str, Any] = {"local_epochs": s.local_epochs, "lr": s.lr,
+                           "batch_size": s.batch_size, "seed": seed}
+    if s.client_arrivals:
+        skw["client_arrivals"] = s.client_arrival_rounds()
+    if s.task_arrivals:
+        skw["task_arrivals"] = s.task_arrival_rounds()
+    if method == "group":
+        policy: Any = GroupSampling(1 / 6, variant, seed=seed)
+    elif method == "rr-random-groups":
+        policy = GroupSampling(1 / 6, "consistent", seed=seed, grouping="random",
+                               random_groups=5)
+    elif method == "random":
+        policy = MultiFedAvg(max(1, round(s.num_clients / 6)))
+    else:
+        raise ValueError(method)
+    strategy = MultiModelStrategy(policy, MeanAggregator(), **skw)
+    with contextlib.redirect_stdout(io.StringIO()):
+        if engine == "vectorized":
+            result = runner.run_vectorized(s, strategy)
+        elif engine == "inprocess":
+            result = runner.run_inprocess(s, strategy)
+        else:
+            raise ValueError(f"engine {engine!r}: this script runs custom strategies "
+                             "(inprocess or vectorized only)")
+    return [{"scenario": scenario, "method": method, "seed": seed,
+             **{k: v for k, v in r.items() if k != "seconds"}}
+            for r in result.history]
+
+
+def run_jobs(jobs: list[tuple[str, str, int, int, str]], workers: int) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    if workers <= 1:
+        results: Any = map(_one, jobs)
+        pool = None
+    else:
+        pool = ProcessPoolExecutor(max_workers=workers)
+        results = pool.map(_one, jobs)
+    try:
+        for (sc, m, sd, *_), r in zip(jobs, results):
+            rows.extend(r)
+            print(f"  {sc} {m} seed {sd}: done", flush=True)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    return rows
+
+
+def scenario_verdict(table: list[dict[str, Any]]) -> str:
+    """Claim: MMFL-Group ahead of both baselines. Baseline rows carry baseline - group."""
+    base = [r for r in table if r["method"] != REFERENCE]
+    if all(r["verdict"] == "worse" for r in base):
+        return "holds"
+    if any(r["verdict"] == "better" for r in base):
+        return "does not hold"
+    return "not resolved"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    E.mode_args(p)
+    p.set_defaults(engine="inprocess", workers=min(2, os.cpu_count() or 1))
+    p.add_argument("--scenarios", default=",".join(SCENARIOS))
+    p.add_argument("--seeds", default="", help="override the mode's seeds (0,1,2)")
+    p.add_argument("--num-rounds", type=int, default=0, help="override the mode's rounds")
+    a = p.parse_args(argv)
+    mode = dict(MODES[a.mode])
+    if a.seeds:
+        mode["seeds"] = [int(x) for x in a.seeds.split(",")]
+    if a.num_rounds:
+        mode["num_rounds"] = a.num_rounds
+    R, seeds = mode["num_rounds"], mode["seeds"]
+    scenarios = [x for x in a.scenarios.split(",") if x]
+    out = Path(a.out)
+    jobs = [(sc, m, sd, R, a.engine) for sc in scenarios for sd in seeds for m in METHODS]
+    print(f"{NAME}: {len(jobs)} runs ({a.mode}: {R} rounds, seeds {seeds}, engine {a.engine}, "
+          f"{a.workers} workers)", flush=True)
+    t0 = time.monotonic()
+    rows = run_jobs(jobs, a.workers)
+    wall = time.monotonic() - t0
+    E.write_long_csv(out / f"{NAME}.csv", rows)
+
+    cmd = f"python benchmarks/{NAME}.py --{a.mode}"
+    if a.engine != "inprocess":
+        cmd += f" --engine {a.engine}"
+    if a.seeds or a.num_rounds or a.scenarios != ",".join(SCENARIOS):
+        cmd = "python " + " ".join(["benchmarks/" + NAME + ".py"] + (argv or sys.argv[1:]))
+    verdicts: dict[str, str] = {}
+    sections = []
+    for sc in scenarios:
+        sub = [r for r in rows if r["scenario"] == sc]
+        finals = E.final_values(sub)
+        finals = {m: finals[m] for m in METHODS if m in finals}
+        table = E.compare_to_reference(finals, REFERENCE)
+        verdicts[sc] = scenario_verdict(table)
+        png = out / f"{NAME}_{sc}.png"
+        box = out / f"{NAME}_{sc}_final.png"
+        kw, _ = scenario_settings(sc, R)
+        title = (f"Papers 000/001 {LABELS[sc]}: {kw['num_clients']} clients, {R} rounds, "
+                 f"E=5, participation 1/6")
+        E.plot_curves(png, E.curves(sub), title)
+        E.plot_final(box, finals, f"{LABELS[sc]}: final accuracy ({len(seeds)} seeds)")
+        extra = ", ".join(f"{k} `{kw[k]}`" for k in ("client_arrivals", "task_arrivals")
+                          if kw.get(k))
+        sections.append(
+            f"**{LABELS[sc]}** ({kw['num_clients']} clients, tasks `{kw['tasks']}`, profile "
+            f"`{kw['profile']}`, C-step `{kw['group_variant']}`{', ' + extra if extra else ''}). "
+            f"Final accuracy (last round, mean over the models); the paired column is "
+            f"*baseline − MMFL-Group* per seed (negative = MMFL-Group ahead):\n\n"
+            + E.markdown_table(table, REFERENCE, "final accuracy")
+            + f"\n\nVerdict {LABELS[sc]}: {verdicts[sc]}\n\n"
+            f"![{LABELS[sc]} curves]({_rel(png)}) ![{LABELS[sc]} final]({_rel(box)})\n")
+    vs = list(verdicts.values())
+    overall = ("holds" if all(v == "holds" for v in vs) else
+               "does not hold" if any(v == "does not hold" for v in vs) else "not resolved")
+    summary = "; ".join(f"{LABELS[s]}: {v}" for s, v in verdicts.items())
+    text = f"""### Papers 000/001: MMFL-Group Sampling against round-robin and random allocation
+
+**Claim (papers 000/001, Section III).** With 5 planted label clusters per model, 30
+clients and participation 1/6, MMFL-Group Sampling beats the random-allocation and the
+round-robin (random groups) baselines: a gap of more than 10% with a consistent cluster
+structure (a), at least 6% with an inconsistent one and the modified C-step (b); with 24
+static + 36 arriving clients it reaches ~45% at round 500 against ~27% (random) and ~17%
+(round-robin) (c); with models arriving at rounds 30 and 60 it converges faster (d);
+"improvements of up to 15%" overall.
+
+Scale: digits CNNs (our stand-in for the papers' MNIST/FMNIST/CIFAR/EMNIST models), 30
+clients (60 in (c)), {R} rounds, E = 5, lr 0.1, batch 16, plain mean aggregation,
+{len(seeds)} seeds ({', '.join(map(str, seeds))}), engine `{a.engine}`.
+Machine: {E.machine()}.
+
+```bash
+{cmd}
+```
+
+{chr(10).join(sections)}
+Verdict: {overall} ({summary}). Earlier 3-seed finding (README): MMFL-Group ahead in (d)
+and ahead of random allocation in (a, b), but level with or behind round-robin over random
+groups in (a)-(c). Where it does not hold, what could be varied: more clients per
+cluster or a higher participation (one client per group per round makes the group
+signal small), the number of clusters the silhouette picks (planted 5 vs S + 4 upper
+bound), data-weighted aggregation, and longer runs (the paper reports round 500).
+"""
+    E.write_fragment(out, NAME, text)
+    print(f"\n{NAME}: {len(jobs)} runs in {wall:.0f}s; verdict {overall} ({summary})")
+    for sc in scenarios:
+        sub = [r for r in rows if r["scenario"] == sc]
+        finals = E.final_values(sub)
+        for r in E.compare_to_reference({m: finals[m] for m in METHODS if m in finals},
+                                        REFERENCE):
+            d = (f" diff {r['diff']:+.4f} [{r['diff_lo']:+.4f}, {r['diff_hi']:+.4f}]"
+                 if "diff" in r else "")
+            print(f"  {sc:<13} {r['method']:<17} {r['mean']:.4f} "
+                  f"[{r['lo']:.4f}, {r['hi']:.4f}]{d}")
+    return 0
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(E.REPO))
+    except ValueError:
+        return str(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,10 @@ def mode_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "already uses every core)")
     parser.add_argument("--out", default=str(DEFAULT_OUT),
                         help="folder of the CSV, PNG and Markdown outputs")
+    parser.add_argument("--cache", default="",
+                        help="JSON-lines file of finished runs: appended as runs finish, "
+                             "and runs already there are not run again (resume a stopped "
+                             "--full run)")
     return parser
 
 
@@ -96,27 +101,75 @@ def _one(job: tuple[str, int, dict[str, Any], str]) -> list[dict[str, Any]]:
     return rows
 
 
+def _key(job: Any) -> str:
+    return json.dumps(job, sort_keys=True, default=str)
+
+
+def _load_cache(path: Path | None) -> dict[str, Any]:
+    done: dict[str, Any] = {}
+    if path is None or not path.exists():
+        return done
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a killed run
+                continue
+            done[entry["key"]] = entry["result"]
+    return done
+
+
+def map_cached(
+    fn: Callable[[Any], Any],
+    jobs: Sequence[Any],
+    workers: int = 1,
+    cache: str | Path | None = None,
+    label: Callable[[Any], str] = str,
+) -> list[Any]:
+    """``[fn(job) for job in jobs]``, in ``workers`` processes, printing one line per
+    finished job (``label(job)``). ``cache``: a JSON-lines file; each finished job
+    appends its (JSON-serialisable) result there, and jobs already in it (same key:
+    the job's JSON) are not run again, so a long ``--full`` run that was stopped
+    resumes where it was."""
+    path = Path(cache) if cache else None
+    done = _load_cache(path)
+    todo = [j for j in jobs if _key(j) not in done]
+    if len(todo) < len(jobs):
+        print(f"  {len(jobs) - len(todo)} of {len(jobs)} runs taken from {path}", flush=True)
+
+    def finished(job: Any, result: Any) -> None:
+        done[_key(job)] = result
+        if path is not None:
+            with open(path, "a") as f:
+                f.write(json.dumps({"key": _key(job), "result": result}) + "\n")
+        print(f"  {label(job)}: done ({len(done)}/{len(jobs)})", flush=True)
+
+    if workers <= 1:
+        for job in todo:
+            finished(job, fn(job))
+    elif todo:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = {pool.submit(fn, job): job for job in todo}
+            for fut in as_completed(futures):
+                finished(futures[fut], fut.result())
+    return [done[_key(j)] for j in jobs]
+
+
 def run_many(
     jobs: Sequence[tuple[str, int, Mapping[str, Any]]],
     engine: str = "vectorized",
     workers: int = 1,
+    cache: str | Path | None = None,
 ) -> list[dict[str, Any]]:
     """Run every ``(method, seed, settings)``; return all history rows, each tagged
     with ``method`` and ``seed`` (``seconds`` dropped: timings are not evidence), in
-    job order. Prints one line per finished run."""
+    job order. Prints one line per finished run; ``cache`` as in :func:`map_cached`."""
     full = [(m, int(s), dict(kw), engine) for m, s, kw in jobs]
-    rows: list[dict[str, Any]] = []
-    if workers <= 1:
-        results: Iterable[list[dict[str, Any]]] = map(_one, full)
-        for (m, s, *_), r in zip(full, results):
-            rows.extend(r)
-            print(f"  {m} seed {s}: done", flush=True)
-        return rows
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        for (m, s, *_), r in zip(full, pool.map(_one, full)):
-            rows.extend(r)
-            print(f"  {m} seed {s}: done", flush=True)
-    return rows
+    results = map_cached(_one, full, workers, cache, label=lambda j: f"{j[0]} seed {j[1]}")
+    return [row for rows in results for row in rows]
 
 
 # ---------------------------------------------------------------------------- files

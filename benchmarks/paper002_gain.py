@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                 jobs.append((label(algo, m), seed, {**base_settings(cfg, m), "strategy": algo,
                                                    "num_rounds": rounds[m]}))
     print(f"[{NAME}] {args.mode}: {len(jobs)} runs on {args.engine}", flush=True)
-    rows = E.run_many(jobs, engine=args.engine, workers=args.workers)
+    rows = E.run_many(jobs, engine=args.engine, workers=args.workers,
+                      cache=args.cache)
     for r in rows:
         meth = str(r["method"])
         r["algorithm"], r["M"] = ("full", mmax) if meth == single_label else (

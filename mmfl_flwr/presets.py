@@ -26,7 +26,7 @@ from mmfl_flwr.core.aggregators import (
     UnbiasedAggregator,
 )
 from mmfl_flwr.core.group import GroupSampling
-from mmfl_flwr.core.lvr import GVR, LVR
+from mmfl_flwr.core.lvr import GVR, LVR, RoundRobinGVR
 from mmfl_flwr.core.mfa import MFARand, MFARoundRobin, MultiFedAvg
 from mmfl_flwr.core.random_allocation import FullParticipation, RandomAllocation
 from mmfl_flwr.core.robust import MedianAggregator, TrimmedMeanAggregator
@@ -152,6 +152,24 @@ def gvr(
     ``||G||``), unbiased ``d/(B p)`` aggregation."""
     return MultiModelStrategy(
         GVR(budget=budget, budget_fraction=budget_fraction, floor=floor),
+        _aggregator(aggregator, UnbiasedAggregator),
+        **kwargs,
+    )
+
+
+def rr_gvr(
+    budget: float | None = None,
+    budget_fraction: float = 0.1,
+    floor: float = 1e-4,
+    aggregator: Aggregator | str | None = None,
+    **kwargs: Any,
+) -> MultiModelStrategy:
+    """RoundRobin-GVR (paper 003, Fig. 4 baseline): one model per round in rotation,
+    every client holding it trains it, the server samples the updates with
+    gradient-norm optimal client sampling (Eq. 13 with one model and one processor
+    per client, the same budget ``m`` as MMFL-GVR), unbiased ``d/q`` aggregation."""
+    return MultiModelStrategy(
+        RoundRobinGVR(budget=budget, budget_fraction=budget_fraction, floor=floor),
         _aggregator(aggregator, UnbiasedAggregator),
         **kwargs,
     )
@@ -316,6 +334,7 @@ PRESETS: dict[str, Callable[..., MultiModelStrategy]] = {
     "multi-fedavg": multi_fedavg,
     "lvr": lvr,
     "gvr": gvr,
+    "rr-gvr": rr_gvr,
     "stalevr": stalevr,
     "stalevre": stalevre,
     "fedvarp": fedvarp,

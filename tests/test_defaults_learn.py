@@ -78,7 +78,7 @@ def test_the_threshold_is_documented():
 
 
 def test_budgeted_presets_are_the_ones_expected():
-    assert BUDGETED == ["random", "lvr", "gvr", "stalevr", "stalevre", "fedvarp",
+    assert BUDGETED == ["random", "lvr", "gvr", "rr-gvr", "stalevr", "stalevre", "fedvarp",
                         "fedstale", "mifa", "scaffold"]
 
 

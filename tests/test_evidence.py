@@ -92,6 +92,37 @@ def test_outputs_are_written(tmp_path):
     assert md.read_text() == "### x\n\ntext\n"
 
 
+def _square(job: tuple[str, int]) -> dict[str, int]:
+    return {"value": job[1] ** 2}
+
+
+def test_map_cached_resumes_from_its_cache(tmp_path, capsys):
+    cache = tmp_path / "runs.jsonl"
+    jobs = [("a", 2), ("b", 3)]
+    assert E.map_cached(_square, jobs, cache=cache) == [{"value": 4}, {"value": 9}]
+    assert len(cache.read_text().splitlines()) == 2
+    # a run stopped mid-way leaves a cut line: it is skipped, the job runs again
+    with open(cache, "a") as f:
+        f.write('{"key": "[\\"c\\", 4]", "res')
+    calls: list[tuple[str, int]] = []
+
+    def counting(job: tuple[str, int]) -> dict[str, int]:
+        calls.append(job)
+        return _square(job)
+
+    out = E.map_cached(counting, jobs + [("c", 4)], cache=cache)
+    assert out == [{"value": 4}, {"value": 9}, {"value": 16}]
+    assert calls == [("c", 4)]  # the two cached jobs were not run again
+    assert "2 of 3 runs taken from" in capsys.readouterr().out
+    # a job with other settings has another key: it runs
+    calls.clear()
+    assert E.map_cached(counting, [("a", 5)], cache=cache) == [{"value": 25}]
+    assert calls == [("a", 5)]
+    # in worker processes, results keep the job order
+    assert E.map_cached(_square, [("x", k) for k in range(5)], workers=2) == [
+        {"value": k * k} for k in range(5)]
+
+
 def test_reproduce_refuses_an_unknown_experiment(tmp_path):
     proc = subprocess.run([sys.executable, str(BENCH / "reproduce.py"), "--only", "nope",
                            "--out", str(tmp_path)], capture_output=True, text=True,

@@ -16,7 +16,14 @@ from mmfl_flwr.core.clients import (
     InvalidClientInfo,
     validate_client_info,
 )
-from mmfl_flwr.core.lvr import GVR, LVR, lvr_probabilities, sample_processors, water_fill
+from mmfl_flwr.core.lvr import (
+    GVR,
+    LVR,
+    RoundRobinGVR,
+    lvr_probabilities,
+    sample_processors,
+    water_fill,
+)
 from mmfl_flwr.core.mfa import MFARand, MFARoundRobin, MultiFedAvg
 from mmfl_flwr.core.policy import Pick, Policy, picks_by_client
 from mmfl_flwr.core.random_allocation import FixedRates, FullParticipation, RandomAllocation
@@ -25,6 +32,7 @@ __all__ = [
     "FixedRates",
     "GVR",
     "LVR",
+    "RoundRobinGVR",
     "lvr_probabilities",
     "sample_processors",
     "water_fill",

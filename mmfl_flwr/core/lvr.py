@@ -40,7 +40,8 @@ from mmfl_flwr.core.policy import (
 )
 from mmfl_flwr.core.random_allocation import FullParticipation
 
-__all__ = ["GVR", "LVR", "lvr_probabilities", "sample_processors", "water_fill"]
+__all__ = ["GVR", "LVR", "RoundRobinGVR", "lvr_probabilities", "sample_processors",
+           "water_fill"]
 
 
 def _as_2d(name: str, a: object) -> np.ndarray:
@@ -295,3 +296,82 @@ class GVR(_Eq13Sampling):
         return False
 
 
+
+
+class RoundRobinGVR(_Eq13Sampling):
+    """RoundRobin-GVR (paper 003, Section 6.1, Fig. 4): the single-model baseline.
+
+    Round ``tau`` trains one model only, ``s = tasks[(tau - 1) mod S]`` (the models in
+    rotation; the round's active tasks, so a model that joins later enters the
+    rotation). Every online client holding ``s`` trains it once (single-model FL: one
+    update per client, whatever its processors), and the server samples the updates
+    to aggregate with gradient-norm-based optimal client sampling: inclusion
+    probabilities ``q_i = min(1, c * d_{i,s} ||G_{i,s}||)`` with ``sum_i q_i = m``
+    (Eq. 13 with S = 1 and one processor per client; the ``floor`` keeps every
+    client's ``q`` positive), one independent Bernoulli draw per client. The budget
+    ``m`` is the same as MMFL-GVR's (``budget`` or ``budget_fraction * V``), so both
+    upload the same number of updates per round in expectation.
+
+    Aggregation is the unbiased rule with the true inclusion probability: client
+    ``i``'s update counts ``d_{i,s} / q_i``. The picks carry
+    ``prob = q_i / B_i`` and ``count = 1``, so the ``d / (B p)`` aggregator applies
+    exactly that coefficient (its expectation is ``d_{i,s}``: unbiased, and
+    paper 003's ``||H||_1`` has expectation 1).
+    """
+
+    name = "rr-gvr"
+
+    @property
+    def selects_after_training(self) -> bool:
+        return True
+
+    @staticmethod
+    def model_of_round(tasks: Sequence[str], server_round: int) -> str | None:
+        """The model round ``server_round`` (1-based) trains, or None without tasks."""
+        if not tasks:
+            return None
+        return tasks[(int(server_round) - 1) % len(tasks)]
+
+    def assign(
+        self,
+        table: ClientTable,
+        tasks: Sequence[str],
+        server_round: int,
+        rng: np.random.Generator,
+    ) -> list[Pick]:
+        task = self.model_of_round(tasks, server_round)
+        if task is None:
+            return []
+        ids, n, _, _ = eligibility_view(table, [task])
+        return [Pick(cid=cid, task=task) for cid, k in zip(ids, n[0]) if k > 0]
+
+    def select(
+        self,
+        table: ClientTable,
+        tasks: Sequence[str],
+        signal: Mapping[tuple[str, str], float],
+        server_round: int,
+        rng: np.random.Generator,
+    ) -> list[Pick]:
+        """Sample among the round's trained clients, ``signal[(cid, task)] = ||G||``;
+        ``d`` and ``m`` are those of the whole federation."""
+        task = self.model_of_round(tasks, server_round)
+        if task is None:
+            return []
+        ids, n, procs, _ = eligibility_view(table, [task])
+        _, _, all_procs, _ = eligibility_view(table, tasks)
+        if not ids:
+            return []
+        d = data_shares(n)
+        sig = np.array([signal.get((cid, task), np.nan) for cid in ids], dtype=np.float64)
+        d_avail = np.where(np.isnan(sig), 0.0, d[0])[None, :]
+        m = resolve_budget(self.budget, self.budget_fraction, int(all_procs.sum()))
+        ones = np.ones(len(ids))
+        q = lvr_probabilities(np.where(np.isnan(sig), 0.0, sig)[None, :], d_avail, ones, m,
+                              self.floor)[0]
+        drawn = rng.random(len(ids)) < q
+        return [
+            Pick(cid=cid, task=task, count=1, prob=float(qi / b))
+            for cid, qi, b, hit in zip(ids, q, procs, drawn)
+            if hit
+        ]

@@ -28,7 +28,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,27 @@ def mode_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "and runs already there are not run again (resume a stopped "
                              "--full run)")
     return parser
+
+
+def command(script: str, argv: Sequence[str] | None) -> str:
+    """The command line that reproduces a script's results: its arguments without
+    ``--cache``, ``--out`` and ``--workers`` (which change where and how fast, not
+    what)."""
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    kept: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in ("--cache", "--out", "--workers"):
+            skip = "=" not in arg
+            continue
+        kept.append(arg)
+    return " ".join([f"python benchmarks/{script}.py"] + kept)
 
 
 def machine() -> str:
@@ -105,10 +126,29 @@ def _key(job: Any) -> str:
     return json.dumps(job, sort_keys=True, default=str)
 
 
-def _load_cache(path: Path | None) -> dict[str, Any]:
+#: machine (``machine()``) of every result the latest :func:`map_cached` returned, in job
+#: order: runs taken from a cache keep the machine that ran them
+LAST_MACHINES: list[str] = []
+
+
+def machines_used() -> str:
+    """The machine(s) that ran the latest :func:`map_cached` call's jobs: one line, with
+    the number of runs per machine where there were several."""
+    if not LAST_MACHINES:
+        return machine()
+    counts: dict[str, int] = {}
+    for m in LAST_MACHINES:
+        counts[m] = counts.get(m, 0) + 1
+    if len(counts) == 1:
+        return next(iter(counts))
+    return "; ".join(f"{n} runs on {m}" for m, n in counts.items())
+
+
+def _load_cache(path: Path | None) -> tuple[dict[str, Any], dict[str, str]]:
     done: dict[str, Any] = {}
+    where: dict[str, str] = {}
     if path is None or not path.exists():
-        return done
+        return done, where
     with open(path) as f:
         for line in f:
             line = line.strip()
@@ -119,7 +159,8 @@ def _load_cache(path: Path | None) -> dict[str, Any]:
             except json.JSONDecodeError:  # a line cut short by a killed run
                 continue
             done[entry["key"]] = entry["result"]
-    return done
+            where[entry["key"]] = entry.get("machine", "unknown machine")
+    return done, where
 
 
 def map_cached(
@@ -135,16 +176,19 @@ def map_cached(
     the job's JSON) are not run again, so a long ``--full`` run that was stopped
     resumes where it was."""
     path = Path(cache) if cache else None
-    done = _load_cache(path)
+    done, where = _load_cache(path)
+    here = machine()
     todo = [j for j in jobs if _key(j) not in done]
     if len(todo) < len(jobs):
         print(f"  {len(jobs) - len(todo)} of {len(jobs)} runs taken from {path}", flush=True)
 
     def finished(job: Any, result: Any) -> None:
         done[_key(job)] = result
+        where[_key(job)] = here
         if path is not None:
             with open(path, "a") as f:
-                f.write(json.dumps({"key": _key(job), "result": result}) + "\n")
+                f.write(json.dumps({"key": _key(job), "result": result, "machine": here})
+                        + "\n")
         print(f"  {label(job)}: done ({len(done)}/{len(jobs)})", flush=True)
 
     if workers <= 1:
@@ -155,6 +199,7 @@ def map_cached(
             futures = {pool.submit(fn, job): job for job in todo}
             for fut in as_completed(futures):
                 finished(futures[fut], fut.result())
+    LAST_MACHINES[:] = [where[_key(j)] for j in jobs]
     return [done[_key(j)] for j in jobs]
 
 
@@ -173,6 +218,24 @@ def run_many(
 
 
 # ---------------------------------------------------------------------------- files
+def run_time(rows: Sequence[Mapping[str, Any]]) -> float:
+    """Sum of the runs' wall times (``run_seconds``, one per (method, seed) and any
+    other tag that tells runs apart)."""
+    seen: dict[tuple[Any, ...], float] = {}
+    for r in rows:
+        key = tuple(r.get(k) for k in ("scenario", "method", "seed", "M", "dataset", "K"))
+        seen[key] = float(r.get("run_seconds") or 0.0)
+    return sum(seen.values())
+
+
+def run_time_text(rows: Sequence[Mapping[str, Any]], wall: float) -> str:
+    """``summed run time X s (wall of this invocation Y s)``; runs taken from a cache
+    cost nothing in this invocation."""
+    total = run_time(rows)
+    runs = f"summed run time {total:.0f} s" if total > 0 else "run times not recorded"
+    return f"{runs} (wall of this invocation {wall:.0f} s)"
+
+
 def write_long_csv(path: str | Path, rows: Sequence[Mapping[str, Any]]) -> Path:
     """Write rows (dicts) as CSV; the columns are the union of the keys, first-seen order."""
     path = Path(path)
@@ -253,6 +316,23 @@ def final_values(
         out.setdefault(method, {})[seed] = statistics.fmean(
             statistics.fmean(rounds[r]) for r in tail)
     return out
+
+
+def window_means(
+    rows: Iterable[Mapping[str, Any]], key: str, first: int, last: int
+) -> dict[str, dict[int, float]]:
+    """``{method: {seed: mean of key}}`` over rounds ``first..last`` (inclusive), each
+    round's value averaged over the models first."""
+    per: dict[tuple[str, int, int], list[float]] = {}
+    for r in rows:
+        rd = int(r["round"])
+        v = r.get(key)
+        if first <= rd <= last and v not in (None, ""):
+            per.setdefault((str(r["method"]), int(r["seed"]), rd), []).append(float(v))
+    out: dict[str, dict[int, list[float]]] = {}
+    for (m, s, _), vs in per.items():
+        out.setdefault(m, {}).setdefault(s, []).append(statistics.fmean(vs))
+    return {m: {s: statistics.fmean(v) for s, v in seeds.items()} for m, seeds in out.items()}
 
 
 def compare_to_reference(

@@ -202,7 +202,7 @@ static + 36 arriving clients it reaches ~45% at round 500 against ~27% (random) 
 Scale: digits CNNs (our stand-in for the papers' MNIST/FMNIST/CIFAR/EMNIST models), 30
 clients (60 in (c)), {R} rounds, E = 5, lr 0.1, batch 16, plain mean aggregation,
 {len(seeds)} seeds ({', '.join(map(str, seeds))}), engine `{a.engine}`.
-Machine: {E.machine()}.
+Machine: {E.machines_used()}.
 
 ```bash
 {cmd}

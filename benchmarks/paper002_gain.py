@@ -421,7 +421,7 @@ Verdict: {spread_verdict} (the claim: MFA-Rand's variance larger than MFA-RR's, 
   {cfg['local_epochs']} local epoch(s), lr {cfg['lr']}, batch {cfg['batch_size']} (each epoch
   one full-gradient step: at most {cfg['synthetic_max_samples']} samples per Synthetic user),
   {len(jobs)} runs
-- engine: `{args.engine}`; machine: {E.machine()}
+- engine: `{args.engine}`; machine: {E.machines_used()}
 - wall time {wall:.0f} s (CPU {cpu:.0f} s, load average {load:.1f} at the end)
 """
     E.write_fragment(out, NAME, md)

@@ -22,7 +22,6 @@ import io
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -66,10 +65,12 @@ def one(job: tuple[str, int, dict[str, Any], str]) -> list[dict[str, Any]]:
                  local_epochs=base["local_epochs"], lr=base["lr"],
                  batch_size=base["batch_size"])
     fn = run_vectorized if engine == "vectorized" else run_inprocess
+    t0 = time.monotonic()
     with contextlib.redirect_stdout(io.StringIO()):
         result = fn(s, strategy(method, seed, base))
-    return [{"method": method, "seed": seed, **{k: v for k, v in r.items() if k != "seconds"}}
-            for r in result.history]
+    wall = round(time.monotonic() - t0, 3)
+    return [{"method": method, "seed": seed, **{k: v for k, v in r.items() if k != "seconds"},
+             "run_seconds": wall} for r in result.history]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", default="digits", help="one task (the paper: EMNIST)")
     p.add_argument("--seeds", default="", help="override the mode's seeds")
     p.add_argument("--num-rounds", type=int, default=0, help="override the mode's rounds")
+    p.add_argument("--methods", default="", help="override the mode's methods (comma-separated)")
+    p.add_argument("--lr", type=float, default=0.1, help="client learning rate (default 0.1)")
     a = p.parse_args(argv)
     if a.engine == "simulation":
         p.error("custom strategies run on the inprocess or vectorized engine")
@@ -86,22 +89,16 @@ def main(argv: list[str] | None = None) -> int:
         sc["seeds"] = [int(s) for s in a.seeds.split(",")]
     if a.num_rounds:
         sc["num_rounds"] = a.num_rounds
+    if a.methods:
+        sc["methods"] = [m.strip() for m in a.methods.split(",") if m.strip()]
     base = dict(tasks=a.tasks, num_clients=sc["num_clients"], num_rounds=sc["num_rounds"],
-                local_epochs=sc["local_epochs"], lr=0.1, batch_size=16)
+                local_epochs=sc["local_epochs"], lr=a.lr, batch_size=16)
     jobs = [(m, s, base, a.engine) for s in sc["seeds"] for m in sc["methods"]]
     print(f"{len(jobs)} runs on {a.engine}: {base}, groups {F5.GROUPS}", flush=True)
     t0 = time.monotonic()
-    rows: list[dict[str, Any]] = []
-    if a.workers <= 1:
-        results = map(one, jobs)
-        for j, r in zip(jobs, results):
-            rows.extend(r)
-            print(f"  {j[0]} seed {j[1]}: done", flush=True)
-    else:
-        with ProcessPoolExecutor(max_workers=a.workers) as pool:
-            for j, r in zip(jobs, pool.map(one, jobs)):
-                rows.extend(r)
-                print(f"  {j[0]} seed {j[1]}: done", flush=True)
+    results = E.map_cached(one, jobs, a.workers, a.cache,
+                           label=lambda j: f"{j[0]} seed {j[1]}")
+    rows: list[dict[str, Any]] = [row for rs in results for row in rs]
     wall = time.monotonic() - t0
     out = a.out
     E.write_long_csv(os.path.join(out, f"{NAME}.csv"), rows)
@@ -116,8 +113,15 @@ def main(argv: list[str] | None = None) -> int:
     best = max(static, key=lambda m: sum(finals[m].values()) / len(finals[m]))
     d = E.paired_ci(finals[ref], finals[best])
     verdict = {"better": "holds", "worse": "does not hold"}.get(d["verdict"], "not resolved")
-    cmd = "python benchmarks/paper003_fig5.py " + " ".join(sys.argv[1:] if argv is None
-                                                          else argv)
+    # mid-training: the mean accuracy over an early window, before every rule saturates
+    lo_r, hi_r = sc["num_rounds"] // 15 + 1, max(sc["num_rounds"] // 5, 1)
+    mid = E.window_means(rows, "accuracy", lo_r, hi_r)
+    mid_rows = E.compare_to_reference({m: mid[m] for m in sc["methods"] if m in mid}, ref)
+    best_mid = max(static, key=lambda m: sum(mid[m].values()) / len(mid[m]))
+    dm = E.paired_ci(mid[ref], mid[best_mid])
+    verdict_mid = {"better": "holds", "worse": "does not hold"}.get(dm["verdict"],
+                                                                    "not resolved")
+    cmd = E.command(NAME, argv)
     text = f"""### Paper 003, Fig. 5: dynamic vs static staleness weights
 
 Paper's claim (Fig. 5, EMNIST, S = 1, 40 clients in two halves with participation rates
@@ -137,12 +141,22 @@ StaleVR - best static weight ({best}, chosen by mean): {d['mean']:+.4f}
 ![accuracy per round](docs/results/{NAME}.png)
 ![final accuracy](docs/results/{NAME}_final.png)
 
-Verdict: {verdict} (StaleVR above the best FedStale / FedVARP)
+Verdict (final accuracy, StaleVR above the best FedStale / FedVARP): {verdict}
+
+Mid-training accuracy (mean over rounds {lo_r}-{hi_r}, before the rules saturate), same
+comparison:
+
+{E.markdown_table(mid_rows, ref, f'accuracy, rounds {lo_r}-{hi_r}')}
+
+StaleVR - best static weight mid-training ({best_mid}): {dm['mean']:+.4f}
+[{dm['lo']:+.4f}, {dm['hi']:+.4f}] (paired, n = {dm['n']}).
+
+Verdict (mid-training, StaleVR above the best FedStale / FedVARP): {verdict_mid}
 
 Command: `{cmd}`; scale: task `{a.tasks}` (1 model), {sc['num_clients']} clients, groups
 {F5.GROUPS} (fraction, rate), {sc['num_rounds']} rounds, {sc['local_epochs']} local
-epochs, lr 0.1, batch 16, seeds {sc['seeds']}; engine `{a.engine}`; {E.machine()};
-wall {wall:.0f} s.
+epochs, lr {base['lr']}, batch 16, seeds {sc['seeds']}; engine `{a.engine}`;
+{E.machines_used()}; {E.run_time_text(rows, wall)}.
 """
     E.write_fragment(out, NAME, text)
     print(text)

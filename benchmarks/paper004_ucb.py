@@ -176,7 +176,7 @@ Scale: two logistic-regression models, {mode['num_clients']} clients, rounds
 {', '.join(f'K={k}: {mode["rounds"][k]}' for k in ks)}, one local epoch (SGD, lr 0.05,
 batch 10), gamma 0.9, loss-query initialisation, Synthetic users capped at
 {mode['synthetic_max_samples']} samples, {len(seeds)} seeds
-({', '.join(map(str, seeds))}), engine `{a.engine}`. Machine: {E.machine()}.
+({', '.join(map(str, seeds))}), engine `{a.engine}`. Machine: {E.machines_used()}.
 
 ```bash
 {cmd}

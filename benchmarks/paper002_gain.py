@@ -378,7 +378,7 @@ Trend in M (per-seed least-squares slope of g over M = {', '.join(map(str, multi
 
 ![accuracy curves](docs/results/paper002_gain_curves.png)
 
-Verdict: {gain_verdict} (the claim: gain > 1 for every M > 1, CI above 1, and increasing in M, slope CI above 0)
+Verdict (gain above 1 and growing with M): {gain_verdict} (gain > 1 for every M > 1, CI above 1, and increasing in M, slope CI above 0)
 
 **Spread, M = {mmax}.** Final accuracy (mean over the {mmax} models) at round {last[mmax]},
 {vt['n']} seeds; per-seed values in `docs/results/paper002_spread.csv`. The seed fixes the data
@@ -413,7 +413,7 @@ Mean final accuracy, MFA-RR against MFA-Rand (paired per seed):
 
 {(chr(10) * 2).join(mean_tables)}
 
-Verdict: {spread_verdict} (the claim: MFA-Rand's variance larger than MFA-RR's, the bootstrap CI of the ratio above 1)
+Verdict (MFA-Rand spread above MFA-RR's): {spread_verdict} (MFA-Rand's variance larger than MFA-RR's, the bootstrap CI of the ratio above 1)
 
 - command: `{cmd}`
 - scale: {cfg['num_clients']} clients, T1 = {t1}, M in {{{', '.join(map(str, ms))}}},

@@ -100,8 +100,16 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(engine="inprocess", workers=min(2, os.cpu_count() or 1))
     p.add_argument("--ks", default="2,64")
     p.add_argument("--seeds", default="", help="override the mode's seeds (0,1,2)")
+    p.add_argument("--datasets", default="",
+                   help=f"override the mode's data sets (from {', '.join(DATASETS)})")
     a = p.parse_args(argv)
     mode = dict(MODES[a.mode])
+    if a.datasets:
+        chosen = [x.strip() for x in a.datasets.split(",") if x.strip()]
+        unknown = [x for x in chosen if x not in DATASETS]
+        if unknown:
+            p.error(f"unknown data set(s) {unknown}; choose from {list(DATASETS)}")
+        mode["datasets"] = chosen
     if a.seeds:
         mode["seeds"] = [int(x) for x in a.seeds.split(",")]
     ks = [int(x) for x in a.ks.split(",")]
@@ -132,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = f"python benchmarks/{NAME}.py --{a.mode}"
     if a.engine != "inprocess":
         cmd += f" --engine {a.engine}"
-    if a.seeds or a.ks != "2,64":
+    if a.seeds or a.ks != "2,64" or a.datasets:
         cmd = "python " + " ".join(["benchmarks/" + NAME + ".py"] + (argv or sys.argv[1:]))
     sections, all_claims = [], []
     for d, k in plan:

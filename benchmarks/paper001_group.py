@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.engine != "inprocess":
         cmd += f" --engine {a.engine}"
     if a.seeds or a.num_rounds or a.scenarios != ",".join(SCENARIOS):
-        cmd = "python " + " ".join(["benchmarks/" + NAME + ".py"] + (argv or sys.argv[1:]))
+        cmd = E.command(NAME, argv)
     verdicts: dict[str, str] = {}
     sections = []
     for sc in scenarios:
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             f"Final accuracy (last round, mean over the models); the paired column is "
             f"*baseline − MMFL-Group* per seed (negative = MMFL-Group ahead):\n\n"
             + E.markdown_table(table, REFERENCE, "final accuracy")
-            + f"\n\nVerdict {LABELS[sc]}: {verdicts[sc]}\n\n"
+            + f"\n\nVerdict ({LABELS[sc]}): {verdicts[sc]}\n\n"
             f"![{LABELS[sc]} curves]({_rel(png)}) ![{LABELS[sc]} final]({_rel(box)})\n")
     vs = list(verdicts.values())
     overall = ("holds" if all(v == "holds" for v in vs) else
@@ -209,9 +209,8 @@ Machine: {E.machines_used()}.
 ```
 
 {chr(10).join(sections)}
-Verdict: {overall} ({summary}). Earlier 3-seed finding (README): MMFL-Group ahead in (d)
-and ahead of random allocation in (a, b), but level with or behind round-robin over random
-groups in (a)-(c). Where it does not hold, what could be varied: more clients per
+Verdict (all four scenarios): {overall} ({summary}). Where it does not hold, what could be
+varied: more clients per
 cluster or a higher participation (one client per group per round makes the group
 signal small), the number of clusters the silhouette picks (planted 5 vs S + 4 upper
 bound), data-weighted aggregation, and longer runs (the paper reports round 500).

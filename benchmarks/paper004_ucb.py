@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.engine != "inprocess":
         cmd += f" --engine {a.engine}"
     if a.seeds or a.ks != "2,64" or a.datasets:
-        cmd = "python " + " ".join(["benchmarks/" + NAME + ".py"] + (argv or sys.argv[1:]))
+        cmd = E.command(NAME, argv)
     sections, all_claims = [], []
     for d, k in plan:
         sub = [r for r in rows if r["dataset"] == d and r["K"] == k]

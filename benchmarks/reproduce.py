@@ -88,8 +88,11 @@ def verdicts(text: str) -> list[tuple[str, str]]:
                     break
                 para.append(nxt.strip())
             label, _, verdict = " ".join(para).partition(":")
-            claim = label[len("Verdict"):].strip().strip("()")
-            out.append((f"{heading}: {claim}" if claim else heading, verdict.strip()))
+            claim = label[len("Verdict"):].strip()
+            if claim.startswith("(") and claim.endswith(")"):
+                claim = claim[1:-1]
+            verdict = verdict.strip().split(". ")[0].rstrip(".")
+            out.append((f"{heading}: {claim}" if claim else heading, verdict))
     return out
 
 

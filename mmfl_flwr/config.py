@@ -36,8 +36,8 @@ class Settings:
     ----------
     strategy : str
         Preset name: ``random``, ``full``, ``mfa-rand``, ``mfa-rr``, ``multi-fedavg``,
-        ``lvr``, ``gvr``, ``stalevr``, ``stalevre``, ``fedvarp``, ``fedstale``, ``mifa``,
-        ``scaffold``, ``ranklist-ucb``, ``pareto-ucb``, ``group``.
+        ``lvr``, ``gvr``, ``rr-gvr``, ``stalevr``, ``stalevre``, ``fedvarp``, ``fedstale``,
+        ``mifa``, ``scaffold``, ``ranklist-ucb``, ``pareto-ucb``, ``group``.
     aggregator : str
         ``""`` for the preset's own, or ``fedavg`` / ``unbiased`` / ``mean`` /
         ``median`` / ``trimmed-mean`` (:data:`mmfl_flwr.presets.AGGREGATORS`).
@@ -54,7 +54,7 @@ class Settings:
     local_epochs, lr, batch_size : int, float, int
         Local SGD settings.
     budget_fraction : float
-        ``m / V`` for the budgeted presets (``random``, ``lvr``, ``gvr``, the
+        ``m / V`` for the budgeted presets (``random``, ``lvr``, ``gvr``, ``rr-gvr``, the
         stale ones and ``scaffold``; ``V`` = total processors): ``m`` updates are
         expected per round. 0 (the default) = auto: the smallest hundredth that
         gives :data:`MIN_UPLOADS_PER_MODEL` expected uploads per model, at most 1

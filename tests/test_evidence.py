@@ -135,7 +135,8 @@ def test_reproduce_refuses_an_unknown_experiment(tmp_path):
 def test_reproduce_assemble_runs_nothing_and_summarises_the_verdicts(tmp_path):
     (tmp_path / "paper002_gain.md").write_text(
         "### Paper 002: gain\n\ntext\n\nVerdict: holds (gain above 1)\n\n"
-        "### Paper 002: spread\n\nVerdict (variance): does not hold\nsecond line\n")
+        "### Paper 002: spread\n\nVerdict (variance): does not hold\nsecond line. "
+        "Further sentences stay out.\n")
     (tmp_path / "investigations.md").write_text("## Investigations\n\nwhat we varied\n")
     proc = subprocess.run([sys.executable, str(BENCH / "reproduce.py"), "--assemble",
                            "--out", str(tmp_path)], capture_output=True, text=True,

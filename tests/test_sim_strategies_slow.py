@@ -25,6 +25,7 @@ pytestmark = pytest.mark.slow
 CASES = {
     "lvr": ["--strategy", "lvr", "--profile", "paper003", "--budget-fraction", "0.3"],
     "gvr": ["--strategy", "gvr", "--profile", "paper003", "--budget-fraction", "0.3"],
+    "rr-gvr": ["--strategy", "rr-gvr", "--profile", "paper003", "--budget-fraction", "0.3"],
     "stalevr": ["--strategy", "stalevr", "--profile", "paper003", "--budget-fraction", "0.3"],
     "stalevre": ["--strategy", "stalevre", "--profile", "paper003", "--budget-fraction", "0.3"],
     "fedvarp": ["--strategy", "fedvarp", "--budget-fraction", "0.3"],

@@ -54,6 +54,8 @@ MODES = {
 }
 BASE = {"local_epochs": 5, "lr": 0.1, "batch_size": 16}
 PAPER_ROUNDS = 90
+#: final accuracy = mean over the last LAST rounds (one round's accuracy is noisy)
+LAST = 5
 
 
 def scenario_settings(scenario: str, num_rounds: int) -> tuple[dict[str, Any], str]:
@@ -164,10 +166,15 @@ def main(argv: list[str] | None = None) -> int:
     sections = []
     for sc in scenarios:
         sub = [r for r in rows if r["scenario"] == sc]
-        finals = E.final_values(sub)
+        finals = E.final_values(sub, last=LAST)
         finals = {m: finals[m] for m in METHODS if m in finals}
         table = E.compare_to_reference(finals, REFERENCE)
         verdicts[sc] = scenario_verdict(table)
+        # mid-training: how fast, before the easy digits models saturate
+        lo_r, hi_r = R // 9 + 1, max(R // 3, 1)
+        mid = E.window_means(sub, "accuracy", lo_r, hi_r)
+        mid_table = E.compare_to_reference({m: mid[m] for m in METHODS if m in mid}, REFERENCE)
+        mid_verdict = scenario_verdict(mid_table)
         png = out / f"{NAME}_{sc}.png"
         box = out / f"{NAME}_{sc}_final.png"
         kw, _ = scenario_settings(sc, R)
@@ -180,10 +187,14 @@ def main(argv: list[str] | None = None) -> int:
         sections.append(
             f"**{LABELS[sc]}** ({kw['num_clients']} clients, tasks `{kw['tasks']}`, profile "
             f"`{kw['profile']}`, C-step `{kw['group_variant']}`{', ' + extra if extra else ''}). "
-            f"Final accuracy (last round, mean over the models); the paired column is "
-            f"*baseline − MMFL-Group* per seed (negative = MMFL-Group ahead):\n\n"
+            f"Final accuracy (mean over the models and the last {LAST} rounds); the paired "
+            f"column is *baseline − MMFL-Group* per seed (negative = MMFL-Group ahead):\n\n"
             + E.markdown_table(table, REFERENCE, "final accuracy")
             + f"\n\nVerdict ({LABELS[sc]}): {verdicts[sc]}\n\n"
+            f"Mid-training: mean accuracy over rounds {lo_r}-{hi_r} (how fast each method "
+            f"learns, before the models saturate):\n\n"
+            + E.markdown_table(mid_table, REFERENCE, f"accuracy, rounds {lo_r}-{hi_r}")
+            + f"\n\nVerdict ({LABELS[sc]}, mid-training): {mid_verdict}\n\n"
             f"![{LABELS[sc]} curves]({_rel(png)}) ![{LABELS[sc]} final]({_rel(box)})\n")
     vs = list(verdicts.values())
     overall = ("holds" if all(v == "holds" for v in vs) else

@@ -47,7 +47,14 @@ from group_compare import METHODS, SCENARIOS
 NAME = "paper001_group"
 REFERENCE = "group"
 LABELS = {"consistent": "(a) consistent clusters", "inconsistent": "(b) inconsistent clusters",
-          "clients": "(c) arriving clients", "tasks": "(d) arriving tasks"}
+          "clients": "(c) arriving clients", "tasks": "(d) arriving tasks",
+          "clients-static": "(c') 60 static clients"}
+#: variations for the investigations (not in the default run): (c) without the arrivals,
+#: all 60 clients present from round 0, to tell the arrival handling from the larger
+#: federation
+VARIATIONS: dict[str, dict[str, Any]] = {
+    "clients-static": {k: v for k, v in SCENARIOS["clients"].items() if k != "client_arrivals"},
+}
 MODES = {
     "quick": {"num_rounds": 20, "seeds": [0, 1, 2]},
     "full": {"num_rounds": 90, "seeds": list(range(10))},
@@ -61,7 +68,7 @@ LAST = 5
 def scenario_settings(scenario: str, num_rounds: int) -> tuple[dict[str, Any], str]:
     """Settings keywords of a scenario at ``num_rounds`` (arrivals scaled to the length)
     and its C-step variant."""
-    sc = dict(SCENARIOS[scenario])
+    sc = dict({**SCENARIOS, **VARIATIONS}[scenario])
     variant = sc.pop("variant")
     scale = num_rounds / PAPER_ROUNDS
     if sc.get("client_arrivals"):
@@ -148,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         mode["num_rounds"] = a.num_rounds
     R, seeds = mode["num_rounds"], mode["seeds"]
     scenarios = [x for x in a.scenarios.split(",") if x]
+    unknown = [x for x in scenarios if x not in LABELS]
+    if unknown:
+        p.error(f"unknown scenario(s) {unknown}; choose from {list(LABELS)}")
     out = Path(a.out)
     jobs = [(sc, m, sd, R, a.engine) for sd in seeds for sc in scenarios for m in METHODS]
     print(f"{NAME}: {len(jobs)} runs ({a.mode}: {R} rounds, seeds {seeds}, engine {a.engine}, "

@@ -109,9 +109,10 @@ class Settings:
     client_arrivals : str
         Simulated client arrivals, ``""`` (all from the start) or
         ``exponential:static=24,rate=0.1``: clients ``0..static-1`` are there
-        from the start; each other client arrives at a round drawn
-        independently from an exponential distribution with that rate (finite,
-        > 0) per round (mean ``1/rate`` rounds), from the run's seed.
+        from the start; the others arrive one after another, in id order, with
+        exponential inter-arrival times of that rate (finite, > 0) per round
+        (papers 000/001: on average one client every ``1/rate`` rounds; the
+        ``k``-th late client arrives near round ``k/rate``), from the run's seed.
     task_arrivals : str
         Models that join during training, ``name:round`` pairs separated by
         commas (``digits_2:30,synthetic:60``), each model at most once, each
@@ -245,7 +246,9 @@ class Settings:
 
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, 4242]))
         late = range(int(static), self.num_clients)
-        times = rng.exponential(1.0 / rate, size=len(late))
+        # papers 000/001: exponential inter-arrival times (a Poisson process of rate
+        # `rate` per round), the late clients arriving in id order
+        times = np.cumsum(rng.exponential(1.0 / rate, size=len(late)))
         return {str(c): max(1, int(np.ceil(t))) for c, t in zip(late, times)}
 
     def client_pin_map(self) -> dict[str, str]:
@@ -666,8 +669,8 @@ def options() -> dict[str, Option]:
         "group_max_clusters": Option("upper bound of the silhouette search", low=0,
                                      zero="S + 4"),
         "client_arrivals": Option(
-            "simulated late clients: clients 0..static-1 from the start, each other one "
-            "arrives at a round drawn from an exponential distribution with that rate",
+            "simulated late clients: clients 0..static-1 from the start, the others arrive "
+            "in id order with exponential inter-arrival times of that rate per round",
             form='"" (all from the start) or exponential:static=N,rate=R with N an '
                  "integer in [0, num-clients] and R a finite number > 0"),
         "task_arrivals": Option(

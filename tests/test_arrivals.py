@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import Recorder, StepTrainer
 from flwr.app import Context, MessageType
 
 from mmfl_flwr import protocol as P
@@ -34,8 +35,6 @@ from mmfl_flwr.grid import InProcessGrid
 from mmfl_flwr.presets import group_sampling, mfa_rand
 from mmfl_flwr.records import numpy_to_arrays
 from mmfl_flwr.strategy import MultiModelStrategy
-
-from conftest import Recorder, StepTrainer
 
 
 # ------------------------------------------------------------------ settings
@@ -58,20 +57,40 @@ class TestSettings:
         assert Settings(num_clients=5).client_arrival_rounds() == {}
         assert Settings(num_clients=5, client_arrivals="  ").client_arrival_rounds() == {}
 
-    @pytest.mark.parametrize("rate", [0.1, 0.5])
-    def test_mean_arrival_close_to_one_over_rate(self, rate):
+    @pytest.mark.parametrize("rate", [0.1, 0.5, 2.0])
+    def test_arrivals_are_a_poisson_process_with_that_rate(self, rate):
+        """Papers 000/001: exponential *inter-arrival* times with rate ``rate`` per
+        round (on average one client every ``1/rate`` rounds), clients arriving in
+        id order: the number arriving in a round is Poisson(rate), and the last of
+        ``n`` arrives near round ``n / rate``."""
         n = 20000
         s = Settings(num_clients=n, client_arrivals=f"exponential:static=0,rate={rate}")
-        rounds = np.array(list(s.client_arrival_rounds().values()), dtype=float)
-        assert rounds.shape == (n,)
-        # ceil of an Exp(rate) variable (and >= 1): mean 1 / (1 - exp(-rate)),
-        # within one round of 1 / rate
-        exact = 1.0 / (1.0 - math.exp(-rate))
-        se = rounds.std() / math.sqrt(n)
-        assert abs(rounds.mean() - exact) < 5 * se
-        assert abs(rounds.mean() - 1.0 / rate) < 1.0
-        # geometric law: P(round = 1) = 1 - exp(-rate)
-        assert abs((rounds == 1).mean() - (1 - math.exp(-rate))) < 0.02
+        arr = s.client_arrival_rounds()
+        rounds = np.array([arr[str(c)] for c in range(n)], dtype=float)
+        assert (np.diff(rounds) >= 0).all(), "clients arrive in id order"
+        # the n-th arrival time is Gamma(n, rate): mean n / rate, sd sqrt(n) / rate;
+        # the ceiling to a round adds less than 1
+        assert abs(rounds[-1] - n / rate) < 5 * math.sqrt(n) / rate + 1
+        # arrivals per round, away from the first and the last round: Poisson(rate)
+        last = int(rounds[-1]) - 1
+        counts = np.bincount(rounds.astype(int), minlength=last + 2)[2:last]
+        se = math.sqrt(rate / counts.size)
+        assert abs(counts.mean() - rate) < 5 * se
+        assert abs(counts.var() - rate) < 0.1 * rate
+        if rate < 1:  # P(no arrival in a round) = exp(-rate)
+            assert abs((counts == 0).mean() - math.exp(-rate)) < 0.02
+
+    def test_paper_rate_spreads_36_arrivals_over_hundreds_of_rounds(self):
+        """The papers' scenario (24 static + 36 arriving, rate 0.1): the last client
+        arrives after about 360 rounds (Gamma(36, 0.1): sd 60), not within ~40 as
+        independent Exp(0.1) arrival times would give (their maximum has mean 41.5)."""
+        lasts = [
+            max(Settings(num_clients=60, seed=seed,
+                         client_arrivals="exponential:static=24,rate=0.1")
+                .client_arrival_rounds().values())
+            for seed in range(20)
+        ]
+        assert 360 - 5 * 60 / math.sqrt(20) < np.mean(lasts) < 360 + 5 * 60 / math.sqrt(20) + 1
 
     @pytest.mark.parametrize(
         "spec",

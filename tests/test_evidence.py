@@ -8,6 +8,7 @@ import math
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -161,6 +162,72 @@ def test_window_means_average_models_then_rounds():
             for r, t, v in [(1, "x", 0.2), (1, "y", 0.4), (2, "x", 0.6), (2, "y", 0.6),
                             (3, "x", 1.0), (3, "y", 1.0)]]
     assert E.window_means(rows, "accuracy", 1, 2) == {"a": {0: pytest.approx(0.45)}}
+
+
+def test_paper001_arrivals_keep_the_papers_shape_at_any_length():
+    """Scenario (c): 36 arrivals spread over ~72% of the run as over 360 of the
+    paper's 500 rounds (rate 0.1), whatever the run length; (c') has no arrivals
+    and (c'') trains 1/12 of a group."""
+    import paper001_group as P
+
+    from mmfl_flwr.config import Settings
+
+    for rounds in (20, 90):
+        kw, variant = P.scenario_settings("clients", rounds)
+        assert variant == "consistent"
+        rate = float(kw["client_arrivals"].split("rate=")[1])
+        assert rate == pytest.approx(0.1 * 500 / rounds)
+        lasts = []
+        for seed in range(10):
+            s = Settings(strategy="group", seed=seed, output_dir="", **kw)
+            arr = s.client_arrival_rounds()
+            assert len(arr) == 36
+            lasts.append(max(arr.values()))
+        # the 36th arrival: Gamma(36, rate), mean 360/500 of the run, sd 60/500 of it
+        assert abs(sum(lasts) / 10 - 0.72 * rounds) < 5 * 0.12 * rounds / math.sqrt(10) + 1
+    kw, _ = P.scenario_settings("clients-static", 90)
+    assert "client_arrivals" not in kw and kw["num_clients"] == 60
+    assert P.VARIATIONS["clients-static-p12"]["participation"] == pytest.approx(1 / 12)
+
+
+def test_paper001_random_allocation_trains_a_sixth_of_the_clients_online():
+    """The papers' random allocation takes 1/6 of the clients present in the round,
+    not of the final federation: with 24 of 60 online, 4 trainers, not 10."""
+    import numpy as np
+    from group_compare import random_allocation
+
+    from mmfl_flwr.core.clients import ClientInfo, ClientTable
+
+    table = ClientTable()
+    for i in range(60):
+        table.upsert(ClientInfo(cid=str(i), num_examples={"a": 5, "b": 5}))
+    policy = random_allocation(1 / 6)
+    rng = np.random.default_rng(0)
+    table.set_online([str(i) for i in range(24)])
+    picks = policy.assign(table, ["a", "b"], 1, rng)
+    assert len(picks) == 4 and all(int(p.cid) < 24 for p in picks)
+    assert all(p.prob == pytest.approx(4 / 24 / 2) for p in picks)
+    table.set_online([str(i) for i in range(60)])
+    assert len(policy.assign(table, ["a", "b"], 2, rng)) == 10
+
+
+def test_group_cstep_quality_reads_the_planted_clusters_and_scores_the_csteps(tmp_path):
+    """The first C-step (untrained models) separates the 5 planted label clusters of
+    30 clients exactly; the script writes one CSV row per C-step."""
+    import group_cstep_quality as Q
+
+    from mmfl_flwr.config import Settings
+
+    kw, _ = Q.P.scenario_settings("consistent", 6)
+    planted = Q.planted_clusters(Settings(strategy="group", seed=0, output_dir="", **kw),
+                                 "digits")
+    assert sorted(Counter(planted.values()).values()) == [6] * 5
+    assert Q.main(["--scenarios", "consistent", "--seeds", "0", "--num-rounds", "6",
+                   "--workers", "1", "--out", str(tmp_path)]) == 0
+    with open(tmp_path / "group_cstep_quality.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["round"]) for r in rows][:2] == [1, 1 + int(rows[0]["k"])]
+    assert int(rows[0]["k"]) == 5 and float(rows[0]["ari"]) == pytest.approx(1.0)
 
 
 @pytest.mark.slow

@@ -18,10 +18,7 @@ the mean adjusted Rand index.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
-import io
-import logging
 import os
 import statistics
 import sys
@@ -52,22 +49,15 @@ def one(job: tuple[str, int, int]) -> list[dict[str, Any]]:
     scenario, seed, num_rounds = job
     from sklearn.metrics import adjusted_rand_score
 
-    from mmfl_flwr import runner
-
     s, strategy, policy = P.build(scenario, "group", seed, num_rounds)
-    flwr_log = logging.getLogger("flwr")
-    level = flwr_log.level
-    flwr_log.setLevel(logging.WARNING)  # quiet rounds; restored for the caller
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            runner.run_inprocess(s, strategy)
-    finally:
-        flwr_log.setLevel(level)
+    P.quiet_run(s, strategy, "inprocess")
+    planted: dict[str, dict[str, int]] = {}  # per clustered task
     rows = []
     for c in policy.cluster_steps():
         task = c["cluster_task"] or c["tasks"][0]
-        planted = planted_clusters(s, task)
-        truth = [planted[cid] for cid in c["clients"]]
+        if task not in planted:
+            planted[task] = planted_clusters(s, task)
+        truth = [planted[task][cid] for cid in c["clients"]]
         rows.append({"scenario": scenario, "seed": seed, "round": c["round"],
                      "clients": len(c["clients"]), "k": c["k"],
                      "ari": float(adjusted_rand_score(truth, c["labels"])),

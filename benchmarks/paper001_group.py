@@ -76,6 +76,12 @@ PAPER_ARRIVAL_ROUNDS = 500
 LAST = 5
 
 
+def participation(scenario: str) -> float:
+    """The fraction of a group (and of the online clients, for random allocation) that
+    trains each round in ``scenario``."""
+    return float({**SCENARIOS, **VARIATIONS}[scenario].get("participation", PARTICIPATION))
+
+
 def scenario_settings(scenario: str, num_rounds: int) -> tuple[dict[str, Any], str]:
     """Settings keywords of a scenario at ``num_rounds`` (arrivals scaled to the length)
     and its C-step variant."""
@@ -99,7 +105,7 @@ def build(scenario: str, method: str, seed: int, num_rounds: int) -> tuple[Any, 
     from mmfl_flwr.strategy import MultiModelStrategy
 
     kw, variant = scenario_settings(scenario, num_rounds)
-    part = float({**SCENARIOS, **VARIATIONS}[scenario].get("participation", PARTICIPATION))
+    part = participation(scenario)
     s = Settings(strategy="group", seed=seed, output_dir="", **kw)
     s.validate()
     skw: dict[str, Any] = {"local_epochs": s.local_epochs, "lr": s.lr,
@@ -120,21 +126,31 @@ def build(scenario: str, method: str, seed: int, num_rounds: int) -> tuple[Any, 
     return s, MultiModelStrategy(policy, MeanAggregator(), **skw), policy
 
 
+def quiet_run(s: Any, strategy: Any, engine: str) -> Any:
+    """Run ``strategy`` on ``engine`` without the per-round output (Flower's log at
+    WARNING and stdout swallowed, both restored afterwards); returns the run result."""
+    from mmfl_flwr import runner
+
+    if engine not in ("inprocess", "vectorized"):
+        raise ValueError(f"engine {engine!r}: this script runs custom strategies "
+                         "(inprocess or vectorized only)")
+    flwr_log = logging.getLogger("flwr")
+    level = flwr_log.level
+    flwr_log.setLevel(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            if engine == "vectorized":
+                return runner.run_vectorized(s, strategy)
+            return runner.run_inprocess(s, strategy)
+    finally:
+        flwr_log.setLevel(level)
+
+
 def _one(job: tuple[str, str, int, int, str]) -> list[dict[str, Any]]:
     """One run; history rows tagged like ``_evidence.run_many`` (plus ``scenario``)."""
     scenario, method, seed, num_rounds, engine = job
-    from mmfl_flwr import runner
-
-    logging.getLogger("flwr").setLevel(logging.WARNING)
     s, strategy, _ = build(scenario, method, seed, num_rounds)
-    with contextlib.redirect_stdout(io.StringIO()):
-        if engine == "vectorized":
-            result = runner.run_vectorized(s, strategy)
-        elif engine == "inprocess":
-            result = runner.run_inprocess(s, strategy)
-        else:
-            raise ValueError(f"engine {engine!r}: this script runs custom strategies "
-                             "(inprocess or vectorized only)")
+    result = quiet_run(s, strategy, engine)
     return [{"scenario": scenario, "method": method, "seed": seed,
              **{k: v for k, v in r.items() if k != "seconds"}}
             for r in result.history]
@@ -207,8 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         box = out / f"{NAME}_{sc}_final.png"
         kw, _ = scenario_settings(sc, R)
         title = (f"Papers 000/001 {LABELS[sc]}: {kw['num_clients']} clients, {R} rounds, "
-                 f"E=5, participation "
-                 f"1/{round(1 / {**SCENARIOS, **VARIATIONS}[sc].get('participation', PARTICIPATION))}")
+                 f"E=5, participation 1/{round(1 / participation(sc))}")
         E.plot_curves(png, E.curves(sub), title)
         E.plot_final(box, finals, f"{LABELS[sc]}: final accuracy ({len(seeds)} seeds)")
         extra = ", ".join(f"{k} `{kw[k]}`" for k in ("client_arrivals", "task_arrivals")

@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import Recorder, StepTrainer
 from flwr.app import Context, MessageType
 
 from mmfl_flwr import protocol as P
@@ -35,6 +34,8 @@ from mmfl_flwr.grid import InProcessGrid
 from mmfl_flwr.presets import group_sampling, mfa_rand
 from mmfl_flwr.records import numpy_to_arrays
 from mmfl_flwr.strategy import MultiModelStrategy
+
+from conftest import Recorder, StepTrainer
 
 
 # ------------------------------------------------------------------ settings

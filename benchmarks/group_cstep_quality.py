@@ -83,8 +83,12 @@ def main(argv: list[str] | None = None) -> int:
         seeds = [int(x) for x in a.seeds.split(",") if x]
     except ValueError:
         p.error(f"--seeds {a.seeds!r}: expected integers separated by commas")
+    if not seeds:
+        p.error("--seeds: give at least one seed")
     if a.num_rounds < 1:
         p.error("--num-rounds must be >= 1")
+    if a.workers < 1:
+        p.error("--workers must be >= 1")
     jobs = [(sc, sd, a.num_rounds) for sd in seeds for sc in scenarios]
     results = E.map_cached(one, jobs, a.workers, a.cache,
                            label=lambda j: f"{j[0]} seed {j[1]}")

@@ -184,7 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     mode = dict(MODES[a.mode])
     if a.seeds:
-        mode["seeds"] = [int(x) for x in a.seeds.split(",")]
+        try:
+            mode["seeds"] = [int(x) for x in a.seeds.split(",") if x.strip()]
+        except ValueError:
+            p.error(f"--seeds {a.seeds!r}: expected integers separated by commas")
+        if not mode["seeds"]:
+            p.error("--seeds: give at least one seed")
     if a.num_rounds:
         mode["num_rounds"] = a.num_rounds
     R, seeds = mode["num_rounds"], mode["seeds"]

@@ -230,6 +230,21 @@ def test_group_cstep_quality_reads_the_planted_clusters_and_scores_the_csteps(tm
     assert int(rows[0]["k"]) == 5 and float(rows[0]["ari"]) == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("script,args,message", [
+    ("group_cstep_quality.py", ["--seeds", ","], "give at least one seed"),
+    ("group_cstep_quality.py", ["--workers", "0"], "--workers must be >= 1"),
+    ("group_cstep_quality.py", ["--scenarios", "nope"], "unknown scenario"),
+    ("paper001_group.py", ["--seeds", "x"], "expected integers"),
+    ("paper001_group.py", ["--seeds", ","], "give at least one seed"),
+])
+def test_bad_arguments_are_refused_in_one_line(tmp_path, script, args, message):
+    proc = subprocess.run([sys.executable, str(BENCH / script), *args, "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert not any(tmp_path.iterdir())
+
+
 @pytest.mark.slow
 def test_reproduce_quick_runs_every_experiment_and_writes_results(tmp_path):
     sys.path.insert(0, str(BENCH))

@@ -357,7 +357,7 @@ def child_plain(args: argparse.Namespace) -> dict[str, Any]:
     from mmfl_flwr.core.aggregators import apply_step
     from mmfl_flwr.core.lvr import lvr_probabilities
     from mmfl_flwr.core.policy import data_shares, resolve_budget
-    from mmfl_flwr.presets import resolved_budget
+    from mmfl_flwr.flower_app.data import resolved_budget
     from mmfl_flwr.seeding import task_seed, training_seed
     from mmfl_flwr.tasks.federation import build_federation
     from mmfl_flwr.tasks.models import make_model

@@ -33,6 +33,9 @@ _EXPORTS = {
     "Pick": "mmfl_flwr.core",
     "Policy": "mmfl_flwr.core",
     "Aggregator": "mmfl_flwr.core",
+    "AlgorithmCard": "mmfl_flwr.core.card",
+    "Parameter": "mmfl_flwr.core.card",
+    "register_card": "mmfl_flwr.core.card",
     "Update": "mmfl_flwr.core",
     "FedAvgAggregator": "mmfl_flwr.core",
     "UnbiasedAggregator": "mmfl_flwr.core",
@@ -93,6 +96,13 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value
         return value
+    if not name.startswith("_"):  # the factory of an algorithm card not listed above
+        from mmfl_flwr.core.card import cards
+
+        if any(c.function == name for c in cards()):
+            value = getattr(importlib.import_module("mmfl_flwr.presets"), name)
+            globals()[name] = value
+            return value
     raise AttributeError(f"module 'mmfl_flwr' has no attribute {name!r}")
 
 

@@ -13,37 +13,41 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mmfl_flwr.core.card import Option, setting_option, setting_parameters
+from mmfl_flwr.core.policy import MIN_UPLOADS_PER_MODEL
+
+__all__ = ["MIN_UPLOADS_PER_MODEL", "RESUME_MAY_CHANGE", "Option", "Settings", "options",
+           "setting_help"]
+
 #: Settings that a resumed run may change: they do not alter what the rounds
 #: compute (``num_rounds`` extends or finishes the run).
 RESUME_MAY_CHANGE = ("num_rounds", "timeout")
 #: Settings that say where a run is written, not what it computes.
 _LOCATION = ("output_dir", "resume_from", "overwrite")
-#: Fewest expected uploads per model and round that a run's defaults aim at.
-#: The budgeted presets warn below it (:func:`mmfl_flwr.presets.warn_if_few_uploads`);
-#: the UCB presets' default ``K`` is this many clients per model
-#: (:func:`mmfl_flwr.presets.default_ucb_clients`). Measured on the default job
-#: (20 clients, models ``digits, synthetic, digits_2``, 10 rounds): with about
-#: 0.7 uploads per model (budget-fraction 0.1) every budgeted preset ends at
-#: chance; with 5 (budget-fraction 0.75) they reach 0.47-0.72 mean accuracy.
-MIN_UPLOADS_PER_MODEL = 5
 
 
-@dataclass
 class Settings:
     """Everything that defines an MMFL run.
+
+    The fields below are the run's general settings; every algorithm parameter
+    declared by an algorithm card (:mod:`mmfl_flwr.core.card`) adds one more
+    field, listed at the end of this docstring (``budget_fraction``,
+    ``stale_beta``, ...). The allowed values and ranges of every setting, as
+    ``mmfl run --help`` states them and :meth:`validate` checks them, are
+    :func:`options`. The automatic values aim at :data:`MIN_UPLOADS_PER_MODEL`
+    expected uploads per model and round: ``budget_fraction`` 0
+    (:func:`mmfl_flwr.flower_app.data.auto_budget_fraction`) and the UCB
+    presets' ``clients_per_round`` 0, ``min(num_clients, MIN_UPLOADS_PER_MODEL x
+    number of models)`` (:func:`mmfl_flwr.core.ucb.default_ucb_clients`).
 
     Attributes
     ----------
     strategy : str
-        Preset name: ``random``, ``full``, ``mfa-rand``, ``mfa-rr``, ``multi-fedavg``,
-        ``lvr``, ``gvr``, ``rr-gvr``, ``stalevr``, ``stalevre``, ``fedvarp``, ``fedstale``,
-        ``mifa``, ``scaffold``, ``ranklist-ucb``, ``pareto-ucb``, ``group``.
+        Preset name: the ``name`` of an algorithm card (:data:`mmfl_flwr.presets.PRESETS`).
     aggregator : str
         ``""`` for the preset's own, or ``fedavg`` / ``unbiased`` / ``mean`` /
-        ``median`` / ``trimmed-mean`` (:data:`mmfl_flwr.presets.AGGREGATORS`).
-
-    The allowed values and ranges of every setting, as ``mmfl run --help``
-    states them and :meth:`validate` checks them, are :func:`options`.
+        ``median`` / ``trimmed-mean`` (:data:`mmfl_flwr.core.card.AGGREGATORS`)
+        where the preset's card accepts it.
     tasks : str
         Comma-separated task kinds; repeats make separate models
         (``digits,synthetic,digits`` -> models ``digits``, ``synthetic``, ``digits_2``).
@@ -53,22 +57,6 @@ class Settings:
         Training rounds.
     local_epochs, lr, batch_size : int, float, int
         Local SGD settings.
-    budget_fraction : float
-        ``m / V`` for the budgeted presets (``random``, ``lvr``, ``gvr``, ``rr-gvr``, the
-        stale ones and ``scaffold``; ``V`` = total processors): ``m`` updates are
-        expected per round. 0 (the default) = auto: the smallest hundredth that
-        gives :data:`MIN_UPLOADS_PER_MODEL` expected uploads per model, at most 1
-        (:func:`mmfl_flwr.presets.auto_budget_fraction`: 0.75 for the default 20
-        clients and 3 models; the paper-003 configurations set 0.1). Below
-        :data:`MIN_UPLOADS_PER_MODEL` expected uploads per model a run warns
-        before it starts and names a budget-fraction that gives enough
-        (:func:`mmfl_flwr.presets.warn_if_few_uploads`).
-    clients_per_round : int
-        ``K`` for MFA-Rand / MFA-RR / Multi-FedAvg (0 means all clients) and the
-        UCB presets (0 means ``min(num_clients, MIN_UPLOADS_PER_MODEL x
-        number of models)``, :func:`mmfl_flwr.presets.default_ucb_clients`: 15
-        for the default 20 clients and 3 models, 10 for paper 004's two models,
-        its "large number of clients (10) per round").
     labels_per_client : float
         Fraction of the labels each client holds per image task (label skew).
     profile : str
@@ -85,27 +73,6 @@ class Settings:
         Cap on a Synthetic(1,1) user's samples (0: no cap).
     fraction_evaluate : float
         Fraction of clients that also evaluate on local data each round.
-    stale_beta : float
-        ``beta`` of ``fedstale`` (Eq. 17).
-    stale_storage : str
-        Storage of the stale updates: ``float32``, ``float16`` or ``disk``.
-    stalevr_signal : str
-        Sampling signal of ``stalevr``: ``loss`` (paper) or ``stale-residual``.
-    stalevre_b0 : float
-        ``b0`` of ``stalevre`` (Eq. 21).
-    ucb_gamma : float
-        Discount ``gamma`` of the UCB index (``ranklist-ucb``, ``pareto-ucb``).
-    ucb_init : str
-        How the UCB index gets its first observation per pair: ``loss-query``
-        (one forward pass of every pair) or ``train`` (train untried pairs first,
-        within K clients per round).
-    group_participation : float
-        Fraction of a group's clients that train each round (``group``).
-    group_variant : str
-        ``consistent`` (C-step on the loss vectors) or ``modified`` (C-step on
-        one model's loss, rotating every cycle).
-    group_max_clusters : int
-        Upper bound of the silhouette search; 0 means ``S + 4``.
     client_arrivals : str
         Simulated client arrivals, ``""`` (all from the start) or
         ``exponential:static=24,rate=0.1``: clients ``0..static-1`` are there
@@ -175,23 +142,12 @@ class Settings:
     local_epochs: int = 5
     lr: float = 0.1
     batch_size: int = 16
-    budget_fraction: float = 0.0
-    clients_per_round: int = 0
     labels_per_client: float = 0.3
     profile: str = "uniform"
     data_root: str = "data"
     download: bool = False
     synthetic_max_samples: int = 500
     fraction_evaluate: float = 0.0
-    stale_beta: float = 0.8
-    stale_storage: str = "float32"
-    stalevr_signal: str = "loss"
-    stalevre_b0: float = 1.0
-    ucb_gamma: float = 0.9
-    ucb_init: str = "loss-query"
-    group_participation: float = 1 / 6
-    group_variant: str = "consistent"
-    group_max_clusters: int = 0
     client_arrivals: str = ""
     task_arrivals: str = ""
     client_pins: str = ""
@@ -206,6 +162,7 @@ class Settings:
     count_cap: float = 200.0
     timeout: float = 600.0
     extra: dict[str, Any] = field(default_factory=dict)
+    # + one field per algorithm-card parameter, added by _with_algorithm_settings
 
     @property
     def task_kinds(self) -> list[str]:
@@ -384,17 +341,18 @@ class Settings:
 
         The allowed values and ranges come from :func:`options`, the same table
         that ``mmfl run --help`` is written from."""
-        from mmfl_flwr.presets import PRESETS, takes_aggregator
+        from mmfl_flwr.core.card import card, cards
 
         opts = options()
         for name in ("strategy", "aggregator"):
             if not opts[name].accepts(getattr(self, name), self):
                 raise ValueError(opts[name].error(name, getattr(self, name)))
-        if self.aggregator and not takes_aggregator(self.strategy):
+        algorithm = card(self.strategy)
+        if self.aggregator and algorithm.fixed_aggregator:
             raise ValueError(
                 f"aggregator={self.aggregator!r} cannot be used with strategy "
                 f"{self.strategy!r}: its aggregator is part of the algorithm (presets "
-                f"that take one: {', '.join(p for p in PRESETS if takes_aggregator(p))})"
+                f"that take one: {', '.join(c.name for c in cards() if not c.fixed_aggregator)})"
             )
         if not self.task_kinds:
             raise ValueError("tasks must name at least one task, e.g. 'digits,synthetic'")
@@ -423,150 +381,55 @@ class Settings:
                 f"task-arrivals rounds must be in [0, num-rounds={self.num_rounds}]; "
                 f"got {outside}"
             )
-        from mmfl_flwr.flower_app.server_app import strategy_from_settings
+        self.check_algorithm()
 
-        try:  # the preset's own checks (e.g. an aggregator that does not fit its policy)
-            strategy_from_settings(self)
+    def check_algorithm(self) -> None:
+        """The pairing and parameter checks of the strategy's card, on the card:
+        builds the policy and aggregator objects (no strategy, no data), so an
+        aggregator that does not fit the policy, a value a constructor refuses or
+        a setting the strategy would silently drop is a ValueError here."""
+        from mmfl_flwr.core.card import card
+        from mmfl_flwr.core.card import check_unused_settings
+
+        algorithm = card(self.strategy)
+        values = dataclasses.asdict(self)
+        try:
+            check_unused_settings(algorithm, values, dataclasses.asdict(Settings()))
+            algorithm.components(self.aggregator or None, self.seed,
+                                 **algorithm.settings_values(values))
         except ValueError as err:
             raise ValueError(f"strategy={self.strategy!r}: {err}") from err
 
 
-def _number(x: float) -> str:
-    return f"{x:g}"
+def _with_algorithm_settings(cls: type) -> type:
+    """Add one field per algorithm-card setting (before ``extra``), with the
+    card's type and default, and list them in the docstring; then make ``cls``
+    a dataclass."""
+    notes = cls.__annotations__
+    extra = notes.pop("extra")
+    docs = []
+    for fld, users in setting_parameters().items():
+        param = users[0][1]
+        notes[fld] = param.type.__name__
+        setattr(cls, fld, param.default)
+        docs.append(f"    {fld} : {param.type.__name__}\n        {setting_option(fld).help} "
+                    f"(strategies: {', '.join(c.name for c, _ in users)}).")
+    notes["extra"] = extra
+    cls.__doc__ = (cls.__doc__ or "").rstrip() + "\n" + "\n".join(docs) + "\n    "
+    return dataclass(cls)
 
 
-@dataclass(frozen=True)
-class Option:
-    """What one setting does and which values it allows.
-
-    The one source of ``mmfl run --help`` (:func:`setting_help`) and of the
-    choice and range checks of :meth:`Settings.validate` (:meth:`accepts`,
-    :meth:`error`). A setting has ``choices``, a numeric range (``low`` /
-    ``high``), or a free form described by ``form`` (checked by its own parser,
-    e.g. :meth:`Settings.client_arrival_rounds`).
-
-    Attributes
-    ----------
-    help : str
-        What the setting does (one sentence, no final period).
-    choices : callable, optional
-        The allowed values (read when needed: the registries they come from,
-        e.g. user tasks, may grow).
-    listed : bool
-        With ``choices``: a comma-separated list of them (``tasks``).
-    empty : str
-        With ``choices``: what ``""`` means where it is allowed (``aggregator``).
-    low, high : float or str, optional
-        Bounds of a numeric range; ``high`` may name another setting
-        (``"num_clients"``).
-    low_open, high_open : bool
-        Whether the bound itself is excluded.
-    finite : bool
-        Whether the value must be finite (``inf`` and ``nan`` refused).
-    off : str
-        0 is allowed besides the range and means this (``"off"``).
-    zero : str
-        What 0, inside the range, means (``"none"``).
-    form : str
-        Free-form settings: the accepted form.
-    """
-
-    help: str
-    choices: Callable[[], Sequence[str]] | None = None
-    listed: bool = False
-    empty: str = ""
-    low: float | None = None
-    high: float | str | None = None
-    low_open: bool = False
-    high_open: bool = False
-    finite: bool = False
-    off: str = ""
-    zero: str = ""
-    form: str = ""
-
-    def _bound(self, value: float | str | None) -> str:
-        return value.replace("_", "-") if isinstance(value, str) else _number(float(value or 0))
-
-    def allowed(self) -> str:
-        """The allowed values, as ``mmfl run --help`` and the errors state them."""
-        if self.choices is not None:
-            names = ", ".join(self.choices())
-            if self.listed:
-                return f"comma-separated, each one of {names}"
-            if self.empty:
-                return f'"" ({self.empty}) or one of {names}'
-            return f"one of {names}"
-        if self.low is None and self.high is None:
-            return self.form
-        if self.low is not None and self.high is not None:
-            text = (f"in {'(' if self.low_open else '['}{self._bound(self.low)}, "
-                    f"{self._bound(self.high)}{')' if self.high_open else ']'}")
-        elif self.low is not None:
-            text = f"{'>' if self.low_open else '>='} {self._bound(self.low)}"
-        else:
-            text = f"{'<' if self.high_open else '<='} {self._bound(self.high)}"
-        if self.finite:
-            text = f"a finite number {text}"
-        if self.off:
-            text = f"0 ({self.off}) or {text}"
-        if self.zero:
-            text = f"{text} (0 = {self.zero})"
-        return text
-
-    def accepts(self, value: Any, settings: Settings) -> bool:
-        """Whether ``value`` is allowed (``settings`` give the bounds that name
-        another setting). Free-form values are left to their parsers."""
-        if self.choices is not None:
-            if self.listed:
-                items = [v.strip() for v in str(value).split(",") if v.strip()]
-                known = set(self.choices())
-                return bool(items) and all(v in known for v in items)
-            return (value == "" and bool(self.empty)) or value in self.choices()
-        if self.low is None and self.high is None:
-            return True
-        if self.off and value == 0:
-            return True
-        if self.finite and not math.isfinite(value):
-            return False
-        if self.low is not None:
-            low = float(self.low)
-            if not (value > low if self.low_open else value >= low):
-                return False
-        if self.high is not None:
-            high = float(getattr(settings, self.high) if isinstance(self.high, str)
-                         else self.high)
-            if not (value < high if self.high_open else value <= high):
-                return False
-        return True
-
-    def error(self, name: str, value: Any, settings: Settings | None = None) -> str:
-        """The one-line message for a ``value`` of setting ``name`` that
-        :meth:`accepts` refuses (``settings`` give the bounds that name another
-        setting)."""
-        key = name.replace("_", "-")
-        if self.choices is None:
-            named = (f" ({self._bound(self.high)}={getattr(settings, self.high)!r})"
-                     if isinstance(self.high, str) and settings is not None else "")
-            return f"{key} must be {self.allowed()}; got {value!r}{named}"
-        if self.listed:
-            known = set(self.choices())
-            unknown = [v.strip() for v in str(value).split(",")
-                       if v.strip() and v.strip() not in known]
-            return (f"unknown task kind(s) {unknown}; choose from "
-                    f"{', '.join(self.choices())} or register your own with "
-                    "mmfl_flwr.tasks.registry.register_task")
-        empty = f' (or "" for {self.empty})' if self.empty else ""
-        return f"{key}={value!r} is unknown; choose from {', '.join(self.choices())}{empty}"
+Settings = _with_algorithm_settings(Settings)
 
 
 def _presets() -> list[str]:
-    from mmfl_flwr.presets import PRESETS
+    from mmfl_flwr.core.card import cards
 
-    return list(PRESETS)
+    return [c.name for c in cards()]
 
 
 def _aggregators() -> list[str]:
-    from mmfl_flwr.presets import AGGREGATORS
+    from mmfl_flwr.core.card import AGGREGATORS
 
     return list(AGGREGATORS)
 
@@ -611,9 +474,6 @@ def _variants() -> list[str]:
 def options() -> dict[str, Option]:
     """Setting (field name) -> :class:`Option`, for every field of
     :class:`Settings` but ``extra``, in field order."""
-    from mmfl_flwr.presets import UCB_PRESETS, presets_taking
-
-    k_all = ", ".join(p for p in presets_taking("clients_per_round") if p not in UCB_PRESETS)
     table = {
         "strategy": Option("the preset (policy and aggregator) to run", _presets),
         "aggregator": Option("override the preset's aggregator", _aggregators,
@@ -626,15 +486,6 @@ def options() -> dict[str, Option]:
         "local_epochs": Option("local SGD epochs per round", low=1),
         "lr": Option("client learning rate (plain SGD)", low=0, low_open=True, finite=True),
         "batch_size": Option("client mini-batch size", low=1),
-        "budget_fraction": Option(
-            "m / V, the expected uploads per round m over the total processors V, for "
-            "the budgeted presets; 0 = auto: the smallest hundredth giving "
-            f"{MIN_UPLOADS_PER_MODEL} expected uploads per model (at most 1); a run warns "
-            f"below {MIN_UPLOADS_PER_MODEL} expected uploads per model", low=0, high=1),
-        "clients_per_round": Option(
-            f"K, the clients that train per round (0 = all clients for {k_all}; "
-            f"0 = min(num-clients, {MIN_UPLOADS_PER_MODEL} x number of models) for "
-            f"{', '.join(UCB_PRESETS)})", low=0, high="num_clients"),
         "labels_per_client": Option(
             "fraction of the labels each client holds per image task (label skew)",
             low=0, low_open=True, high=1),
@@ -652,22 +503,6 @@ def options() -> dict[str, Option]:
                                         zero="no cap"),
         "fraction_evaluate": Option("fraction of clients that also evaluate on local data "
                                     "each round", low=0, high=1),
-        "stale_beta": Option("beta of fedstale (Eq. 17)", low=0, high=1),
-        "stale_storage": Option("storage of the stale updates and control variates",
-                                _storage),
-        "stalevr_signal": Option("sampling signal of stalevr (loss: the paper's)", _signals),
-        "stalevre_b0": Option("starting beta b0 of stalevre (Eq. 21)", low=0, low_open=True),
-        "ucb_gamma": Option("discount gamma of the UCB index", low=0, low_open=True, high=1,
-                            high_open=True),
-        "ucb_init": Option("first observation of every (client, model) pair: loss-query "
-                           "(one forward pass of every pair) or train (untried pairs train "
-                           "first, within K per round)", _inits),
-        "group_participation": Option("fraction of a group's clients that train each round",
-                                      low=0, low_open=True, high=1),
-        "group_variant": Option("C-step on the loss vectors (consistent) or on one model's "
-                                "loss, rotating every cycle (modified)", _variants),
-        "group_max_clusters": Option("upper bound of the silhouette search", low=0,
-                                     zero="S + 4"),
         "client_arrivals": Option(
             "simulated late clients: clients 0..static-1 from the start, the others arrive "
             "in id order with exponential inter-arrival times of that rate per round",
@@ -706,6 +541,8 @@ def options() -> dict[str, Option]:
         "timeout": Option("seconds to wait for the replies of one round trip", low=0,
                           low_open=True),
     }
+    for fld in setting_parameters():
+        table[fld] = setting_option(fld)
     names = [f.name for f in dataclasses.fields(Settings) if f.name != "extra"]
     missing = set(names) ^ set(table)
     if missing:
@@ -717,7 +554,7 @@ def setting_help(name: str) -> str:
     """The ``mmfl run --help`` text of setting ``name``: what it does, its
     allowed values (:meth:`Option.allowed`), its default and the presets that
     take it."""
-    from mmfl_flwr.presets import presets_taking
+    from mmfl_flwr.core.card import presets_taking
 
     opt = options()[name]
     default = getattr(Settings(), name)

@@ -19,16 +19,9 @@ import pytest
 from mmfl_flwr.config import MIN_UPLOADS_PER_MODEL, Settings, options
 from mmfl_flwr.core.random_allocation import RandomAllocation
 from mmfl_flwr.flower_app.server_app import strategy_from_settings
-from mmfl_flwr.presets import (
-    UCB_PRESETS,
-    budget_warning,
-    default_ucb_clients,
-    pareto_ucb,
-    presets_taking,
-    ranklist_ucb,
-    upload_budget,
-    warn_if_few_uploads,
-)
+from mmfl_flwr.core.ucb import default_ucb_clients
+from mmfl_flwr.flower_app.data import budget_warning, upload_budget, warn_if_few_uploads
+from mmfl_flwr.presets import UCB_PRESETS, pareto_ucb, presets_taking, ranklist_ucb
 
 BUDGETED = presets_taking("budget_fraction")
 #: the papers' budget fraction (paper 003), set explicitly: the setting's
@@ -79,7 +72,7 @@ def test_the_threshold_is_documented():
 
 def test_budgeted_presets_are_the_ones_expected():
     assert BUDGETED == ["random", "lvr", "gvr", "rr-gvr", "stalevr", "stalevre", "fedvarp",
-                        "fedstale", "mifa", "scaffold"]
+                        "fedstale", "mifa", "scaffold", "power-of-choice"]
 
 
 def test_lvr_with_the_defaults_warns_once_with_the_numbers(flwr_log):
@@ -221,7 +214,7 @@ def test_the_default_budget_is_auto_and_gives_enough_uploads(flwr_log):
     and 3 models need m = 15, so 0.75; no warning; the strategy built from the
     settings samples with that fraction."""
     from mmfl_flwr.flower_app.server_app import strategy_from_settings
-    from mmfl_flwr.presets import auto_budget_fraction, resolved_budget
+    from mmfl_flwr.flower_app.data import auto_budget_fraction, resolved_budget
 
     s = Settings(strategy="lvr")
     assert s.budget_fraction == 0

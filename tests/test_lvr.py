@@ -41,7 +41,7 @@ from mmfl_flwr.core import (
     sample_processors,
     water_fill,
 )
-from mmfl_flwr.core.policies import data_shares, eligibility_view
+from mmfl_flwr.core.policy import data_shares, eligibility_view
 from mmfl_flwr.grid import InProcessGrid
 from mmfl_flwr.records import numpy_to_arrays
 

@@ -8,11 +8,19 @@ its commit message:
 
     python tests/test_reference_runs.py --write
 
+``assignments.csv`` (who trained what, every round) must be byte-equal.
+``metrics.csv`` is compared cell by cell, as written: every cell equal, except
+the cells of :data:`FLOAT32_COLUMNS` (losses and update sizes, computed in
+float32 by torch), which may differ in the last float32 bits, within
+:data:`FLOAT32_RTOL` relative. Measured: the same commit, the same torch 2.13.0
+CPU build and the same packages give such cells up to 2.6e-7 apart between two
+AMD EPYC machines (one with AVX-512; the references were written on the other),
+while every accuracy, count and assignment is equal. Any change of behaviour
+(another pick, another update) moves them by orders of magnitude more.
+
 ``metrics.csv`` may hold columns added after its reference was written, if
 they are listed in :data:`ADDED_COLUMNS`: then every column of the reference
-must still be there, in the same order, with every cell (the text as written)
-equal, row by row; only the added columns are not compared. Regenerating the
-references makes the comparison byte-for-byte again.
+must still be there, in the same order; only the added columns are not compared.
 """
 
 from __future__ import annotations
@@ -43,6 +51,11 @@ RUNS: dict[str, dict] = {
 FILES = ("metrics.csv", "assignments.csv")
 #: metrics.csv columns newer than some references (issue 16: ``coef_sum``).
 ADDED_COLUMNS = ("coef_sum",)
+#: metrics.csv columns computed in float32 by torch (module docstring).
+FLOAT32_COLUMNS = ("loss", "train_loss", "step_l1", "round_step_l1")
+#: Their allowed relative difference: float32 rounding (about 6e-8 per
+#: operation) accumulated over a few operations; 4x the largest measured.
+FLOAT32_RTOL = 1e-6
 
 
 def run_into(name: str, out: Path) -> None:
@@ -62,9 +75,28 @@ def test_run_matches_reference(name, tmp_path):
             assert got == want, f"{name}/{f} changed"
 
 
+def same_cell(column: str, got: str, want: str) -> bool:
+    """Equal as written, or, in :data:`FLOAT32_COLUMNS`, within
+    :data:`FLOAT32_RTOL` relative."""
+    if got == want:
+        return True
+    if column not in FLOAT32_COLUMNS or not got or not want:
+        return False
+    a, b = float(got), float(want)
+    return abs(a - b) <= FLOAT32_RTOL * max(abs(a), abs(b))
+
+
+def test_float32_cells_tolerate_rounding_only():
+    assert same_cell("loss", "2.3042715708414714", "2.3042714012993706")  # measured
+    assert not same_cell("loss", "2.3042715", "2.3052714")
+    assert not same_cell("accuracy", "0.1305555555555556", "0.13055555555555556")
+    assert not same_cell("uploads", "3", "4") and not same_cell("train_loss", "", "0.5")
+
+
 def assert_same_old_columns(got: bytes, want: bytes, what: str) -> None:
     """``got`` is ``want`` with only :data:`ADDED_COLUMNS` added: the same
-    rows, and every reference column present, in order, cell for cell."""
+    rows, and every reference column present, in order, cell for cell
+    (:func:`same_cell`)."""
     new = list(csv.reader(io.StringIO(got.decode())))
     ref = list(csv.reader(io.StringIO(want.decode())))
     added = [c for c in new[0] if c not in ref[0]]
@@ -73,7 +105,9 @@ def assert_same_old_columns(got: bytes, want: bytes, what: str) -> None:
     assert len(new) == len(ref), f"{what}: {len(new) - 1} rows, reference {len(ref) - 1}"
     keep = [new[0].index(c) for c in ref[0]]
     for k, (row, old) in enumerate(zip(new[1:], ref[1:]), start=1):
-        assert [row[j] for j in keep] == old, f"{what}: row {k} changed"
+        cells = [row[j] for j in keep]
+        changed = [c for c, g, w in zip(ref[0], cells, old) if not same_cell(c, g, w)]
+        assert not changed, f"{what}: row {k} changed in {changed}: {cells} != {old}"
     assert got.endswith(b"\n") == want.endswith(b"\n"), f"{what}: line ending changed"
 
 

@@ -31,7 +31,7 @@ from flwr.app import Context, Message, MessageType
 from mmfl_flwr import protocol as P
 from mmfl_flwr.client.app import ClientSpec, make_client_app
 from mmfl_flwr.core.clients import ClientInfo, ClientTable
-from mmfl_flwr.core.policies import Pick
+from mmfl_flwr.core.policy import Pick
 from mmfl_flwr.core.ucb import ParetoMultiUCB, RanklistMultiUCB, pareto_front
 from mmfl_flwr.grid import InProcessGrid
 from mmfl_flwr.presets import pareto_ucb, ranklist_ucb

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from mmfl_flwr.core.aggregators import MeanAggregator
+from mmfl_flwr.core.card import AlgorithmCard, Parameter
 from mmfl_flwr.core.clients import ClientTable
 from mmfl_flwr.core.policy import Pick, Policy
 
@@ -218,7 +220,13 @@ class GroupSampling(Policy):
             return True
         return any(cid not in self.groups for cid in self._table.ids())
 
-    def loss_query_clients(self, table: ClientTable, tasks: Sequence[str]) -> set[str] | None:
+    def loss_query_clients(
+        self,
+        table: ClientTable,
+        tasks: Sequence[str],
+        server_round: int = 0,
+        rng: np.random.Generator | None = None,
+    ) -> set[str] | None:
         """Everyone at a C-step; only the newcomers in the middle of a cycle."""
         if self._cycle_over(self._round + 1):
             return None
@@ -402,3 +410,29 @@ class GroupSampling(Policy):
         self.cluster_task = state["cluster_task"]
         self.csteps = list(state["csteps"])
         self._round = int(state["round"])
+
+
+# ------------------------------------------------------------------ cards
+CARDS = (
+    AlgorithmCard(
+        name="group", function="group_sampling", title="MMFL-Group Sampling",
+        paper="000/001", section="Algorithm 1",
+        summary="C-step (K-means on the clients' loss vectors, k ≥ S by silhouette; "
+                '`variant="modified"` clusters on one model\'s losses, rotating per cycle), '
+                "T-step round-robin of models over groups, idle groups train copies of the "
+                "highest-loss models; newcomers join the nearest centroid by cosine similarity",
+        rule='plain mean per model (`aggregator="fedavg"` for data-weighted)',
+        policy=GroupSampling, aggregator=MeanAggregator, seeded=True,
+        parameters=(
+            Parameter(name="participation", setting="group_participation", type=float,
+                      default=1 / 6, help="fraction of a group's clients that train each round",
+                      low=0, low_open=True, high=1),
+            Parameter(name="variant", setting="group_variant", type=str, default="consistent",
+                      help="C-step on the loss vectors (consistent) or on one model's loss, "
+                           "rotating every cycle (modified)", choices=lambda: VARIANTS),
+            Parameter(name="max_clusters", setting="group_max_clusters", type=int, default=0,
+                      unset=0, help="upper bound of the silhouette search", low=0,
+                      zero="S + 4"),
+        ),
+    ),
+)

@@ -26,8 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from mmfl_flwr.core.aggregators import UnbiasedAggregator
+from mmfl_flwr.core.card import AlgorithmCard
 from mmfl_flwr.core.clients import ClientTable
 from mmfl_flwr.core.policy import (
+    BUDGET_FRACTION,
     Pick,
     Policy,
     ProbabilityPolicy,
@@ -375,3 +378,32 @@ class RoundRobinGVR(_Eq13Sampling):
             for cid, qi, b, hit in zip(ids, q, procs, drawn)
             if hit
         ]
+
+
+# ------------------------------------------------------------------ cards
+CARDS = (
+    AlgorithmCard(
+        name="lvr", function="lvr", title="MMFL-LVR", paper="003",
+        section="Algorithm 1, Theorem 2 (Eq. 13)",
+        summary="loss query every round, optimal probabilities of Theorem 2 (Eq. 13), one "
+                "categorical draw per processor",
+        rule="unbiased `d/(B·p)`",
+        policy=LVR, aggregator=UnbiasedAggregator, parameters=(BUDGET_FRACTION,),
+    ),
+    AlgorithmCard(
+        name="gvr", function="gvr", title="MMFL-GVR", paper="003", section="Section 4.2",
+        summary="every pair trains, the updates to aggregate are drawn with Eq. 13 on the "
+                "update norms",
+        rule="unbiased `d/(B·p)`",
+        policy=GVR, aggregator=UnbiasedAggregator, parameters=(BUDGET_FRACTION,),
+    ),
+    AlgorithmCard(
+        name="rr-gvr", function="rr_gvr", title="RoundRobin-GVR", paper="003",
+        section="Fig. 4 baseline",
+        summary="round τ trains model τ mod S only, every client holding it trains it once, "
+                "and the updates to aggregate are drawn with gradient-norm optimal sampling "
+                "(Eq. 13 with one model and one processor per client) under MMFL-GVR's budget m",
+        rule="unbiased `d/q`",
+        policy=RoundRobinGVR, aggregator=UnbiasedAggregator, parameters=(BUDGET_FRACTION,),
+    ),
+)

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from mmfl_flwr.core.aggregators import FedAvgAggregator
+from mmfl_flwr.core.card import AlgorithmCard, Parameter
 from mmfl_flwr.core.clients import ClientTable
 from mmfl_flwr.core.policy import Pick, Policy, check_k, sample_clients
 
@@ -166,3 +168,37 @@ class MFARoundRobin(_KClients):
             if task in table[cid].num_examples:
                 picks.append(Pick(cid, task, 1, rate / m))
         return picks
+
+
+# ------------------------------------------------------------------ cards
+#: ``K`` of the K-client policies; as a setting 0 means all clients (the
+#: policy's default, None).
+CLIENTS_PER_ROUND = Parameter(
+    name="clients_per_round", type=int, default=0, unset=0,
+    help="K, the clients that train per round", low=0, high="num_clients",
+    zero="all clients",
+)
+
+CARDS = (
+    AlgorithmCard(
+        name="mfa-rand", function="mfa_rand", title="MFA-Rand", paper="002",
+        section="Algorithm 2",
+        summary="random near-equal groups each round, random group→model matching",
+        rule="FedAvg per model",
+        policy=MFARand, aggregator=FedAvgAggregator, parameters=(CLIENTS_PER_ROUND,),
+    ),
+    AlgorithmCard(
+        name="mfa-rr", function="mfa_rr", title="MFA-RR", paper="002", section="Algorithm 3",
+        summary="groups fixed per frame of M rounds, models rotate, each client trains each "
+                "model once per frame",
+        rule="FedAvg per model",
+        policy=MFARoundRobin, aggregator=FedAvgAggregator, parameters=(CLIENTS_PER_ROUND,),
+    ),
+    AlgorithmCard(
+        name="multi-fedavg", function="multi_fedavg", title="Multi-FedAvg", paper="004",
+        section="Section 3, baseline",
+        summary="K random clients, a random model each",
+        rule="FedAvg per model",
+        policy=MultiFedAvg, aggregator=FedAvgAggregator, parameters=(CLIENTS_PER_ROUND,),
+    ),
+)

@@ -4,8 +4,11 @@ and a pairing whose needs do not match is refused before a run starts."""
 
 from __future__ import annotations
 
-from mmfl_flwr.core.aggregators import Aggregator
-from mmfl_flwr.core.policy import Policy
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mmfl_flwr.core.aggregators import Aggregator
+    from mmfl_flwr.core.policy import Policy
 
 
 def check_pairing(policy: Policy, aggregator: Aggregator) -> None:

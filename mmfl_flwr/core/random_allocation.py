@@ -13,8 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from mmfl_flwr.core.aggregators import FedAvgAggregator, UnbiasedAggregator
+from mmfl_flwr.core.card import AlgorithmCard
 from mmfl_flwr.core.clients import ClientTable
 from mmfl_flwr.core.policy import (
+    BUDGET_FRACTION,
     Pick,
     Policy,
     ProbabilityPolicy,
@@ -185,3 +188,22 @@ class FixedRates(ProbabilityPolicy):
         return [pk for pk in draw_picks(ids, tasks, p, procs, rng) if (pk.cid, pk.task) in signal]
 
 
+# ------------------------------------------------------------------ cards
+CARDS = (
+    AlgorithmCard(
+        name="random", function="random_allocation", title="Random allocation",
+        paper="003", section="baseline of Section 6",
+        summary="each processor active with probability m/V, then a uniformly random "
+                "eligible task",
+        rule="unbiased `d/(B·p)` (Eq. 3)",
+        policy=RandomAllocation, aggregator=UnbiasedAggregator,
+        parameters=(BUDGET_FRACTION,),
+    ),
+    AlgorithmCard(
+        name="full", function="full_participation", title="Full participation",
+        paper="003", section="baseline of Section 6",
+        summary="every client trains every task it holds",
+        rule="FedAvg (= `w − Σ d·G`)",
+        policy=FullParticipation, aggregator=FedAvgAggregator,
+    ),
+)

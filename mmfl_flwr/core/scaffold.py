@@ -17,7 +17,10 @@ from typing import Any
 import numpy as np
 
 from mmfl_flwr.core.aggregators import UnbiasedAggregator, Update, Weights
-from mmfl_flwr.core.stale import StaleStore, default_shares
+from mmfl_flwr.core.card import AlgorithmCard
+from mmfl_flwr.core.policy import BUDGET_FRACTION
+from mmfl_flwr.core.random_allocation import RandomAllocation
+from mmfl_flwr.core.stale import STORAGE_PARAMETER, StaleStore, default_shares
 
 
 class ScaffoldAggregator(UnbiasedAggregator):
@@ -84,3 +87,16 @@ class ScaffoldAggregator(UnbiasedAggregator):
         self.server = {
             t: [np.asarray(a, np.float64) for a in c] for t, c in state["server"].items()
         }
+
+
+# ------------------------------------------------------------------ cards
+CARDS = (
+    AlgorithmCard(
+        name="scaffold", function="scaffold", title="SCAFFOLD", paper="003",
+        section="baseline of Section 6",
+        summary="random allocation",
+        rule="unbiased rule + SCAFFOLD control variates (client `c_i` in `context.state`)",
+        policy=RandomAllocation, aggregator=ScaffoldAggregator, aggregators=(),
+        parameters=(BUDGET_FRACTION, STORAGE_PARAMETER),
+    ),
+)

@@ -33,7 +33,10 @@ from typing import Any
 import numpy as np
 
 from mmfl_flwr.core.aggregators import Aggregator, Update, Weights
-from mmfl_flwr.core.lvr import GVR
+from mmfl_flwr.core.card import AlgorithmCard, Parameter
+from mmfl_flwr.core.lvr import GVR, LVR
+from mmfl_flwr.core.policy import BUDGET_FRACTION
+from mmfl_flwr.core.random_allocation import RandomAllocation
 
 STORAGE = ("float32", "float16", "disk")
 
@@ -568,3 +571,68 @@ class StaleVRSampling(GVR):
 
     def _signal_from_losses(self) -> bool:
         return self.signal == "loss"
+
+
+# ------------------------------------------------------------------ cards
+#: Where the stale updates (and SCAFFOLD's control variates) are kept.
+STORAGE_PARAMETER = Parameter(
+    name="storage", setting="stale_storage", to="aggregator", type=str, default="float32",
+    help="storage of the stale updates and control variates", choices=lambda: STORAGE,
+)
+
+CARDS = (
+    AlgorithmCard(
+        name="stalevr", function="stalevr", title="MMFL-StaleVR", paper="003",
+        section="Section 5 (Eqs. 18 and 20)",
+        summary='every pair trains; LVR probabilities pick the aggregated updates '
+                '(`signal="stale-residual"`: `‖G − βh‖`, as the authors\' code)',
+        rule="Eq. 18 with the optimal β of Eq. 20 per pair",
+        policy=StaleVRSampling, aggregator=StaleVRAggregator, aggregators=(),
+        parameters=(
+            BUDGET_FRACTION,
+            Parameter(name="signal", setting="stalevr_signal", type=str, default="loss",
+                      help="sampling signal of stalevr (loss: the paper's)",
+                      choices=lambda: StaleVRSampling.SIGNALS),
+            STORAGE_PARAMETER,
+        ),
+    ),
+    AlgorithmCard(
+        name="stalevre", function="stalevre", title="MMFL-StaleVRE", paper="003",
+        section="Section 5 (Eq. 21)",
+        summary="LVR (only sampled clients train)",
+        rule="Eq. 18 with β estimated by Eq. 21 (linear decay)",
+        policy=LVR, aggregator=StaleVREAggregator, aggregators=(),
+        parameters=(
+            BUDGET_FRACTION,
+            Parameter(name="b0", setting="stalevre_b0", to="aggregator", type=float,
+                      default=1.0, help="starting beta b0 of stalevre (Eq. 21)", low=0,
+                      low_open=True),
+            STORAGE_PARAMETER,
+        ),
+    ),
+    AlgorithmCard(
+        name="fedvarp", function="fedvarp", title="FedVARP", paper="003",
+        section="baseline of Section 6 (Eq. 17, β = 1)",
+        summary="random allocation", rule="Eq. 17, β = 1",
+        policy=RandomAllocation, aggregator=FedVARPAggregator, aggregators=(),
+        parameters=(BUDGET_FRACTION, STORAGE_PARAMETER),
+    ),
+    AlgorithmCard(
+        name="fedstale", function="fedstale", title="FedStale", paper="003",
+        section="baseline of Section 6 (Eq. 17)",
+        summary="random allocation", rule="Eq. 17, fixed β",
+        policy=RandomAllocation, aggregator=FedStaleAggregator, aggregators=(),
+        parameters=(
+            BUDGET_FRACTION,
+            Parameter(name="beta", setting="stale_beta", to="aggregator", type=float,
+                      default=0.8, help="beta of fedstale (Eq. 17)", low=0, high=1),
+            STORAGE_PARAMETER,
+        ),
+    ),
+    AlgorithmCard(
+        name="mifa", function="mifa", title="MIFA", paper="003", section="baseline of Section 6",
+        summary="random allocation", rule="mean of every client's latest update",
+        policy=RandomAllocation, aggregator=MIFAAggregator, aggregators=(),
+        parameters=(BUDGET_FRACTION, STORAGE_PARAMETER),
+    ),
+)

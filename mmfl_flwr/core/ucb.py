@@ -19,14 +19,18 @@ model in the first rounds, breaking the limit ``K``; this does not.)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from mmfl_flwr.core.aggregators import FedAvgAggregator
+from mmfl_flwr.core.card import AlgorithmCard, Parameter
 from mmfl_flwr.core.clients import ClientTable
-from mmfl_flwr.core.policy import Pick, Policy, check_k
+from mmfl_flwr.core.mfa import CLIENTS_PER_ROUND
+from mmfl_flwr.core.policy import MIN_UPLOADS_PER_MODEL, Pick, Policy, check_k
 
 
 def pareto_front(scores: np.ndarray) -> np.ndarray:
@@ -100,7 +104,7 @@ class _UCBBase(Policy):
         return True
 
     def __init__(
-        self, clients_per_round: int, gamma: float = 0.9, init: str = "loss-query"
+        self, clients_per_round: int = 2, gamma: float = 0.9, init: str = "loss-query"
     ) -> None:
         check_k(clients_per_round)
         if clients_per_round is None:
@@ -134,7 +138,13 @@ class _UCBBase(Policy):
             return not self.N
         return bool(self._missing(self._table, self._tasks))
 
-    def loss_query_clients(self, table: ClientTable, tasks: Sequence[str]) -> set[str]:
+    def loss_query_clients(
+        self,
+        table: ClientTable,
+        tasks: Sequence[str],
+        server_round: int = 0,
+        rng: np.random.Generator | None = None,
+    ) -> set[str]:
         """The clients the loss query must reach: those with unobserved pairs."""
         return {cid for cid, _ in self._missing(table, tasks)}
 
@@ -346,3 +356,54 @@ class ParetoMultiUCB(_UCBBase):
             if np.isfinite(ranks[k, i]):
                 picks.append(Pick(ids[int(k)], tasks[i], 1, prob))
         return picks
+
+
+# ------------------------------------------------------------------ cards
+def default_ucb_clients(num_clients: int, num_models: int) -> int:
+    """The ``K`` of the UCB presets when the settings leave it 0:
+    ``min(num_clients, MIN_UPLOADS_PER_MODEL * num_models)``, so that each model
+    expects :data:`~mmfl_flwr.core.policy.MIN_UPLOADS_PER_MODEL` (5) trainers per
+    round (each chosen client trains one model). 15 for the default job (20
+    clients, 3 models); 10 for paper 004's two models, the paper's "large
+    number of clients (10) per round" (it gives no single default: 2, 10 or 64).
+    """
+    return max(1, min(int(num_clients), MIN_UPLOADS_PER_MODEL * max(1, int(num_models))))
+
+
+def _settings_k(values: Mapping[str, Any]) -> int:
+    models = [t for t in str(values.get("tasks", "")).split(",") if t.strip()]
+    return default_ucb_clients(int(values.get("num_clients", 1)), len(models))
+
+
+#: ``K`` of the UCB presets: as a setting 0 means :func:`default_ucb_clients`.
+UCB_CLIENTS = dataclasses.replace(
+    CLIENTS_PER_ROUND, zero=f"min(num-clients, {MIN_UPLOADS_PER_MODEL} x number of models)",
+    auto=_settings_k,
+)
+UCB_GAMMA = Parameter(name="gamma", setting="ucb_gamma", type=float, default=0.9,
+                      help="discount gamma of the UCB index", low=0, low_open=True, high=1,
+                      high_open=True)
+UCB_INIT = Parameter(name="init", setting="ucb_init", type=str, default="loss-query",
+                     help="first observation of every (client, model) pair: loss-query (one "
+                          "forward pass of every pair) or train (untried pairs train first, "
+                          "within K per round)", choices=lambda: INITS)
+
+_RANKLIST = AlgorithmCard(
+    name="ranklist-ucb", function="ranklist_ucb", title="Ranklist-Multi-UCB", paper="004",
+    section="Algorithm 3 (Eqs. 1-4)",
+    summary="discounted-loss UCB index (Eqs. 1–4), per-model rank lists, round-robin from "
+            "model `t mod M`",
+    rule="FedAvg per model",
+    policy=RanklistMultiUCB, aggregator=FedAvgAggregator,
+    parameters=(UCB_CLIENTS, UCB_GAMMA, UCB_INIT),
+)
+
+CARDS = (
+    _RANKLIST,
+    dataclasses.replace(
+        _RANKLIST, name="pareto-ucb", function="pareto_ucb", title="Pareto-Multi-UCB",
+        section="Algorithm 4 (Eqs. 1-5)", policy=ParetoMultiUCB,
+        summary="Pareto front of the UCB score vectors (K sampled if larger), best-rank "
+                "model each",
+    ),
+)

@@ -1,12 +1,20 @@
 """The federation a run's settings describe, built once per process and shared by
 the ServerApp (initial weights, server-side test sets), the ClientApp (each
-node's data) and the CLI (which loads the data before writing anything)."""
+node's data) and the CLI (which loads the data before writing anything); and the
+upload budget computed from it (``budget-fraction`` 0 = auto, the warning for a
+budget that leaves a model too few uploads)."""
 
 from __future__ import annotations
 
+import dataclasses
 from functools import lru_cache
+from logging import WARNING
+
+from flwr.common.logger import log
 
 from mmfl_flwr.config import Settings
+from mmfl_flwr.core.card import presets_taking
+from mmfl_flwr.core.policy import MIN_UPLOADS_PER_MODEL
 from mmfl_flwr.tasks.federation import Federation, build_federation
 from mmfl_flwr.tasks.registry import TaskDefinition, get_task
 
@@ -53,3 +61,83 @@ def federation_for(settings: Settings) -> Federation:
         settings.data_root,
         tuple(get_task(k) for k in settings.task_kinds),
     )
+
+
+def upload_budget(
+    settings: Settings, federation: Federation | None = None
+) -> tuple[float, int, int, int]:
+    """``(m, V, N, M)`` of a budgeted run: the expected uploads per round ``m``,
+    computed as the policies compute it (:func:`~mmfl_flwr.core.policy.resolve_budget`
+    of ``budget_fraction`` and ``V``), the total processors ``V`` of the clients
+    holding a task, the clients ``N`` and the models ``M`` (once every client and
+    model has arrived). ``federation`` defaults to the run's
+    (:func:`federation_for`, which loads its data)."""
+    from mmfl_flwr.core.policy import resolve_budget
+
+    if federation is None:
+        federation = federation_for(settings)
+    holds = sum(federation.eligible[t].astype(int) for t in federation.tasks) > 0
+    v = int(federation.processors[holds].sum())
+    m = resolve_budget(None, settings.budget_fraction, v)
+    return m, v, int(federation.num_clients), len(federation.tasks)
+
+
+def auto_budget_fraction(settings: Settings, federation: Federation | None = None) -> float:
+    """``budget-fraction 0`` (auto): the smallest hundredth ``f`` with ``f x V``
+    at least :data:`~mmfl_flwr.core.policy.MIN_UPLOADS_PER_MODEL` expected uploads
+    per model and round, at most 1."""
+    _, v, _, models = upload_budget(dataclasses.replace(settings, budget_fraction=1.0),
+                                    federation)
+    if v == 0:
+        return 1.0
+    return min(1.0, -(-100 * MIN_UPLOADS_PER_MODEL * models // v) / 100)
+
+
+def resolved_budget(settings: Settings, federation: Federation | None = None) -> Settings:
+    """``settings`` with ``budget_fraction`` 0 (auto) replaced by
+    :func:`auto_budget_fraction` (the same settings otherwise, and for the presets
+    without a budget)."""
+    if settings.budget_fraction or settings.strategy not in presets_taking("budget_fraction"):
+        return settings
+    return dataclasses.replace(settings,
+                               budget_fraction=auto_budget_fraction(settings, federation))
+
+
+def budget_warning(settings: Settings, federation: Federation | None = None) -> str | None:
+    """The warning for a budgeted preset whose ``budget_fraction`` expects fewer
+    than :data:`~mmfl_flwr.core.policy.MIN_UPLOADS_PER_MODEL` uploads per model and
+    round (None otherwise, and for the presets without a budget). It states
+    ``m``, ``V``, the clients and models, and the smallest budget-fraction (in
+    hundredths) that gives that many."""
+    if settings.strategy not in presets_taking("budget_fraction"):
+        return None
+    settings = resolved_budget(settings, federation)
+    m, v, n, models = upload_budget(settings, federation)
+    if v == 0 or m / models >= MIN_UPLOADS_PER_MODEL - 1e-9:  # (float error of fraction x V)
+        return None
+    need = MIN_UPLOADS_PER_MODEL * models
+    what = (
+        f"strategy {settings.strategy}: budget-fraction={settings.budget_fraction:g} gives "
+        f"m = {settings.budget_fraction:g} x V = {m:g} expected uploads per round (V = {v} "
+        f"processors of {n} clients) for {models} model{'s' if models > 1 else ''}, "
+        f"{m / models:.2g} per model, fewer than {MIN_UPLOADS_PER_MODEL}; with so few "
+        "uploads a model may not learn at all"
+    )
+    if need > v:
+        return (f"{what}. Even --budget-fraction 1 (run-config budget-fraction=1) gives only "
+                f"{v / models:.2g} per model: use it with more clients (num-clients) or "
+                "fewer models")
+    fraction = -(-100 * need // v) / 100  # the smallest hundredth with fraction * V >= need
+    return (f"{what}. Use --budget-fraction {fraction:g} or more (run-config budget-fraction="
+            f"{fraction:g}: m = {fraction * v:g}, {fraction * v / models:.3g} per model)")
+
+
+def warn_if_few_uploads(
+    settings: Settings, federation: Federation | None = None
+) -> str | None:
+    """Log :func:`budget_warning` with Flower's logger (WARNING), once per call;
+    returns it. The ServerApp calls it once, before the first round."""
+    message = budget_warning(settings, federation)
+    if message:
+        log(WARNING, message)
+    return message

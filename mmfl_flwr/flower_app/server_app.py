@@ -26,12 +26,9 @@ from flwr.serverapp import Grid, ServerApp
 from mmfl_flwr.checkpoint import CHECKPOINT_FILE, checkpoint_file
 from mmfl_flwr.config import Settings
 from mmfl_flwr.core.scaffold import ScaffoldAggregator
-from mmfl_flwr.presets import (
-    make_strategy,
-    preset_kwargs,
-    resolved_budget,
-    warn_if_few_uploads,
-)
+from mmfl_flwr.core.card import card, check_unused_settings
+from mmfl_flwr.flower_app.data import resolved_budget, warn_if_few_uploads
+from mmfl_flwr.presets import build
 from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
 from mmfl_flwr.strategy import MultiModelResult, MultiModelStrategy
 from mmfl_flwr.tasks.registry import load_snapshot
@@ -40,8 +37,9 @@ from mmfl_flwr.tasks.registry import load_snapshot
 def strategy_from_settings(
     s: Settings, on_round_end: Callable[[int, list[dict[str, Any]]], None] | None = None
 ) -> MultiModelStrategy:
-    """The preset strategy that ``s`` names, with its parameters
-    (``budget-fraction`` 0 resolved, :func:`~mmfl_flwr.presets.resolved_budget`)."""
+    """The preset strategy that ``s`` names, built by its algorithm card with
+    its parameters (``budget-fraction`` 0 resolved from the federation,
+    :func:`~mmfl_flwr.flower_app.data.resolved_budget`)."""
     s = resolved_budget(s)
     kwargs: dict[str, Any] = {
         "local_epochs": s.local_epochs,
@@ -62,8 +60,13 @@ def strategy_from_settings(
         kwargs["task_arrivals"] = s.task_arrival_rounds()
     if s.client_pins:
         kwargs["client_pins"] = s.client_pin_map()
-    kwargs.update(preset_kwargs(s.strategy, dataclasses.asdict(s), dataclasses.asdict(Settings())))
-    return make_strategy(s.strategy, **kwargs)
+    algorithm = card(s.strategy)
+    values = dataclasses.asdict(s)
+    check_unused_settings(algorithm, values, dataclasses.asdict(Settings()))
+    kwargs.update(algorithm.settings_values(values))
+    if s.aggregator:
+        kwargs["aggregator"] = s.aggregator
+    return build(algorithm, **kwargs)
 
 
 def check_resume(s: Settings, strategy: MultiModelStrategy) -> int:

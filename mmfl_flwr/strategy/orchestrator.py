@@ -247,7 +247,7 @@ class MultiModelStrategy(Strategy):
             validation.apply_count_cap(run.table, self.limits.count_cap)
             log(INFO, "%d clients online", len(run.table.ids()))
             if self.policy.needs_losses:
-                only = self.policy.loss_query_clients(run.table, run.tasks)
+                only = self.policy.loss_query_clients(run.table, run.tasks, rnd, run.rng)
                 n = query_losses(run, grid, rnd, timeout, self.limits, only)
                 log(INFO, "Loss query: %d (client, task) losses received", n)
             plan = train.plan_round(run, self.policy, self.aggregator, rnd,

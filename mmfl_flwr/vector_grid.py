@@ -13,10 +13,10 @@ computation for every client that holds it
 * ``evaluate``: one forward over the clients' local test data.
 
 Messages that cannot be vectorised go through the ClientApp as on the
-in-process engine, in the same round: a task whose trainer is not a
-:class:`~mmfl_flwr.client.trainer.TorchTrainer` (a user task with its own
-trainer), SCAFFOLD's corrected training (control variates) and every other
-message type (``query.info``). Each reason is logged once per run.
+in-process engine, in the same round: a task whose trainer does not implement
+:class:`~mmfl_flwr.client.contract.VectorizableTrainer` (a user task with its
+own training loop), SCAFFOLD's corrected training (control variates) and every
+other message type (``query.info``). Each reason is logged once per run.
 """
 
 from __future__ import annotations
@@ -27,18 +27,19 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from uuid import uuid4
 
-from flwr.app import (
-    ConfigRecord,
-    Message,
-    MessageType,
-    MetricRecord,
-    RecordDict,
-)
+from flwr.app import Message, MessageType, RecordDict
 
 from mmfl_flwr import protocol as P
 from mmfl_flwr.client.app import ClientSpec, SpecFn
+from mmfl_flwr.client.contract import (
+    VectorizableTrainer,
+    put_evaluation,
+    put_loss,
+    put_train_reply,
+    train_settings,
+)
 from mmfl_flwr.grid import ClientAppLike, InProcessGrid
-from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
+from mmfl_flwr.records import arrays_to_numpy
 from mmfl_flwr.seeding import training_seed
 
 log = logging.getLogger("mmfl_flwr")
@@ -107,8 +108,6 @@ class VectorizedGrid(InProcessGrid):
 
     def _plan(self, msg: Message, spec: ClientSpec) -> dict[str, Any]:
         """What ``msg`` asks of this client, or :class:`_Fallback`."""
-        from mmfl_flwr.client.trainer import TorchTrainer
-
         tasks = {}
         for key, rec in msg.content.array_records.items():
             task = P.task_of(key, P.ARRAYS_PREFIX)
@@ -120,8 +119,9 @@ class VectorizedGrid(InProcessGrid):
             tr = spec.trainers.get(task)
             if tr is None:
                 raise _Fallback("a message names a task the client does not hold")
-            if type(tr) is not TorchTrainer:
-                raise _Fallback(f"task {task!r} has its own trainer ({type(tr).__name__})")
+            if not isinstance(tr, VectorizableTrainer):
+                raise _Fallback(f"task {task!r} has a trainer without the vectorizable "
+                                f"contract ({type(tr).__name__})")
             reason = self._vector_model(task, tr).unsupported
             if reason is not None and msg.metadata.message_type == MessageType.TRAIN:
                 raise _Fallback(f"task {task!r}: {reason}")
@@ -159,13 +159,9 @@ class VectorizedGrid(InProcessGrid):
             settings: tuple[Any, ...] = ()
             seed = rnd = 0
             if mtype == MessageType.TRAIN:
-                cfg = msg.content.config_records.get(P.CONFIG_KEY, ConfigRecord())
-                epochs = int(cfg.get(P.CFG_EPOCHS, 1))  # type: ignore[arg-type]
-                lr = float(cfg.get(P.CFG_LR, 0.05))  # type: ignore[arg-type]
-                batch = int(cfg.get(P.CFG_BATCH_SIZE, 32))  # type: ignore[arg-type]
-                seed = int(cfg.get(P.CFG_SEED, 0))  # type: ignore[arg-type]
-                rnd = int(cfg.get(P.CFG_ROUND, 0))  # type: ignore[arg-type]
-                settings = (epochs, lr, batch)
+                cfg = train_settings(msg)
+                seed, rnd = cfg.seed, cfg.server_round
+                settings = (cfg.epochs, cfg.lr, cfg.batch_size)
             msg.metadata.__dict__["_message_id"] = uuid4().hex
             contents[i] = RecordDict()
             for task, rec in tasks.items():
@@ -216,19 +212,12 @@ class VectorizedGrid(InProcessGrid):
             log.debug("vectorized train of %d clients of %r: %.3f s", len(jobs), task,
                       time.monotonic() - t0)
             for (i, *_), (new, n, loss) in zip(items, results):
-                contents[i][P.arrays_key(task)] = numpy_to_arrays(new)
-                contents[i][P.metrics_key(task)] = MetricRecord(
-                    {P.NUM_EXAMPLES: int(n), P.TRAIN_LOSS: float(loss)}
-                )
+                put_train_reply(contents[i], task, new, n, loss)
         elif mtype == P.QUERY_LOSSES:
             data = [V.ClientData(*tr.train_tensors()) for _, tr, _, _ in items]
             for (i, *_), value in zip(items, V.batched_losses(vm, weights, data)):
-                if P.LOSSES_KEY not in contents[i].metric_records:
-                    contents[i][P.LOSSES_KEY] = MetricRecord()
-                contents[i].metric_records[P.LOSSES_KEY][task] = float(value)
+                put_loss(contents[i], task, value)
         else:  # evaluate
             data = [V.ClientData(*tr.eval_tensors()) for _, tr, _, _ in items]
             for (i, *_), (loss, acc, n) in zip(items, V.batched_evaluate(vm, weights, data)):
-                contents[i][P.metrics_key(task)] = MetricRecord(
-                    {P.NUM_EXAMPLES: int(n), P.LOSS: float(loss), P.ACCURACY: float(acc)}
-                )
+                put_evaluation(contents[i], task, loss, acc, n)

@@ -449,3 +449,82 @@ def test_cli_runs_the_vectorized_engine_and_refuses_a_misplaced_chunk(tmp_path, 
         main(["run", "--engine", "inprocess", "--vector-chunk", "2", "--output-dir", ""])
     assert err.value.code == 2
     assert "--vector-chunk applies to --engine vectorized only" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------- the trainer contract
+class _Delegate:
+    """A user's trainer that is no TorchTrainer: it delegates the LocalTrainer
+    calls to one, and (``vectorizable``) declares the fast-path contract too."""
+
+    def __init__(self, inner, vectorizable):
+        self._inner = inner
+        if vectorizable:
+            self.model_fn, self.device = inner.model_fn, inner.device
+            self.train_tensors, self.eval_tensors = inner.train_tensors, inner.eval_tensors
+
+    num_examples = property(lambda self: self._inner.num_examples)
+    trainable_keys = property(lambda self: self._inner.trainable_keys)
+
+    def train(self, weights, epochs, lr, seed, batch_size=None, correction=None):
+        return self._inner.train(weights, epochs, lr, seed, batch_size, correction)
+
+    def loss(self, weights):
+        return self._inner.loss(weights)
+
+    def evaluate(self, weights):
+        return self._inner.evaluate(weights)
+
+
+@pytest.mark.parametrize("vectorizable", [True, False])
+def test_any_trainer_with_the_vectorizable_contract_takes_the_fast_path(vectorizable, caplog):
+    from mmfl_flwr import protocol as P
+    from mmfl_flwr.client.contract import LocalTrainer, VectorizableTrainer
+
+    s, spec, plain, vec = _grids(num_clients=4)
+    for nid in vec.get_node_ids():  # the same cached specs serve both grids
+        cs = spec(vec.context(nid))
+        cs.trainers.update({t: _Delegate(tr, vectorizable) for t, tr in cs.trainers.items()})
+    some = next(iter(spec(vec.context(vec.get_node_ids()[0])).trainers.values()))
+    assert isinstance(some, LocalTrainer) and type(some) is _Delegate
+    assert isinstance(some, VectorizableTrainer) is vectorizable
+    records = _initial_records(s)
+    config = {P.CFG_EPOCHS: 1, P.CFG_LR: 0.05, P.CFG_BATCH_SIZE: 16, P.CFG_SEED: 2,
+              P.CFG_ROUND: 1}
+    a = list(plain.send_and_receive(_messages(plain, spec, "train", records, config)))
+    with caplog.at_level(logging.INFO, logger="mmfl_flwr"):
+        b = list(vec.send_and_receive(_messages(vec, spec, "train", records, config)))
+    _assert_replies_equal(a, b, records)
+    if vectorizable:
+        assert vec.counts == {"vectorized": len(b), "per-client": 0}
+    else:
+        assert vec.counts == {"vectorized": 0, "per-client": len(b)}
+        said = [r.getMessage() for r in caplog.records if "_Delegate" in r.getMessage()]
+        assert len(said) == 1 and "vectorizable contract" in said[0]
+
+
+def test_scaffold_with_a_trainer_that_takes_no_correction_is_an_error_reply():
+    from flwr.app import MessageType
+
+    from mmfl_flwr import protocol as P
+    from mmfl_flwr.client.contract import takes_correction
+    from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
+
+    class NoCorrection(_Delegate):
+        def train(self, weights, epochs, lr, seed, batch_size=None):
+            return self._inner.train(weights, epochs, lr, seed, batch_size)
+
+    s, spec, plain, _ = _grids(num_clients=2)
+    for nid in plain.get_node_ids():
+        cs = spec(plain.context(nid))
+        cs.trainers.update({t: NoCorrection(tr, False) for t, tr in cs.trainers.items()})
+    records = _initial_records(s)
+    assert not takes_correction(NoCorrection(None, False))
+    assert takes_correction(_Delegate(None, False))
+    zeros = {P.control_key(t): numpy_to_arrays(
+        {k: np.zeros_like(v) for k, v in arrays_to_numpy(r).items()})
+        for t, r in records.items()}
+    replies = list(plain.send_and_receive(_messages(
+        plain, spec, MessageType.TRAIN, records,
+        {P.CFG_EPOCHS: 1, P.CFG_LR: 0.05, P.CFG_BATCH_SIZE: 16}, zeros)))
+    assert replies and all(r.has_error() for r in replies)
+    assert "correction=" in replies[0].error.reason

@@ -1,50 +1,36 @@
 """The MMFL ClientApp: one local trainer per task, handlers for every message.
 
 This module is framework-agnostic: a *trainer* is any object with the methods of
-:class:`LocalTrainer` (the torch implementation is
-:class:`mmfl_flwr.client.trainer.TorchTrainer`).
+:class:`~mmfl_flwr.client.contract.LocalTrainer` (the torch implementations are
+:class:`mmfl_flwr.client.trainer.TorchTrainer` and
+:class:`mmfl_flwr.client.functions.FunctionTrainer`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from mmfl_flwr import protocol as P
+from mmfl_flwr.client.contract import (
+    LocalTrainer,
+    Weights,
+    put_evaluation,
+    put_loss,
+    put_train_reply,
+    takes_correction,
+    tasks_in,
+    train_settings,
+    trainable_keys,
+)
 from mmfl_flwr.records import DecodeCache, arrays_to_numpy, numpy_to_arrays
 from mmfl_flwr.seeding import training_seed
 
-Weights = dict[str, np.ndarray]
-
-
-class LocalTrainer(Protocol):
-    """What the ClientApp needs for one task on one client."""
-
-    @property
-    def num_examples(self) -> int:
-        """Training examples on this client."""
-
-    def train(
-        self, weights: Weights, epochs: int, lr: float, seed: int, batch_size: int | None = None
-    ) -> tuple[Weights, int, float]:
-        """Local training; returns (new weights, examples, mean training loss)."""
-
-    def loss(self, weights: Weights) -> float:
-        """Mean loss on the local training data, forward pass only."""
-
-    def evaluate(self, weights: Weights) -> tuple[float, float, int]:
-        """(loss, accuracy, examples) on the local test data."""
-
-    # Optional: ``trainable_keys`` (a list of str), the weights' keys that are
-    # trainable parameters. The other keys (batch-norm running statistics, step
-    # counters) are model state: the server averages them instead of treating
-    # them as part of the update. Without it, floating-point entries count as
-    # trainable and integer entries as state.
+__all__ = ["ClientSpec", "LocalTrainer", "SpecFn", "cache_specs", "make_client_app"]
 
 
 @dataclass
@@ -60,15 +46,6 @@ class ClientSpec:
 
 
 SpecFn = Callable[[Context], ClientSpec]
-
-
-def _tasks_in(msg: Message) -> dict[str, ArrayRecord]:
-    out = {}
-    for key, rec in msg.content.array_records.items():
-        task = P.task_of(key, P.ARRAYS_PREFIX)
-        if task is not None:
-            out[task] = rec
-    return out
 
 
 def _scaffold_train(
@@ -95,8 +72,11 @@ def _scaffold_train(
         if stored is not None
         else {k: np.zeros_like(v) for k, v in c_server.items()}
     )
+    if not takes_correction(tr):
+        raise TypeError(f"SCAFFOLD needs a trainer whose train() takes correction= (the "
+                        f"trainer of task {task!r} is a {type(tr).__name__})")
     correction = {k: c_server[k] - c_client[k] for k in c_server}
-    new, n, loss = tr.train(weights, epochs, lr, seed, batch, correction=correction)  # type: ignore[call-arg]
+    new, n, loss = tr.train(weights, epochs, lr, seed, batch, correction=correction)
     steps = epochs * -(-int(n) // int(batch))
     c_new = {
         k: (
@@ -179,56 +159,45 @@ def make_client_app(
         if s.client_token:
             rec[P.CLIENT_TOKEN] = str(s.client_token)
         for t in tasks:
-            keys = getattr(s.trainers[t], "trainable_keys", None)
+            keys = trainable_keys(s.trainers[t])
             if keys:
-                rec[P.trainable_key(t)] = [str(k) for k in keys]
+                rec[P.trainable_key(t)] = keys
         return Message(RecordDict({P.INFO_KEY: rec}), reply_to=msg)
 
     @app.query("losses")
     def losses(msg: Message, context: Context) -> Message:
         s = spec(context)
-        out = MetricRecord()
-        for task, rec in _tasks_in(msg).items():
-            out[task] = float(trainer(s, task).loss(decode(rec)))
-        return Message(RecordDict({P.LOSSES_KEY: out}), reply_to=msg)
+        content = RecordDict({P.LOSSES_KEY: MetricRecord()})
+        for task, rec in tasks_in(msg).items():
+            put_loss(content, task, trainer(s, task).loss(decode(rec)))
+        return Message(content, reply_to=msg)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         s = spec(context)
-        cfg = msg.content.config_records.get(P.CONFIG_KEY, ConfigRecord())
-        epochs = int(cfg.get(P.CFG_EPOCHS, 1))  # type: ignore[arg-type]
-        lr = float(cfg.get(P.CFG_LR, 0.05))  # type: ignore[arg-type]
-        batch = int(cfg.get(P.CFG_BATCH_SIZE, 32))  # type: ignore[arg-type]
-        seed = int(cfg.get(P.CFG_SEED, 0))  # type: ignore[arg-type]
-        rnd = int(cfg.get(P.CFG_ROUND, 0))  # type: ignore[arg-type]
+        cfg = train_settings(msg)
         content = RecordDict()
-        for task, rec in _tasks_in(msg).items():
+        for task, rec in tasks_in(msg).items():
             weights = decode(rec)
-            tseed = training_seed(seed, rnd, s.client_id, task)
+            tseed = training_seed(cfg.seed, cfg.server_round, s.client_id, task)
             tr = trainer(s, task)
             if P.control_key(task) in msg.content.array_records:
                 new, n, loss, c_new = _scaffold_train(
                     tr, weights, arrays_to_numpy(msg.content[P.control_key(task)]),
-                    context, task, epochs, lr, tseed, batch,
+                    context, task, cfg.epochs, cfg.lr, tseed, cfg.batch_size,
                 )
                 content[P.control_key(task)] = numpy_to_arrays(c_new)
             else:
-                new, n, loss = tr.train(weights, epochs, lr, tseed, batch)
-            content[P.arrays_key(task)] = numpy_to_arrays(new)
-            content[P.metrics_key(task)] = MetricRecord(
-                {P.NUM_EXAMPLES: int(n), P.TRAIN_LOSS: float(loss)}
-            )
+                new, n, loss = tr.train(weights, cfg.epochs, cfg.lr, tseed, cfg.batch_size)
+            put_train_reply(content, task, new, n, loss)
         return Message(content, reply_to=msg)
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
         s = spec(context)
         content = RecordDict()
-        for task, rec in _tasks_in(msg).items():
-            loss, acc, n = trainer(s, task).evaluate(decode(rec))
-            content[P.metrics_key(task)] = MetricRecord(
-                {P.NUM_EXAMPLES: int(n), P.LOSS: float(loss), P.ACCURACY: float(acc)}
-            )
+        for task, rec in tasks_in(msg).items():
+            put_evaluation(content, task, *trainer(s, task).evaluate(decode(rec)))
         return Message(content, reply_to=msg)
 
     return app

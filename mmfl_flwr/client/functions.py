@@ -5,7 +5,7 @@ A Flower quickstart client has, per model, a ``train(net, trainloader, epochs,
 lr, device)`` function returning the mean training loss and a ``test(net,
 testloader, device)`` function returning ``(loss, accuracy)``, plus its data
 loaders. :class:`FunctionTrainer` wraps them as one task's trainer (the
-``LocalTrainer`` shape of :mod:`mmfl_flwr.client.app`), and
+``LocalTrainer`` contract of :mod:`mmfl_flwr.client.contract`), and
 :func:`client_app_from_functions` builds the ClientApp that answers every
 message of the MMFL protocol (``docs/protocol.md``) from them::
 
@@ -34,7 +34,8 @@ import torch
 from flwr.app import Context
 from flwr.clientapp import ClientApp
 
-from mmfl_flwr.client.app import ClientSpec, LocalTrainer, make_client_app
+from mmfl_flwr.client.app import ClientSpec, make_client_app
+from mmfl_flwr.client.contract import LocalTrainer
 from mmfl_flwr.client.trainer import default_device, load_arrays, model_to_arrays
 
 Weights = dict[str, np.ndarray]

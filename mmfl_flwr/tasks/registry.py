@@ -28,7 +28,7 @@ offline on an in-memory table of the labels (nothing is downloaded):
 
 ``trainer_fn(model_fn, train, test, batch_size)`` may return a custom trainer
 (an object with ``num_examples``, ``train``, ``loss`` and ``evaluate``, see
-:class:`mmfl_flwr.client.app.LocalTrainer`); by default the torch
+:class:`mmfl_flwr.client.contract.LocalTrainer`); by default the torch
 :class:`~mmfl_flwr.client.trainer.TorchTrainer` is used.
 
 Registrations live in the Python process that makes them. ``mmfl run`` and the

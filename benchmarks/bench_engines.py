@@ -269,7 +269,7 @@ def _install_phase_clock(engine: str) -> PhaseClock:
     clock.wrap(registration, "refresh_clients", lambda a: "registration", set_round)
     clock.wrap(orchestrator, "query_losses", lambda a: "loss_query")
     clock.wrap(train, "plan_round", lambda a: "plan")
-    clock.wrap(aggregate, "train_round", lambda a: "aggregate")
+    clock.wrap(aggregate, "aggregate_train_replies", lambda a: "aggregate")
     clock.wrap(evaluate, "server_eval", eval_phase)
     if engine == "vectorized":
         from mmfl_flwr.vector_grid import VectorizedGrid as grid_cls

@@ -34,7 +34,8 @@ GROUPS = ((0.5, 0.04), (0.5, 0.16))
 
 def _strategy(method: str, seed: int, base: dict[str, Any]):  # type: ignore[no-untyped-def]
     from mmfl_flwr.core import FixedRates
-    from mmfl_flwr.core.stale import FedStaleAggregator, FedVARPAggregator, StaleVRAggregator
+    from mmfl_flwr.core.stale import FedStaleAggregator, FedVARPAggregator
+    from mmfl_flwr.core.stalevr import StaleVRAggregator
     from mmfl_flwr.strategy import MultiModelStrategy
 
     kw = dict(local_epochs=base["local_epochs"], lr=base["lr"], batch_size=base["batch_size"],

@@ -43,7 +43,8 @@ SCALES = {
 
 def strategy(method: str, seed: int, base: dict[str, Any]):  # type: ignore[no-untyped-def]
     from mmfl_flwr.core import FixedRates
-    from mmfl_flwr.core.stale import MIFAAggregator, StaleVREAggregator
+    from mmfl_flwr.core.stale import MIFAAggregator
+    from mmfl_flwr.core.stalevr import StaleVREAggregator
     from mmfl_flwr.strategy import MultiModelStrategy
 
     kw = dict(local_epochs=base["local_epochs"], lr=base["lr"],

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -270,6 +270,7 @@ class Settings:
         return {
             "simulation": "Flower's simulation engine (Ray)",
             "inprocess": "the in-process engine",
+            "vectorized": "the vectorized engine",
         }.get(engine, engine)
 
     def to_run_config(self) -> dict[str, Any]:
@@ -444,30 +445,6 @@ def _profiles() -> list[str]:
     from mmfl_flwr.tasks.federation import PROFILES
 
     return list(PROFILES)
-
-
-def _storage() -> list[str]:
-    from mmfl_flwr.core.stale import STORAGE
-
-    return list(STORAGE)
-
-
-def _signals() -> list[str]:
-    from mmfl_flwr.core.stale import StaleVRSampling
-
-    return list(StaleVRSampling.SIGNALS)
-
-
-def _inits() -> list[str]:
-    from mmfl_flwr.core.ucb import INITS
-
-    return list(INITS)
-
-
-def _variants() -> list[str]:
-    from mmfl_flwr.core.group import VARIANTS
-
-    return list(VARIANTS)
 
 
 @functools.cache

@@ -34,14 +34,8 @@ from mmfl_flwr.core import (
 )
 from mmfl_flwr.core.aggregators import MeanAggregator
 from mmfl_flwr.core.scaffold import ScaffoldAggregator
-from mmfl_flwr.core.stale import (
-    FedStaleAggregator,
-    FedVARPAggregator,
-    MIFAAggregator,
-    StaleVRAggregator,
-    StaleVREAggregator,
-    optimal_stale_beta,
-)
+from mmfl_flwr.core.stale import FedStaleAggregator, FedVARPAggregator, MIFAAggregator
+from mmfl_flwr.core.stalevr import StaleVRAggregator, StaleVREAggregator, optimal_stale_beta
 from mmfl_flwr.grid import InProcessGrid
 from mmfl_flwr.records import numpy_to_arrays
 from mmfl_flwr.strategy import MultiModelStrategy

@@ -30,13 +30,8 @@ from mmfl_flwr.core import (
 from mmfl_flwr.core.aggregators import MeanAggregator
 from mmfl_flwr.core.robust import MedianAggregator, TrimmedMeanAggregator
 from mmfl_flwr.core.scaffold import ScaffoldAggregator
-from mmfl_flwr.core.stale import (
-    FedStaleAggregator,
-    FedVARPAggregator,
-    MIFAAggregator,
-    StaleVRAggregator,
-    StaleVREAggregator,
-)
+from mmfl_flwr.core.stale import FedStaleAggregator, FedVARPAggregator, MIFAAggregator
+from mmfl_flwr.core.stalevr import StaleVRAggregator, StaleVREAggregator
 
 # A known round of one task: four eligible clients with n = 40, 24, 16, 20
 # (d = 0.4, 0.24, 0.16, 0.2); clients 0, 1, 2 were sampled:

@@ -23,10 +23,8 @@ from mmfl_flwr.core.stale import (
     FedVARPAggregator,
     MIFAAggregator,
     StaleStore,
-    StaleVRAggregator,
-    StaleVREAggregator,
-    optimal_stale_beta,
 )
+from mmfl_flwr.core.stalevr import StaleVRAggregator, StaleVREAggregator, optimal_stale_beta
 
 T = "t"
 
@@ -687,3 +685,30 @@ def test_preset_runs_inprocess_with_finite_metrics(strategy, tmp_path):
     for rec in result.arrays.values():
         for arr in rec.values():
             assert np.isfinite(arr.numpy()).all()
+
+
+@pytest.mark.parametrize("signal", ["loss", "stale-residual"])
+def test_stalevr_declares_the_signal_it_samples_on(signal, monkeypatch, tmp_path):
+    """StaleVR with the paper's loss signal samples on the losses: no update
+    norm is computed for the selection (it was computed and thrown away)."""
+    from mmfl_flwr.config import Settings
+    from mmfl_flwr.runner import run
+    from mmfl_flwr.strategy import aggregate
+
+    from mmfl_flwr.core.stalevr import StaleVRSampling
+
+    pol = StaleVRSampling(signal=signal)
+    assert pol.selection_signal == signal
+    norms = []
+    real = aggregate.l2_norm
+    monkeypatch.setattr(aggregate, "l2_norm", lambda arrays: norms.append(1) or real(arrays))
+    run(Settings(strategy="stalevr", stalevr_signal=signal, num_clients=6, num_rounds=2,
+                 local_epochs=1, budget_fraction=0.5, output_dir=""), engine="inprocess")
+    # neither signal needs ||G||: the loss comes from the table, the residual
+    # ||G - beta h|| from the aggregator
+    assert norms == []
+    gvr = []  # GVR samples on ||G||: one norm per trained pair (6 clients, 3 models, 2 rounds)
+    monkeypatch.setattr(aggregate, "l2_norm", lambda arrays: gvr.append(1) or real(arrays))
+    run(Settings(strategy="gvr", num_clients=6, num_rounds=2, local_epochs=1,
+                 budget_fraction=0.5, output_dir=""), engine="inprocess")
+    assert len(gvr) == 36

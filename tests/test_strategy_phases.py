@@ -19,12 +19,8 @@ from mmfl_flwr.core import ClientInfo, FedAvgAggregator, FullParticipation, Pick
 from mmfl_flwr.core import RandomAllocation, UnbiasedAggregator, Update
 from mmfl_flwr.core.lvr import GVR
 from mmfl_flwr.core.pairing import check_pairing
-from mmfl_flwr.core.stale import (
-    FedVARPAggregator,
-    MIFAAggregator,
-    StaleVRAggregator,
-    StaleVRSampling,
-)
+from mmfl_flwr.core.stale import FedVARPAggregator, MIFAAggregator
+from mmfl_flwr.core.stalevr import StaleVRAggregator, StaleVRSampling
 from mmfl_flwr.core.ucb import ParetoMultiUCB, RanklistMultiUCB
 from mmfl_flwr.grid import InProcessGrid, ensure_task_identity
 from mmfl_flwr.records import InvalidReply, numpy_to_arrays
@@ -34,7 +30,7 @@ from mmfl_flwr.strategy.evaluate import client_metrics
 from mmfl_flwr.strategy.persist import identity, load_resumable, restore, run_state_dict
 from mmfl_flwr.strategy.replies import client_replies
 from mmfl_flwr.strategy.result import MultiModelResult
-from mmfl_flwr.strategy.run import RunState
+from mmfl_flwr.strategy.state import RunState
 from mmfl_flwr.strategy.validation import validate_train_part
 
 ensure_task_identity(1)

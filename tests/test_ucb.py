@@ -857,14 +857,10 @@ def test_ucb_with_probability_weighted_aggregators_is_refused(policy_cls, aggreg
     """The UCB picks follow from the losses, not from a random draw with known
     inclusion probabilities, so the d/(B p) rules (paper 003, Eq. 3, 17, 18)
     would be biased: refused in the constructor with a clear message."""
-    import mmfl_flwr.core.scaffold as scaffold_mod
-    import mmfl_flwr.core.stale as stale_mod
-    from mmfl_flwr.core import UnbiasedAggregator
+    import mmfl_flwr
     from mmfl_flwr.strategy import MultiModelStrategy
 
-    cls = {"UnbiasedAggregator": UnbiasedAggregator,
-           "ScaffoldAggregator": scaffold_mod.ScaffoldAggregator}.get(aggregator) or getattr(
-        stale_mod, aggregator)
+    cls = getattr(mmfl_flwr, aggregator)
     with pytest.raises(ValueError, match="inclusion probabilit.*FedAvgAggregator"):
         MultiModelStrategy(policy_cls(2), cls())
 

@@ -100,7 +100,7 @@ class Aggregator(Component, ABC):
     #: a client control variate (``Update.control``).
     needs_control: ClassVar[bool] = False
     #: True when :meth:`residual_norm` is available (the ``stale-residual``
-    #: selection signal of :class:`~mmfl_flwr.core.stale.StaleVRSampling`).
+    #: selection signal of :class:`~mmfl_flwr.core.stalevr.StaleVRSampling`).
     has_residual: ClassVar[bool] = False
     #: What the aggregator keeps per (client, model) between rounds, for logs:
     #: ``""`` (nothing), ``"stale updates"`` or ``"control variates"``.

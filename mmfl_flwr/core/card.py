@@ -413,7 +413,7 @@ def _describe(aggregator: Any) -> str:
 # ------------------------------------------------------------------ registry
 #: The built-in modules in the order the docs list their algorithms; any other
 #: module of :mod:`mmfl_flwr.core` with ``CARDS`` follows, by name.
-_ORDER = ("random_allocation", "mfa", "lvr", "stale", "scaffold", "ucb", "group")
+_ORDER = ("random_allocation", "mfa", "lvr", "stalevr", "stale", "scaffold", "ucb", "group")
 _USER_CARDS: dict[str, AlgorithmCard] = {}
 _FOUND: dict[str, AlgorithmCard] | None = None
 

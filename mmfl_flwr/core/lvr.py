@@ -289,14 +289,12 @@ class GVR(_Eq13Sampling):
             if cid in col and task in row:
                 sig[row[task], col[cid]] = value
         d_avail = np.where(np.isnan(sig), 0.0, d)
-        if self._signal_from_losses():
+        if self.selection_signal == "loss":
             sig = np.where(np.isnan(sig), np.nan, losses)
         m = resolve_budget(self.budget, self.budget_fraction, int(procs.sum()))
         p = lvr_probabilities(np.where(np.isnan(sig), 0.0, sig), d_avail, procs, m, self.floor)
         return draw_picks(ids, tasks, p, procs, rng)
 
-    def _signal_from_losses(self) -> bool:
-        return False
 
 
 

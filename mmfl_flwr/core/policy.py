@@ -141,9 +141,10 @@ class Policy(Component, ABC):
 
     @property
     def selection_signal(self) -> str:
-        """What :meth:`select` samples on: ``"update-norm"`` (``||G||``) or
+        """What :meth:`select` samples on: ``"update-norm"`` (``||G||``),
         ``"stale-residual"`` (``||G - beta h||``, which needs an aggregator that
-        keeps stale updates)."""
+        keeps stale updates) or ``"loss"`` (the pair's loss from this round's
+        loss query, in the client table: no update norm is computed)."""
         return "update-norm"
 
     @abstractmethod

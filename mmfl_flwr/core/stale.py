@@ -1,25 +1,19 @@
-"""Stale-update aggregation (paper 003, Section 5) and its baselines.
+"""Stale-update storage and the stale-update baselines of paper 003 (Section 5).
 
-Framework-free (numpy only). Every aggregator here keeps ``h_{i,s}``, the last
-update received from client ``i`` for task ``s`` (zero before the first), in a
-:class:`StaleStore`, and refreshes it with the sampled clients' fresh updates
-after each aggregation.
+Framework-free (numpy only). Every stale-update aggregator keeps ``h_{i,s}``,
+the last update received from client ``i`` for task ``s`` (zero before the
+first), in a :class:`StaleStore`, and refreshes it with the sampled clients'
+fresh updates after each aggregation (:class:`StaleAggregator`, shared with
+:mod:`mmfl_flwr.core.stalevr` and SCAFFOLD's control variates).
 
 - :class:`FedStaleAggregator` (Eq. 17; FedVARP is ``beta = 1``):
   ``Delta = beta * sum_{i in N_s} d_i h_i + sum_{A_s} d_i l (G_i - beta h_i) / (B_i p_i)``.
 - :class:`MIFAAggregator`: ``Delta = sum_{i in N_s} d_i (G_i if i trained s else h_i)``.
-- :class:`StaleVRAggregator` (Eq. 18 with the optimal ``beta`` of Eq. 20, per pair):
-  ``z_i = beta_i h_i``, ``beta_i = <G_i, h_i> / ||h_i||^2`` from every eligible
-  client's fresh update (the "oracle" variant: all clients train every task),
-  ``Delta = sum_{N_s} d_i z_i + sum_{A_s} d_i l (G_i - z_i) / (B_i p_i)``.
-- :class:`StaleVREAggregator` (Eq. 18 with the estimate of Eq. 21): ``beta`` of a
-  pair decays linearly with the rounds since its stale update was refreshed,
-  along the line through ``(1, b0)`` and ``(Delta_t, beta*)`` measured at the
-  pair's last refresh; only sampled clients compute anything.
 
 Updates are ``G = w_global - w_local``; ``w <- w - Delta`` (global step size 1).
-With the true inclusion probabilities every rule but MIFA is unbiased: over the
-sampling, ``E[Delta] = sum_i d_i G_i``, because ``z_i`` is fixed before the draw.
+With the true inclusion probabilities FedStale and FedVARP are unbiased: over the
+sampling, ``E[Delta] = sum_i d_i G_i``, because ``beta h_i`` is fixed before the
+draw; MIFA is not.
 """
 
 from __future__ import annotations
@@ -34,7 +28,6 @@ import numpy as np
 
 from mmfl_flwr.core.aggregators import Aggregator, Update, Weights
 from mmfl_flwr.core.card import AlgorithmCard, Parameter
-from mmfl_flwr.core.lvr import GVR, LVR
 from mmfl_flwr.core.policy import BUDGET_FRACTION
 from mmfl_flwr.core.random_allocation import RandomAllocation
 
@@ -46,30 +39,6 @@ def default_shares(
 ) -> Mapping[str, float]:
     """``d_{i,s}`` of the eligible clients; without them, those of the updates."""
     return shares if shares is not None else {u.cid: u.data_share for u in updates}
-
-
-def optimal_stale_beta(fresh: Sequence[np.ndarray], stale: Sequence[np.ndarray]) -> float:
-    """``<G, h> / ||h||^2`` over all arrays of a model (Eq. 20); 0 when ``h`` is 0.
-
-    Parameters
-    ----------
-    fresh : sequence of arrays
-        ``G``, the fresh update, one array per model tensor.
-    stale : sequence of arrays
-        ``h``, the stale update, same shapes.
-    """
-    if len(fresh) != len(stale):
-        raise ValueError(f"{len(fresh)} fresh arrays but {len(stale)} stale arrays")
-    dot = 0.0
-    norm2 = 0.0
-    for g, h in zip(fresh, stale):
-        g64 = np.asarray(g, dtype=np.float64)
-        h64 = np.asarray(h, dtype=np.float64)
-        if g64.shape != h64.shape:
-            raise ValueError(f"shape mismatch: fresh {g64.shape} vs stale {h64.shape}")
-        dot += float(np.vdot(g64, h64))
-        norm2 += float(np.vdot(h64, h64))
-    return dot / norm2 if norm2 > 0 else 0.0
 
 
 class StaleStore:
@@ -208,7 +177,7 @@ def _zeros_like(weights: Weights) -> list[np.ndarray]:
     return [np.zeros(w.shape, dtype=np.float64) for w in weights]
 
 
-class _StaleBase(Aggregator):
+class StaleAggregator(Aggregator):
     """Shared machinery: the store and the Eq. 17/18 combination."""
 
     needs_inclusion_probabilities = True
@@ -321,7 +290,7 @@ class _StaleBase(Aggregator):
         for u in updates:
             if not u.prob > 0:
                 raise ValueError(f"client {u.cid}: stale rules need prob > 0, got {u.prob}")
-            c = _StaleBase._fresh_coefficient(u)
+            c = StaleAggregator._fresh_coefficient(u)
             zu = z.get(u.cid)
             for j, acc in enumerate(delta):
                 g = np.asarray(u.delta[j], dtype=np.float64)
@@ -333,7 +302,7 @@ class _StaleBase(Aggregator):
         return new, delta
 
 
-class FedStaleAggregator(_StaleBase):
+class FedStaleAggregator(StaleAggregator):
     """Eq. 17 with a fixed ``beta`` (FedStale); ``beta = 1`` is FedVARP.
 
     Parameters
@@ -368,7 +337,7 @@ class FedVARPAggregator(FedStaleAggregator):
         super().__init__(1.0, storage, directory)
 
 
-class MIFAAggregator(_StaleBase):
+class MIFAAggregator(StaleAggregator):
     """MIFA: ``Delta = sum_{i in N_s} d_i * (G_i if i trained s this round else h_i)``.
 
     Clients that never uploaded contribute zero. Not unbiased in the paper's
@@ -424,155 +393,6 @@ class MIFAAggregator(_StaleBase):
         ]
 
 
-class StaleVRAggregator(_StaleBase):
-    """MMFL-StaleVR: Eq. 18 with the per-pair optimal ``beta`` of Eq. 20.
-
-    Needs ``fresh``: the fresh update of every eligible client (all clients train
-    every task; only the sampled updates count as uploaded and refresh ``h``).
-    A pair without a fresh update this round uses ``beta = 0``.
-    """
-
-    name = "stalevr"
-    needs_fresh = True
-    has_residual = True
-
-    def __init__(self, storage: str = "float32", directory: str | None = None) -> None:
-        super().__init__(storage, directory)
-        self.last_betas: dict[tuple[str, str], float] = {}
-
-    def residual_norm(self, task: str, cid: str, fresh: Sequence[np.ndarray]) -> float:
-        """``||G - beta h||`` with the optimal ``beta`` (``||G||`` without ``h``):
-        the sampling signal of the authors' code, offered as an option."""
-        h = self.store.get(cid, task)
-        if h is None:
-            return float(np.sqrt(sum(float(np.vdot(g, g)) for g in fresh)))
-        beta = optimal_stale_beta(fresh, h)
-        return float(
-            np.sqrt(sum(float(np.square(np.asarray(g, np.float64) - beta * a).sum())
-                        for g, a in zip(fresh, h)))
-        )
-
-    def _stale_weight(self, task, cid, stale, fresh, server_round):  # type: ignore[no-untyped-def]
-        g = fresh.get(cid)
-        beta = optimal_stale_beta(g, stale) if g is not None else 0.0
-        self.last_betas[(cid, task)] = beta
-        return beta
-
-
-class StaleVREAggregator(_StaleBase):
-    """MMFL-StaleVRE: Eq. 18 with ``beta`` estimated by Eq. 21.
-
-    Per pair, with ``k`` the rounds since its stale update was refreshed
-    (``k = 1`` in the round right after), ``Delta_t`` the staleness at which
-    ``beta*`` was last measured, and ``b0`` the starting value (~1):
-    ``beta(k) = b0 - (k - 1) (b0 - beta*) / max(Delta_t - 1, 1)``, clipped to
-    ``[0, b0]``; ``b0`` until the pair's second upload. When a sampled pair
-    uploads ``G`` at staleness ``Delta_t``, ``beta* = <G, h_old> / ||h_old||^2``
-    is measured and ``h`` refreshed. ``beta(k)`` is fixed before the draw, for
-    sampled and unsampled pairs alike, so the rule stays unbiased.
-
-    Parameters
-    ----------
-    b0 : float
-        The paper's ``beta-hat`` (default 1.0).
-    """
-
-    name = "stalevre"
-
-    def __init__(self, b0: float = 1.0, storage: str = "float32", directory: str | None = None):
-        if not b0 > 0:
-            raise ValueError(f"b0 must be > 0, got {b0}")
-        super().__init__(storage, directory)
-        self.b0 = float(b0)
-        # (cid, task) -> [refresh_round, beta_star or None, delta_t]
-        self.schedule: dict[tuple[str, str], list[Any]] = {}
-
-    def config(self) -> dict[str, Any]:
-        return {"b0": self.b0, **super().config()}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            **super().state_dict(),
-            "schedule": [[c, t, *v] for (c, t), v in self.schedule.items()],
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.schedule = {
-            (str(c), str(t)): [int(r), None if b is None else float(b), int(dt)]
-            for c, t, r, b, dt in state["schedule"]
-        }
-
-    def beta(self, cid: str, task: str, server_round: int) -> float:
-        """The estimated ``beta`` of a pair at ``server_round`` (0 if no stale update)."""
-        entry = self.schedule.get((cid, task))
-        if entry is None:
-            return 0.0
-        refresh_round, beta_star, delta_t = entry
-        if beta_star is None:
-            return self.b0
-        k = server_round - refresh_round
-        value = self.b0 - (k - 1) * (self.b0 - beta_star) / max(delta_t - 1, 1)
-        return float(min(self.b0, max(0.0, value)))
-
-    def _stale_weight(self, task, cid, stale, fresh, server_round):  # type: ignore[no-untyped-def]
-        return self.beta(cid, task, server_round)
-
-    def _after(self, task, updates, stale, server_round):  # type: ignore[no-untyped-def]
-        """Measure ``beta*`` of every sampled pair against its old ``h``."""
-        for u in updates:
-            key = (u.cid, task)
-            h_old = stale.get(u.cid)
-            if h_old is not None and key in self.schedule:
-                delta_t = server_round - self.schedule[key][0]
-                self.schedule[key] = [server_round, optimal_stale_beta(u.delta, h_old), delta_t]
-            else:
-                self.schedule[key] = [server_round, None, 0]
-
-
-# ---------------------------------------------------------------- sampling
-class StaleVRSampling(GVR):
-    """The sampling of MMFL-StaleVR (paper 003, Section 5).
-
-    Every client trains every task it holds each round (the optimal ``beta`` of
-    Eq. 20 needs every pair's fresh update); which updates are aggregated is drawn
-    with the Eq. 13 probabilities. The signal is the loss (``signal="loss"``,
-    the paper's LVR, default; the strategy sends a loss query first) or
-    ``signal="stale-residual"``: ``||G - beta h||``, the signal of the authors'
-    code (needs an aggregator with stale updates).
-    """
-
-    name = "stalevr-sampling"
-    SIGNALS = ("loss", "stale-residual")
-
-    def __init__(
-        self,
-        budget: float | None = None,
-        budget_fraction: float = 0.1,
-        floor: float = 1e-4,
-        signal: str = "loss",
-    ):
-        if signal not in self.SIGNALS:
-            raise ValueError(f"signal must be one of {self.SIGNALS}, got {signal!r}")
-        super().__init__(budget, budget_fraction, floor)
-        self.signal = signal
-
-    @property
-    def needs_losses(self) -> bool:
-        """A loss query every round with the paper's ``signal="loss"``."""
-        return self.signal == "loss"
-
-    @property
-    def selection_signal(self) -> str:
-        return "stale-residual" if self.signal == "stale-residual" else "update-norm"
-
-    def config(self) -> dict[str, Any]:
-        return {**super().config(), "signal": self.signal}
-
-    def _signal_from_losses(self) -> bool:
-        return self.signal == "loss"
-
-
 # ------------------------------------------------------------------ cards
 #: Where the stale updates (and SCAFFOLD's control variates) are kept.
 STORAGE_PARAMETER = Parameter(
@@ -581,35 +401,6 @@ STORAGE_PARAMETER = Parameter(
 )
 
 CARDS = (
-    AlgorithmCard(
-        name="stalevr", function="stalevr", title="MMFL-StaleVR", paper="003",
-        section="Section 5 (Eqs. 18 and 20)",
-        summary='every pair trains; LVR probabilities pick the aggregated updates '
-                '(`signal="stale-residual"`: `‖G − βh‖`, as the authors\' code)',
-        rule="Eq. 18 with the optimal β of Eq. 20 per pair",
-        policy=StaleVRSampling, aggregator=StaleVRAggregator, aggregators=(),
-        parameters=(
-            BUDGET_FRACTION,
-            Parameter(name="signal", setting="stalevr_signal", type=str, default="loss",
-                      help="sampling signal of stalevr (loss: the paper's)",
-                      choices=lambda: StaleVRSampling.SIGNALS),
-            STORAGE_PARAMETER,
-        ),
-    ),
-    AlgorithmCard(
-        name="stalevre", function="stalevre", title="MMFL-StaleVRE", paper="003",
-        section="Section 5 (Eq. 21)",
-        summary="LVR (only sampled clients train)",
-        rule="Eq. 18 with β estimated by Eq. 21 (linear decay)",
-        policy=LVR, aggregator=StaleVREAggregator, aggregators=(),
-        parameters=(
-            BUDGET_FRACTION,
-            Parameter(name="b0", setting="stalevre_b0", to="aggregator", type=float,
-                      default=1.0, help="starting beta b0 of stalevre (Eq. 21)", low=0,
-                      low_open=True),
-            STORAGE_PARAMETER,
-        ),
-    ),
     AlgorithmCard(
         name="fedvarp", function="fedvarp", title="FedVARP", paper="003",
         section="baseline of Section 6 (Eq. 17, β = 1)",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable, Sequence
-from logging import ERROR, WARNING
+from logging import ERROR
 from typing import Any
 
 import numpy as np
@@ -15,10 +15,15 @@ from flwr.common.logger import log
 
 from mmfl_flwr.core.aggregators import Aggregator, Update
 from mmfl_flwr.core.policy import Policy
-from mmfl_flwr.strategy.run import RoundPlan, RunState
-from mmfl_flwr.strategy.train import TrainOutcome, collect_updates
-from mmfl_flwr.strategy.loss_query import loss_cap
-from mmfl_flwr.strategy.validation import Limits, bound_update_norms, l2_norm
+from mmfl_flwr.strategy.state import RoundPlan, RunState
+from mmfl_flwr.strategy.validation import (
+    Limits,
+    TrainOutcome,
+    bound_update_norms,
+    cap_train_losses,
+    collect_updates,
+    l2_norm,
+)
 
 
 def average_state(old: list[np.ndarray], updates: Sequence[Update]) -> list[np.ndarray]:
@@ -42,7 +47,7 @@ def average_state(old: list[np.ndarray], updates: Sequence[Update]) -> list[np.n
     return out
 
 
-def train_round(
+def aggregate_train_replies(
     run: RunState,
     policy: Policy,
     aggregator: Aggregator,
@@ -72,20 +77,6 @@ def train_round(
     return aggregate_round(run, aggregator, plan, outcome, updates, shares)
 
 
-def cap_train_losses(run: RunState, outcome: TrainOutcome, factor: float | None) -> None:
-    """Cap the training losses a policy observes (UCB's index) at ``factor``
-    times the task's reference loss, as the loss query's reports are
-    (:func:`~.loss_query.loss_cap`), logging the client id. The round's
-    ``train_loss`` metric keeps the reported values."""
-    for task, reports in outcome.train_losses.items():
-        cap = loss_cap(run, task, [v for v, _, _ in reports], factor)
-        for value, _, cid in reports:
-            if value > cap:
-                log(WARNING, "Client %s: training loss %.4g on task %r capped at %.4g "
-                    "(%g x the reference loss)", cid, value, task, cap, factor)
-                outcome.observed[(cid, task)] = cap
-
-
 def select_after_training(
     run: RunState,
     policy: Policy,
@@ -94,16 +85,20 @@ def select_after_training(
     updates: dict[str, list[Update]],
 ) -> dict[str, list[Update]]:
     """GVR-style policies: every pair trained; the policy draws which updates
-    count, on each update's norm ``||G||`` or, with the ``stale-residual``
-    signal, ``||G - beta h||`` (the pairing was checked at construction)."""
-    residual = policy.selection_signal == "stale-residual"
-    signal = {
-        (u.cid, task): (
-            aggregator.residual_norm(task, u.cid, u.delta) if residual else l2_norm(u.delta)
-        )
-        for task, us in updates.items()
-        for u in us
-    }
+    count, on each update's norm ``||G||``, with the ``stale-residual`` signal
+    on ``||G - beta h||`` (the pairing was checked at construction), or with the
+    ``loss`` signal on the losses the policy reads from the client table (each
+    trained pair is marked with 0.0: no norm is computed)."""
+    kind = policy.selection_signal
+
+    def value(task: str, u: Update) -> float:
+        if kind == "loss":
+            return 0.0
+        if kind == "stale-residual":
+            return aggregator.residual_norm(task, u.cid, u.delta)
+        return l2_norm(u.delta)
+
+    signal = {(u.cid, task): value(task, u) for task, us in updates.items() for u in us}
     chosen = {
         (p.cid, p.task): p
         for p in policy.select(run.table, run.tasks, signal, server_round, run.rng)

@@ -17,7 +17,7 @@ from mmfl_flwr.core.clients import MAX_NUM_EXAMPLES
 from mmfl_flwr.records import InvalidReply, check_count, check_loss
 from mmfl_flwr.strategy.replies import client_replies
 from mmfl_flwr.strategy.result import EvaluateFn, MultiModelResult
-from mmfl_flwr.strategy.run import RunState
+from mmfl_flwr.strategy.state import RunState
 
 
 def evaluation_messages(

@@ -1,21 +1,21 @@
 """Phase 2 of a round (policies that need it): every client's loss on each
 model it holds, from a forward pass (``query.losses``); absurd losses are
-capped relative to the task's median so one client cannot steer the sampling."""
+capped (:func:`~mmfl_flwr.strategy.validation.loss_cap`: a multiple of the
+task's reference loss, the largest 90th percentile reported so far) so one
+client cannot steer the sampling."""
 
 from __future__ import annotations
 
-import math
 from logging import WARNING
 
-import numpy as np
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from mmfl_flwr import protocol as P
 from mmfl_flwr.records import InvalidReply, check_loss
 from mmfl_flwr.strategy.replies import client_replies
-from mmfl_flwr.strategy.run import RunState
-from mmfl_flwr.strategy.validation import Limits
+from mmfl_flwr.strategy.state import RunState
+from mmfl_flwr.strategy.validation import Limits, loss_cap
 
 
 def query_losses(
@@ -70,21 +70,3 @@ def query_losses(
                 loss = cap
             run.table.set_loss(cid, task, loss, server_round)
     return accepted
-
-
-def loss_cap(run: RunState, task: str, values: list[float], factor: float | None) -> float:
-    """The largest loss of ``task`` the server uses: ``factor`` times the task's
-    reference loss, the largest 90th percentile (the lower one: an observed
-    value) of the reported losses so far (this round's reports plus the
-    clients' latest ones, kept in ``run.loss_reference``). Losses fall as
-    training goes on, so honest reports stay below it even when most clients
-    fit their local data almost perfectly (a median would then be tiny), while
-    one client among ten or more cannot raise it on its own. Infinite without a
-    factor or a positive reference."""
-    if factor is None:
-        return math.inf
-    pool = values + [c.losses[task] for c in run.table.clients() if task in c.losses]
-    high = float(np.percentile(pool, 90, method="lower")) if pool else 0.0
-    ref = max(high, run.loss_reference.get(task, 0.0))
-    run.loss_reference[task] = ref
-    return factor * ref if ref > 0 else math.inf

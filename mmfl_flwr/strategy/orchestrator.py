@@ -29,7 +29,7 @@ from mmfl_flwr.core.random_allocation import RandomAllocation
 from mmfl_flwr.strategy import aggregate, evaluate, persist, registration, train, validation
 from mmfl_flwr.strategy.loss_query import query_losses
 from mmfl_flwr.strategy.result import EvaluateFn, MultiModelResult, RoundCallback
-from mmfl_flwr.strategy.run import RoundPlan, RunState
+from mmfl_flwr.strategy.state import RoundPlan, RunState
 from mmfl_flwr.strategy.validation import Limits
 
 
@@ -272,7 +272,7 @@ class MultiModelStrategy(Strategy):
         return result
 
     def _aggregate(self, plan: RoundPlan, replies: Iterable[Message]) -> dict[str, dict[str, Any]]:
-        return aggregate.train_round(self.run, self.policy, self.aggregator, plan, replies,
+        return aggregate.aggregate_train_replies(self.run, self.policy, self.aggregator, plan, replies,
                                      self.limits)
 
     def _finish_round(self, rnd: int, rows: list[dict[str, Any]], result: MultiModelResult) -> None:

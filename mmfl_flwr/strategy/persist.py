@@ -9,7 +9,7 @@ from mmfl_flwr.core.aggregators import Aggregator
 from mmfl_flwr.core.policy import Policy
 from mmfl_flwr.records import numpy_to_arrays
 from mmfl_flwr.strategy.result import MultiModelResult
-from mmfl_flwr.strategy.run import RunState
+from mmfl_flwr.strategy.state import RunState
 
 
 def identity(policy: Policy, aggregator: Aggregator, seed: int) -> dict[str, Any]:

@@ -61,7 +61,7 @@ from flwr.serverapp import Grid
 
 from mmfl_flwr import protocol as P
 from mmfl_flwr.core.clients import ClientInfo, InvalidClientInfo, validate_client_info
-from mmfl_flwr.strategy.run import RunState, instruction
+from mmfl_flwr.strategy.state import RunState, instruction
 
 #: Info-record key of the client's secret token.
 CLIENT_TOKEN = P.CLIENT_TOKEN

@@ -1,23 +1,21 @@
-"""Phases 3-5 of a round: the policy's assignment, one train message per node
-carrying every model assigned to it, and the validation of the replies."""
+"""Phases 3-4 of a round: the policy's assignment and one train message per node
+carrying every model assigned to it (the replies are validated in
+:mod:`~mmfl_flwr.strategy.validation`)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from logging import WARNING
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, MessageType, RecordDict
 from flwr.common.logger import log
 
 from mmfl_flwr import protocol as P
-from mmfl_flwr.core.aggregators import Aggregator, Update
+from mmfl_flwr.core.aggregators import Aggregator
 from mmfl_flwr.core.policy import Policy, picks_by_client
-from mmfl_flwr.records import InvalidReply, numpy_to_arrays
-from mmfl_flwr.strategy.replies import client_replies
-from mmfl_flwr.strategy.run import RoundPlan, RunState
-from mmfl_flwr.strategy.validation import Limits, validate_train_part
+from mmfl_flwr.records import numpy_to_arrays
+from mmfl_flwr.strategy.state import RoundPlan, RunState
 
 
 @dataclass(frozen=True)
@@ -86,78 +84,3 @@ def plan_round(
                 content[P.control_key(t)] = controls[t]
         messages.append(run.message(cid, content, MessageType.TRAIN, server_round))
     return RoundPlan(server_round, list(active), valid, messages)
-
-
-@dataclass
-class TrainOutcome:
-    """The validated result of one round's train replies, per task."""
-
-    updates: dict[str, list[Update]]
-    #: task -> (training loss, examples, client) of every accepted update reporting one
-    train_losses: dict[str, list[tuple[float, int, str]]]
-    rejected: dict[str, int]
-    #: (client, task) -> training loss of every accepted update (for the policy)
-    observed: dict[tuple[str, str], float] = field(default_factory=dict)
-
-
-def collect_updates(
-    run: RunState,
-    plan: RoundPlan,
-    replies: Iterable[Message],
-    shares: dict[str, dict[str, float]],
-    limits: Limits,
-    needs_control: bool,
-) -> TrainOutcome:
-    """Validate every (client, task) part of every reply on its own; each
-    rejection is logged with the client id and the rest becomes updates."""
-    expected = plan.expected()
-    out = TrainOutcome(
-        updates={t: [] for t in plan.tasks},
-        train_losses={t: [] for t in plan.tasks},
-        rejected={t: 0 for t in plan.tasks},
-    )
-    split = {t: run.split_keys(t) for t in plan.tasks}
-    answered: set[str] = set()
-
-    def failed(cid: str, reply: Message) -> None:
-        answered.add(cid)
-        log(WARNING, "Client %s failed to train %s (error %s: %s); its updates are missing "
-            "from the aggregate", cid, sorted(expected[cid]), reply.error.code,
-            reply.error.reason)
-        for t in expected[cid]:
-            out.rejected[t] += 1
-
-    for cid, reply in client_replies(run.node_to_cid, replies, "train", expected, failed,
-                                     plan.server_round):
-        answered.add(cid)
-        asked = expected[cid]
-        content = reply.content
-        for key in content.array_records:
-            task = P.task_of(key, P.ARRAYS_PREFIX)
-            if task is None and needs_control:
-                task = P.task_of(key, P.CONTROL_PREFIX)
-            if task not in asked:
-                log(WARNING, "Client %s: rejected arrays under %r (task not assigned to it "
-                    "this round)", cid, key)
-        info = run.table[cid]
-        for task, pick in asked.items():
-            try:
-                update, train_loss = validate_train_part(
-                    content, task, pick, info, run.weights[task], split[task],
-                    shares[task].get(cid, 0.0), limits, needs_control,
-                )
-            except InvalidReply as err:
-                log(WARNING, "Client %s: rejected update for task %r: %s", cid, task, err)
-                out.rejected[task] += 1
-                continue
-            out.updates[task].append(update)
-            if train_loss is not None:
-                out.train_losses[task].append((train_loss, update.num_examples, cid))
-                out.observed[(cid, task)] = train_loss
-    for cid, asked in expected.items():
-        if cid not in answered:
-            log(WARNING, "Client %s sent no train reply this round (tasks %s); its updates "
-                "are missing from the aggregate", cid, sorted(asked))
-            for t in asked:
-                out.rejected[t] += 1
-    return out

@@ -1,15 +1,26 @@
-"""Phase 5 of a round: each (client, task) part of a train reply is checked on
-its own and becomes an :class:`~mmfl_flwr.core.aggregators.Update`, or is
-rejected with the reason (logged with the client id by the caller)."""
+"""Phase 5 of a round, and every bound on what clients report, in one place.
+
+- Each (client, task) part of a train reply is checked on its own and becomes
+  an :class:`~mmfl_flwr.core.aggregators.Update`, or is rejected with the
+  reason, logged with the client id (:func:`collect_updates`,
+  :func:`validate_train_part`).
+- Update norms are bounded against the model's reference norm
+  (:func:`bound_update_norms`), sample counts against the task's median count
+  (:func:`apply_count_cap`), and reported losses (loss queries and the training
+  losses a policy observes) against the task's reference loss, the largest 90th
+  percentile reported so far (:func:`loss_cap`, :func:`cap_train_losses`).
+:class:`Limits` holds the bounds.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from logging import WARNING
 
 import numpy as np
-from flwr.app import RecordDict
+from flwr.app import Message, RecordDict
 from flwr.common.logger import log
 
 from mmfl_flwr import protocol as P
@@ -17,6 +28,8 @@ from mmfl_flwr.core.aggregators import Update
 from mmfl_flwr.core.clients import MAX_NUM_EXAMPLES, ClientInfo, ClientTable
 from mmfl_flwr.core.policy import Pick
 from mmfl_flwr.records import InvalidReply, NumpyWeights, check_count, check_loss, check_weights
+from mmfl_flwr.strategy.replies import client_replies
+from mmfl_flwr.strategy.state import RoundPlan, RunState
 
 
 def l2_norm(arrays: Iterable[np.ndarray]) -> float:
@@ -38,7 +51,9 @@ class Limits:
     max_loss : float
         Reported losses above this are rejected as absurd.
     loss_cap : float or None
-        Loss-query reports above this multiple of the task's median are capped.
+        Reported losses (loss queries, and the training losses a policy
+        observes) above this multiple of the task's reference loss, the largest
+        90th percentile reported so far (:func:`loss_cap`), are capped.
     max_update_norm : float or None
         Updates whose L2 norm (over the trainable entries) exceeds this are
         rejected (an absolute bound; None: none).
@@ -59,11 +74,12 @@ class Limits:
 
     def __post_init__(self) -> None:
         if self.loss_cap is not None and not self.loss_cap > 1:
-            raise ValueError("loss_cap must be > 1 (a multiple of the median) or None")
+            raise ValueError("loss_cap must be > 1 (a multiple of the reference loss) or None")
         if self.max_update_norm is not None and not self.max_update_norm > 0:
             raise ValueError("max_update_norm must be > 0 or None")
         if self.update_norm_factor is not None and not self.update_norm_factor > 1:
-            raise ValueError("update_norm_factor must be > 1 (a multiple of the median) or None")
+            raise ValueError("update_norm_factor must be > 1 (a multiple of the reference norm) "
+                             "or None")
         if self.count_cap is not None and not self.count_cap >= 1:
             raise ValueError("count_cap must be >= 1 (a multiple of the median) or None")
 
@@ -189,3 +205,110 @@ def apply_count_cap(table: ClientTable, factor: float | None) -> None:
         if used < declared:
             log(WARNING, "Client %s: declared %d examples of task %r; %d are used (%g x the "
                 "median count)", cid, declared, task, used, factor)
+
+
+def loss_cap(run: RunState, task: str, values: list[float], factor: float | None) -> float:
+    """The largest loss of ``task`` the server uses: ``factor`` times the task's
+    reference loss, the largest 90th percentile (the lower one: an observed
+    value) of the reported losses so far (this round's reports plus the
+    clients' latest ones, kept in ``run.loss_reference``). Losses fall as
+    training goes on, so honest reports stay below it even when most clients
+    fit their local data almost perfectly (a median would then be tiny), while
+    one client among ten or more cannot raise it on its own. Infinite without a
+    factor or a positive reference."""
+    if factor is None:
+        return math.inf
+    pool = values + [c.losses[task] for c in run.table.clients() if task in c.losses]
+    high = float(np.percentile(pool, 90, method="lower")) if pool else 0.0
+    ref = max(high, run.loss_reference.get(task, 0.0))
+    run.loss_reference[task] = ref
+    return factor * ref if ref > 0 else math.inf
+
+
+def cap_train_losses(run: RunState, outcome: TrainOutcome, factor: float | None) -> None:
+    """Cap the training losses a policy observes (UCB's index) at ``factor``
+    times the task's reference loss, as the loss query's reports are
+    (:func:`~.loss_query.loss_cap`), logging the client id. The round's
+    ``train_loss`` metric keeps the reported values."""
+    for task, reports in outcome.train_losses.items():
+        cap = loss_cap(run, task, [v for v, _, _ in reports], factor)
+        for value, _, cid in reports:
+            if value > cap:
+                log(WARNING, "Client %s: training loss %.4g on task %r capped at %.4g "
+                    "(%g x the reference loss)", cid, value, task, cap, factor)
+                outcome.observed[(cid, task)] = cap
+
+
+@dataclass
+class TrainOutcome:
+    """The validated result of one round's train replies, per task."""
+
+    updates: dict[str, list[Update]]
+    #: task -> (training loss, examples, client) of every accepted update reporting one
+    train_losses: dict[str, list[tuple[float, int, str]]]
+    rejected: dict[str, int]
+    #: (client, task) -> training loss of every accepted update (for the policy)
+    observed: dict[tuple[str, str], float] = field(default_factory=dict)
+
+
+def collect_updates(
+    run: RunState,
+    plan: RoundPlan,
+    replies: Iterable[Message],
+    shares: dict[str, dict[str, float]],
+    limits: Limits,
+    needs_control: bool,
+) -> TrainOutcome:
+    """Validate every (client, task) part of every reply on its own; each
+    rejection is logged with the client id and the rest becomes updates."""
+    expected = plan.expected()
+    out = TrainOutcome(
+        updates={t: [] for t in plan.tasks},
+        train_losses={t: [] for t in plan.tasks},
+        rejected={t: 0 for t in plan.tasks},
+    )
+    split = {t: run.split_keys(t) for t in plan.tasks}
+    answered: set[str] = set()
+
+    def failed(cid: str, reply: Message) -> None:
+        answered.add(cid)
+        log(WARNING, "Client %s failed to train %s (error %s: %s); its updates are missing "
+            "from the aggregate", cid, sorted(expected[cid]), reply.error.code,
+            reply.error.reason)
+        for t in expected[cid]:
+            out.rejected[t] += 1
+
+    for cid, reply in client_replies(run.node_to_cid, replies, "train", expected, failed,
+                                     plan.server_round):
+        answered.add(cid)
+        asked = expected[cid]
+        content = reply.content
+        for key in content.array_records:
+            task = P.task_of(key, P.ARRAYS_PREFIX)
+            if task is None and needs_control:
+                task = P.task_of(key, P.CONTROL_PREFIX)
+            if task not in asked:
+                log(WARNING, "Client %s: rejected arrays under %r (task not assigned to it "
+                    "this round)", cid, key)
+        info = run.table[cid]
+        for task, pick in asked.items():
+            try:
+                update, train_loss = validate_train_part(
+                    content, task, pick, info, run.weights[task], split[task],
+                    shares[task].get(cid, 0.0), limits, needs_control,
+                )
+            except InvalidReply as err:
+                log(WARNING, "Client %s: rejected update for task %r: %s", cid, task, err)
+                out.rejected[task] += 1
+                continue
+            out.updates[task].append(update)
+            if train_loss is not None:
+                out.train_losses[task].append((train_loss, update.num_examples, cid))
+                out.observed[(cid, task)] = train_loss
+    for cid, asked in expected.items():
+        if cid not in answered:
+            log(WARNING, "Client %s sent no train reply this round (tasks %s); its updates "
+                "are missing from the aggregate", cid, sorted(asked))
+            for t in asked:
+                out.rejected[t] += 1
+    return out

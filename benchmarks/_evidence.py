@@ -39,12 +39,15 @@ DEFAULT_OUT = REPO / "docs" / "results"
 
 # ------------------------------------------------------------------------ arguments
 def mode_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add ``--quick`` / ``--full``, ``--engine``, ``--workers`` and ``--out``."""
+    """Add ``--quick`` / ``--full`` / ``--smoke``, ``--engine``, ``--workers`` and ``--out``."""
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--quick", dest="mode", action="store_const", const="quick",
                        help="small scale, minutes on 2 cores (default)")
     group.add_argument("--full", dest="mode", action="store_const", const="full",
                        help="the scale reported in RESULTS.md")
+    group.add_argument("--smoke", dest="mode", action="store_const", const="smoke",
+                       help="the smallest scale that runs every step (seconds; what the "
+                            "test suite runs: its numbers mean nothing)")
     parser.set_defaults(mode="quick")
     parser.add_argument("--engine", default="vectorized",
                         choices=("vectorized", "inprocess", "simulation"),

@@ -7,7 +7,7 @@ Runs the strategy on the paper-003 profile (120 clients, 3 digits models, m = 0.
 tiny learning rate (the models barely move, so the rounds are nearly exchangeable draws of
 the sampling) and prints the mean of the per-model ``coef_sum`` over all (round, model)
 pairs with its standard error and z = (mean - 1) / se. The sampling, not the training, is
-what is checked; the unit tests (tests/test_coef_sum.py, tests/test_rr_gvr.py) check the
+what is checked; the unit tests (tests/core/test_coef_sum.py, tests/core/test_rr_gvr.py) check the
 same expectation on fixed tables by Monte Carlo.
 """
 

@@ -66,6 +66,7 @@ VARIATIONS: dict[str, dict[str, Any]] = {
 PARTICIPATION = 1 / 6
 MODES = {
     "quick": {"num_rounds": 20, "seeds": [0, 1, 2]},
+    "smoke": {"num_rounds": 4, "seeds": [0, 1]},
     "full": {"num_rounds": 90, "seeds": list(range(10))},
 }
 BASE = {"local_epochs": 5, "lr": 0.1, "batch_size": 16}

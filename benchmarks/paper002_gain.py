@@ -62,6 +62,8 @@ ALGOS = ("mfa-rand", "mfa-rr")
 SCALES: dict[str, dict[str, Any]] = {
     "quick": {"num_clients": 12, "t1": 4, "ms": (2, 3), "seeds": 5, "margin": 8,
               "local_epochs": 2, "lr": 0.1, "batch_size": 128, "synthetic_max_samples": 100},
+    "smoke": {"num_clients": 6, "t1": 2, "ms": (2, 3), "seeds": 2, "margin": 4,
+              "local_epochs": 1, "lr": 0.1, "batch_size": 128, "synthetic_max_samples": 30},
     "full": {"num_clients": 30, "t1": 5, "ms": (1, 2, 3, 4, 5), "seeds": 20, "margin": 20,
              "local_epochs": 2, "lr": 0.1, "batch_size": 128, "synthetic_max_samples": 100},
 }

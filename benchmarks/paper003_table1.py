@@ -49,6 +49,8 @@ SCALES = {
     # model (0.1 V gives ~1-2 per model at 16 clients, too few to train)
     "quick": dict(num_clients=16, num_rounds=6, local_epochs=1, seeds=[0, 1, 2],
                   budget_fraction=0.0, last=3),
+    "smoke": dict(num_clients=8, num_rounds=3, local_epochs=1, seeds=[0, 1],
+                  budget_fraction=0.0, last=2),
     "full": dict(num_clients=120, num_rounds=40, local_epochs=5, seeds=list(range(8)),
                  budget_fraction=0.1, last=5),
 }

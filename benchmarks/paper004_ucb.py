@@ -40,6 +40,8 @@ MODES: dict[str, dict[str, Any]] = {
     # rounds per K: K = 64 costs 32x the training of K = 2 per round
     "quick": {"datasets": ["synthetic-1-1"], "num_clients": 100, "rounds": {2: 40, 64: 15},
               "synthetic_max_samples": 100, "seeds": [0, 1, 2, 3, 4]},
+    "smoke": {"datasets": ["synthetic-1-1"], "num_clients": 64, "rounds": {2: 3, 64: 2},
+              "synthetic_max_samples": 20, "seeds": [0, 1]},
     "full": {"datasets": ["synthetic-1-1"], "num_clients": 100, "rounds": {2: 60, 64: 30},
              "synthetic_max_samples": 200, "seeds": list(range(8))},
 }

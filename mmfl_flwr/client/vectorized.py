@@ -24,7 +24,7 @@ Loss queries and evaluation run one no-grad forward over the concatenated data
 of all clients (in chunks) and reduce per client.
 
 The results equal the per-client path's up to floating-point summation order
-(checked per model of the zoo in ``tests/test_vectorized.py``).
+(checked per model of the zoo in ``tests/engines/test_vectorized.py``).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from mmfl_flwr import PRESETS, make_strategy
 from mmfl_flwr.grid import InProcessGrid
 from mmfl_flwr.records import arrays_to_numpy
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 
 
 def blocks() -> list[str]:

@@ -27,7 +27,7 @@ from mmfl_flwr.config import Settings, options
 from mmfl_flwr.presets import AGGREGATORS, PRESETS, presets_taking
 from mmfl_flwr.tasks.kinds import KINDS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name != "extra"}
 SETTING_HELP = re.compile(
     r"^(?P<what>.+?)\. Allowed: (?P<allowed>.+?)\. Default: (?P<default>.*?)\."

@@ -139,7 +139,7 @@ def test_user_task_example_runs_on_the_simulation_engine(tmp_path: Path) -> None
     trains it beside digits on Flower's simulation engine."""
     marker = new_marker()
     env = flower_env(tmp_path / "home", marker)
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     try:
         res = run_cmd([sys.executable, str(repo / "examples" / "user_task" / "run.py"),
                        "--num-rounds", "2", "--output-dir", str(tmp_path / "out")],

@@ -255,7 +255,7 @@ def test_the_readme_compare_command_runs_verbatim(tmp_path, monkeypatch):
 
     from mmfl_flwr.cli import main
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     (line,) = re.findall(r"^mmfl compare .+$", readme, re.MULTILINE)
     argv = shlex.split(line)[1:]
     folders = [a for a in argv[1:] if not a.startswith("--") and a.startswith("results/")]

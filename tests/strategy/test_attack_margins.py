@@ -13,7 +13,7 @@ The margin is what one missing client costs at this scale (an attack the
 bounds answer by rejecting the client's part leaves the federation one client
 short): 12 clients, 8 rounds, 5 local epochs, two models (digits CNN and
 Synthetic(1,1) logistic regression). Without the bounds the same attacks ruin
-the models (``tests/test_hostile.py`` shows it at unit scale; the README's
+the models (``tests/strategy/test_hostile.py`` shows it at unit scale; the README's
 reliability table at this one).
 """
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from mmfl_flwr import runner
 from mmfl_flwr.config import Settings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 
 

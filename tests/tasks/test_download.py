@@ -50,7 +50,7 @@ def test_a_failed_download_is_one_line_and_exit_2(tmp_path):
          str(tmp_path / "out")],
         capture_output=True, text=True, timeout=300, check=False,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(__import__("pathlib").Path(
-            __file__).resolve().parents[1]), "NO_PROXY": "*", "HTTPS_PROXY": "http://127.0.0.1:9",
+            __file__).resolve().parents[2]), "NO_PROXY": "*", "HTTPS_PROXY": "http://127.0.0.1:9",
              "HTTP_PROXY": "http://127.0.0.1:9"},
     )
     lines = proc.stderr.strip().splitlines()

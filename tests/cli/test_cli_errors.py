@@ -16,7 +16,7 @@ import pytest
 
 from mmfl_flwr.config import Settings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: (settings change, text the error must hold: the key and the allowed range)
 INVALID = [

@@ -36,7 +36,7 @@ from mmfl_flwr.flower_app.launch import (
     plan_ray,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--num-clients", "4", "--num-rounds", "1", "--local-epochs", "1", "--tasks",
          "synthetic"]
 

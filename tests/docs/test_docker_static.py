@@ -12,7 +12,7 @@
 - ``docker/gen-certs.sh`` makes a certificate chain that passes strict X.509
   verification and a TLS handshake, and EC keys in OpenSSH format that Flower loads.
 
-The end-to-end counterpart (processes on 127.0.0.1) is ``tests/test_deploy_tls.py``.
+The end-to-end counterpart (processes on 127.0.0.1) is ``tests/deploy/test_deploy_tls.py``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 import yaml  # PyYAML: a dependency of flwr itself
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
 COMPOSE = DOCKER / "compose.yaml"
 DOCKERFILE = DOCKER / "Dockerfile"
@@ -334,7 +334,7 @@ def test_docs_walk_through_registration_and_tls() -> None:
     assert conns and all(Path(c["root-certificates"]).is_absolute() for c in conns), conns
     assert all(not c.get("insecure", False) for c in conns), conns
     # docs/deploy.md is what the e2e test exercises.
-    assert (REPO / "tests" / "test_deploy_tls.py").is_file()
+    assert (REPO / "tests" / "deploy" / "test_deploy_tls.py").is_file()
 
 
 # ------------------------------------------------------------------ gen-certs

@@ -17,7 +17,7 @@ from mmfl_flwr.convergence import rounds_to_target, rounds_to_target_all
 from mmfl_flwr.results import summarize, write_outputs
 from mmfl_flwr.strategy import MultiModelResult
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Server-side accuracy per round (index = round; round 0 = initial model).
 ACC = {

@@ -6,7 +6,7 @@ and ``assignments.csv`` must be byte-equal to the reference committed in
 A deliberate change of behaviour regenerates the references, and says so in
 its commit message:
 
-    python tests/test_reference_runs.py --write
+    python tests/strategy/test_reference_runs.py --write
 
 ``assignments.csv`` (who trained what, every round) must be byte-equal.
 ``metrics.csv`` is compared cell by cell, as written: every cell equal, except
@@ -35,7 +35,7 @@ import pytest
 from mmfl_flwr import runner
 from mmfl_flwr.config import Settings
 
-REFERENCE = Path(__file__).resolve().parent / "reference"
+REFERENCE = Path(__file__).resolve().parents[1] / "reference"
 COMMON = dict(tasks="digits,synthetic", num_clients=10, num_rounds=3, local_epochs=1,
               batch_size=16, seed=3)
 RUNS: dict[str, dict] = {

@@ -10,7 +10,7 @@ import pytest
 from mmfl_flwr.config import Settings
 from mmfl_flwr.presets import PRESETS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def app_config() -> dict:

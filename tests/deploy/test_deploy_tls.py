@@ -14,7 +14,7 @@ The topology of ``docker/compose.yaml`` as plain processes on 127.0.0.1:
 - a SuperNode with an unregistered key and one with no key at all are refused:
   both exit by themselves and never join the federation.
 
-Run with ``pytest -m slow tests/test_deploy_tls.py -s``. Every process is ended
+Run with ``pytest -m slow tests/deploy/test_deploy_tls.py -s``. Every process is ended
 by pid (``e2e_utils.ProcessTracker``), also on failure; FLWR_HOME and ports are
 private to the test.
 """

@@ -18,7 +18,7 @@ from flwr.app import ArrayRecord
 from mmfl_flwr import FunctionTrainer, make_strategy
 from mmfl_flwr.grid import InProcessGrid
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "quickstart_app"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "quickstart_app"))
 from quickstart_app import client_app, task
 
 NODES = [{"partition-id": i} for i in range(6)]

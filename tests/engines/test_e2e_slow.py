@@ -7,7 +7,7 @@
 3. Deployment on loopback: one ``flower-superlink``, two ``flower-supernode``, a run
    submitted with ``flwr run <repo> <connection>``.
 
-Run them with ``pytest -m slow tests/test_e2e_slow.py``. Each test ends every
+Run them with ``pytest -m slow tests/engines/test_e2e_slow.py``. Each test ends every
 process it started (by pid, see ``e2e_utils.ProcessTracker``), also on failure, and
 prints how long it took.
 """

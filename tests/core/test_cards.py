@@ -20,7 +20,7 @@ from mmfl_flwr import presets
 from mmfl_flwr.config import Settings, options
 from mmfl_flwr.core.card import AGGREGATORS, card, cards, setting_parameters
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_card_is_complete_and_unique():

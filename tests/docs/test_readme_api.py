@@ -19,7 +19,7 @@ import pytest
 
 import mmfl_flwr
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 
 

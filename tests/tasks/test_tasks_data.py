@@ -58,7 +58,7 @@ def test_data_modules_do_not_import_torch() -> None:
         "import sys, mmfl_flwr.tasks, mmfl_flwr.tasks.data, mmfl_flwr.tasks.federation; "
         "sys.exit(1 if 'torch' in sys.modules else 0)"
     )
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
     assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0
 

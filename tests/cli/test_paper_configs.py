@@ -16,9 +16,9 @@ from mmfl_flwr.cli import main as cli_main
 from mmfl_flwr.config import Settings
 from mmfl_flwr.runner import run
 from mmfl_flwr.tasks.datasets import PAPER002_ATTRIBUTES
-from test_datasets import write_cifar_batch, write_idx, write_leaf_json
+from data_files import write_cifar_batch, write_idx, write_leaf_json
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").glob("*.toml"))
 
 

@@ -21,7 +21,7 @@ from mmfl_flwr.sequential import (
     single_settings,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = {"tasks": "digits,synthetic,digits", "num_clients": 3, "num_rounds": 2,
         "local_epochs": 1, "batch_size": 16, "seed": 2, "strategy": "lvr",
         "budget_fraction": 0.5}

@@ -15,7 +15,7 @@ from mmfl_flwr.config import Settings
 from mmfl_flwr.flower_app.server_app import strategy_from_settings
 from mmfl_flwr.presets import AGGREGATORS, PRESETS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAPER002 = ROOT / "configs" / "paper002-synthetic.toml"
 
 

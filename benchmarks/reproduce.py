@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Regenerate the papers' evidence: run every experiment script and rebuild RESULTS.md.
 
-    python benchmarks/reproduce.py --quick     # minutes on 2 cores (a slow test runs it)
+    python benchmarks/reproduce.py --quick     # minutes on 2 cores
+    python benchmarks/reproduce.py --smoke     # seconds: every step at the smallest scale (a slow test runs it)
     python benchmarks/reproduce.py --full      # the scale RESULTS.md reports (hours)
 
 Each script in :data:`EXPERIMENTS` runs in its own process with the same mode, engine and

@@ -246,11 +246,14 @@ def test_bad_arguments_are_refused_in_one_line(tmp_path, script, args, message):
 
 
 @pytest.mark.slow
-def test_reproduce_quick_runs_every_experiment_and_writes_results(tmp_path):
+def test_reproduce_runs_every_experiment_and_writes_results(tmp_path):
+    """The wiring of every evidence script and of RESULTS.md, at ``--smoke`` scale
+    (the smallest that runs every step; ``--quick`` and ``--full`` differ only in
+    their scale tables)."""
     sys.path.insert(0, str(BENCH))
     from reproduce import EXPERIMENTS
 
-    proc = subprocess.run([sys.executable, str(BENCH / "reproduce.py"), "--quick",
+    proc = subprocess.run([sys.executable, str(BENCH / "reproduce.py"), "--smoke",
                            "--out", str(tmp_path)], capture_output=True, text=True,
                           timeout=3600, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -262,5 +265,5 @@ def test_reproduce_quick_runs_every_experiment_and_writes_results(tmp_path):
             assert re.search(r"^Verdict( \([^)]*\))?:", (tmp_path / f"{frag}.md").read_text(),
                              re.M), frag
         assert list(tmp_path.glob(f"{name.split('_')[0]}*.png")), name
-    assert "--quick" in results and "Failed" not in results
+    assert "--smoke" in results and "Failed" not in results
     assert "## Summary" in results and "| section | verdict |" in results

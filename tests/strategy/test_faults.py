@@ -24,12 +24,9 @@ missing update, who went offline, who (re-)registered, which node did not answer
 
 from __future__ import annotations
 
-import copy
-import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,14 +34,14 @@ import pytest
 from flwr.app import Context, Message
 
 from mmfl_flwr import protocol as P
-from mmfl_flwr.client.app import ClientSpec, make_client_app
 from mmfl_flwr.core import FedAvgAggregator, FullParticipation, RandomAllocation
 from mmfl_flwr.core.aggregators import UnbiasedAggregator
 from mmfl_flwr.grid import InProcessGrid, LateReply
 from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
-from mmfl_flwr.strategy import MultiModelResult, MultiModelStrategy
+from mmfl_flwr.strategy import MultiModelStrategy
 
-from conftest import LogTap, Recorder, StepTrainer, node_of
+from conftest import node_of
+from harness import ClientDef, FedRun, fake_client_app, run_federation
 
 TASKS = ("a", "b")
 SHAPES = {"w": (2, 3), "b": (3,)}
@@ -53,22 +50,6 @@ MISSING = "missing from the aggregate"
 
 
 # --------------------------------------------------------------------- fakes
-@dataclass
-class ClientDef:
-    """A fake client: ``tasks = {task: (num_examples, step)}``."""
-
-    tasks: dict[str, tuple[int, float]]
-
-
-def make_app(clients: dict[str, ClientDef]):
-    def spec_fn(ctx: Context) -> ClientSpec:
-        cid = str(ctx.node_config["cid"])
-        trainers = {t: StepTrainer(n, s) for t, (n, s) in clients[cid].tasks.items()}
-        return ClientSpec(client_id=cid, trainers=trainers)
-
-    return make_client_app(spec_fn)
-
-
 def federation() -> dict[str, ClientDef]:
     return {
         "alice": ClientDef({"a": (10, 0.5), "b": (30, 1.0)}),
@@ -93,29 +74,6 @@ def evaluate_fn(rnd: int, task: str, arrays) -> dict[str, float]:
     return {"accuracy": float(1.0 / (1.0 + np.abs(w).mean())), "loss": float(np.square(w).mean())}
 
 
-@dataclass
-class Run:
-    result: MultiModelResult
-    strategy: MultiModelStrategy
-    grid: InProcessGrid
-    rec: Recorder
-    snapshots: dict[int, dict[str, dict[str, np.ndarray]]]
-    logs: dict[int, list[tuple[int, str]]]
-    seconds: float
-
-    def warnings(self, rnd: int) -> list[str]:
-        return [m for lvl, m in self.logs[rnd] if lvl >= logging.WARNING]
-
-    def infos(self, rnd: int) -> list[str]:
-        return [m for _, m in self.logs[rnd]]
-
-    def rows(self, rnd: int) -> dict[str, dict[str, Any]]:
-        return {r["task"]: r for r in self.result.history if r["round"] == rnd}
-
-    def picked(self, rnd: int) -> set[str]:
-        return {c for c, _, _ in self.result.assignments[rnd]}
-
-
 def run_fed(
     clients: dict[str, ClientDef],
     config: str,
@@ -128,51 +86,32 @@ def run_fed(
     wait: bool = False,
     timeout: float = 60.0,
     **kwargs: Any,
-) -> Run:
+) -> FedRun:
     """Run the strategy over ``clients`` (the grid's initial nodes).
 
     After every round: every global weight and every history metric is finite;
     snapshots of the weights and the round's log records are kept.
     """
-    app = make_app(app_clients or clients)
-    if wrap is not None:
-        app = wrap(app)
-    rec = Recorder(app)
-    grid = InProcessGrid(rec, [{"cid": c} for c in clients], seed=0, latency=latency, wait=wait)
-    strategy = make_strategy(config, **kwargs)
-    snapshots: dict[int, dict[str, dict[str, np.ndarray]]] = {}
-    logs: dict[int, list[tuple[int, str]]] = {}
-    tap = LogTap()
-    mark = [0]
 
-    def on_round_end(rnd: int, rows: list[dict[str, Any]]) -> None:
-        for task, w in strategy.weights.items():
-            for k, v in w.items():
-                assert np.isfinite(v).all(), f"round {rnd}: global {task}/{k} is not finite"
+    def check_round(rnd: int, rows: list[dict[str, Any]]) -> None:
         for row in rows:
             for key in ("accuracy", "loss", "step_l1"):
                 assert math.isfinite(row[key]), (rnd, row)
             if rnd > 0:
                 assert math.isfinite(row["round_step_l1"]) and math.isfinite(row["seconds"])
                 assert math.isfinite(row["train_loss"]) == (row["uploads"] > 0), row
-        snapshots[rnd] = copy.deepcopy(strategy.weights)
-        logs[rnd] = tap.records[mark[0]:]
-        mark[0] = len(tap.records)
-        if hook is not None:
-            hook(rnd, grid, strategy)
 
-    strategy.on_round_end = on_round_end
-    logger = logging.getLogger("flwr")
-    logger.addHandler(tap)
-    try:
-        t0 = time.monotonic()
-        result = strategy.start(grid, initial(), num_rounds=rounds, timeout=timeout,
-                                evaluate_fn=evaluate_fn)
-        seconds = time.monotonic() - t0
-    finally:
-        logger.removeHandler(tap)
-    assert sorted(snapshots) == list(range(rounds + 1)), "the run did not complete"
-    return Run(result, strategy, grid, rec, snapshots, logs, seconds)
+    def grid_hook(rnd: int, run: FedRun) -> None:
+        if hook is not None:
+            hook(rnd, run.grid, run.strategy)
+
+    return run_federation(
+        make_strategy(config, **kwargs), fake_client_app(app_clients or clients),
+        {c: {"cid": c} for c in clients}, initial(), rounds, wrap=wrap,
+        grid_factory=lambda rec, cfgs: InProcessGrid(rec, cfgs, seed=0, latency=latency,
+                                                     wait=wait),
+        hook=grid_hook, check_round=check_round, timeout=timeout, evaluate_fn=evaluate_fn,
+    )
 
 
 def initial():
@@ -200,7 +139,7 @@ def expected_step(clients: dict[str, ClientDef], task: str, trained: Sequence[st
     return sum(n[c] / total * len(clients[c].tasks) * s[c] for c in trained)
 
 
-def check_rounds(run: Run, clients: dict[str, ClientDef], config: str,
+def check_rounds(run: FedRun, clients: dict[str, ClientDef], config: str,
                  online: dict[int, set[str]], missing: dict[int, set[str]]) -> None:
     """Every round's step, uploads and rejections match the hand computation."""
     for rnd in sorted(online):

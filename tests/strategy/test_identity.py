@@ -17,11 +17,9 @@ deterministic function of which clients trained in which round; the squatter
 
 from __future__ import annotations
 
-import copy
 import inspect
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,7 +30,6 @@ from flwr.app import Context, Message, RecordDict
 from flwr.proto.node_pb2 import NodeInfo
 
 from mmfl_flwr import protocol as P
-from mmfl_flwr.client.app import ClientSpec, make_client_app
 from mmfl_flwr.core import FedAvgAggregator, FullParticipation
 from mmfl_flwr.flower_app.client_app import CLIENT_TOKEN, client_token
 from mmfl_flwr.grid import InProcessGrid
@@ -40,7 +37,8 @@ from mmfl_flwr.records import numpy_to_arrays
 from mmfl_flwr.strategy import MultiModelStrategy
 from mmfl_flwr.strategy.registration import FIRST_USE, check_pins, key_pin, token_pin
 
-from conftest import LogTap, Recorder, StepTrainer
+from conftest import LogTap, Recorder
+from harness import ClientDef, Events, FedRun, fake_client_app, run_federation
 
 TASKS = ("a", "b")
 SHAPES = {"w": (2, 3), "b": (3,)}
@@ -70,13 +68,11 @@ SQUATTER = node("mallory", claim="alice", token="a-guess")
 
 
 def make_app():
-    def spec_fn(ctx: Context) -> ClientSpec:
-        label = str(ctx.node_config["cid"])
-        trainers = {t: StepTrainer(n, s) for t, (n, s) in CLIENTS[label].items()}
-        return ClientSpec(client_id=str(ctx.node_config["claim"]), trainers=trainers,
-                          client_token=client_token(ctx.node_config))
-
-    return make_client_app(spec_fn)
+    """Node label ``cid`` -> its fake client; it reports the id ``claim`` and
+    the secret of its node config."""
+    return fake_client_app({label: ClientDef(dict(tasks)) for label, tasks in CLIENTS.items()},
+                           client_id=lambda ctx: str(ctx.node_config["claim"]),
+                           client_token=lambda ctx: client_token(ctx.node_config))
 
 
 def make_strategy(pins: Mapping[str, str] | None) -> MultiModelStrategy:
@@ -92,62 +88,15 @@ def make_strategy(pins: Mapping[str, str] | None) -> MultiModelStrategy:
     return strategy
 
 
-@dataclass
-class Run:
-    strategy: MultiModelStrategy
-    grid: InProcessGrid
-    rec: Recorder
-    snapshots: dict[int, dict[str, dict[str, np.ndarray]]]
-    logs: dict[int, list[tuple[int, str]]]
-    nodes: dict[str, int]
-
-    def warnings(self, rnd: int) -> list[str]:
-        return [m for lvl, m in self.logs[rnd] if lvl >= logging.WARNING]
-
-    def trained(self, label: str) -> list[tuple[int, int]]:
-        """``(round, node)`` of every train message the node(s) of ``label`` got."""
-        return self.rec.nodes(label, "train")
-
-
-# round -> [("add", name, config) | ("remove", name)], applied after that round
-Events = Mapping[int, Iterable[tuple[Any, ...]]]
-
-
 def run_fed(start: Mapping[str, dict[str, Any]], rounds: int, events: Events | None = None,
             pins: Mapping[str, str] | None = None,
             grid_cls: Callable[..., InProcessGrid] = InProcessGrid,
-            hook: Callable[[int, Run], None] | None = None) -> Run:
+            hook: Callable[[int, FedRun], None] | None = None) -> FedRun:
     """Run FedAvg over the nodes ``start`` (name -> node config); after round
     ``r`` the ``events[r]`` add or remove named nodes."""
-    rec = Recorder(make_app())
-    grid = grid_cls(rec, [], seed=0)
-    nodes = {name: grid.add_node(cfg) for name, cfg in start.items()}
-    strategy = make_strategy(pins)
-    tap = LogTap()
-    mark = [0]
-    run = Run(strategy, grid, rec, {}, {}, nodes)
-
-    def on_round_end(rnd: int, rows: list[dict[str, Any]]) -> None:
-        run.snapshots[rnd] = copy.deepcopy(strategy.weights)
-        run.logs[rnd] = tap.records[mark[0]:]
-        mark[0] = len(tap.records)
-        for event in (events or {}).get(rnd, ()):
-            if event[0] == "add":
-                nodes[event[1]] = grid.add_node(event[2])
-            else:
-                grid.remove_node(nodes[event[1]])
-        if hook is not None:
-            hook(rnd, run)
-
-    strategy.on_round_end = on_round_end
-    logger = logging.getLogger("flwr")
-    logger.addHandler(tap)
-    try:
-        strategy.start(grid, initial(), num_rounds=rounds, timeout=60.0)
-    finally:
-        logger.removeHandler(tap)
-    assert sorted(run.snapshots) == list(range(rounds + 1)), "the run did not complete"
-    return run
+    return run_federation(make_strategy(pins), make_app(), start, initial(), rounds,
+                          grid_factory=lambda rec, cfgs: grid_cls(rec, cfgs, seed=0),
+                          events=events, hook=hook)
 
 
 def initial():
@@ -155,7 +104,7 @@ def initial():
             for t in TASKS}
 
 
-def assert_same_models(run: Run, honest: Run) -> None:
+def assert_same_models(run: FedRun, honest: FedRun) -> None:
     """Every round's global models equal those of the run without the squatter."""
     assert sorted(run.snapshots) == sorted(honest.snapshots)
     for rnd, models in honest.snapshots.items():
@@ -165,7 +114,7 @@ def assert_same_models(run: Run, honest: Run) -> None:
                                               err_msg=f"round {rnd}, {task}/{k}")
 
 
-def only_info_queries(run: Run, label: str) -> bool:
+def only_info_queries(run: FedRun, label: str) -> bool:
     types = {r.type for r in run.rec.log if r.cid == label}
     return types == {P.QUERY_INFO}
 
@@ -261,7 +210,7 @@ def test_pin_set_during_the_run_evicts_the_squatter():
     """Mallory holds "alice" (no pins yet) and alice is refused as a duplicate;
     once the operator pins the id, mallory is evicted (logged with the client
     id and her node) at the next round and alice trains in that round."""
-    def pin_after_round_2(rnd: int, run: Run) -> None:
+    def pin_after_round_2(rnd: int, run: FedRun) -> None:
         if rnd == 2:
             run.strategy.run.client_pins = dict(PINS)
 

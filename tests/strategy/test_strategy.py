@@ -18,7 +18,6 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,7 +33,6 @@ from flwr.app import (
 )
 
 from mmfl_flwr import protocol as P
-from mmfl_flwr.client.app import ClientSpec, make_client_app
 from mmfl_flwr.core import (
     ClientTable,
     FullParticipation,
@@ -49,7 +47,8 @@ from mmfl_flwr.grid import InProcessGrid
 from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
 from mmfl_flwr.strategy import MultiModelResult, MultiModelStrategy
 
-from conftest import Recorder, StepTrainer, node_of
+from conftest import node_of
+from harness import ClientDef, FedRun, fake_client_app, run_federation, zero_models
 
 TASKS = ("a", "b")
 SHAPES = {"w": (2, 3), "b": (3,)}
@@ -57,46 +56,12 @@ HOSTILE = "mallory"
 
 
 # --------------------------------------------------------------------- fakes
-@dataclass
-class ClientDef:
-    """A fake client: ``tasks = {task: (num_examples, step)}``."""
-
-    tasks: dict[str, tuple[int, float]]
-    processors: int = 1
-    losses: dict[str, float] = field(default_factory=dict)  # query.losses answers
-    evals: dict[str, tuple[float, float, int]] = field(default_factory=dict)  # (loss, acc, n)
-    train_loss: float = 0.5
-    fail_train: bool = False
-
-
 def make_app(clients: dict[str, ClientDef]):
-    def spec_fn(ctx: Context) -> ClientSpec:
-        cid = str(ctx.node_config["cid"])
-        d = clients[cid]
-        trainers = {
-            t: StepTrainer(n, s, d.losses.get(t, 1.0), d.evals.get(t, (1.0, 0.5, 10)),
-                           d.train_loss, d.fail_train)
-            for t, (n, s) in d.tasks.items()
-        }
-        return ClientSpec(client_id=cid, trainers=trainers, processors=d.processors)
-
-    return make_client_app(spec_fn)
+    return fake_client_app(clients)
 
 
 def initial_arrays(tasks: Sequence[str] = TASKS) -> dict[str, ArrayRecord]:
-    return {
-        t: numpy_to_arrays({k: np.zeros(s, np.float32) for k, s in SHAPES.items()})
-        for t in tasks
-    }
-
-
-@dataclass
-class Run:
-    result: MultiModelResult
-    strategy: MultiModelStrategy
-    grid: InProcessGrid
-    rec: Recorder
-    snapshots: dict[int, dict[str, dict[str, np.ndarray]]]
+    return zero_models(tasks, SHAPES)
 
 
 def run_strategy(
@@ -108,32 +73,25 @@ def run_strategy(
     hook: Callable[[int, InProcessGrid, MultiModelStrategy], None] | None = None,
     tasks: Sequence[str] = TASKS,
     **kwargs: Any,
-) -> Run:
-    """Run the strategy; after every round, assert every global model is finite."""
-    app = make_app(clients)
-    if wrap is not None:
-        app = wrap(app)
-    rec = Recorder(app)
-    grid = grid_cls(rec, [{"cid": c} for c in clients], seed=0)
+) -> FedRun:
+    """Run the strategy; after every round, assert every global model is finite
+    and every task has its row."""
     kwargs.setdefault("seed", 0)
     strategy = MultiModelStrategy(
         policy if policy is not None else FullParticipation(), node_wait_timeout=0.0, **kwargs
     )
-    snapshots: dict[int, dict[str, dict[str, np.ndarray]]] = {}
 
-    def on_round_end(rnd: int, rows: list[dict[str, Any]]) -> None:
-        for task, w in strategy.weights.items():
-            for k, v in w.items():
-                assert np.isfinite(v).all(), f"round {rnd}: global {task}/{k} is not finite"
+    def check_round(rnd: int, rows: list[dict[str, Any]]) -> None:
         assert {r["task"] for r in rows} == set(tasks)
-        snapshots[rnd] = copy.deepcopy(strategy.weights)
-        if hook is not None:
-            hook(rnd, grid, strategy)
 
-    strategy.on_round_end = on_round_end
-    result = strategy.start(grid, initial_arrays(tasks), num_rounds=rounds, timeout=60)
-    assert sorted(snapshots) == list(range(rounds + 1)), "on_round_end not called every round"
-    return Run(result, strategy, grid, rec, snapshots)
+    def grid_hook(rnd: int, run: FedRun) -> None:
+        if hook is not None:
+            hook(rnd, run.grid, run.strategy)
+
+    return run_federation(strategy, make_app(clients), {c: {"cid": c} for c in clients},
+                          initial_arrays(tasks), rounds, wrap=wrap,
+                          grid_factory=lambda rec, cfgs: grid_cls(rec, cfgs, seed=0),
+                          hook=grid_hook, check_round=check_round)
 
 
 def fedavg_step(clients: dict[str, ClientDef], task: str, cids: Sequence[str]) -> float:
@@ -145,7 +103,7 @@ def fedavg_step(clients: dict[str, ClientDef], task: str, cids: Sequence[str]) -
     return num / den
 
 
-def assert_global(run: Run, task: str, value: float, rnd: int | None = None) -> None:
+def assert_global(run: FedRun, task: str, value: float, rnd: int | None = None) -> None:
     w = run.snapshots[rnd] if rnd is not None else run.strategy.weights
     for k, v in w[task].items():
         assert v.dtype == np.float32 and v.shape == SHAPES[k]

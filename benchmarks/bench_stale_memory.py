@@ -19,9 +19,8 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from mmfl_flwr.core.stale import StaleStore  # noqa: E402
+from mmfl_flwr.core.stale import StaleStore
 
 
 def rss_bytes() -> int:

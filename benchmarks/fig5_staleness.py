@@ -25,9 +25,8 @@ import sys
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _common import mean_sd, run_jobs, write_outputs  # noqa: E402
+from _common import mean_sd, run_jobs, write_outputs
 
 GROUPS = ((0.5, 0.04), (0.5, 0.16))
 

@@ -25,7 +25,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _evidence as E
 import paper001_group as P

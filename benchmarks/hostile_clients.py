@@ -21,12 +21,10 @@ import argparse
 import contextlib
 import io
 import logging
-import os
 import statistics
 import sys
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from _common import write_outputs
 

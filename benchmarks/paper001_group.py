@@ -42,7 +42,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _evidence as E
 from group_compare import METHODS, SCENARIOS, random_allocation

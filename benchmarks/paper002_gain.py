@@ -41,12 +41,10 @@ import os
 import random
 import resource
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _evidence as E
 

@@ -24,11 +24,9 @@ import sys
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
-import _evidence as E  # noqa: E402
-import fig5_staleness as F5  # noqa: E402  (GROUPS and _strategy; not edited)
+import _evidence as E
+import fig5_staleness as F5  # GROUPS and _strategy (not edited)
 
 NAME = "paper003_fig5"
 SCALES = {

@@ -31,9 +31,8 @@ import sys
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import _evidence as E  # noqa: E402
+import _evidence as E
 
 NAME = "paper003_table1"
 METHODS = ["full", "random", "lvr", "gvr", "stalevr", "stalevre", "fedvarp", "mifa",

@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _evidence as E
 from ucb_compare import DATASETS, POLICIES

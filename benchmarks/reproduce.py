@@ -33,9 +33,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
-import _evidence as E  # noqa: E402
+import _evidence as E
 
 #: (script name without .py, fragment names it writes), in RESULTS.md order
 EXPERIMENTS: list[tuple[str, list[str]]] = [

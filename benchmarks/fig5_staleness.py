@@ -31,7 +31,7 @@ from _common import mean_sd, run_jobs, write_outputs
 GROUPS = ((0.5, 0.04), (0.5, 0.16))
 
 
-def _strategy(method: str, seed: int, base: dict[str, Any]):  # type: ignore[no-untyped-def]
+def method_strategy(method: str, seed: int, base: dict[str, Any]):  # type: ignore[no-untyped-def]
     from mmfl_flwr.core import FixedRates
     from mmfl_flwr.core.stale import FedStaleAggregator, FedVARPAggregator
     from mmfl_flwr.core.stalevr import StaleVRAggregator
@@ -62,7 +62,7 @@ def _one(args: tuple[str, int, dict[str, Any]]) -> dict[str, Any]:
     import contextlib
 
     with contextlib.redirect_stdout(io.StringIO()):
-        result = run_inprocess(s, _strategy(method, seed, base))
+        result = run_inprocess(s, method_strategy(method, seed, base))
     hist = [r for r in result.history if r["round"] > 0]
     last = max(r["round"] for r in hist)
     return {

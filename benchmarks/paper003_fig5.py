@@ -26,7 +26,7 @@ from typing import Any
 
 
 import _evidence as E
-import fig5_staleness as F5  # GROUPS and _strategy (not edited)
+import fig5_staleness as F5  # GROUPS and method_strategy
 
 NAME = "paper003_fig5"
 SCALES = {
@@ -54,7 +54,7 @@ def strategy(method: str, seed: int, base: dict[str, Any]):  # type: ignore[no-u
         return MultiModelStrategy(FixedRates(F5.GROUPS), StaleVREAggregator(), **kw)
     if method == "mifa":
         return MultiModelStrategy(FixedRates(F5.GROUPS), MIFAAggregator(), **kw)
-    return F5._strategy(method, seed, base)  # stalevr, fedvarp, fedstale-<beta>
+    return F5.method_strategy(method, seed, base)  # stalevr, fedvarp, fedstale-<beta>
 
 
 def one(job: tuple[str, int, dict[str, Any], str]) -> list[dict[str, Any]]:

@@ -3,14 +3,17 @@
 For every preset, an honest run (in-process engine, built-in tasks) records the
 largest ratio, over its rounds, of
 
-- ``norm``: an update's L2 norm to the round's reference norm (the lower median
-  of the round's update norms; with one update, of the recent accepted ones),
-  which ``update-norm-factor`` (default 100) bounds;
+- ``norm``: an update's L2 norm to the reference norm its bound uses (the lower
+  median of the round's update norms; with one update, of the recent accepted
+  ones; a model's first lone update, the model's own norm), which
+  ``update-norm-factor`` (default 100) bounds;
 - ``query``: a loss-query report to the task's loss reference (the largest 90th
   percentile of the reports so far), which ``loss-cap`` (default 10) bounds;
 - ``train``: a training loss to the same reference (UCB presets);
 
-so the defaults can be checked to leave honest federations alone:
+read through the bounds' own hook (``mmfl_flwr.strategy.validation.BOUND_OBSERVERS``:
+the references are the ones the server uses, nothing is patched), so the defaults
+can be checked to leave honest federations alone:
 
     python benchmarks/hostile_clients.py ...        # what the bounds stop
     python benchmarks/honest_spread.py --profile paper003 --num-clients 30 \\
@@ -40,40 +43,20 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     logging.getLogger("flwr").setLevel(logging.ERROR)
 
-    import numpy as np
-
-    import mmfl_flwr.strategy.aggregate as ag
-    import mmfl_flwr.strategy.loss_query as lq
     from mmfl_flwr import runner
     from mmfl_flwr.config import Settings
     from mmfl_flwr.presets import PRESETS
-    from mmfl_flwr.strategy.validation import l2_norm
+    from mmfl_flwr.strategy.validation import BOUND_OBSERVERS
 
     stats: dict[str, float] = collections.defaultdict(float)
-    original_cap, original_bound = lq.loss_cap, ag.bound_update_norms
+    short = {"update-norm": "norm", "query-loss": "query", "train-loss": "train"}
 
-    def recording_cap(tag):
-        def cap(run, task, values, factor):
-            out = original_cap(run, task, values, factor)
-            ref = run.loss_reference.get(task, 0.0)
-            if ref > 0 and values:
-                stats[tag] = max(stats[tag], max(values) / ref)
-            return out
-        return cap
+    def record(kind: str, task: str, values: list[float], reference: float) -> None:
+        # the largest ratio of an honest report to the reference its bound uses
+        if reference > 0 and values:
+            stats[short[kind]] = max(stats[short[kind]], max(values) / reference)
 
-    def recording_bound(updates, history, factor, model_norm=None):
-        for task, us in updates.items():
-            norms = [l2_norm(u.delta) for u in us]
-            pool = norms if len(norms) >= 2 else norms + history.get(task, [])
-            if len(pool) >= 2:
-                ref = float(np.percentile(pool, 50, method="lower"))
-                if ref > 0 and norms:
-                    stats["norm"] = max(stats["norm"], max(norms) / ref)
-        return original_bound(updates, history, factor, model_norm)
-
-    lq.loss_cap = recording_cap("query")
-    ag.loss_cap = recording_cap("train")
-    ag.bound_update_norms = recording_bound
+    BOUND_OBSERVERS.append(record)
     names = a.presets.split(",") if a.presets else list(PRESETS)
     print(f"profile {a.profile}, {a.num_clients} clients, {a.num_rounds} rounds, "
           f"{a.local_epochs} local epochs, seed {a.seed}")

@@ -42,6 +42,19 @@ def l2_norm(arrays: Iterable[np.ndarray]) -> float:
     return scale * float(np.sqrt(sum(float(np.square(a / scale).sum()) for a in arrays)))
 
 
+#: ``f(kind, task, values, reference)``, called at every bound check with what
+#: was measured against the reference (``kind``: ``"update-norm"``, ``"query-loss"``
+#: or ``"train-loss"``): a hook for measurements (``benchmarks/honest_spread.py``
+#: records how close honest clients come to each bound). Observers must not
+#: change what they are given; none are registered by default.
+BOUND_OBSERVERS: list[Callable[[str, str, list[float], float], None]] = []
+
+
+def _observe(kind: str, task: str, values: list[float], reference: float) -> None:
+    for observer in BOUND_OBSERVERS:
+        observer(kind, task, list(values), reference)
+
+
 @dataclass(frozen=True)
 class Limits:
     """What a reply may contain.
@@ -182,6 +195,7 @@ def bound_update_norms(
             ref, what = model_norm(task), "the norm of the model it started from"
         else:
             ref, what = float(np.percentile(pool, 50, method="lower")), "the reference norm"
+        _observe("update-norm", task, norms, ref)
         bound = factor * ref
         kept, kept_norms = [], []
         for u, norm in zip(us, norms):
@@ -207,7 +221,8 @@ def apply_count_cap(table: ClientTable, factor: float | None) -> None:
                 "median count)", cid, declared, task, used, factor)
 
 
-def loss_cap(run: RunState, task: str, values: list[float], factor: float | None) -> float:
+def loss_cap(run: RunState, task: str, values: list[float], factor: float | None,
+             kind: str = "query-loss") -> float:
     """The largest loss of ``task`` the server uses: ``factor`` times the task's
     reference loss, the largest 90th percentile (the lower one: an observed
     value) of the reported losses so far (this round's reports plus the
@@ -215,13 +230,15 @@ def loss_cap(run: RunState, task: str, values: list[float], factor: float | None
     training goes on, so honest reports stay below it even when most clients
     fit their local data almost perfectly (a median would then be tiny), while
     one client among ten or more cannot raise it on its own. Infinite without a
-    factor or a positive reference."""
+    factor or a positive reference. ``kind`` (``"query-loss"`` or
+    ``"train-loss"``) names the check for :data:`BOUND_OBSERVERS`."""
     if factor is None:
         return math.inf
     pool = values + [c.losses[task] for c in run.table.clients() if task in c.losses]
     high = float(np.percentile(pool, 90, method="lower")) if pool else 0.0
     ref = max(high, run.loss_reference.get(task, 0.0))
     run.loss_reference[task] = ref
+    _observe(kind, task, values, ref)
     return factor * ref if ref > 0 else math.inf
 
 
@@ -231,7 +248,7 @@ def cap_train_losses(run: RunState, outcome: TrainOutcome, factor: float | None)
     (:func:`~.loss_query.loss_cap`), logging the client id. The round's
     ``train_loss`` metric keeps the reported values."""
     for task, reports in outcome.train_losses.items():
-        cap = loss_cap(run, task, [v for v, _, _ in reports], factor)
+        cap = loss_cap(run, task, [v for v, _, _ in reports], factor, "train-loss")
         for value, _, cid in reports:
             if value > cap:
                 log(WARNING, "Client %s: training loss %.4g on task %r capped at %.4g "

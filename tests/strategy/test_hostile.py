@@ -790,3 +790,25 @@ def test_huge_finite_values_never_make_a_model_non_finite(fed, data, prob):
                                                rtol=1e-5, atol=1e-4)
         if prob is None:
             assert out.errors(rnd) == []  # FedAvg is convex: it cannot overflow
+
+
+def test_bound_observers_see_every_check_with_the_reference_it_uses():
+    """The measurement hook of the bounds (benchmarks/honest_spread.py reads it):
+    every update-norm, loss-query and training-loss check reports its values and
+    the reference it compared them with; none is registered by default."""
+    from mmfl_flwr.config import Settings
+    from mmfl_flwr.runner import run
+    from mmfl_flwr.strategy.validation import BOUND_OBSERVERS
+
+    assert BOUND_OBSERVERS == []
+    seen: list[tuple[str, str, list[float], float]] = []
+    BOUND_OBSERVERS.append(lambda *args: seen.append(args))
+    try:
+        run(Settings(strategy="ranklist-ucb", num_clients=6, num_rounds=2, local_epochs=1,
+                     clients_per_round=4, output_dir=""), engine="inprocess")
+    finally:
+        BOUND_OBSERVERS.clear()
+    kinds = {k for k, *_ in seen}
+    assert kinds == {"update-norm", "query-loss", "train-loss"}
+    for kind, task, values, ref in seen:
+        assert task in ("digits", "synthetic", "digits_2") and values and ref > 0, (kind, ref)

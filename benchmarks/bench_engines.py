@@ -46,9 +46,9 @@ Usage::
 
 A round's time is the span from its start to the end of the server evaluation of
 its last model (round 0, the initial evaluation, is excluded). For (b) and (c) it
-is timed from outside the library (the strategy's steps are wrapped, nothing is
-changed); the strategy's own ``seconds`` in the history stop before the server
-evaluation. For (a), whose ServerApp runs in another process, the history's
+comes from the strategy's timing hook (``mmfl_flwr.strategy.timing.PHASE_OBSERVERS``,
+which only reads clocks); the strategy's own ``seconds`` in the history stop before
+the server evaluation. For (a), whose ServerApp runs in another process, the history's
 ``seconds`` are all there is: its rounds lack the server evaluation (small: see
 the phases of (b)). The plain loop times the same span as (b) and (c). Round 1
 includes the warm-up (client registration, data building, actor start for Ray),
@@ -215,79 +215,30 @@ def _accuracies(history: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
 
 
 class PhaseClock:
-    """Seconds per round and phase, from wrapped library functions (benchmark
-    instrumentation only: the wrappers call the originals unchanged)."""
+    """Seconds per round and phase, from the strategy's timing hook
+    (:data:`mmfl_flwr.strategy.timing.PHASE_OBSERVERS`)."""
 
     def __init__(self) -> None:
-        self.round = 0
         self.seconds: dict[int, dict[str, float]] = {}
-        #: per round: perf_counter at its start and at the end of its last
-        #: server evaluation (the span the plain loop times)
-        self.start: dict[int, float] = {}
-        self.end: dict[int, float] = {}
+        #: per round: registration start to the end of its last server evaluation
+        self.round_seconds: dict[int, float] = {}
         self.grid: Any = None
 
-    def add(self, phase: str, dt: float) -> None:
-        per = self.seconds.setdefault(self.round, {})
-        per[phase] = per.get(phase, 0.0) + dt
-
-    def wrap(self, owner: Any, name: str, phase: Callable[[tuple[Any, ...]], str],
-             before: Callable[[tuple[Any, ...]], None] | None = None) -> None:
-        orig = getattr(owner, name)
-
-        def timed(*a: Any, **k: Any) -> Any:
-            if before is not None:
-                before(a)
-            t0 = time.perf_counter()
-            try:
-                return orig(*a, **k)
-            finally:
-                self.add(phase(a), time.perf_counter() - t0)
-
-        setattr(owner, name, timed)
+    def __call__(self, t: Any) -> None:
+        if t.phase == "round":
+            self.round_seconds[t.round] = t.seconds
+            return
+        if t.grid is not None:
+            self.grid = t.grid
+        per = self.seconds.setdefault(t.round, {})
+        per[t.phase] = per.get(t.phase, 0.0) + t.seconds
 
 
-def _install_phase_clock(engine: str) -> PhaseClock:
-    from mmfl_flwr.strategy import (
-        aggregate,
-        evaluate,
-        orchestrator,
-        registration,
-        train,
-    )
+def _install_phase_clock() -> PhaseClock:
+    from mmfl_flwr.strategy.timing import PHASE_OBSERVERS
 
     clock = PhaseClock()
-
-    def set_round(a: tuple[Any, ...]) -> None:
-        clock.round = int(a[2])  # refresh_clients(run, grid, rnd, ...)
-        clock.start[clock.round] = time.perf_counter()
-
-    def eval_phase(a: tuple[Any, ...]) -> str:
-        clock.end[clock.round] = time.perf_counter()
-        return "server_eval"
-
-    clock.wrap(registration, "refresh_clients", lambda a: "registration", set_round)
-    clock.wrap(orchestrator, "query_losses", lambda a: "loss_query")
-    clock.wrap(train, "plan_round", lambda a: "plan")
-    clock.wrap(aggregate, "aggregate_train_replies", lambda a: "aggregate")
-    clock.wrap(evaluate, "server_eval", eval_phase)
-    if engine == "vectorized":
-        from mmfl_flwr.vector_grid import VectorizedGrid as grid_cls
-    else:
-        from mmfl_flwr.grid import InProcessGrid as grid_cls
-    orig = grid_cls.send_and_receive
-
-    def send_and_receive(self: Any, messages: Any, **k: Any) -> Any:
-        msgs = list(messages)
-        clock.grid = self
-        mtype = str(msgs[0].metadata.message_type) if msgs else "none"
-        t0 = time.perf_counter()
-        try:
-            return orig(self, msgs, **k)
-        finally:
-            clock.add("rt:" + mtype, time.perf_counter() - t0)
-
-    grid_cls.send_and_receive = send_and_receive  # type: ignore[method-assign]
+    PHASE_OBSERVERS.append(clock)
     return clock
 
 
@@ -304,7 +255,7 @@ def child_flower(args: argparse.Namespace, engine: str) -> dict[str, Any]:
         # run_vectorized sets torch's threads to the CPUs this process may use
         cpus = sorted(os.sched_getaffinity(0))[: args.vector_threads]
         os.sched_setaffinity(0, cpus)
-    clock = _install_phase_clock(engine) if engine in ("inprocess", "vectorized") else None
+    clock = _install_phase_clock() if engine in ("inprocess", "vectorized") else None
     kwargs: dict[str, Any] = {}
     if engine == "vectorized" and args.vector_chunk is not None:
         kwargs["vector_chunk"] = args.vector_chunk
@@ -339,8 +290,7 @@ def child_flower(args: argparse.Namespace, engine: str) -> dict[str, Any]:
         # The history's seconds stop before the server evaluation: time the
         # round up to the end of its last server evaluation instead.
         out["history_round_seconds"] = out["round_seconds"]
-        out["round_seconds"] = {r: clock.end[r] - clock.start[r]
-                                for r in clock.start if r >= 1 and r in clock.end}
+        out["round_seconds"] = {r: t for r, t in clock.round_seconds.items() if r >= 1}
         out["phases"] = clock.seconds
         counts = getattr(clock.grid, "counts", None)
         if counts:

@@ -18,6 +18,7 @@ from mmfl_flwr.records import InvalidReply, check_count, check_loss
 from mmfl_flwr.strategy.replies import client_replies
 from mmfl_flwr.strategy.result import EvaluateFn, MultiModelResult
 from mmfl_flwr.strategy.state import RunState
+from mmfl_flwr.strategy.timing import round_trip
 
 
 def evaluation_messages(
@@ -120,7 +121,7 @@ def client_round(
     msgs = evaluation_messages(run, server_round, config, fraction)
     if not msgs:
         return None
-    metrics = client_metrics(run, grid.send_and_receive(msgs, timeout=timeout), max_loss,
+    metrics = client_metrics(run, round_trip(grid, msgs, timeout, server_round), max_loss,
                              server_round)
     if metrics is not None:
         result.evaluate_metrics_clientapp[server_round] = {"all": metrics}

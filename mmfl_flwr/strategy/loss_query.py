@@ -15,6 +15,7 @@ from mmfl_flwr import protocol as P
 from mmfl_flwr.records import InvalidReply, check_loss
 from mmfl_flwr.strategy.replies import client_replies
 from mmfl_flwr.strategy.state import RunState
+from mmfl_flwr.strategy.timing import round_trip
 from mmfl_flwr.strategy.validation import Limits, loss_cap
 
 
@@ -42,7 +43,7 @@ def query_losses(
     accepted = 0
     received: dict[str, list[tuple[str, float]]] = {}
     for cid, reply in client_replies(
-        run.node_to_cid, grid.send_and_receive(msgs, timeout=timeout), "loss",
+        run.node_to_cid, round_trip(grid, msgs, timeout, server_round), "loss",
         server_round=server_round,
     ):
         losses = reply.content.metric_records.get(P.LOSSES_KEY)

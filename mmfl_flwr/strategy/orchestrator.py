@@ -28,6 +28,7 @@ from mmfl_flwr.core.policy import Policy
 from mmfl_flwr.core.random_allocation import RandomAllocation
 from mmfl_flwr.strategy import aggregate, evaluate, persist, registration, train, validation
 from mmfl_flwr.strategy.loss_query import query_losses
+from mmfl_flwr.strategy.timing import PHASE_OBSERVERS, report, round_trip, timed
 from mmfl_flwr.strategy.result import EvaluateFn, MultiModelResult, RoundCallback
 from mmfl_flwr.strategy.state import RoundPlan, RunState
 from mmfl_flwr.strategy.validation import Limits
@@ -239,35 +240,46 @@ class MultiModelStrategy(Strategy):
             self._finish_round(0, evaluate.initial_rows(run, evaluate_fn, result), result)
         for rnd in range(first, num_rounds + 1):
             t0 = time.monotonic()
+            t_round = time.perf_counter()
             run.current_round = rnd
             log(INFO, "")
             log(INFO, "[ROUND %s/%s]", rnd, num_rounds)
-            registration.refresh_clients(run, grid, rnd, timeout, self.min_available_nodes,
-                                         self.node_wait_timeout)
-            validation.apply_count_cap(run.table, self.limits.count_cap)
+            with timed(rnd, "registration"):
+                registration.refresh_clients(run, grid, rnd, timeout, self.min_available_nodes,
+                                             self.node_wait_timeout)
+                validation.apply_count_cap(run.table, self.limits.count_cap)
             log(INFO, "%d clients online", len(run.table.ids()))
             if self.policy.needs_losses:
-                only = self.policy.loss_query_clients(run.table, run.tasks, rnd, run.rng)
-                n = query_losses(run, grid, rnd, timeout, self.limits, only)
+                with timed(rnd, "loss_query"):
+                    only = self.policy.loss_query_clients(run.table, run.tasks, rnd, run.rng)
+                    n = query_losses(run, grid, rnd, timeout, self.limits, only)
                 log(INFO, "Loss query: %d (client, task) losses received", n)
-            plan = train.plan_round(run, self.policy, self.aggregator, rnd,
-                                    train_config or ConfigRecord(), self.train_config)
+            with timed(rnd, "plan"):
+                plan = train.plan_round(run, self.policy, self.aggregator, rnd,
+                                        train_config or ConfigRecord(), self.train_config)
             result.assignments[rnd] = [(p.cid, p.task, p.count) for p in plan.picks]
             log(INFO, "configure_train: %d picks on %d nodes", len(plan.picks),
                 len(plan.messages))
-            replies = grid.send_and_receive(plan.messages, timeout=timeout) if plan.messages else []
-            rows = self._aggregate(plan, replies)
+            with timed(rnd, "train"):
+                replies = (round_trip(grid, plan.messages, timeout, rnd) if plan.messages
+                           else [])
+            with timed(rnd, "aggregate"):
+                rows = self._aggregate(plan, replies)
             result.train_metrics_clientapp[rnd] = {"all": aggregate.train_metrics(rows)}
             evaluated = rnd % self.evaluate_every == 0 or rnd == num_rounds
-            client_eval = evaluate.client_round(
-                run, grid, rnd, evaluate_config or ConfigRecord(),
-                self.fraction_evaluate if evaluated else 0.0, timeout, self.limits.max_loss,
-                result,
-            )
-            self._finish_round(rnd, evaluate.round_rows(
-                run, rnd, rows, evaluated, evaluate_fn, client_eval, result,
-                time.monotonic() - t0,
-            ), result)
+            with timed(rnd, "client_eval"):
+                client_eval = evaluate.client_round(
+                    run, grid, rnd, evaluate_config or ConfigRecord(),
+                    self.fraction_evaluate if evaluated else 0.0, timeout,
+                    self.limits.max_loss, result,
+                )
+            seconds = time.monotonic() - t0
+            with timed(rnd, "server_eval"):
+                rows_out = evaluate.round_rows(run, rnd, rows, evaluated, evaluate_fn,
+                                               client_eval, result, seconds)
+            if PHASE_OBSERVERS:
+                report(rnd, "round", time.perf_counter() - t_round)
+            self._finish_round(rnd, rows_out, result)
         result.arrays = dict(run.arrays)
         return result
 

@@ -62,6 +62,7 @@ from flwr.serverapp import Grid
 from mmfl_flwr import protocol as P
 from mmfl_flwr.core.clients import ClientInfo, InvalidClientInfo, validate_client_info
 from mmfl_flwr.strategy.state import RunState, instruction
+from mmfl_flwr.strategy.timing import round_trip
 
 #: Info-record key of the client's secret token.
 CLIENT_TOKEN = P.CLIENT_TOKEN
@@ -199,7 +200,7 @@ def refresh_clients(
         msgs = [instruction(n, RecordDict(), P.QUERY_INFO, server_round) for n in new]
         answered = set()
         errors = []
-        for reply in grid.send_and_receive(msgs, timeout=timeout):
+        for reply in round_trip(grid, msgs, timeout, server_round):
             answered.add(reply.metadata.src_node_id)
             if reply.has_error():
                 errors.append(str(reply.error.reason))

@@ -294,3 +294,45 @@ def test_summary_logs_every_constructor_argument():
                   "max_loss=123.0", "loss_cap=50.0", "max_update_norm=8.0", "{'a': 2}",
                   "{'t': 1}", "{'t': ['w']}", "/tmp/ck", "Seed: 11"):
         assert piece in text, piece
+
+
+def test_phase_observers_time_every_phase_and_round_trip_of_every_round():
+    """The timing hook (benchmarks/bench_engines.py reads it): each round reports
+    its phases in order, the round trips inside them with the grid that carried
+    them (reported as they end), and a whole-round span at least as long as its phases; none is
+    registered by default, and the run is the same with an observer."""
+    from mmfl_flwr.config import Settings
+    from mmfl_flwr.grid import InProcessGrid
+    from mmfl_flwr.runner import run
+    from mmfl_flwr.strategy.timing import PHASE_OBSERVERS
+
+    settings = Settings(strategy="lvr", num_clients=4, num_rounds=2, local_epochs=1,
+                        fraction_evaluate=0.5, output_dir="")
+    assert PHASE_OBSERVERS == []
+    plain = run(settings, engine="inprocess")
+    seen = []
+    PHASE_OBSERVERS.append(seen.append)
+    try:
+        timed = run(settings, engine="inprocess")
+    finally:
+        PHASE_OBSERVERS.clear()
+    assert timed.assignments == plain.assignments
+    for task, rec in plain.arrays.items():
+        for key, arr in rec.items():
+            np.testing.assert_array_equal(arr.numpy(), timed.arrays[task][key].numpy())
+    # in the order they end: a round trip before the phase that holds it
+    phases = ["rt:query.info", "registration", "rt:query.losses", "loss_query", "plan",
+              "rt:train", "train", "aggregate", "rt:evaluate", "client_eval", "server_eval",
+              "round"]
+    for rnd in (1, 2):
+        events = [t for t in seen if t.round == rnd]
+        names = [t.phase for t in events]
+        # new nodes are asked for their info in round 1 only
+        assert names == [p for p in phases if rnd == 1 or p != "rt:query.info"], names
+        assert all(t.seconds >= 0 for t in events)
+        assert all(isinstance(t.grid, InProcessGrid) for t in events
+                   if t.phase.startswith("rt:"))
+        assert all(t.grid is None for t in events if not t.phase.startswith("rt:"))
+        whole = next(t.seconds for t in events if t.phase == "round")
+        assert whole >= sum(t.seconds for t in events
+                            if t.phase != "round" and not t.phase.startswith("rt:"))

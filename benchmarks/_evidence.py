@@ -15,7 +15,11 @@ Every experiment script under ``benchmarks/`` that feeds RESULTS.md uses this mo
 * :func:`plot_curves` (mean curve per method with a shaded 95% band over seeds) and
   :func:`plot_final` (box plot of a final value per method) write PNGs;
 * :func:`write_fragment` writes the experiment's Markdown fragment
-  (``<out>/<name>.md``) that ``benchmarks/reproduce.py`` assembles into RESULTS.md.
+  (``<out>/<name>.md``) that ``benchmarks/reproduce.py`` assembles into RESULTS.md;
+* :func:`run_jobs`, :func:`mean_sd` and :func:`write_outputs` serve the comparison
+  scripts (``compare_strategies.py``, ``group_compare.py``, ``ucb_compare.py``,
+  ``fig5_staleness.py``, ``hostile_clients.py``): a function over jobs in worker
+  processes, mean ± sd, and their ``--json`` / ``--markdown`` files.
 """
 
 from __future__ import annotations
@@ -451,3 +455,35 @@ def plot_final(
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+# ------------------------------------------------------------ comparison scripts
+def run_jobs(
+    fn: Callable[[Any], dict[str, Any]],
+    jobs: Sequence[Any],
+    workers: int,
+    describe: Callable[[dict[str, Any]], str],
+) -> list[dict[str, Any]]:
+    """Run ``fn`` over ``jobs`` in ``workers`` processes (results in job order),
+    printing ``describe(result)`` as each one finishes."""
+    runs = []
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for r in pool.map(fn, jobs):
+            runs.append(r)
+            print("  " + describe(r), flush=True)
+    return runs
+
+
+def mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def write_outputs(json_path: str, markdown_path: str, payload: dict[str, Any], table: str) -> None:
+    """Write the numbers (``--json``) and the table (``--markdown``) when asked."""
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(payload, f, indent=2)
+    if markdown_path:
+        with open(markdown_path, "w") as f:
+            f.write(table + "\n")

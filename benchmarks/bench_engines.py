@@ -80,7 +80,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from typing import Any
 
 ENGINES = ("simulation", "inprocess", "vectorized", "plain")

@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 
-from _common import mean_sd, run_jobs, write_outputs
+from _evidence import mean_sd, run_jobs, write_outputs
 
 
 def _one(args: tuple[str, int, dict[str, Any]]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 
-from _common import mean_sd, run_jobs, write_outputs
+from _evidence import mean_sd, run_jobs, write_outputs
 
 GROUPS = ((0.5, 0.04), (0.5, 0.16))
 

@@ -31,7 +31,7 @@ import time
 from typing import Any
 
 
-from _common import mean_sd, run_jobs, write_outputs
+from _evidence import mean_sd, run_jobs, write_outputs
 
 SCENARIOS: dict[str, dict[str, Any]] = {
     "consistent": {"tasks": "digits,digits,digits", "profile": "clusters-consistent",

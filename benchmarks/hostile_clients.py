@@ -26,7 +26,7 @@ import sys
 from typing import Any
 
 
-from _common import write_outputs
+from _evidence import write_outputs
 
 HOSTILE = "3"
 ATTACKS = ("huge-weights", "scaled-x1000", "count-registration", "count-train", "lying-loss",

@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 
-from _common import mean_sd, run_jobs, write_outputs
+from _evidence import mean_sd, run_jobs, write_outputs
 
 DATASETS = {
     "synthetic-1-1": "synthetic,synthetic-b",

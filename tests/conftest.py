@@ -1,6 +1,9 @@
 """Shared test fakes: a numpy local trainer, a ClientApp message recorder, a
 log collector and a node lookup for :class:`~mmfl_flwr.grid.InProcessGrid`.
 
+It also schedules the tests on pytest-xdist's workers (see
+:func:`pytest_collection_modifyitems`).
+
 Test modules import them with ``from conftest import ...`` (pytest puts this
 folder on ``sys.path``). Every expected number in the tests that use
 :class:`StepTrainer` follows from its one rule: ``train`` returns
@@ -11,11 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pytest
 from flwr.app import Context, Message
 
 from mmfl_flwr import protocol as P
@@ -158,3 +163,20 @@ def node_of(grid: InProcessGrid, cid: str) -> int:
     """The node id of client ``cid`` (node config ``cid``) on ``grid``."""
     (nid,) = [n for n in grid.get_node_ids() if grid.context(n).node_config["cid"] == cid]
     return nid
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Scheduling on pytest-xdist's workers (``-n`` in pyproject.toml's addopts,
+    ``--dist loadgroup``): the slow end-to-end tests form one group that one
+    worker runs one after another, as a serial run would (they start Flower
+    processes, ports and Ray clusters of their own and would only compete for
+    the cores); every other module is a group of its own, so its module- and
+    class-scoped fixtures are built once. On the workers the slow group comes
+    first, so the longest chain starts at once and the fast modules fill the
+    other workers. (``-p no:xdist`` or ``-n 0`` runs everything in one process,
+    in file order.)"""
+    for item in items:
+        group = "slow" if item.get_closest_marker("slow") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -416,8 +416,15 @@ def wait_for_run(
     cwd: Path | str,
     timeout: float,
     interval: float = 2.0,
+    done_file: Path | None = None,
+    check_every: float = 30.0,
 ) -> tuple[str | None, str, list[tuple[float, str | None]]]:
     """Poll until the run's status is ``finished:*`` or ``timeout`` seconds passed.
+
+    Every poll is a ``flwr ls`` process (a second of CPU on a small machine, taken
+    from the run it waits for). With ``done_file`` (a file the run writes last, such
+    as its ``summary.json``), the status is asked only every ``check_every`` seconds
+    (so a failed run is still seen) until the file exists, then every ``interval``.
 
     Returns ``(last status, last details, [(elapsed s, status) at every change])``.
     """
@@ -425,18 +432,23 @@ def wait_for_run(
     history: list[tuple[float, str | None]] = []
     status: str | None = None
     details = ""
+    last_poll = -math.inf
     while True:
-        try:
-            status, details = run_status(run_id, connection, env=env, cwd=cwd)
-        except subprocess.TimeoutExpired:
-            status, details = None, "flwr ls timed out"
-        if not history or history[-1][1] != status:
-            history.append((round(time.monotonic() - t0, 1), status))
-        if status is not None and status.startswith("finished"):
-            return status, details, history
+        now = time.monotonic()
+        waiting = done_file is not None and not done_file.exists()
+        if not waiting or now - last_poll >= check_every:
+            last_poll = now
+            try:
+                status, details = run_status(run_id, connection, env=env, cwd=cwd)
+            except subprocess.TimeoutExpired:
+                status, details = None, "flwr ls timed out"
+            if not history or history[-1][1] != status:
+                history.append((round(time.monotonic() - t0, 1), status))
+            if status is not None and status.startswith("finished"):
+                return status, details, history
         if time.monotonic() - t0 > timeout:
             return status, details, history
-        time.sleep(interval)
+        time.sleep(0.5 if waiting else interval)
 
 
 def run_logs(
@@ -496,6 +508,95 @@ def wait_for_online_nodes(
                 f"{nodes}\n{last}"
             )
         time.sleep(1.0)
+
+
+# ------------------------------------------------------------------ a deployment
+class Deployment:
+    """A SuperLink and SuperNodes on 127.0.0.1, as plain processes of ``procs``.
+
+    :meth:`start_insecure` starts an insecure SuperLink (in-memory state) and one
+    insecure SuperNode per node config and waits until all are online; a secured
+    deployment (``tests/deploy/test_deploy_tls.py``) starts its own processes and
+    builds this object with their connection and logs. :meth:`run` submits a run
+    with ``flwr run`` and waits for it to finish; a failure shows the run's and
+    every process's logs.
+    """
+
+    def __init__(self, tmp_path: Path, conn: str, cli_env: dict[str, str],
+                 link_log: Path, node_logs: Sequence[Path]) -> None:
+        self.tmp_path = tmp_path
+        self.conn = conn
+        self.cli_env = cli_env
+        self.link_log = link_log
+        self.node_logs = list(node_logs)
+
+    @classmethod
+    def start_insecure(cls, procs: ProcessTracker, tmp_path: Path, marker: str,
+                       node_configs: Sequence[str], conn: str = "e2e",
+                       nodes_timeout: float = 90.0) -> Deployment:
+        link_port, *node_ports = free_ports(1 + len(node_configs))
+        cli_home = tmp_path / "cli-home"
+        cli_env = flower_env(cli_home, marker)
+        (cli_home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{conn}"\n\n'
+            f'[superlink.{conn}]\naddress = "127.0.0.1:{link_port}"\ninsecure = true\n'
+        )
+        dep = cls(tmp_path, conn, cli_env, tmp_path / "superlink.log",
+                  [tmp_path / f"supernode-{i}.log" for i in range(len(node_configs))])
+        link = procs.popen(
+            [flower_exe("flower-superlink"), "--insecure", "--host", "127.0.0.1",
+             "--port", str(link_port), "--database", ":flwr-in-memory:"],
+            env=flower_env(tmp_path / "link-home", marker), cwd=tmp_path,
+            log_path=dep.link_log,
+        )
+        procs.watch_superlink_port(link_port)
+        try:
+            wait_for_http_health(link_port, timeout=60, proc=link)
+        except AssertionError as err:
+            raise AssertionError(f"{err}{dep.logs()}") from None
+        for i, (port, cfg) in enumerate(zip(node_ports, node_configs)):
+            procs.popen(
+                [flower_exe("flower-supernode"), "--insecure",
+                 "--superlink", f"127.0.0.1:{link_port}", "--port", str(port),
+                 "--node-config", cfg],
+                env=flower_env(tmp_path / f"node{i}-home", marker), cwd=tmp_path,
+                log_path=dep.node_logs[i],
+            )
+        # Submit only when every node is online: the ServerApp starts training
+        # with the nodes it finds.
+        dep.wait_online(len(node_configs), nodes_timeout)
+        return dep
+
+    def logs(self, *paths: Path) -> str:
+        """The tails of the given logs (default: the SuperLink's and every SuperNode's)."""
+        return "".join(f"\n--- {p.name} ---\n{tail(p)}"
+                       for p in (paths or (self.link_log, *self.node_logs)))
+
+    def wait_online(self, n: int, timeout: float) -> list[dict[str, Any]]:
+        try:
+            return wait_for_online_nodes(n, self.conn, env=self.cli_env, cwd=self.tmp_path,
+                                         timeout=timeout)
+        except AssertionError as err:
+            raise AssertionError(f"{err}{self.logs()}") from None
+
+    def run(self, app: Path, run_config: str, out: Path,
+            timeout: float = 360.0) -> tuple[str, str, list[tuple[float, str | None]]]:
+        """Submit ``app`` with ``run_config`` (whose output-dir is ``out``) and wait
+        until it finishes; fails with every log unless it completed. Returns the
+        run id, the ServerApp's log and the status history."""
+        run_id = flwr_run(app, self.conn, env=self.cli_env, cwd=self.tmp_path,
+                          run_config=run_config)
+        status, details, history = wait_for_run(
+            run_id, self.conn, env=self.cli_env, cwd=self.tmp_path, timeout=timeout,
+            interval=1.0, done_file=out / "summary.json",
+        )
+        server_log = run_logs(run_id, self.conn, env=self.cli_env, cwd=self.tmp_path)
+        if status != "finished:completed":
+            raise AssertionError(
+                f"run {run_id} ended as {status!r} ({details}); statuses {history}\n"
+                f"--- flwr log ---\n{server_log}{self.logs()}"
+            )
+        return run_id, server_log, history
 
 
 # ---------------------------------------------------------------------- the outputs

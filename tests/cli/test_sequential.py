@@ -65,7 +65,7 @@ def test_run_sequential_writes_single_csv_equal_to_models_trained_alone(tmp_path
     assert gain(single, single, 2) >= 3
 
 
-def test_cli_sequential_beside_a_parallel_run(tmp_path):
+def test_cli_sequential_beside_a_parallel_run(tmp_path, capsys):
     flags = ["--engine", "inprocess", "--tasks", "synthetic", "--num-clients", "2",
              "--num-rounds", "1", "--local-epochs", "1", "--strategy", "mfa-rr",
              "--output-dir", str(tmp_path)]
@@ -82,12 +82,17 @@ def test_cli_sequential_beside_a_parallel_run(tmp_path):
     # the multi-model run's files are left alone
     assert (tmp_path / "metrics.csv").read_bytes() == metrics
     assert (tmp_path / "config.json").read_bytes() == config
-    # an existing single.csv is kept without --overwrite; --resume is refused
+    # an existing single.csv is kept without --overwrite; --resume is refused (the
+    # same main() in this process: the process-level one-line refusal is
+    # tests/cli/test_cli_errors.py's)
+    from mmfl_flwr import cli
+
     cases = [([], "holds single.csv; pass --overwrite"),
              (["--resume", str(tmp_path)], "--sequential and --resume exclude each other")]
     for extra, expected in cases:
-        proc = subprocess.run([*cmd, *extra], cwd=ROOT, capture_output=True, text=True,
-                              timeout=300, check=False)
-        assert proc.returncode == 2, proc.stdout + proc.stderr
-        lines = proc.stderr.strip().splitlines()
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(["run", "--sequential", *flags, *extra])
+        assert exit_info.value.code == 2
+        lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and expected in lines[0], lines

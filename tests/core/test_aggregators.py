@@ -262,7 +262,7 @@ def test_unbiased_exact_enumeration():
 
 
 class TestMonteCarloUnbiased:
-    DRAWS = 40000
+    DRAWS = 16000
     BUDGET = 9.0
 
     @pytest.fixture(scope="class")

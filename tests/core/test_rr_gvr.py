@@ -102,7 +102,7 @@ def test_aggregate_is_unbiased_and_coef_sum_averages_to_one():
     signal = {(c, task): float(np.linalg.norm(G[c])) for c in holders}
     w0 = [np.zeros(3)]
     target = -sum(d[c] * G[c] for c in holders)
-    T = 20000
+    T = 8000
     out, coef = np.empty((T, 3)), np.empty(T)
     for k in range(T):
         ups = [Update(cid=p.cid, delta=[G[p.cid]], num_examples=FED[p.cid][0][task],

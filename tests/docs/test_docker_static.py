@@ -164,18 +164,21 @@ def help_flags() -> dict[str, set[str]]:
     env["FLWR_DISABLE_UPDATE_CHECK"] = "1"
     env["PATH"] = os.pathsep.join([str(VENV_BIN), env.get("PATH", "")])
     out = {}
-    for cmd in COMMANDS:
+    procs = {}
+    for cmd in COMMANDS:  # all at once: each is a Python start-up
         exe = VENV_BIN / cmd
         if not exe.exists():
             pytest.skip(f"{cmd} is not installed next to {sys.executable}")
-        res = subprocess.run(
-            [str(exe), "--help"], env=env, capture_output=True, text=True, timeout=120,
-            stdin=subprocess.DEVNULL, check=False,
+        procs[cmd] = subprocess.Popen(
+            [str(exe), "--help"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, stdin=subprocess.DEVNULL,
         )
-        assert res.returncode == 0, f"{cmd} --help: {res.returncode}\n{res.stderr[-2000:]}"
-        usage = res.stdout.split("options:", 1)[0]  # the usage lines list every flag
-        out[cmd] = set(FLAG_RE.findall(usage)) | set(FLAG_RE.findall(res.stdout))
-        assert "--help" in out[cmd] and len(out[cmd]) > 5, res.stdout[:2000]
+    for cmd, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, f"{cmd} --help: {proc.returncode}\n{stderr[-2000:]}"
+        usage = stdout.split("options:", 1)[0]  # the usage lines list every flag
+        out[cmd] = set(FLAG_RE.findall(usage)) | set(FLAG_RE.findall(stdout))
+        assert "--help" in out[cmd] and len(out[cmd]) > 5, stdout[:2000]
     return out
 
 

@@ -173,7 +173,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     the cores); every other module is a group of its own, so its module- and
     class-scoped fixtures are built once. On the workers the slow group comes
     first, so the longest chain starts at once and the fast modules fill the
-    other workers. (``-p no:xdist`` or ``-n 0`` runs everything in one process,
+    other workers. (``-n 0`` runs everything in one process,
     in file order.)"""
     for item in items:
         group = "slow" if item.get_closest_marker("slow") else item.nodeid.split("::")[0]

@@ -170,8 +170,16 @@ def _with_cluster_records(
 
 def check_output_folder(s: Settings) -> None:
     """Refuse to start a new run in an output folder that holds another run's
-    checkpoint, unless it resumes that checkpoint or ``s.overwrite``."""
-    if not s.output_dir or s.overwrite:
+    checkpoint, unless it resumes that checkpoint or ``s.overwrite``, and an
+    output folder that is a file or lies under one (``overwrite`` replaces run
+    outputs, never a file by a folder)."""
+    if not s.output_dir:
+        return
+    for part in (Path(s.output_dir), *Path(s.output_dir).parents):
+        if part.exists() and not part.is_dir():
+            raise ValueError(f"--output-dir {s.output_dir} (output-dir): {part} is a file, "
+                             f"not a folder; name a folder")
+    if s.overwrite:
         return
     held = Path(s.output_dir) / CHECKPOINT_FILE
     resumes_it = bool(s.resume_from) and (

@@ -94,3 +94,24 @@ def test_cli_user_error_is_one_line_exit_2(flags, expected, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("mmfl run: error: "), proc.stderr
     assert expected.format(tmp=tmp_path) in lines[0]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("engine", ["inprocess", "simulation"])
+def test_an_output_dir_that_is_a_file_is_one_line_before_anything_starts(engine, tmp_path):
+    """An --output-dir naming a file (or a folder under one) is one line, exit 2,
+    on every engine, before any engine starts; the file is left as it was, also
+    with --overwrite (which replaces run outputs, never a file by a folder)."""
+    taken = tmp_path / "taken.txt"
+    taken.write_text("mine")
+    flags = [f for f in SMALL if f not in ("--engine", "inprocess")]
+    for out, extra in ((taken, []), (taken / "sub", []), (taken, ["--overwrite"])):
+        proc = subprocess.run(
+            [sys.executable, "-m", "mmfl_flwr.cli", "run", *flags, "--engine", engine,
+             "--output-dir", str(out), *extra],
+            cwd=ROOT, capture_output=True, text=True, timeout=300,
+        )
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("mmfl run: error: "), proc.stderr
+        assert f"--output-dir {out}" in lines[0] and f"{taken} is a file" in lines[0], lines
+        assert taken.read_text() == "mine"

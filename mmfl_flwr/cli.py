@@ -239,9 +239,22 @@ def check_ray_options(args: argparse.Namespace) -> dict[str, Any]:
     return given
 
 
+def colour_logs_only_on_a_terminal() -> None:
+    """Flower's log lines carry ANSI colour codes; keep them where stderr is a
+    terminal and ``NO_COLOR`` is unset, plain text everywhere else (a file, a
+    pipe, CI logs)."""
+    import os
+
+    from flwr.common.logger import update_console_handler
+
+    isatty = getattr(sys.stderr, "isatty", None)
+    update_console_handler(colored=bool(isatty and isatty()) and not os.environ.get("NO_COLOR"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mmfl`` command."""
     args = build_parser().parse_args(argv)
+    colour_logs_only_on_a_terminal()
     if args.command == "compare":
         from mmfl_flwr import compare
 

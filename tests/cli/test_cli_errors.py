@@ -115,3 +115,16 @@ def test_an_output_dir_that_is_a_file_is_one_line_before_anything_starts(engine,
         assert len(lines) == 1 and lines[0].startswith("mmfl run: error: "), proc.stderr
         assert f"--output-dir {out}" in lines[0] and f"{taken} is a file" in lines[0], lines
         assert taken.read_text() == "mine"
+
+
+def test_logs_written_to_a_file_carry_no_colour_codes(tmp_path):
+    """ANSI colours only on a terminal: a warning of a run whose stderr is a file
+    (or a pipe) is plain text (the simulation engine's: tests/engines/test_e2e_slow.py)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "mmfl_flwr.cli", "run", *SMALL, "--strategy", "lvr",
+         "--output-dir", str(tmp_path / "out")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "WARNING" in proc.stderr  # the budget warning of 4 clients
+    assert "\x1b[" not in proc.stderr + proc.stdout, proc.stderr

@@ -105,6 +105,9 @@ def test_mmfl_run_simulation_engine_matches_inprocess(tmp_path: Path, timer: Non
     progress = [ln for ln in out.splitlines() if ln.startswith("[mmfl] round")]
     rounds = {int(ln.split()[2].split("/")[0]) for ln in progress}
     assert {1, 2} <= rounds <= {0, 1, 2}, f"progress lines per round:\n{out[-4000:]}"
+    # written to a file, not a terminal: no ANSI colour codes (issue 25)
+    for text in (out, out2):
+        assert "\x1b[" not in text, [ln for ln in text.splitlines() if "\x1b[" in ln][:5]
 
     # Same seed, same settings: the engines agree on who trained what, and on
     # every number (metrics.csv leaves timings out so that it can be compared).

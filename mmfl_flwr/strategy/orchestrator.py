@@ -215,6 +215,13 @@ class MultiModelStrategy(Strategy):
         ``resume_from`` continues a checkpoint of this strategy (its models
         replace ``initial_arrays``; SCAFFOLD's client-held ``c_i`` is not in it).
         Returns the final weights and the per-round, per-task history."""
+        if isinstance(initial_arrays, ArrayRecord):
+            raise TypeError(
+                "MultiModelStrategy.start() takes one ArrayRecord per model, as a mapping "
+                "{'model-name': arrays}; it was given one ArrayRecord (FedAvg's "
+                "initial_arrays). For a single model pass {'model-name': arrays}, with "
+                "the name the ClientApp uses for it"
+            )
         if self._runs:
             self.policy = copy.deepcopy(self._templates[0])
             self.aggregator = copy.deepcopy(self._templates[1])
@@ -238,6 +245,7 @@ class MultiModelStrategy(Strategy):
         self.summary()
         if resume_from is None:
             self._finish_round(0, evaluate.initial_rows(run, evaluate_fn, result), result)
+        unheld: set[str] = set()  # models named as held by no client
         for rnd in range(first, num_rounds + 1):
             t0 = time.monotonic()
             t_round = time.perf_counter()
@@ -248,6 +256,7 @@ class MultiModelStrategy(Strategy):
                 registration.refresh_clients(run, grid, rnd, timeout, self.min_available_nodes,
                                              self.node_wait_timeout)
                 validation.apply_count_cap(run.table, self.limits.count_cap)
+            registration.warn_unheld_models(run, unheld)
             log(INFO, "%d clients online", len(run.table.ids()))
             if self.policy.needs_losses:
                 with timed(rnd, "loss_query"):

@@ -226,6 +226,21 @@ class NoClientRegistered(RuntimeError):
     MMFL message protocol (``docs/protocol.md``)."""
 
 
+def warn_unheld_models(run: RunState, warned: set[str]) -> None:
+    """One warning per active model that no registered client holds (a model name
+    with a typo trains nothing otherwise silently), naming the models the clients
+    do hold; ``warned`` keeps the ones already named."""
+    if not run.table.ids(online_only=False):
+        return
+    held = {t for c in run.table.clients(online_only=False) for t in c.num_examples}
+    for task in run.tasks:
+        if task not in held and task not in warned:
+            warned.add(task)
+            log(WARNING, "Model %r: no registered client holds it, so no client can train "
+                "it (the clients hold %s); check the model names of the strategy and the "
+                "ClientApp", task, ", ".join(repr(t) for t in sorted(held)) or "no model")
+
+
 def _no_client_message(nodes: int, reason: str) -> str:
     missing = re.search(r"No (\w+) function registered with name '(\w+)'", reason)
     what = (f"their ClientApp has no @app.{missing.group(1)}(\"{missing.group(2)}\") handler"

@@ -929,3 +929,29 @@ def test_policy_assigning_an_ineligible_task_does_not_crash_the_run():
     run = run_strategy(clients, FixedPolicy(picks), rounds=1, wrap=wrap)
     assert ("carol", "b", 1) not in run.result.assignments[1]
     assert_global(run, "b", -fedavg_step(clients, "b", good_for(clients, "b")))
+
+
+def test_a_model_no_client_holds_is_named_once_at_the_start():
+    """A model name that no registered client holds (a typo such as 'wines') is one
+    warning in the first round, naming it and the names the clients do hold; it
+    is not repeated, and a model that a client holds is not named."""
+    clients = {"0": ClientDef({"a": (10, 1.0)}), "1": ClientDef({"a": (5, 1.0), "b": (4, 1.0)})}
+    run = run_strategy(clients, tasks=("a", "b", "wines"), rounds=2)
+    named = [m for m in run.warnings(1) if "no registered client holds" in m]
+    assert len(named) == 1, run.warnings(1)
+    assert "'wines'" in named[0] and "'a', 'b'" in named[0], named
+    assert not [m for m in run.warnings(2) if "no registered client holds" in m]
+    assert run.rows(1)["wines"]["uploads"] == 0
+
+
+def test_one_array_record_given_to_start_is_a_clear_error():
+    """FedAvg's habit, ``start(grid, ArrayRecord)``, names what MultiModelStrategy
+    expects instead of failing on an array key as if it were a model name."""
+    strategy = MultiModelStrategy(FullParticipation(), node_wait_timeout=0.0)
+    grid = InProcessGrid(make_app({"0": ClientDef({"a": (10, 1.0)})}), [], seed=0)
+    single = initial_arrays(("a",))["a"]
+    with pytest.raises(TypeError) as err:
+        strategy.start(grid, single, num_rounds=1)
+    text = str(err.value)
+    assert "one ArrayRecord" in text and "{'model-name': arrays}" in text, text
+    assert "'w'" not in text  # not an array key taken for a model name

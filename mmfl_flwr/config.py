@@ -25,6 +25,10 @@ RESUME_MAY_CHANGE = ("num_rounds", "timeout")
 #: Settings that say where a run is written, not what it computes.
 _LOCATION = ("output_dir", "resume_from", "overwrite")
 
+#: The entry of ``config.json`` with the values the run used for its automatic
+#: settings (not a setting: :meth:`Settings.load` skips it).
+EFFECTIVE_KEY = "effective"
+
 
 class Settings:
     """Everything that defines an MMFL run.
@@ -281,12 +285,18 @@ class Settings:
                 out[f.name.replace("_", "-")] = getattr(self, f.name)
         return out
 
-    def save(self, path: str) -> None:
-        """Write the settings as JSON (``config.json`` of an output folder)."""
+    def save(self, path: str, effective: Mapping[str, Any] | None = None) -> None:
+        """Write the settings as JSON (``config.json`` of an output folder); with
+        ``effective`` (run-config key -> the value the run uses for an automatic
+        setting, :func:`~mmfl_flwr.flower_app.data.effective_settings`) also an
+        ``"effective"`` entry, which :meth:`load` skips."""
         import json
 
+        data: dict[str, Any] = self.to_run_config()
+        if effective:
+            data[EFFECTIVE_KEY] = dict(effective)
         with open(path, "w") as f:
-            json.dump(self.to_run_config(), f, indent=2, sort_keys=True)
+            json.dump(data, f, indent=2, sort_keys=True)
             f.write("\n")
 
     @classmethod
@@ -297,7 +307,10 @@ class Settings:
 
         with open(path) as f:
             try:
-                return cls.from_run_config(json.load(f))
+                data = json.load(f)
+                if isinstance(data, dict):
+                    data.pop(EFFECTIVE_KEY, None)  # what the run used, not a setting
+                return cls.from_run_config(data)
             except ValueError as err:  # json.JSONDecodeError is one too
                 raise ValueError(f"{path}: {err}") from err
 

@@ -14,7 +14,7 @@ import math
 import os
 import platform
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -170,9 +170,11 @@ def run_versions() -> dict[str, str | None]:
     }
 
 
-def summarize(result: MultiModelResult, settings: Settings | None) -> dict[str, Any]:
-    """Final accuracy per task, their mean, the configuration, the seed and the
-    software versions (:func:`run_versions`). With a ``target_accuracy``
+def summarize(result: MultiModelResult, settings: Settings | None,
+              effective: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Final accuracy per task, their mean, the configuration (``config``: the
+    settings as typed; ``effective``: the values used for the automatic ones),
+    the seed and the software versions (:func:`run_versions`). With a ``target_accuracy``
     setting also ``target_accuracy`` (model -> target), ``rounds_to_target``
     (model -> the first round ``r >= 1`` whose server-side accuracy is ``>=``
     its target, None if never) and ``rounds_to_target_all`` (the largest of
@@ -212,6 +214,7 @@ def summarize(result: MultiModelResult, settings: Settings | None) -> dict[str, 
         "total_uploads": uploads,
         "seed": settings.seed if settings is not None else None,
         "config": settings.to_run_config() if settings is not None else None,
+        "effective": dict(effective or {}),
         "versions": run_versions(),
     }
 
@@ -227,10 +230,13 @@ def new_figure(figsize: tuple[float, float], **kwargs: Any) -> Figure:
     return fig
 
 
-def run_title(settings: Settings | None, strategy_name: str | None = None) -> str:
+def run_title(settings: Settings | None, strategy_name: str | None = None,
+              effective: Mapping[str, Any] | None = None) -> str:
     """The title of a run's plot: strategy and seed, then the key settings
-    (clients, rounds, local epochs, and the budget fraction or clients per round
-    where the strategy takes them and they are set)."""
+    (clients, rounds, local epochs, and the budget fraction and clients per
+    round where the strategy takes them). ``effective`` (run-config key -> value,
+    :func:`~mmfl_flwr.flower_app.data.effective_settings`) gives the values the
+    run used for the settings left automatic, marked "(auto)"."""
     name = strategy_name or (settings.strategy if settings is not None else None)
     head = f"MMFL {name}" if name else "MMFL run"
     if settings is None:
@@ -238,6 +244,8 @@ def run_title(settings: Settings | None, strategy_name: str | None = None) -> st
     head += f", seed {settings.seed}"
     if settings.aggregator:
         head += f", aggregator {settings.aggregator}"
+    effective = effective or {}
+
     def count(n: int, what: str) -> str:
         return f"{n} {what}{'s' if n != 1 else ''}"
 
@@ -253,9 +261,19 @@ def run_title(settings: Settings | None, strategy_name: str | None = None) -> st
         if settings.strategy in PRESETS:
             used = preset_settings(settings.strategy, ["budget_fraction", "clients_per_round"])
     if "budget_fraction" in used:
-        parts.append(f"budget fraction {settings.budget_fraction:g}")
-    if "clients_per_round" in used and settings.clients_per_round > 0:
-        parts.append(f"{settings.clients_per_round} clients/round")
+        auto = effective.get("budget-fraction")
+        if isinstance(auto, (int, float)) and not settings.budget_fraction:
+            parts.append(f"budget fraction {auto:g} (auto)")
+        else:
+            parts.append(f"budget fraction {settings.budget_fraction:g}")
+    if "clients_per_round" in used:
+        auto = effective.get("clients-per-round")
+        if settings.clients_per_round > 0:
+            parts.append(f"{settings.clients_per_round} clients/round")
+        elif isinstance(auto, (int, float)):
+            parts.append(f"{auto:g} clients/round (auto)")
+        elif auto:
+            parts.append(f"clients/round: {auto}")
     return head + "\n" + ", ".join(parts)
 
 
@@ -276,6 +294,7 @@ def accuracy_figure(
     history: Sequence[dict[str, Any]],
     settings: Settings | None = None,
     strategy_name: str | None = None,
+    effective: Mapping[str, Any] | None = None,
 ) -> Figure:
     """The figure of ``accuracy.png``: test accuracy of every model and their
     mean (top), test loss of every model (bottom), over rounds; the title from
@@ -318,7 +337,7 @@ def accuracy_figure(
     if handles:
         # "outside": constrained layout keeps the legend right of both panels
         fig.legend(handles, labels, loc="outside right upper", fontsize="small")
-    fig.suptitle(run_title(settings, strategy_name), fontsize="medium")
+    fig.suptitle(run_title(settings, strategy_name, effective), fontsize="medium")
     return fig
 
 
@@ -327,9 +346,10 @@ def plot_accuracy(
     path: str | os.PathLike[str],
     settings: Settings | None = None,
     strategy_name: str | None = None,
+    effective: Mapping[str, Any] | None = None,
 ) -> Figure:
     """Write :func:`accuracy_figure` as a PNG to ``path``; returns the figure."""
-    fig = accuracy_figure(history, settings, strategy_name)
+    fig = accuracy_figure(history, settings, strategy_name, effective)
     fig.savefig(path, dpi=110)
     return fig
 
@@ -339,19 +359,21 @@ def write_outputs(
     settings: Settings | None,
     output_dir: str | os.PathLike[str],
     strategy_name: str | None = None,
+    effective: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``metrics.csv``, ``summary.json``, ``assignments.csv`` and
     ``accuracy.png`` into ``output_dir`` (created if needed). ``strategy_name``
     names the strategy in the plot title where it is not the preset that
-    ``settings`` name (a custom strategy)."""
+    ``settings`` name (a custom strategy); ``effective``, the values used for
+    the automatic settings, goes to ``summary.json`` and the title."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_metrics_csv(result.history, out / "metrics.csv")
     with open(out / "summary.json", "w") as f:
-        json.dump(summarize(result, settings), f, indent=2, sort_keys=True)
+        json.dump(summarize(result, settings, effective), f, indent=2, sort_keys=True)
         f.write("\n")
     write_assignments_csv(result.assignments, out / "assignments.csv")
-    plot_accuracy(result.history, out / "accuracy.png", settings, strategy_name)
+    plot_accuracy(result.history, out / "accuracy.png", settings, strategy_name, effective)
     return out
 
 

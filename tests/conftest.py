@@ -165,6 +165,7 @@ def node_of(grid: InProcessGrid, cid: str) -> int:
     return nid
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Scheduling on pytest-xdist's workers (``-n`` in pyproject.toml's addopts,
     ``--dist loadgroup``): the slow end-to-end tests form one group that one

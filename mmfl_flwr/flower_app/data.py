@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from functools import lru_cache
+from typing import Any
 from logging import WARNING
 
 from flwr.common.logger import log
@@ -101,6 +102,35 @@ def resolved_budget(settings: Settings, federation: Federation | None = None) ->
         return settings
     return dataclasses.replace(settings,
                                budget_fraction=auto_budget_fraction(settings, federation))
+
+
+def effective_settings(settings: Settings,
+                       federation: Federation | None = None) -> dict[str, Any]:
+    """The value the run uses for every automatic setting of its preset, by
+    run-config key: each card parameter left at its "automatic" value (``0``):
+    ``budget-fraction`` as :func:`resolved_budget` resolves it, values an
+    ``auto`` rule computes (the UCB presets' ``clients-per-round``) as numbers,
+    and the others by what 0 means for the preset (``"all clients"``,
+    ``"2 x the picks per model"``, ...). Written to ``config.json`` and
+    ``summary.json`` next to the typed values, and shown in the plot's title."""
+    from mmfl_flwr.core.card import card
+
+    try:
+        algorithm = card(settings.strategy)
+    except (KeyError, ValueError):
+        return {}
+    values = dataclasses.asdict(settings)
+    out: dict[str, Any] = {}
+    for p in algorithm.parameters:
+        if p.unset is None or values.get(p.field) != p.unset:
+            continue
+        if p.field == "budget_fraction":
+            out[p.key] = resolved_budget(settings, federation).budget_fraction
+        elif p.auto is not None:
+            out[p.key] = p.auto(values)
+        elif p.zero:
+            out[p.key] = p.zero
+    return out
 
 
 def budget_warning(settings: Settings, federation: Federation | None = None) -> str | None:

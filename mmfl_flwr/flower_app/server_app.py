@@ -27,7 +27,7 @@ from mmfl_flwr.checkpoint import CHECKPOINT_FILE, checkpoint_file
 from mmfl_flwr.config import Settings
 from mmfl_flwr.core.scaffold import ScaffoldAggregator
 from mmfl_flwr.core.card import card, check_unused_settings
-from mmfl_flwr.flower_app.data import resolved_budget, warn_if_few_uploads
+from mmfl_flwr.flower_app.data import effective_settings, resolved_budget, warn_if_few_uploads
 from mmfl_flwr.presets import build
 from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
 from mmfl_flwr.strategy import MultiModelResult, MultiModelStrategy
@@ -224,6 +224,7 @@ def server_main(
     arrays, evaluate_fn = initial_arrays(s), central_evaluator(s)  # loads the data
     if not custom:  # the preset that s names: warn when its budget is too small
         warn_if_few_uploads(s)
+    effective = {} if custom else effective_settings(s)
     if s.output_dir:
         strategy.on_round_end = _with_cluster_records(strategy, s.output_dir)
         if not s.resume_from:  # a fresh run: no cluster records of an older run
@@ -231,7 +232,7 @@ def server_main(
                 if old.name == "clusters.csv" or old.name.startswith("clusters_round_"):
                     old.unlink()
         os.makedirs(s.output_dir, exist_ok=True)
-        s.save(os.path.join(s.output_dir, "config.json"))
+        s.save(os.path.join(s.output_dir, "config.json"), effective)
         strategy.checkpoint_path = os.path.join(s.output_dir, CHECKPOINT_FILE)
     result = strategy.start(
         grid=grid,
@@ -246,7 +247,7 @@ def server_main(
             f"custom {type(strategy.policy).__name__} + {type(strategy.aggregator).__name__}"
             if custom else None
         )
-        out = write_outputs(result, s, s.output_dir, strategy_name=name)
+        out = write_outputs(result, s, s.output_dir, strategy_name=name, effective=effective)
         print(f"[mmfl] results written to {os.path.abspath(out)}", flush=True)
     sys.stdout.flush()
     return result

@@ -242,3 +242,44 @@ def test_git_commit_only_for_a_package_tracked_in_a_checkout(tmp_path):
     subprocess.run([*git, "add", "pkg/__init__.py"], cwd=repo, check=True)
     subprocess.run([*git, "commit", "-qm", "two"], cwd=repo, check=True)
     assert results._git_commit(repo / "pkg") == _git_head(repo)
+
+
+def test_title_shows_the_effective_value_of_automatic_settings():
+    """What was used is what the title says (issue 25): budget-fraction 0 and
+    clients-per-round 0 show the values the run used, marked (auto)."""
+    title = run_title(Settings(strategy="lvr"), effective={"budget-fraction": 0.25})
+    assert "budget fraction 0.25 (auto)" in title and "budget fraction 0," not in title
+    title = run_title(Settings(strategy="ranklist-ucb"), effective={"clients-per-round": 15})
+    assert "15 clients/round (auto)" in title
+    title = run_title(Settings(strategy="mfa-rr"), effective={"clients-per-round": "all clients"})
+    assert "clients/round: all clients" in title
+    # typed values are shown as typed
+    title = run_title(Settings(strategy="lvr", budget_fraction=0.5), effective={})
+    assert "budget fraction 0.5" in title and "(auto)" not in title
+
+
+@pytest.mark.parametrize("strategy, key, expected", [
+    ("lvr", "budget-fraction", None),  # computed from the federation: checked > 0
+    ("ranklist-ucb", "clients-per-round", 15),  # min(20 clients, 5 x 3 models)
+    ("mfa-rr", "clients-per-round", "all clients"),
+])
+def test_config_and_summary_record_the_effective_values(strategy, key, expected, tmp_path):
+    """config.json and summary.json hold the value the run used for each automatic
+    setting next to what was typed (0), and config.json still loads as settings."""
+    import json
+
+    from mmfl_flwr.config import Settings as S
+    from mmfl_flwr.flower_app.data import resolved_budget
+    from mmfl_flwr.runner import run
+
+    s = S(strategy=strategy, num_rounds=1, local_epochs=1, output_dir=str(tmp_path))
+    run(s, engine="inprocess")
+    config = json.loads((tmp_path / "config.json").read_text())
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert config[key] == 0 and summary["config"][key] == 0  # as typed
+    if expected is None:
+        expected = resolved_budget(s).budget_fraction
+        assert expected > 0
+    assert config["effective"][key] == expected
+    assert summary["effective"] == config["effective"]
+    assert S.load(str(tmp_path / "config.json")) == s

@@ -767,8 +767,13 @@ def test_huge_finite_values_never_make_a_model_non_finite(fed, data, prob):
         out = run(fed, wrap, FullParticipation(), rounds=2, **raw)
     else:
         out = run(fed, wrap, AllWithProb(prob), UnbiasedAggregator(), rounds=2, **raw)
+    # a model that no client of the drawn federation holds is named once, in round 1
+    unheld = [t for t in TASKS if not any(t in fed.tasks[c] for c in fed.tasks)]
+    named = [m for m in out.warnings(1) if "no registered client holds" in m]
+    assert len(named) == len(unheld) and all(repr(t) in " ".join(named) for t in unheld)
     for rnd in (1, 2):
-        assert out.warnings(rnd) == []  # without the bounds, huge finite values pass
+        others = [m for m in out.warnings(rnd) if "no registered client holds" not in m]
+        assert others == []  # without the bounds, huge finite values pass
         for task in TASKS:
             overflowed = [m for m in out.errors(rnd) if repr(task) in m]
             if overflowed:

@@ -165,19 +165,21 @@ def node_of(grid: InProcessGrid, cid: str) -> int:
     return nid
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the markers
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_itemcollected(item: pytest.Item) -> None:
     """Scheduling on pytest-xdist's workers (``-n`` in pyproject.toml's addopts,
     ``--dist loadgroup``): the slow end-to-end tests form one group that one
     worker runs one after another, as a serial run would (they start Flower
     processes, ports and Ray clusters of their own and would only compete for
     the cores); every other module is a group of its own, so its module- and
-    class-scoped fixtures are built once. On the workers the slow group comes
-    first, so the longest chain starts at once and the fast modules fill the
-    other workers. (``-n 0`` runs everything in one process,
-    in file order.)"""
-    for item in items:
-        group = "slow" if item.get_closest_marker("slow") else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+    class-scoped fixtures are built once. (The groups are set here, as each test
+    is collected: xdist reads them in its own ``pytest_collection_modifyitems``.)
+    ``-n 0`` runs everything in one process, in file order."""
+    group = "slow" if item.get_closest_marker("slow") else item.nodeid.split("::")[0]
+    item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On xdist's workers the slow group comes first, so the longest chain of
+    tests starts at once and the fast modules fill the other workers."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)

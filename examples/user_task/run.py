@@ -54,8 +54,9 @@ if __name__ == "__main__":
     p.add_argument("--num-rounds", type=int, default=5)
     p.add_argument("--output-dir", default="results/user_task")
     a = p.parse_args()
+    # overwrite=True: running the example again replaces its own results
     settings = Settings(tasks="digits,blobs", strategy="mfa-rand", num_clients=8,
-                        num_rounds=a.num_rounds, output_dir=a.output_dir)
+                        num_rounds=a.num_rounds, output_dir=a.output_dir, overwrite=True)
     result = run(settings, engine=a.engine)
     for task, row in result.final().items():
         print(f"{task}: accuracy {row['accuracy']:.3f}")

@@ -15,11 +15,13 @@ stderr and exit code 2, found before anything is written.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -239,6 +241,47 @@ def check_ray_options(args: argparse.Namespace) -> dict[str, Any]:
     return given
 
 
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (``kill``, a scheduler's stop) ends the run as Ctrl-C does."""
+    import signal
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        old = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread: leave the handler alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def interrupted_message(settings: Settings, engine: str = "simulation") -> str:
+    """The one line an interrupted run ends with: the last finished round (from
+    the checkpoint in the output folder) and the command that continues it (on
+    the same ``engine``)."""
+    from mmfl_flwr.checkpoint import load_checkpoint
+
+    out = settings.output_dir
+    if not out:
+        return ("mmfl run: interrupted; nothing was written (no --output-dir), so "
+                "nothing can be resumed")
+    try:
+        done = int(load_checkpoint(out)["round"])
+    except Exception:  # no checkpoint yet: the folder holds no run to continue
+        return (f"mmfl run: interrupted before the first evaluation; {out} holds no "
+                f"checkpoint, so start the run again")
+    on = "" if engine == "simulation" else f" --engine {engine}"
+    where = (f"the finished rounds are in {out} (metrics.csv, assignments.csv, "
+             f"accuracy.png)" if done else "no round had finished")
+    return (f"mmfl run: interrupted after round {done} of {settings.num_rounds}; {where}; "
+            f"continue with: mmfl run --resume {shlex.quote(out)}{on}")
+
+
 def colour_logs_only_on_a_terminal() -> None:
     """Flower's log lines carry ANSI colour codes; keep them where stderr is a
     terminal and ``NO_COLOR`` is unset, plain text everywhere else (a file, a
@@ -292,8 +335,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     t0 = time.monotonic()
     vector = {} if args.vector_chunk is None else {"vector_chunk": args.vector_chunk}
-    result = run(settings, engine=args.engine, num_cpus=args.num_cpus, verbose=args.verbose,
-                 **ray_options, **vector)
+    try:
+        with _sigterm_as_interrupt():
+            result = run(settings, engine=args.engine, num_cpus=args.num_cpus,
+                         verbose=args.verbose, **ray_options, **vector)
+    except KeyboardInterrupt:
+        print(interrupted_message(settings, args.engine), file=sys.stderr, flush=True)
+        return 130
     final = {t: round(r["accuracy"], 4) for t, r in result.final().items()}
     print(f"[mmfl] done in {time.monotonic() - t0:.1f}s; final accuracy "
           f"{json.dumps(final)}", flush=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,8 @@ __all__ = ["MIN_UPLOADS_PER_MODEL", "RESUME_MAY_CHANGE", "Option", "Settings", "
 RESUME_MAY_CHANGE = ("num_rounds", "timeout")
 #: Settings that say where a run is written, not what it computes.
 _LOCATION = ("output_dir", "resume_from", "overwrite")
+#: Settings that name a folder: equal when they name the same one.
+_PATHS = ("data_root",)
 
 #: The entry of ``config.json`` with the values the run used for its automatic
 #: settings (not a setting: :meth:`Settings.load` skips it).
@@ -322,7 +325,11 @@ class Settings:
             if f.name in ("extra", *RESUME_MAY_CHANGE, *_LOCATION):
                 continue
             old, new = getattr(stored, f.name), getattr(self, f.name)
-            if old != new:
+            if f.name in _PATHS and old and new:  # 'data' and /abs/data may be one folder
+                same = os.path.realpath(old) == os.path.realpath(new)
+            else:
+                same = old == new
+            if not same:
                 key = f.name.replace("_", "-")
                 raise ValueError(
                     f"cannot resume {where}: it ran with {key}={old!r} (its config.json), "

@@ -11,6 +11,7 @@ torch-free; torch is only imported here to make initial weights and evaluate.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 import time
@@ -168,6 +169,40 @@ def _with_cluster_records(
     return callback
 
 
+#: The per-round plot is redrawn at most this often (seconds); the tables after
+#: every round, everything at the end of the run.
+PLOT_EVERY_SECONDS = 10.0
+
+
+def _with_round_files(
+    strategy: MultiModelStrategy, s: Settings, effective: dict[str, Any],
+    strategy_name: str | None,
+) -> Callable[[int, list[dict[str, Any]]], None]:
+    """Wrap the round callback: after every round, write ``metrics.csv`` and
+    ``assignments.csv`` of the rounds so far into ``s.output_dir`` and redraw
+    ``accuracy.png`` (at most every :data:`PLOT_EVERY_SECONDS`), so an
+    interrupted run shows what it did (``summary.json`` comes at the end)."""
+    from mmfl_flwr.results import plot_accuracy, write_assignments_csv, write_metrics_csv
+
+    inner = strategy.on_round_end
+    out = Path(s.output_dir)
+    last_plot = [-math.inf]
+
+    def callback(rnd: int, rows: list[dict[str, Any]]) -> None:
+        result = strategy.result
+        if result is not None:
+            write_metrics_csv(result.history, out / "metrics.csv")
+            write_assignments_csv(result.assignments, out / "assignments.csv")
+            if time.monotonic() - last_plot[0] >= PLOT_EVERY_SECONDS:
+                plot_accuracy(result.history, out / "accuracy.png", s, strategy_name,
+                              effective)
+                last_plot[0] = time.monotonic()
+        if inner is not None:
+            inner(rnd, rows)
+
+    return callback
+
+
 def check_output_folder(s: Settings) -> None:
     """Refuse to start a new run in an output folder that holds another run's
     checkpoint, unless it resumes that checkpoint or ``s.overwrite``, and an
@@ -225,12 +260,19 @@ def server_main(
     if not custom:  # the preset that s names: warn when its budget is too small
         warn_if_few_uploads(s)
     effective = {} if custom else effective_settings(s)
+    name = (
+        f"custom {type(strategy.policy).__name__} + {type(strategy.aggregator).__name__}"
+        if custom else None
+    )
     if s.output_dir:
+        strategy.on_round_end = _with_round_files(strategy, s, effective, name)
         strategy.on_round_end = _with_cluster_records(strategy, s.output_dir)
-        if not s.resume_from:  # a fresh run: no cluster records of an older run
+        if not s.resume_from:  # a fresh run: no records of an older run
             for old in Path(s.output_dir).glob("clusters*"):
                 if old.name == "clusters.csv" or old.name.startswith("clusters_round_"):
                     old.unlink()
+            for name in ("summary.json", "metrics.csv", "assignments.csv", "accuracy.png"):
+                Path(s.output_dir, name).unlink(missing_ok=True)
         os.makedirs(s.output_dir, exist_ok=True)
         s.save(os.path.join(s.output_dir, "config.json"), effective)
         strategy.checkpoint_path = os.path.join(s.output_dir, CHECKPOINT_FILE)
@@ -243,10 +285,6 @@ def server_main(
         resume_from=s.resume_from or None,
     )
     if s.output_dir:
-        name = (
-            f"custom {type(strategy.policy).__name__} + {type(strategy.aggregator).__name__}"
-            if custom else None
-        )
         out = write_outputs(result, s, s.output_dir, strategy_name=name, effective=effective)
         print(f"[mmfl] results written to {os.path.abspath(out)}", flush=True)
     sys.stdout.flush()

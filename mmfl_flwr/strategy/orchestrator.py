@@ -136,6 +136,9 @@ class MultiModelStrategy(Strategy):
         self.run = self._new_run()
         self._runs = 0
         self._plans: dict[int, RoundPlan] = {}  # only for the Flower-API methods below
+        #: the result of the latest :meth:`start`, filled as its rounds finish (an
+        #: interrupted run's history so far; the final weights at its end)
+        self.result: MultiModelResult | None = None
 
     def _new_run(self) -> RunState:
         return RunState(self.seed, *self._arrivals, pinned_trainable=dict(self._trainable),
@@ -231,7 +234,7 @@ class MultiModelStrategy(Strategy):
         if resume_from is None and set(run.task_arrivals) - set(initial_arrays or {}):
             raise ValueError(f"task_arrivals names unknown tasks "
                              f"{sorted(set(run.task_arrivals) - set(initial_arrays or {}))}")
-        result = MultiModelResult()
+        result = self.result = MultiModelResult()
         first = 1
         if resume_from is not None:
             state = self.check_resumable(resume_from)

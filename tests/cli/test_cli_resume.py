@@ -178,3 +178,61 @@ def test_new_run_may_use_a_folder_without_checkpoint(old_run):
     (old_run / CHECKPOINT_FILE).unlink()
     assert cli_main(["run", *SMALL, "--num-rounds", "1", "--output-dir", str(old_run)]) == 0
     assert load_checkpoint(old_run)["round"] == 1
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_an_interrupted_run_ends_with_one_line_and_shows_its_finished_rounds(sig, tmp_path):
+    """Ctrl-C (SIGINT) or SIGTERM during a run: exit code 130, one line on stderr
+    naming the last finished round and the exact command that continues it, no
+    traceback; metrics.csv, assignments.csv and accuracy.png already hold the
+    finished rounds; the printed command finishes the run (issue 25)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from mmfl_flwr.results import read_metrics_csv
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "mmfl_flwr.cli", "run", *SMALL, "--num-rounds", "30",
+           "--output-dir", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if load_checkpoint(out)["round"] >= 2:
+                break
+        except Exception:
+            pass
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    proc.send_signal(getattr(signal, sig))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err, err
+    done = load_checkpoint(out)["round"]
+    assert 2 <= done < 30
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"mmfl run: interrupted after round {done} of 30;"), err
+    assert last.endswith(f"continue with: mmfl run --resume {out} --engine inprocess"), last
+    rows = read_metrics_csv(out / "metrics.csv")
+    assert sorted({int(r["round"]) for r in rows}) == list(range(done + 1))
+    assert (out / "assignments.csv").is_file() and (out / "accuracy.png").is_file()
+    assert not (out / "summary.json").exists()  # written when the run finishes
+    # the command it printed continues the run to the end
+    resume = last.split("continue with: ")[1].split()
+    assert cli_main(resume[1:]) == 0
+    assert sorted({int(r["round"]) for r in read_metrics_csv(out / "metrics.csv")}) == \
+        list(range(31))
+
+
+def test_resume_takes_two_spellings_of_one_data_folder_as_equal(tmp_path, monkeypatch):
+    """A run started with data-root 'data' resumes with the same folder spelled
+    absolute (the simulation engine passes it so), not with another folder."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    stored = Settings(data_root="data")
+    Settings(data_root=str(tmp_path / "data")).check_resumes(stored, "run")
+    Settings(data_root="./data/").check_resumes(stored, "run")
+    with pytest.raises(ValueError, match="data-root"):
+        Settings(data_root=str(tmp_path / "other")).check_resumes(stored, "run")

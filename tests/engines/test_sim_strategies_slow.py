@@ -12,7 +12,7 @@ on label clusters (group). The other presets differ from these only in server
 code, which is the same on every engine: every preset runs end to end in-process
 (tests/docs/test_protocol_doc.py, tests/strategy/test_hostile_defaults.py) and on
 the vectorized engine (tests/engines/test_vectorized.py); stalevre runs on Ray in
-the resume test below.
+the interrupt-and-resume test below.
 
 Slow: each Ray run costs ~15-30 s on 2 cores.
 """
@@ -94,41 +94,59 @@ def test_strategy_completes_on_the_simulation_engine(case: str, tmp_path: Path) 
         assert (tmp_path / "sim" / "clusters.csv").exists()
 
 
-def test_killed_run_resumes_on_the_simulation_engine(tmp_path: Path) -> None:
+def _wait_for_round(proc: subprocess.Popen, out: Path, at_least: int) -> None:
+    """Wait until the checkpoint in ``out`` is of round ``at_least`` or later."""
+    from mmfl_flwr.checkpoint import load_checkpoint
+
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if load_checkpoint(out)["round"] >= at_least:
+                return
+        except Exception:
+            pass
+        time.sleep(0.2)
+
+
+def test_interrupted_and_killed_runs_resume_on_the_simulation_engine(tmp_path: Path) -> None:
+    """On Flower's simulation engine: Ctrl-C (SIGINT) after round 1 ends the run
+    with exit code 130 and one line naming the round and the resume command; that
+    command, killed hard (SIGKILL of its process group) after a later round,
+    resumes again to the end."""
+    from mmfl_flwr.checkpoint import load_checkpoint
+
     marker = new_marker()
     env = flower_env(tmp_path / "home", marker)
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "mmfl_flwr.cli", "run", "--num-clients", "4",
-           "--num-rounds", "4", "--local-epochs", "1", "--strategy", "stalevre",
+           "--num-rounds", "5", "--local-epochs", "1", "--strategy", "stalevre",
            "--budget-fraction", "0.5", "--output-dir", str(out)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
     try:
-        deadline = time.monotonic() + 300
-        # kill as soon as round 1's checkpoint is there (round 2 or later not done)
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                break
-            metrics_rows = 0
-            if (out / "checkpoint.pkl").exists():
-                from mmfl_flwr.checkpoint import load_checkpoint
-
-                try:
-                    metrics_rows = load_checkpoint(out)["round"]
-                except Exception:
-                    metrics_rows = 0
-            if metrics_rows >= 1:
-                os.killpg(proc.pid, signal.SIGKILL)
-                break
-            time.sleep(0.2)
-        proc.wait(timeout=30)
-        assert proc.returncode != 0, "the run finished before it could be killed"
-        from mmfl_flwr.checkpoint import load_checkpoint
-
+        # 1. Ctrl-C after round 1's checkpoint
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+        _wait_for_round(proc, out, 1)
+        assert proc.poll() is None, "the run finished before it could be interrupted"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, err[-3000:]
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err[-3000:]
         done = load_checkpoint(out)["round"]
-        assert 1 <= done < 4
-        res = run_cmd([sys.executable, "-m", "mmfl_flwr.cli", "run", "--resume", str(out)],
-                      env=env, timeout=300)
+        assert 1 <= done < 5
+        assert err.strip().startswith(f"mmfl run: interrupted after round {done} of 5;"), err
+        resume = err.strip().split("continue with: ")[1]
+        assert resume == f"mmfl run --resume {out}", resume
+        # 2. the printed command, killed hard after a later round
+        proc = subprocess.Popen(["bash", "-c", resume], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        _wait_for_round(proc, out, done + 1)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        done2 = load_checkpoint(out)["round"]
+        assert done < done2 <= 5
+        # 3. and once more to the end
+        res = run_cmd(["bash", "-c", resume], env=env, timeout=300)
         assert res.returncode == 0, describe(res)
     finally:
         for pid in pids_with_marker(marker):
@@ -137,7 +155,7 @@ def test_killed_run_resumes_on_the_simulation_engine(tmp_path: Path) -> None:
             except ProcessLookupError:
                 pass
     rows = _rows(out / "metrics.csv")
-    assert sorted({int(r["round"]) for r in rows}) == [0, 1, 2, 3, 4]
+    assert sorted({int(r["round"]) for r in rows}) == [0, 1, 2, 3, 4, 5]
     assert all(math.isfinite(float(r["accuracy"])) for r in rows)
 
 

@@ -82,7 +82,11 @@ def _kill(strategy, out, monkeypatch, **kw):
     with pytest.raises(Killed):
         run(settings(strategy, out, **kw), engine="inprocess")
     assert seen == [0, 1, 2]
-    assert not (out / "metrics.csv").exists()  # the run really died before the end
+    # the run really died before the end: no summary, the tables hold rounds 0-2
+    assert not (out / "summary.json").exists()
+    from mmfl_flwr.results import read_metrics_csv
+
+    assert sorted({int(r["round"]) for r in read_metrics_csv(out / "metrics.csv")}) == [0, 1, 2]
     state = load_checkpoint(out)
     assert state["round"] == 2 and sorted(state["assignments"]) == [1, 2]
     assert not (out / (CHECKPOINT_FILE + ".tmp")).exists()

@@ -99,6 +99,9 @@ class FedRun:
     def warnings(self, rnd: int) -> list[str]:
         return [m for lvl, m in self.logs[rnd] if lvl >= logging.WARNING]
 
+    def errors(self, rnd: int) -> list[str]:
+        return [m for lvl, m in self.logs[rnd] if lvl >= logging.ERROR]
+
     def infos(self, rnd: int) -> list[str]:
         return [m for _, m in self.logs[rnd]]
 

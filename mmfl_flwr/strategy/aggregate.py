@@ -48,7 +48,7 @@ def average_state(old: list[np.ndarray], updates: Sequence[Update]) -> list[np.n
 
 
 def aggregate_train_replies(
-    run: RunState,
+    run_state: RunState,
     policy: Policy,
     aggregator: Aggregator,
     plan: RoundPlan,
@@ -58,27 +58,27 @@ def aggregate_train_replies(
     """After the train round trip: validate the replies, let the policy observe
     the training losses (and select, GVR-style), and aggregate every model;
     returns the metrics row of each task."""
-    shares = {t: run.table.data_share(t) for t in plan.tasks}
-    outcome = collect_updates(run, plan, replies, shares, limits, aggregator.needs_control)
+    shares = {t: run_state.table.data_share(t) for t in plan.tasks}
+    outcome = collect_updates(run_state, plan, replies, shares, limits, aggregator.needs_control)
     def model_norm(task: str) -> float:
-        return l2_norm(run.weights[task][k] for k in run.split_keys(task)[0])
+        return l2_norm(run_state.weights[task][k] for k in run_state.split_keys(task)[0])
 
-    for task, cid in bound_update_norms(outcome.updates, run.norm_history,
+    for task, cid in bound_update_norms(outcome.updates, run_state.norm_history,
                                         limits.update_norm_factor, model_norm):
         outcome.rejected[task] += 1
         outcome.observed.pop((cid, task), None)
         outcome.train_losses[task] = [r for r in outcome.train_losses[task] if r[2] != cid]
     if policy.observes_losses:
-        cap_train_losses(run, outcome, limits.loss_cap)
+        cap_train_losses(run_state, outcome, limits.loss_cap)
     policy.observe(plan.server_round, outcome.observed, plan.picks)
     updates = outcome.updates
     if policy.selects_after_training:
-        updates = select_after_training(run, policy, aggregator, plan.server_round, updates)
-    return aggregate_round(run, aggregator, plan, outcome, updates, shares)
+        updates = select_after_training(run_state, policy, aggregator, plan.server_round, updates)
+    return aggregate_round(run_state, aggregator, plan, outcome, updates, shares)
 
 
 def select_after_training(
-    run: RunState,
+    run_state: RunState,
     policy: Policy,
     aggregator: Aggregator,
     server_round: int,
@@ -101,7 +101,7 @@ def select_after_training(
     signal = {(u.cid, task): value(task, u) for task, us in updates.items() for u in us}
     chosen = {
         (p.cid, p.task): p
-        for p in policy.select(run.table, run.tasks, signal, server_round, run.rng)
+        for p in policy.select(run_state.table, run_state.tasks, signal, server_round, run_state.rng)
     }
     return {
         task: [
@@ -115,7 +115,7 @@ def select_after_training(
 
 
 def aggregate_round(
-    run: RunState,
+    run_state: RunState,
     aggregator: Aggregator,
     plan: RoundPlan,
     outcome: TrainOutcome,
@@ -137,8 +137,8 @@ def aggregate_round(
     round whose non-finite result was discarded)."""
     rows: dict[str, dict[str, Any]] = {}
     for task in plan.tasks:
-        old = run.weights[task]
-        train_keys, state_keys = run.split_keys(task)
+        old = run_state.weights[task]
+        train_keys, state_keys = run_state.split_keys(task)
         new_train = aggregator.aggregate(
             task,
             [old[k] for k in train_keys],
@@ -161,7 +161,7 @@ def aggregate_round(
             sum(np.abs(a.astype(np.float64) - old[k]).sum() for a, k in zip(new_train, train_keys))
         )
         new_values = dict(zip(train_keys + state_keys, new_train + new_state))
-        run.set_weights(task, {k: new_values[k] for k in old})
+        run_state.set_weights(task, {k: new_values[k] for k in old})
         tl = outcome.train_losses[task]
         rows[task] = {
             "uploads": len(updates[task]),

@@ -22,40 +22,40 @@ from mmfl_flwr.strategy.timing import round_trip
 
 
 def evaluation_messages(
-    run: RunState, server_round: int, config: ConfigRecord, fraction: float
+    run_state: RunState, server_round: int, config: ConfigRecord, fraction: float
 ) -> list[Message]:
     """``evaluate`` messages to a ``fraction`` of the online clients, each with
     every active model it holds."""
     if fraction <= 0:
         return []
-    ids = run.table.ids()
+    ids = run_state.table.ids()
     k = max(1, int(round(fraction * len(ids)))) if ids else 0
-    chosen = sorted(run.eval_rng.choice(len(ids), size=k, replace=False)) if k else []
-    active = set(run.tasks)
+    chosen = sorted(run_state.eval_rng.choice(len(ids), size=k, replace=False)) if k else []
+    active = set(run_state.tasks)
     messages = []
     for j in chosen:
         cid = ids[int(j)]
-        tasks, content = run.models_for(cid, active)
+        tasks, content = run_state.models_for(cid, active)
         if not tasks:
             continue
         cfg = ConfigRecord(dict(config))
         cfg[P.CFG_ROUND] = server_round
         cfg[P.CFG_TASKS] = tasks
         content[P.CONFIG_KEY] = cfg
-        messages.append(run.message(cid, content, MessageType.EVALUATE, server_round))
+        messages.append(run_state.message(cid, content, MessageType.EVALUATE, server_round))
     return messages
 
 
 def client_metrics(
-    run: RunState, replies: Iterable[Message], max_loss: float, server_round: int | None = None
+    run_state: RunState, replies: Iterable[Message], max_loss: float, server_round: int | None = None
 ) -> MetricRecord | None:
     """Example-weighted mean of the clients' loss and accuracy, per task
     (``<task>.loss``, ``<task>.accuracy``); None without a usable reply."""
     sums: dict[str, list[float]] = {}
-    active = set(run.tasks)
-    for cid, reply in client_replies(run.node_to_cid, replies, "evaluation",
-                                     server_round=server_round):
-        sent = [t for t in run.table[cid].tasks if t in active]
+    active = set(run_state.tasks)
+    for cid, reply in client_replies(run_state.node_to_cid, replies, "evaluation",
+                                     server_round=server_round, lacking=run_state.lacking):
+        sent = [t for t in run_state.table[cid].tasks if t in active]
         for key in reply.content.metric_records:
             if P.task_of(key, P.METRICS_PREFIX) not in sent:
                 log(WARNING, "Client %s: rejected evaluation record %r (model not sent to it)",
@@ -86,7 +86,7 @@ def client_metrics(
 
 def server_eval(
     evaluate_fn: EvaluateFn | None,
-    run: RunState,
+    run_state: RunState,
     rnd: int,
     task: str,
     result: MultiModelResult,
@@ -95,7 +95,7 @@ def server_eval(
     (NaN without one); the full metrics go to ``result``."""
     if evaluate_fn is None:
         return {"accuracy": math.nan, "loss": math.nan}
-    res = evaluate_fn(rnd, task, run.arrays[task])
+    res = evaluate_fn(rnd, task, run_state.arrays[task])
     if res is None:
         return {"accuracy": math.nan, "loss": math.nan}
     rec = res if isinstance(res, MetricRecord) else MetricRecord(dict(res))
@@ -108,7 +108,7 @@ def server_eval(
 
 
 def client_round(
-    run: RunState,
+    run_state: RunState,
     grid: Grid,
     server_round: int,
     config: ConfigRecord,
@@ -118,10 +118,10 @@ def client_round(
     result: MultiModelResult,
 ) -> MetricRecord | None:
     """One client-side evaluation round trip (nothing when ``fraction`` is 0)."""
-    msgs = evaluation_messages(run, server_round, config, fraction)
+    msgs = evaluation_messages(run_state, server_round, config, fraction)
     if not msgs:
         return None
-    metrics = client_metrics(run, round_trip(grid, msgs, timeout, server_round), max_loss,
+    metrics = client_metrics(run_state, round_trip(grid, msgs, timeout, server_round), max_loss,
                              server_round)
     if metrics is not None:
         result.evaluate_metrics_clientapp[server_round] = {"all": metrics}
@@ -129,7 +129,7 @@ def client_round(
 
 
 def round_rows(
-    run: RunState,
+    run_state: RunState,
     server_round: int,
     rows: dict[str, dict[str, Any]],
     evaluated: bool,
@@ -145,13 +145,13 @@ def round_rows(
     ``||H_{tau,s}||_1``), and the evaluations."""
     round_l1 = sum(r["step_l1"] for r in rows.values())
     out = []
-    for task in run.tasks:
+    for task in run_state.tasks:
         train = dict(rows[task])
         coef_sum = train.pop("coef_sum", math.nan)
         row = {"round": server_round, "task": task, **train, "round_step_l1": round_l1,
                "coef_sum": coef_sum}
         row.update(
-            server_eval(evaluate_fn, run, server_round, task, result) if evaluated
+            server_eval(evaluate_fn, run_state, server_round, task, result) if evaluated
             else {"accuracy": math.nan, "loss": math.nan}
         )
         if client_eval is not None:
@@ -165,11 +165,11 @@ def round_rows(
 
 
 def initial_rows(
-    run: RunState, evaluate_fn: EvaluateFn | None, result: MultiModelResult
+    run_state: RunState, evaluate_fn: EvaluateFn | None, result: MultiModelResult
 ) -> list[dict[str, Any]]:
     """Round 0 of the history: the evaluation of the initial weights."""
     return [
         {"round": 0, "task": t, "uploads": 0, "assigned": 0, "rejected": 0,
-         "train_loss": math.nan, "step_l1": 0.0, **server_eval(evaluate_fn, run, 0, t, result)}
-        for t in run.tasks
+         "train_loss": math.nan, "step_l1": 0.0, **server_eval(evaluate_fn, run_state, 0, t, result)}
+        for t in run_state.tasks
     ]

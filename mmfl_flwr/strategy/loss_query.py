@@ -20,7 +20,7 @@ from mmfl_flwr.strategy.validation import Limits, loss_cap
 
 
 def query_losses(
-    run: RunState,
+    run_state: RunState,
     grid: Grid,
     server_round: int,
     timeout: float,
@@ -32,26 +32,26 @@ def query_losses(
 
     Returns the number of accepted (client, task) losses.
     """
-    active = set(run.tasks)
+    active = set(run_state.tasks)
     msgs = []
-    for cid in run.table.ids():
+    for cid in run_state.table.ids():
         if only is not None and cid not in only:
             continue
-        tasks, content = run.models_for(cid, active)
+        tasks, content = run_state.models_for(cid, active)
         if tasks:
-            msgs.append(run.message(cid, content, P.QUERY_LOSSES, server_round))
+            msgs.append(run_state.message(cid, content, P.QUERY_LOSSES, server_round))
     accepted = 0
     received: dict[str, list[tuple[str, float]]] = {}
     for cid, reply in client_replies(
-        run.node_to_cid, round_trip(grid, msgs, timeout, server_round), "loss",
-        server_round=server_round,
+        run_state.node_to_cid, round_trip(grid, msgs, timeout, server_round), "loss",
+        server_round=server_round, lacking=run_state.lacking,
     ):
         losses = reply.content.metric_records.get(P.LOSSES_KEY)
         if losses is None:
             log(WARNING, "Client %s: loss reply has no '%s' record; ignored", cid, P.LOSSES_KEY)
             continue
         for task, value in losses.items():
-            if task not in run.table[cid].num_examples:
+            if task not in run_state.table[cid].num_examples:
                 log(WARNING, "Client %s reported a loss for task %r it was not asked "
                     "about; ignored", cid, task)
                 continue
@@ -63,11 +63,11 @@ def query_losses(
             received.setdefault(task, []).append((cid, loss))
             accepted += 1
     for task, pairs in received.items():
-        cap = loss_cap(run, task, [v for _, v in pairs], limits.loss_cap)
+        cap = loss_cap(run_state, task, [v for _, v in pairs], limits.loss_cap)
         for cid, loss in pairs:
             if loss > cap:
                 log(WARNING, "Client %s: loss %.4g on task %r capped at %.4g "
                     "(%g x the reference loss)", cid, loss, task, cap, limits.loss_cap)
                 loss = cap
-            run.table.set_loss(cid, task, loss, server_round)
+            run_state.table.set_loss(cid, task, loss, server_round)
     return accepted

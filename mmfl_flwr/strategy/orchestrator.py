@@ -133,36 +133,36 @@ class MultiModelStrategy(Strategy):
         )
         self._trainable = {str(t): [str(k) for k in ks] for t, ks in (trainable_keys or {}).items()}
         self._pins = registration.check_pins(client_pins)
-        self.run = self._new_run()
+        self.run_state = self._new_run_state()
         self._runs = 0
         self._plans: dict[int, RoundPlan] = {}  # only for the Flower-API methods below
         #: the result of the latest :meth:`start`, filled as its rounds finish (an
         #: interrupted run's history so far; the final weights at its end)
         self.result: MultiModelResult | None = None
 
-    def _new_run(self) -> RunState:
+    def _new_run_state(self) -> RunState:
         return RunState(self.seed, *self._arrivals, pinned_trainable=dict(self._trainable),
                         client_pins=dict(self._pins))
 
     # views of the current run (see RunState)
-    weights = property(lambda self: self.run.weights, doc="Global weights per task (numpy).")
-    table = property(lambda self: self.run.table, doc="The client table of the current run.")
-    trainable = property(lambda self: self.run.trainable, doc="Task -> trainable keys.")
+    weights = property(lambda self: self.run_state.weights, doc="Global weights per task (numpy).")
+    table = property(lambda self: self.run_state.table, doc="The client table of the current run.")
+    trainable = property(lambda self: self.run_state.trainable, doc="Task -> trainable keys.")
 
     def set_models(self, initial_arrays: Mapping[str, ArrayRecord]) -> None:
         """Install the initial global weights, one ArrayRecord per task."""
-        self.run.set_models(initial_arrays)
+        self.run_state.set_models(initial_arrays)
 
     def split_keys(self, task: str) -> tuple[list[str], list[str]]:
         """``(trainable, state)`` keys of ``task``'s model."""
-        return self.run.split_keys(task)
+        return self.run_state.split_keys(task)
 
     def summary(self) -> None:
         """Log every setting of the strategy."""
         log(INFO, "\t├──> MultiModelStrategy settings:")
         for name, value in (
             ("Policy", repr(self.policy)), ("Aggregator", repr(self.aggregator)),
-            ("Tasks", ", ".join(self.run.all_tasks) or "(not set yet)"),
+            ("Tasks", ", ".join(self.run_state.all_tasks) or "(not set yet)"),
             ("Train config", self.train_config), ("Limits", self.limits),
             ("Evaluation", f"fraction {self.fraction_evaluate:g}, every {self.evaluate_every}"),
             ("Nodes", f"wait for {self.min_available_nodes} at most {self.node_wait_timeout:g} s"),
@@ -177,7 +177,7 @@ class MultiModelStrategy(Strategy):
     ) -> Iterable[Message]:
         """Assign models to clients; one train message per node (``arrays`` is
         ignored: the strategy holds one ArrayRecord per task)."""
-        plan = train.plan_round(self.run, self.policy, self.aggregator, server_round, config,
+        plan = train.plan_round(self.run_state, self.policy, self.aggregator, server_round, config,
                                 self.train_config)
         self._plans[server_round] = plan
         return plan.messages
@@ -193,13 +193,13 @@ class MultiModelStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord | None, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Client-side evaluation of every model on a fraction of the clients."""
-        return evaluate.evaluation_messages(self.run, server_round, config, self.fraction_evaluate)
+        return evaluate.evaluation_messages(self.run_state, server_round, config, self.fraction_evaluate)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
         """Example-weighted mean of client-side loss and accuracy, per task."""
-        return evaluate.client_metrics(self.run, replies, self.limits.max_loss, server_round)
+        return evaluate.client_metrics(self.run_state, replies, self.limits.max_loss, server_round)
 
     def start(  # type: ignore[override]
         self,
@@ -228,46 +228,46 @@ class MultiModelStrategy(Strategy):
         if self._runs:
             self.policy = copy.deepcopy(self._templates[0])
             self.aggregator = copy.deepcopy(self._templates[1])
-            self.run = self._new_run()
+            self.run_state = self._new_run_state()
         self._runs += 1
-        run = self.run
-        if resume_from is None and set(run.task_arrivals) - set(initial_arrays or {}):
+        run_state = self.run_state
+        if resume_from is None and set(run_state.task_arrivals) - set(initial_arrays or {}):
             raise ValueError(f"task_arrivals names unknown tasks "
-                             f"{sorted(set(run.task_arrivals) - set(initial_arrays or {}))}")
+                             f"{sorted(set(run_state.task_arrivals) - set(initial_arrays or {}))}")
         result = self.result = MultiModelResult()
         first = 1
         if resume_from is not None:
             state = self.check_resumable(resume_from)
-            first = persist.restore(run, self.policy, self.aggregator, state, result) + 1
+            first = persist.restore(run_state, self.policy, self.aggregator, state, result) + 1
             log(INFO, "Resuming %s from %s after round %d", type(self).__name__, resume_from,
                 first - 1)
         else:
-            run.set_models(initial_arrays)
+            run_state.set_models(initial_arrays)
         log(INFO, "Starting %s over %d models for %d rounds", type(self).__name__,
-            len(run.tasks), num_rounds)
+            len(run_state.tasks), num_rounds)
         self.summary()
         if resume_from is None:
-            self._finish_round(0, evaluate.initial_rows(run, evaluate_fn, result), result)
+            self._finish_round(0, evaluate.initial_rows(run_state, evaluate_fn, result), result)
         unheld: set[str] = set()  # models named as held by no client
         for rnd in range(first, num_rounds + 1):
             t0 = time.monotonic()
             t_round = time.perf_counter()
-            run.current_round = rnd
+            run_state.current_round = rnd
             log(INFO, "")
             log(INFO, "[ROUND %s/%s]", rnd, num_rounds)
             with timed(rnd, "registration"):
-                registration.refresh_clients(run, grid, rnd, timeout, self.min_available_nodes,
+                registration.refresh_clients(run_state, grid, rnd, timeout, self.min_available_nodes,
                                              self.node_wait_timeout)
-                validation.apply_count_cap(run.table, self.limits.count_cap)
-            registration.warn_unheld_models(run, unheld)
-            log(INFO, "%d clients online", len(run.table.ids()))
+                validation.apply_count_cap(run_state.table, self.limits.count_cap)
+            registration.warn_unheld_models(run_state, unheld)
+            log(INFO, "%d clients online", len(run_state.table.ids()))
             if self.policy.needs_losses:
                 with timed(rnd, "loss_query"):
-                    only = self.policy.loss_query_clients(run.table, run.tasks, rnd, run.rng)
-                    n = query_losses(run, grid, rnd, timeout, self.limits, only)
+                    only = self.policy.loss_query_clients(run_state.table, run_state.tasks, rnd, run_state.rng)
+                    n = query_losses(run_state, grid, rnd, timeout, self.limits, only)
                 log(INFO, "Loss query: %d (client, task) losses received", n)
             with timed(rnd, "plan"):
-                plan = train.plan_round(run, self.policy, self.aggregator, rnd,
+                plan = train.plan_round(run_state, self.policy, self.aggregator, rnd,
                                         train_config or ConfigRecord(), self.train_config)
             result.assignments[rnd] = [(p.cid, p.task, p.count) for p in plan.picks]
             log(INFO, "configure_train: %d picks on %d nodes", len(plan.picks),
@@ -281,22 +281,22 @@ class MultiModelStrategy(Strategy):
             evaluated = rnd % self.evaluate_every == 0 or rnd == num_rounds
             with timed(rnd, "client_eval"):
                 client_eval = evaluate.client_round(
-                    run, grid, rnd, evaluate_config or ConfigRecord(),
+                    run_state, grid, rnd, evaluate_config or ConfigRecord(),
                     self.fraction_evaluate if evaluated else 0.0, timeout,
                     self.limits.max_loss, result,
                 )
             seconds = time.monotonic() - t0
             with timed(rnd, "server_eval"):
-                rows_out = evaluate.round_rows(run, rnd, rows, evaluated, evaluate_fn,
+                rows_out = evaluate.round_rows(run_state, rnd, rows, evaluated, evaluate_fn,
                                                client_eval, result, seconds)
             if PHASE_OBSERVERS:
                 report(rnd, "round", time.perf_counter() - t_round)
             self._finish_round(rnd, rows_out, result)
-        result.arrays = dict(run.arrays)
+        result.arrays = dict(run_state.arrays)
         return result
 
     def _aggregate(self, plan: RoundPlan, replies: Iterable[Message]) -> dict[str, dict[str, Any]]:
-        return aggregate.aggregate_train_replies(self.run, self.policy, self.aggregator, plan, replies,
+        return aggregate.aggregate_train_replies(self.run_state, self.policy, self.aggregator, plan, replies,
                                      self.limits)
 
     def _finish_round(self, rnd: int, rows: list[dict[str, Any]], result: MultiModelResult) -> None:
@@ -308,7 +308,7 @@ class MultiModelStrategy(Strategy):
 
     def state_dict(self, server_round: int, result: MultiModelResult) -> dict[str, Any]:
         """Everything needed to continue after ``server_round`` (plain data)."""
-        return persist.run_state_dict(self.run, self.policy, self.aggregator, server_round, result)
+        return persist.run_state_dict(self.run_state, self.policy, self.aggregator, server_round, result)
 
     def check_resumable(self, path: str) -> dict[str, Any]:
         """Load a checkpoint and check it was written by an identical strategy

@@ -26,7 +26,7 @@ def identity(policy: Policy, aggregator: Aggregator, seed: int) -> dict[str, Any
 
 
 def run_state_dict(
-    run: RunState,
+    run_state: RunState,
     policy: Policy,
     aggregator: Aggregator,
     server_round: int,
@@ -35,19 +35,19 @@ def run_state_dict(
     """Everything needed to continue after ``server_round`` (plain data)."""
     return {
         "round": server_round,
-        "weights": {t: dict(w) for t, w in run.weights.items()},
+        "weights": {t: dict(w) for t, w in run_state.weights.items()},
         "policy": policy.state_dict(),
         "aggregator": aggregator.state_dict(),
-        "table": run.table.state_dict(),
-        "rng": run.rng.bit_generator.state,
-        "eval_rng": run.eval_rng.bit_generator.state,
+        "table": run_state.table.state_dict(),
+        "rng": run_state.rng.bit_generator.state,
+        "eval_rng": run_state.eval_rng.bit_generator.state,
         "history": [dict(r) for r in result.history],
-        "trainable": {t: list(k) for t, k in run.trainable.items()},
-        "norm_history": {t: list(v) for t, v in run.norm_history.items()},
-        "loss_reference": dict(run.loss_reference),
-        "bound_at_first_use": dict(run.bound_at_first_use),
+        "trainable": {t: list(k) for t, k in run_state.trainable.items()},
+        "norm_history": {t: list(v) for t, v in run_state.norm_history.items()},
+        "loss_reference": dict(run_state.loss_reference),
+        "bound_at_first_use": dict(run_state.bound_at_first_use),
         "assignments": dict(result.assignments),
-        **identity(policy, aggregator, run.seed),
+        **identity(policy, aggregator, run_state.seed),
     }
 
 
@@ -67,25 +67,25 @@ def load_resumable(path: str, mine: dict[str, Any]) -> dict[str, Any]:
 
 
 def restore(
-    run: RunState,
+    run_state: RunState,
     policy: Policy,
     aggregator: Aggregator,
     state: dict[str, Any],
     result: MultiModelResult,
 ) -> int:
     """Load a checkpoint's state into a fresh run; returns its last round."""
-    run.set_models({t: numpy_to_arrays(w) for t, w in state["weights"].items()})
+    run_state.set_models({t: numpy_to_arrays(w) for t, w in state["weights"].items()})
     policy.load_state_dict(state["policy"])
     aggregator.load_state_dict(state["aggregator"])
-    run.table.load_state_dict(state["table"])
-    run.trainable = {**state.get("trainable", {}), **run.pinned_trainable}
-    run.norm_history = {t: list(v) for t, v in state.get("norm_history", {}).items()}
-    run.loss_reference = dict(state.get("loss_reference", {}))
+    run_state.table.load_state_dict(state["table"])
+    run_state.trainable = {**state.get("trainable", {}), **run_state.pinned_trainable}
+    run_state.norm_history = {t: list(v) for t, v in state.get("norm_history", {}).items()}
+    run_state.loss_reference = dict(state.get("loss_reference", {}))
     for cid, pin in state.get("bound_at_first_use", {}).items():
-        if run.client_pins.get(cid, run.client_pins.get("*")) == "key:first-use":
-            run.client_pins[cid] = run.bound_at_first_use[cid] = pin
-    run.rng.bit_generator.state = state["rng"]
-    run.eval_rng.bit_generator.state = state["eval_rng"]
+        if run_state.client_pins.get(cid, run_state.client_pins.get("*")) == "key:first-use":
+            run_state.client_pins[cid] = run_state.bound_at_first_use[cid] = pin
+    run_state.rng.bit_generator.state = state["rng"]
+    run_state.eval_rng.bit_generator.state = state["eval_rng"]
     result.history.extend(state["history"])
     result.assignments.update(state["assignments"])
     return int(state["round"])

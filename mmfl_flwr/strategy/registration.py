@@ -156,13 +156,13 @@ def _node_keys(grid: Grid) -> dict[int, bytes]:
 
 
 # --------------------------------------------------------------- the phase
-def wait_for_nodes(run: RunState, grid: Grid, min_nodes: int, wait_timeout: float) -> list[int]:
+def wait_for_nodes(run_state: RunState, grid: Grid, min_nodes: int, wait_timeout: float) -> list[int]:
     """The online node ids. Before the first round, wait (at most
     ``wait_timeout`` seconds) for ``min_nodes``; afterwards a round goes ahead
     with whoever is online (late nodes join when they come)."""
-    if run.waited:
+    if run_state.waited:
         return sorted(grid.get_node_ids())
-    run.waited = True
+    run_state.waited = True
     deadline = time.monotonic() + wait_timeout
     while True:
         nodes = sorted(grid.get_node_ids())
@@ -175,7 +175,7 @@ def wait_for_nodes(run: RunState, grid: Grid, min_nodes: int, wait_timeout: floa
 
 
 def refresh_clients(
-    run: RunState,
+    run_state: RunState,
     grid: Grid,
     server_round: int,
     timeout: float,
@@ -183,20 +183,20 @@ def refresh_clients(
     wait_timeout: float,
 ) -> None:
     """Register new nodes and mark which clients are online."""
-    run.client_pins = check_pins(run.client_pins)
-    nodes = wait_for_nodes(run, grid, min_nodes, wait_timeout)
+    run_state.client_pins = check_pins(run_state.client_pins)
+    nodes = wait_for_nodes(run_state, grid, min_nodes, wait_timeout)
     # Forget nodes that are gone: a client that reconnects comes back with a
     # new node id and registers again under its stable id.
-    for nid in list(run.node_to_cid):
+    for nid in list(run_state.node_to_cid):
         if nid not in nodes:
-            gone = run.node_to_cid.pop(nid)
+            gone = run_state.node_to_cid.pop(nid)
             log(INFO, "Client %s (node %d) went offline; left out until it reconnects",
                 gone, nid)
-    evict_unproven(run)
-    new = [n for n in nodes if n not in run.node_to_cid]
+    evict_unproven(run_state)
+    new = [n for n in nodes if n not in run_state.node_to_cid]
     if new:
         keys = (_node_keys(grid)
-                if any(p.startswith(KEY_PIN) for p in run.client_pins.values()) else {})
+                if any(p.startswith(KEY_PIN) for p in run_state.client_pins.values()) else {})
         msgs = [instruction(n, RecordDict(), P.QUERY_INFO, server_round) for n in new]
         answered = set()
         errors = []
@@ -204,20 +204,25 @@ def refresh_clients(
             answered.add(reply.metadata.src_node_id)
             if reply.has_error():
                 errors.append(str(reply.error.reason))
-            register(run, reply, keys)
-        if errors and len(errors) == len(answered) and not run.table.ids():
+            register(run_state, reply, keys)
+        if errors and len(errors) == len(answered) and not run_state.table.ids():
             raise NoClientRegistered(_no_client_message(len(errors), errors[0]))
         for n in new:
             if n not in answered:
                 log(WARNING, "Node %d did not answer the info query within %g s; it is "
                     "asked again next round", n, timeout)
+    registered = set(run_state.table.ids(online_only=False))
+    if run_state.lacking and registered and registered <= set(run_state.lacking):
+        raise NoClientCanServe(_cannot_serve_message(run_state.lacking))
     online = {
-        run.node_to_cid[n]
+        run_state.node_to_cid[n]
         for n in nodes
-        if n in run.node_to_cid and run.client_arrivals.get(run.node_to_cid[n], 0) <= server_round
+        if n in run_state.node_to_cid
+        and run_state.client_arrivals.get(run_state.node_to_cid[n], 0) <= server_round
+        and run_state.node_to_cid[n] not in run_state.lacking
     }
-    run.cid_to_node = {cid: nid for nid, cid in run.node_to_cid.items() if cid in online}
-    run.table.set_online(online)
+    run_state.cid_to_node = {cid: nid for nid, cid in run_state.node_to_cid.items() if cid in online}
+    run_state.table.set_online(online)
 
 
 class NoClientRegistered(RuntimeError):
@@ -226,14 +231,31 @@ class NoClientRegistered(RuntimeError):
     MMFL message protocol (``docs/protocol.md``)."""
 
 
-def warn_unheld_models(run: RunState, warned: set[str]) -> None:
+class NoClientCanServe(NoClientRegistered):
+    """Every registered client's ClientApp lacks a handler the strategy sends
+    messages to (``query.losses``, ``train`` or ``evaluate``): the run cannot
+    go on."""
+
+
+def _cannot_serve_message(lacking: dict[str, str]) -> str:
+    handlers = sorted(set(lacking.values()))
+    example = ", ".join(f"client {c}: '{h}'" for c, h in sorted(lacking.items())[:3])
+    return (f"No client can serve this run: the ClientApp of every registered client "
+            f"({len(lacking)}) has no handler for {' / '.join(repr(h) for h in handlers)} "
+            f"messages, which the strategy sends ({example}{', ...' if len(lacking) > 3 else ''}). "
+            "MultiModelStrategy needs ClientApps that answer query.info, query.losses, "
+            "train and evaluate as docs/protocol.md describes; build one with "
+            "mmfl_flwr.make_client_app.")
+
+
+def warn_unheld_models(run_state: RunState, warned: set[str]) -> None:
     """One warning per active model that no registered client holds (a model name
     with a typo trains nothing otherwise silently), naming the models the clients
     do hold; ``warned`` keeps the ones already named."""
-    if not run.table.ids(online_only=False):
+    if not run_state.table.ids(online_only=False):
         return
-    held = {t for c in run.table.clients(online_only=False) for t in c.num_examples}
-    for task in run.tasks:
+    held = {t for c in run_state.table.clients(online_only=False) for t in c.num_examples}
+    for task in run_state.tasks:
         if task not in held and task not in warned:
             warned.add(task)
             log(WARNING, "Model %r: no registered client holds it, so no client can train "
@@ -251,24 +273,24 @@ def _no_client_message(nodes: int, reason: str) -> str:
             "docs/protocol.md describes; build one with mmfl_flwr.make_client_app.")
 
 
-def evict_unproven(run: RunState) -> None:
+def evict_unproven(run_state: RunState) -> None:
     """Release every pinned id held by a node that did not prove its pin (the
     pin was set or changed after it registered); the node is asked again."""
-    for nid, cid in list(run.node_to_cid.items()):
-        pin = run.client_pins.get(cid)
-        if pin is not None and run.verified_nodes.get(nid) != pin:
-            del run.node_to_cid[nid]
-            if cid in run.table:  # the holder's losses are not the pinned client's
-                run.table[cid].losses.clear()
-                run.table[cid].loss_round.clear()
+    for nid, cid in list(run_state.node_to_cid.items()):
+        pin = run_state.client_pins.get(cid)
+        if pin is not None and run_state.verified_nodes.get(nid) != pin:
+            del run_state.node_to_cid[nid]
+            if cid in run_state.table:  # the holder's losses are not the pinned client's
+                run_state.table[cid].losses.clear()
+                run_state.table[cid].loss_round.clear()
             log(WARNING, "Client id %s is pinned, but node %d holds it without having "
                 "proved the pin; evicted (it is asked again)", cid, nid)
-    run.verified_nodes = {
-        n: p for n, p in run.verified_nodes.items() if run.node_to_cid.get(n) is not None
+    run_state.verified_nodes = {
+        n: p for n, p in run_state.verified_nodes.items() if run_state.node_to_cid.get(n) is not None
     }
 
 
-def register(run: RunState, reply: Message, node_keys: Mapping[int, bytes] | None = None) -> None:
+def register(run_state: RunState, reply: Message, node_keys: Mapping[int, bytes] | None = None) -> None:
     """Register the client that answered a ``query.info`` (or log why not);
     ``node_keys`` (node id -> public key) serves ``key:`` pins."""
     node = reply.metadata.src_node_id
@@ -278,14 +300,14 @@ def register(run: RunState, reply: Message, node_keys: Mapping[int, bytes] | Non
         return
     try:
         info = reply.content.config_records[P.INFO_KEY]
-        cid, usable, unknown, procs = _describe(info, run.all_tasks)
+        cid, usable, unknown, procs = _describe(info, run_state.all_tasks)
     except (KeyError, TypeError, ValueError) as err:
         log(WARNING, "Node %d (claiming client id %s) sent an invalid self-description, "
             "left out: %s", node, _claimed_id(reply), err)
         return
     if unknown:
         log(WARNING, "Client %s declared unknown tasks %s; ignoring them", cid, unknown)
-    pin = run.client_pins.get(cid, run.client_pins.get(ANY_ID))
+    pin = run_state.client_pins.get(cid, run_state.client_pins.get(ANY_ID))
     if pin == FIRST_USE:
         seen = _key_fingerprint((node_keys or {}).get(node))
         if seen is None:
@@ -293,7 +315,7 @@ def register(run: RunState, reply: Message, node_keys: Mapping[int, bytes] | Non
                 "SuperNode authentication on?); refused (the id is bound at first use)",
                 node, cid)
             return
-        pin = run.client_pins[cid] = run.bound_at_first_use[cid] = KEY_PIN + seen
+        pin = run_state.client_pins[cid] = run_state.bound_at_first_use[cid] = KEY_PIN + seen
         log(INFO, "Client id %s is bound to the public key of node %d (first use)", cid, node)
     if pin is not None:
         problem = _pin_problem(pin, info, (node_keys or {}).get(node))
@@ -303,20 +325,20 @@ def register(run: RunState, reply: Message, node_keys: Mapping[int, bytes] | Non
             return
     # Nodes that went away were already forgotten, so another live node with
     # this id is a duplicate claim: keep the first one.
-    other = next((n for n, c in run.node_to_cid.items() if c == cid and n != node), None)
+    other = next((n for n, c in run_state.node_to_cid.items() if c == cid and n != node), None)
     if other is not None:
         log(WARNING, "Client id %s is claimed by nodes %d and %d; keeping %d (the first "
             "to register; node %d is refused and asked again next round)",
             cid, other, node, other, node)
         return
-    note_trainable(run, cid, info, usable)
+    note_trainable(run_state, cid, info, usable)
     log(INFO, "Client %s %s as node %d (tasks %s%s)", cid,
-        "re-registered" if cid in run.table else "registered", node, sorted(usable),
+        "re-registered" if cid in run_state.table else "registered", node, sorted(usable),
         "" if pin is None else f"; identity proved by its {pin.split(':')[0]}")
-    run.node_to_cid[node] = cid
+    run_state.node_to_cid[node] = cid
     if pin is not None:
-        run.verified_nodes[node] = pin
-    run.table.upsert(ClientInfo(cid=cid, num_examples=usable, processors=procs))
+        run_state.verified_nodes[node] = pin
+    run_state.table.upsert(ClientInfo(cid=cid, num_examples=usable, processors=procs))
 
 
 def _claimed_id(reply: Message) -> str:
@@ -344,7 +366,7 @@ def _describe(info: ConfigRecord, known: list[str]) -> tuple[str, dict[str, int]
     return cid, usable, unknown, int(procs)  # type: ignore[arg-type]
 
 
-def note_trainable(run: RunState, cid: str, info: ConfigRecord, tasks: Iterable[str]) -> None:
+def note_trainable(run_state: RunState, cid: str, info: ConfigRecord, tasks: Iterable[str]) -> None:
     """Take a client's ``trainable.<task>`` declarations: the first valid one of a
     task sets its trainable keys (unless pinned); a different one is logged and
     ignored."""
@@ -353,15 +375,15 @@ def note_trainable(run: RunState, cid: str, info: ConfigRecord, tasks: Iterable[
         if raw is None:
             continue
         keys = [str(k) for k in raw] if isinstance(raw, list) else []
-        problem = run.trainable_problem(task, keys)
+        problem = run_state.trainable_problem(task, keys)
         if problem:
             log(WARNING, "Client %s declared invalid trainable keys for %r (%s); ignored",
                 cid, task, problem)
             continue
-        known = run.trainable.get(task)
+        known = run_state.trainable.get(task)
         if known is None:
-            run.trainable[task] = keys
-            train, state = run.split_keys(task)
+            run_state.trainable[task] = keys
+            train, state = run_state.split_keys(task)
             log(INFO, "Task %r: %d trainable entries, %d state entries (averaged, not part "
                 "of the update), as declared by client %s", task, len(train), len(state), cid)
         elif set(known) != set(keys):

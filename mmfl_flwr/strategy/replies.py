@@ -3,11 +3,25 @@ senders, duplicates and error replies, each logged with the client id."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Collection, Iterable, Iterator
-from logging import WARNING
+from logging import ERROR, WARNING
 
 from flwr.app import Message
 from flwr.common.logger import log
+
+
+_NO_HANDLER = re.compile(r"No (\w+) function registered with name '(\w+)'")
+
+
+def missing_handler(reason: str) -> str | None:
+    """The message type (``query.losses``) an error reply says its ClientApp has
+    no handler for (Flower's ClientApp words it so), else None."""
+    found = _NO_HANDLER.search(reason)
+    if not found:
+        return None
+    category, action = found.groups()
+    return category if action == "default" else f"{category}.{action}"
 
 
 def client_replies(
@@ -17,6 +31,7 @@ def client_replies(
     asked: Collection[str] | None = None,
     on_error: Callable[[str, Message], None] | None = None,
     server_round: int | None = None,
+    lacking: dict[str, str] | None = None,
 ) -> Iterator[tuple[str, Message]]:
     """Yield ``(client id, reply)`` for the usable replies of one round trip.
 
@@ -24,7 +39,10 @@ def client_replies(
     one of the clients asked) is ignored; with ``server_round``, a reply that
     answers another round (its group id) is ignored; a client's second reply is ignored;
     an error reply is logged (or handed to ``on_error``, which logs it) and
-    not yielded. ``kind`` names the round trip in the log lines ("train",
+    not yielded; with ``lacking`` (the run's client id -> missing handler), an
+    error reply that says the ClientApp has no handler for the message is one
+    ERROR naming the handler, and the client is recorded there (left out of
+    the run from then on). ``kind`` names the round trip in the log lines ("train",
     "loss", "evaluation").
     """
     seen: set[str] = set()
@@ -43,6 +61,16 @@ def client_replies(
             continue
         seen.add(cid)
         if reply.has_error():
+            handler = missing_handler(str(reply.error.reason))
+            if lacking is not None and handler is not None:
+                if cid not in lacking:
+                    log(ERROR, "Client %s: its ClientApp has no handler for '%s' messages, "
+                        "which this strategy sends (docs/protocol.md); the client is left "
+                        "out of the run", cid, handler)
+                lacking[cid] = handler
+                if on_error is not None:  # its parts are counted as rejected
+                    on_error(cid, reply)
+                continue
             if on_error is not None:
                 on_error(cid, reply)
             else:

@@ -76,6 +76,8 @@ class RunState:
     norm_history: dict[str, list[float]] = field(default_factory=dict)
     #: task -> largest median reported loss so far (the reference of the loss cap)
     loss_reference: dict[str, float] = field(default_factory=dict)
+    #: client id -> the message type its ClientApp has no handler for (left out)
+    lacking: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.seed)

@@ -49,7 +49,7 @@ class TrainConfig:
 
 
 def plan_round(
-    run: RunState,
+    run_state: RunState,
     policy: Policy,
     aggregator: Aggregator,
     server_round: int,
@@ -59,11 +59,11 @@ def plan_round(
     """Ask the policy who trains what, drop impossible picks (offline clients,
     inactive tasks, tasks a client holds no data for), and build one train
     message per client with every model assigned to it."""
-    active = run.tasks
-    picks = policy.assign(run.table, active, server_round, run.rng)
+    active = run_state.tasks
+    picks = policy.assign(run_state.table, active, server_round, run_state.rng)
     valid = [
         p for p in picks
-        if p.cid in run.cid_to_node and p.task in active and p.task in run.table[p.cid].num_examples
+        if p.cid in run_state.cid_to_node and p.task in active and p.task in run_state.table[p.cid].num_examples
     ]
     if len(valid) != len(picks):
         log(WARNING, "Policy %r made %d picks of offline clients or of tasks a client holds "
@@ -71,16 +71,16 @@ def plan_round(
     controls: dict[str, ArrayRecord] = {}
     if aggregator.needs_control:
         for t in {p.task for p in valid}:
-            keys = run.split_keys(t)[0]
-            c = aggregator.server_control(t, [run.weights[t][k] for k in keys])
+            keys = run_state.split_keys(t)[0]
+            c = aggregator.server_control(t, [run_state.weights[t][k] for k in keys])
             controls[t] = numpy_to_arrays(dict(zip(keys, c)))
     messages = []
     for cid, mine in picks_by_client(valid).items():
         tasks = [p.task for p in mine]
-        content = RecordDict({P.arrays_key(t): run.arrays[t] for t in tasks})
+        content = RecordDict({P.arrays_key(t): run_state.arrays[t] for t in tasks})
         content[P.CONFIG_KEY] = train.record(base_config, server_round, tasks)
         for t in tasks:
             if t in controls:
                 content[P.control_key(t)] = controls[t]
-        messages.append(run.message(cid, content, MessageType.TRAIN, server_round))
+        messages.append(run_state.message(cid, content, MessageType.TRAIN, server_round))
     return RoundPlan(server_round, list(active), valid, messages)

@@ -221,7 +221,7 @@ def apply_count_cap(table: ClientTable, factor: float | None) -> None:
                 "median count)", cid, declared, task, used, factor)
 
 
-def loss_cap(run: RunState, task: str, values: list[float], factor: float | None,
+def loss_cap(run_state: RunState, task: str, values: list[float], factor: float | None,
              kind: str = "query-loss") -> float:
     """The largest loss of ``task`` the server uses: ``factor`` times the task's
     reference loss, the largest 90th percentile (the lower one: an observed
@@ -234,21 +234,21 @@ def loss_cap(run: RunState, task: str, values: list[float], factor: float | None
     ``"train-loss"``) names the check for :data:`BOUND_OBSERVERS`."""
     if factor is None:
         return math.inf
-    pool = values + [c.losses[task] for c in run.table.clients() if task in c.losses]
+    pool = values + [c.losses[task] for c in run_state.table.clients() if task in c.losses]
     high = float(np.percentile(pool, 90, method="lower")) if pool else 0.0
-    ref = max(high, run.loss_reference.get(task, 0.0))
-    run.loss_reference[task] = ref
+    ref = max(high, run_state.loss_reference.get(task, 0.0))
+    run_state.loss_reference[task] = ref
     _observe(kind, task, values, ref)
     return factor * ref if ref > 0 else math.inf
 
 
-def cap_train_losses(run: RunState, outcome: TrainOutcome, factor: float | None) -> None:
+def cap_train_losses(run_state: RunState, outcome: TrainOutcome, factor: float | None) -> None:
     """Cap the training losses a policy observes (UCB's index) at ``factor``
     times the task's reference loss, as the loss query's reports are
     (:func:`~.loss_query.loss_cap`), logging the client id. The round's
     ``train_loss`` metric keeps the reported values."""
     for task, reports in outcome.train_losses.items():
-        cap = loss_cap(run, task, [v for v, _, _ in reports], factor, "train-loss")
+        cap = loss_cap(run_state, task, [v for v, _, _ in reports], factor, "train-loss")
         for value, _, cid in reports:
             if value > cap:
                 log(WARNING, "Client %s: training loss %.4g on task %r capped at %.4g "
@@ -269,7 +269,7 @@ class TrainOutcome:
 
 
 def collect_updates(
-    run: RunState,
+    run_state: RunState,
     plan: RoundPlan,
     replies: Iterable[Message],
     shares: dict[str, dict[str, float]],
@@ -284,7 +284,7 @@ def collect_updates(
         train_losses={t: [] for t in plan.tasks},
         rejected={t: 0 for t in plan.tasks},
     )
-    split = {t: run.split_keys(t) for t in plan.tasks}
+    split = {t: run_state.split_keys(t) for t in plan.tasks}
     answered: set[str] = set()
 
     def failed(cid: str, reply: Message) -> None:
@@ -295,8 +295,8 @@ def collect_updates(
         for t in expected[cid]:
             out.rejected[t] += 1
 
-    for cid, reply in client_replies(run.node_to_cid, replies, "train", expected, failed,
-                                     plan.server_round):
+    for cid, reply in client_replies(run_state.node_to_cid, replies, "train", expected, failed,
+                                     plan.server_round, lacking=run_state.lacking):
         answered.add(cid)
         asked = expected[cid]
         content = reply.content
@@ -307,11 +307,11 @@ def collect_updates(
             if task not in asked:
                 log(WARNING, "Client %s: rejected arrays under %r (task not assigned to it "
                     "this round)", cid, key)
-        info = run.table[cid]
+        info = run_state.table[cid]
         for task, pick in asked.items():
             try:
                 update, train_loss = validate_train_part(
-                    content, task, pick, info, run.weights[task], split[task],
+                    content, task, pick, info, run_state.weights[task], split[task],
                     shares[task].get(cid, 0.0), limits, needs_control,
                 )
             except InvalidReply as err:

@@ -251,8 +251,8 @@ def test_disconnect_mid_round_then_reconnect_with_a_new_node_id(config):
     assert run.rec.nodes("carol", P.QUERY_INFO) == [(1, nodes["old"]), (3, nodes["new"])]
     assert run.rec.nodes("carol", "train") == [(r, nodes["old"]) for r in (1, 2)] + [
         (3, nodes["new"])]
-    assert run.strategy.run.node_to_cid.get(nodes["new"]) == "carol"
-    assert nodes["old"] not in run.strategy.run.node_to_cid
+    assert run.strategy.run_state.node_to_cid.get(nodes["new"]) == "carol"
+    assert nodes["old"] not in run.strategy.run_state.node_to_cid
     # the log says her round-2 update is missing; nobody else is blamed
     w2 = run.warnings(2)
     assert len(w2) == 1 and "carol" in w2[0] and "no train reply" in w2[0] and MISSING in w2[0]

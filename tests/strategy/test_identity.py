@@ -84,7 +84,7 @@ def make_strategy(pins: Mapping[str, str] | None) -> MultiModelStrategy:
         kwargs["client_pins"] = dict(pins)
     strategy = MultiModelStrategy(FullParticipation(), FedAvgAggregator(), **kwargs)
     if pins and not takes_pins:
-        strategy.run.client_pins = dict(pins)
+        strategy.run_state.client_pins = dict(pins)
     return strategy
 
 
@@ -144,7 +144,7 @@ def test_without_pins_a_squatter_keeps_the_id_while_online_then_the_client_gets_
     assert "alice" in claims[0] and str(squatter) in claims[0] and str(new) in claims[0]
     assert claims[0].split("keeping")[1].split()[0] == str(squatter)
     assert not any("claimed by" in m for m in run.warnings(4))
-    assert run.strategy.run.node_to_cid.get(new) == "alice"
+    assert run.strategy.run_state.node_to_cid.get(new) == "alice"
 
 
 # ============================================================ token pins
@@ -158,8 +158,8 @@ def test_pinned_client_gets_its_id_and_the_squatter_who_came_first_is_refused():
     squatter, alice = run.nodes["mallory"], run.nodes["alice"]
     assert only_info_queries(run, "mallory")
     assert run.trained("alice") == [(2, alice), (3, alice)]
-    assert run.strategy.run.node_to_cid.get(alice) == "alice"
-    assert squatter not in run.strategy.run.node_to_cid
+    assert run.strategy.run_state.node_to_cid.get(alice) == "alice"
+    assert squatter not in run.strategy.run_state.node_to_cid
     assert run.strategy.table["alice"].num_examples == {"a": 10, "b": 30}
     for rnd in (1, 2, 3):  # asked (and refused) again each round
         refused = [m for m in run.warnings(rnd) if "refused" in m]
@@ -187,8 +187,8 @@ def test_pinned_client_reconnecting_with_a_new_node_id_gets_its_id_back():
     assert new != old
     assert run.trained("alice") == [(1, old), (3, new)]
     assert only_info_queries(run, "mallory")
-    assert run.strategy.run.node_to_cid.get(new) == "alice"
-    assert run.strategy.run.verified_nodes == {new: PINS["alice"]}
+    assert run.strategy.run_state.node_to_cid.get(new) == "alice"
+    assert run.strategy.run_state.verified_nodes == {new: PINS["alice"]}
     for rnd in (2, 3):
         assert any("alice" in m and str(squatter) in m and "refused" in m
                    for m in run.warnings(rnd)), run.warnings(rnd)
@@ -212,7 +212,7 @@ def test_pin_set_during_the_run_evicts_the_squatter():
     id and her node) at the next round and alice trains in that round."""
     def pin_after_round_2(rnd: int, run: FedRun) -> None:
         if rnd == 2:
-            run.strategy.run.client_pins = dict(PINS)
+            run.strategy.run_state.client_pins = dict(PINS)
 
     events = {1: [("add", "alice", ALICE)]}
     run = run_fed({"mallory": SQUATTER, "bob": BOB}, rounds=3, events=events,
@@ -224,8 +224,8 @@ def test_pin_set_during_the_run_evicts_the_squatter():
     assert len(evicted) == 1 and "alice" in evicted[0] and str(squatter) in evicted[0]
     assert any("refused" in m and str(squatter) in m for m in run.warnings(3))
     assert run.strategy.table["alice"].num_examples == {"a": 10, "b": 30}
-    assert run.strategy.run.node_to_cid.get(alice) == "alice"
-    assert squatter not in run.strategy.run.node_to_cid
+    assert run.strategy.run_state.node_to_cid.get(alice) == "alice"
+    assert squatter not in run.strategy.run_state.node_to_cid
 
 
 # ============================================== SuperNode public-key pins
@@ -289,8 +289,8 @@ def test_first_use_binds_each_id_to_the_key_of_its_first_node():
     # (the recorder names nodes by their real client: alice's both nodes)
     assert run.trained("alice") == [(1, run.nodes["alice"]), (3, run.nodes["alice2"])]
     assert any("another node key" in m and "alice" in m for m in run.warnings(2))
-    assert run.strategy.run.client_pins["alice"] == key_pin(alice_pem)
-    assert run.strategy.run.client_pins["bob"] == key_pin(bob_pem)
+    assert run.strategy.run_state.client_pins["alice"] == key_pin(alice_pem)
+    assert run.strategy.run_state.client_pins["bob"] == key_pin(bob_pem)
     assert_same_models(run, honest)
 
 
@@ -306,7 +306,7 @@ def test_first_use_bindings_survive_a_resume(tmp_path):
                                node_wait_timeout=0.0, client_pins={"*": FIRST_USE},
                                checkpoint_path=ckpt)
     first.start(grid, initial(), num_rounds=1, timeout=60.0)
-    assert first.run.bound_at_first_use == {"alice": key_pin(alice_pem)}
+    assert first.run_state.bound_at_first_use == {"alice": key_pin(alice_pem)}
     squatter = node("mallory", claim="alice", pubkey=other_pem)
     rec = Recorder(make_app())
     grid2 = AuthGrid(rec, [squatter, alice, BOB], seed=0)

@@ -955,3 +955,69 @@ def test_one_array_record_given_to_start_is_a_clear_error():
     text = str(err.value)
     assert "one ArrayRecord" in text and "{'model-name': arrays}" in text, text
     assert "'w'" not in text  # not an array key taken for a model name
+
+
+def _without_handlers(full, lacking_clients, missing=("losses",)):
+    """A real flwr ClientApp that serves query.info, train and evaluate through
+    ``full`` but, on the nodes of ``lacking_clients``, has no handler for the
+    query actions in ``missing`` (Flower answers those with an error reply)."""
+    from flwr.clientapp import ClientApp
+
+    partial = ClientApp()
+
+    @partial.query("info")
+    def info(msg, ctx):
+        return full(msg, ctx)
+
+    if "losses" not in missing:
+        @partial.query("losses")
+        def losses(msg, ctx):
+            return full(msg, ctx)
+
+    @partial.train()
+    def train(msg, ctx):
+        return full(msg, ctx)
+
+    @partial.evaluate()
+    def evaluate(msg, ctx):
+        return full(msg, ctx)
+
+    def app(msg, ctx):
+        return (partial if ctx.node_config["cid"] in lacking_clients else full)(msg, ctx)
+
+    return app
+
+
+def test_a_client_without_a_handler_the_strategy_needs_is_named_and_left_out():
+    """A ClientApp with no query.losses handler under a loss-based policy: one
+    ERROR naming the client and the handler, the client is left out of later
+    rounds, and the others train on (issue 25)."""
+    from mmfl_flwr.core.lvr import LVR
+
+    clients = {c: ClientDef({"a": (10, 1.0), "b": (5, 1.0)}, losses={"a": 1.0, "b": 2.0})
+               for c in ("0", "1", "2")}
+    strategy = MultiModelStrategy(LVR(budget_fraction=1.0), node_wait_timeout=0.0, seed=0)
+    app = _without_handlers(make_app(clients), {"1"})
+    run = run_federation(strategy, app, {c: {"cid": c} for c in clients}, initial_arrays(),
+                         3, grid_factory=lambda rec, cfgs: InProcessGrid(rec, cfgs, seed=0))
+    errors = [m for r in (1, 2, 3) for m in run.errors(r) if "no handler" in m]
+    assert len(errors) == 1, errors
+    assert "Client 1" in errors[0] and "'query.losses'" in errors[0], errors
+    assert "1" not in run.picked(2) | run.picked(3)
+    assert {"0", "2"} & (run.picked(2) | run.picked(3))
+
+
+def test_no_client_that_can_serve_the_run_stops_it_with_one_error():
+    """When every client's ClientApp lacks a handler the strategy needs, the run
+    stops with one error naming it, instead of training nothing to the end."""
+    from mmfl_flwr.core.lvr import LVR
+    from mmfl_flwr.strategy.registration import NoClientCanServe
+
+    clients = {c: ClientDef({"a": (10, 1.0), "b": (5, 1.0)}) for c in ("0", "1")}
+    strategy = MultiModelStrategy(LVR(budget_fraction=1.0), node_wait_timeout=0.0, seed=0)
+    app = _without_handlers(make_app(clients), {"0", "1"})
+    with pytest.raises(NoClientCanServe) as err:
+        run_federation(strategy, app, {c: {"cid": c} for c in clients}, initial_arrays(), 3,
+                       grid_factory=lambda rec, cfgs: InProcessGrid(rec, cfgs, seed=0))
+    text = str(err.value)
+    assert "'query.losses'" in text and "make_client_app" in text and "\n" not in text, text

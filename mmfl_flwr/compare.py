@@ -126,6 +126,38 @@ def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
     return mean, (statistics.stdev(vals) if len(vals) >= 2 else None)
 
 
+#: Settings that name a folder: equal when they name the same one.
+_PATH_KEYS = {"data-root"}
+
+
+def _value_key(key: str, value: Any) -> str:
+    """A comparable form of a setting's value (a folder by its real path)."""
+    if key in _PATH_KEYS and isinstance(value, str) and value:
+        return os.path.realpath(value)
+    return json.dumps(value, sort_keys=True)
+
+
+def differing_settings(runs: Sequence[_Run],
+                       ignore: set[str] = frozenset()) -> dict[str, list[Any]]:
+    """Setting -> its distinct values (in run order), for every setting other than
+    the seed, the locations and ``ignore`` on which ``runs`` disagree (a folder
+    spelled two ways is one value)."""
+    keys = sorted({k for r in runs for k in r.config} - _MAY_DIFFER - set(ignore))
+    out: dict[str, list[Any]] = {}
+    for k in keys:
+        seen: dict[str, Any] = {}
+        for r in runs:
+            seen.setdefault(_value_key(k, r.config.get(k)), r.config.get(k))
+        if len(seen) > 1:
+            out[k] = list(seen.values())
+    return out
+
+
+def describe_differences(differ: dict[str, list[Any]]) -> str:
+    """``local-epochs (1, 5); lr (0.1, 0.05)``."""
+    return "; ".join(f"{k} ({', '.join(str(v) for v in vals)})" for k, vals in differ.items())
+
+
 def _check_groups(groups: dict[str, list[_Run]]) -> None:
     """Warn where runs of one strategy are not seeds of one experiment."""
     for strategy, runs in groups.items():
@@ -136,8 +168,7 @@ def _check_groups(groups: dict[str, list[_Run]]) -> None:
                 f"strategy {strategy}: several runs with seed {', '.join(repeated)}",
                 stacklevel=3,
             )
-        keys = sorted({k for r in runs for k in r.config} - _MAY_DIFFER)
-        differ = [k for k in keys if len({json.dumps(r.config.get(k)) for r in runs}) > 1]
+        differ = list(differing_settings(runs))
         if differ:
             warnings.warn(
                 f"strategy {strategy}: its runs differ in {', '.join(differ)}",
@@ -184,8 +215,11 @@ def write_csv(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> N
             w.writerow(cells)
 
 
-def plot(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str], num_runs: int) -> Any:
-    """Draw the comparison PNG; returns the matplotlib Figure."""
+def plot(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str], num_runs: int,
+         differ: dict[str, list[Any]] | None = None) -> Any:
+    """Draw the comparison PNG; returns the matplotlib Figure. ``differ`` (the
+    settings the runs disagree on besides strategy and seed) is named under the
+    title."""
     from mmfl_flwr.results import new_figure, style_panels
 
     strategies: list[str] = []
@@ -226,7 +260,8 @@ def plot(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str], num_runs:
     fig.suptitle(
         f"MMFL comparison of {num_runs} run{'s' if num_runs != 1 else ''}, "
         f"{len(strategies)} strateg{'ies' if len(strategies) != 1 else 'y'}: "
-        "curve = mean over runs",
+        "curve = mean over runs"
+        + (f"\nsettings that differ: {describe_differences(differ)}" if differ else ""),
         fontsize="medium",
     )
     fig.savefig(path, dpi=110)
@@ -257,12 +292,13 @@ def compare(
         seen[key] = str(d)
     runs = [read_run(d) for d in run_dirs]
     rows = aggregate(runs)
+    differ = differing_settings(runs, ignore={"strategy"})
     for out in (out_path_png, out_path_csv):
         if out is not None:
             Path(out).parent.mkdir(parents=True, exist_ok=True)
     if out_path_csv is not None:
         write_csv(rows, out_path_csv)
-    plot(rows, out_path_png, len(runs))
+    plot(rows, out_path_png, len(runs), differ)
     return rows
 
 
@@ -303,6 +339,10 @@ def main(args: argparse.Namespace) -> int:
         return 2
     for w in caught:
         print(f"mmfl compare: warning: {w.message}", file=sys.stderr, flush=True)
+    differ = differing_settings([read_run(d) for d in args.dirs], ignore={"strategy"})
+    if differ:
+        print(f"[mmfl] settings that differ between the runs (besides strategy and seed): "
+              f"{describe_differences(differ)}", flush=True)
     last: dict[str, dict[str, Any]] = {}
     for row in rows:
         if row["accuracy_mean"] is not None:

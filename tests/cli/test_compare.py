@@ -269,3 +269,42 @@ def test_the_readme_compare_command_runs_verbatim(tmp_path, monkeypatch):
     rows = _read_csv(tmp_path / "cmp.csv")
     assert {r["strategy"] for r in rows} == {"rr", "lvr"}
     assert (tmp_path / "cmp.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_settings_that_differ_between_runs_are_listed_in_the_output_and_on_the_plot(
+        fake_runs, tmp_path, capsys):
+    """Runs of two strategies with other local epochs are not overlaid in silence:
+    the output and the plot name the settings that differ (issue 25)."""
+    longer = _write_run(tmp_path / "b-long", "b", 0, *RUNS["a0"][2:], local_epochs=7)
+    args = _parse(["compare", str(fake_runs["a0"]), str(longer),
+                   "--output", str(tmp_path / "d.png")])
+    assert cmp.main(args) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "settings that differ" in ln]
+    default = Settings().local_epochs
+    assert lines == [f"[mmfl] settings that differ between the runs (besides strategy and "
+                     f"seed): local-epochs ({default}, 7)"], lines
+    runs = [cmp.read_run(fake_runs["a0"]), cmp.read_run(longer)]
+    differ = cmp.differing_settings(runs, ignore={"strategy"})
+    assert differ == {"local-epochs": [default, 7]}
+    fig = cmp.plot(cmp.aggregate(runs), tmp_path / "e.png", 2, differ)
+    assert f"settings that differ: local-epochs ({default}, 7)" in fig.get_suptitle()
+    # runs that agree: nothing listed
+    assert cmp.differing_settings([cmp.read_run(fake_runs["a0"]),
+                                   cmp.read_run(fake_runs["a1"])]) == {}
+
+
+def test_one_data_folder_spelled_two_ways_is_not_a_difference(tmp_path, monkeypatch):
+    import warnings
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    rel = _write_run(tmp_path / "r0", "a", 0, *RUNS["a0"][2:], data_root="data")
+    absolute = _write_run(tmp_path / "r1", "a", 1, *RUNS["a1"][2:],
+                          data_root=str(tmp_path / "data"))
+    other = _write_run(tmp_path / "r2", "a", 2, *RUNS["a1"][2:],
+                       data_root=str(tmp_path / "elsewhere"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cmp.compare([rel, absolute], tmp_path / "p.png")
+    with pytest.warns(UserWarning, match="differ in data-root"):
+        cmp.compare([rel, absolute, other], tmp_path / "q.png")

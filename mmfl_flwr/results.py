@@ -354,6 +354,132 @@ def plot_accuracy(
     return fig
 
 
+#: Up to this many clients, the who-trained-what figure and the cluster plots
+#: name every client; above it they summarise.
+MAX_CLIENTS_DRAWN = 60
+
+
+def _model_colors(models: Sequence[str]) -> dict[str, str]:
+    return {m: f"C{i % 10}" for i, m in enumerate(models)}
+
+
+def assignments_figure(
+    assignments: dict[int, list[tuple[str, str, int]]],
+    rejections: dict[int, list[tuple[str, str]]] | None = None,
+    models: Sequence[str] | None = None,
+    max_clients: int = MAX_CLIENTS_DRAWN,
+) -> Figure:
+    """The figure of ``assignments.png``: who trained what. Up to ``max_clients``
+    clients, one row per client and one column per round, a square per model the
+    client trained (coloured by model), crossed out where that part was rejected
+    or went missing; with more clients, per round the parts each model was
+    trained on (stacked bars) and the rejected parts."""
+    from matplotlib.lines import Line2D
+
+    from mmfl_flwr.core.clients import client_sort_key
+
+    rejections = rejections or {}
+    rounds = sorted(r for r in assignments if r >= 1)
+    models = list(models) if models else sorted({t for r in rounds for _, t, _ in
+                                                 assignments[r]})
+    colors = _model_colors(models)
+    clients = sorted({c for r in rounds for c, _, _ in assignments[r]}, key=client_sort_key)
+    handles = [Line2D([], [], marker="s", linestyle="", color=colors[m], label=m)
+               for m in models]
+    if len(clients) <= max_clients:
+        height = min(12.0, 2.0 + 0.22 * max(len(clients), 1))
+        fig = new_figure((max(6.0, 1.2 + 0.18 * max(len(rounds), 1)), height),
+                         layout="constrained")
+        ax = fig.add_subplot()
+        row = {c: i for i, c in enumerate(clients)}
+        for r in rounds:
+            cells: dict[str, list[str]] = {}
+            for c, t, _ in assignments[r]:
+                cells.setdefault(c, []).append(t)
+            bad = set(map(tuple, rejections.get(r, [])))
+            for c, tasks in cells.items():
+                tasks = sorted(set(tasks), key=lambda t: models.index(t) if t in models else 0)
+                width = 0.8 / len(tasks)
+                for j, t in enumerate(tasks):
+                    x = r - 0.4 + width * (j + 0.5)
+                    ax.scatter([x], [row[c]], marker="s", s=30 * width / 0.8 + 6,
+                               color=colors.get(t, "0.5"))
+                    if (c, t) in bad:
+                        ax.scatter([x], [row[c]], marker="x", s=40, color="black",
+                                   linewidths=1.0)
+        ax.set_yticks(range(len(clients)))
+        ax.set_yticklabels(clients, fontsize="x-small")
+        ax.set_ylim(-0.7, len(clients) - 0.3)
+        ax.invert_yaxis()
+        ax.set_ylabel("client")
+        handles.append(Line2D([], [], marker="x", linestyle="", color="black",
+                              label="rejected / missing"))
+        title = f"Who trained what: {len(clients)} clients x {len(rounds)} rounds"
+    else:
+        import numpy as np
+
+        fig = new_figure((8.0, 4.5), layout="constrained")
+        ax = fig.add_subplot()
+        bottom = np.zeros(len(rounds))
+        for m in models:
+            counts = np.array([sum(n for _, t, n in assignments[r] if t == m) for r in rounds],
+                              dtype=float)
+            ax.bar(rounds, counts, bottom=bottom, color=colors[m], width=0.8)
+            bottom += counts
+        lost = [len(rejections.get(r, [])) for r in rounds]
+        ax.plot(rounds, lost, color="black", marker="x", linestyle="-", linewidth=1.0)
+        ax.set_ylabel("parts trained per round (processors)")
+        handles.append(Line2D([], [], marker="x", color="black", label="rejected / missing"))
+        title = (f"Who trained what, per round ({len(clients)} clients: more than "
+                 f"{max_clients}, so summed per model)")
+    ax.set_xlabel("round")
+    if rounds:
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.2)
+    fig.legend(handles=handles, loc="outside right upper", fontsize="small", title="model")
+    fig.suptitle(title, fontsize="medium")
+    return fig
+
+
+def training_figure(history: Sequence[dict[str, Any]]) -> Figure:
+    """The figure of ``training.png``: per round and model, the updates
+    aggregated (uploads), the parts rejected or missing, and the trainers'
+    sample-weighted training loss."""
+    import math as _math
+
+    rows = [r for r in history if int(r["round"]) >= 1]
+    models: list[str] = []
+    for r in history:
+        if r["task"] not in models:
+            models.append(r["task"])
+    colors = _model_colors(models)
+    fig = new_figure((8.0, 7.5), layout="constrained")
+    axes = fig.subplots(3, 1, sharex=True)
+    panels = (("uploads", "updates aggregated"), ("rejected", "parts rejected\nor missing"),
+              ("train_loss", "training loss\n(sample-weighted)"))
+    for ax, (key, label) in zip(axes, panels):
+        for m in models:
+            pts = [(int(r["round"]), float(r[key])) for r in rows
+                   if r["task"] == m and key in r and not _math.isnan(float(r[key]))]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".",
+                        color=colors[m], label=m)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    from matplotlib.ticker import MaxNLocator
+
+    axes[-1].set_xlabel("round")
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside right upper", fontsize="small",
+                   title="model")
+    fig.suptitle("Uploads, rejections and training loss per round", fontsize="medium")
+    return fig
+
+
 def write_outputs(
     result: MultiModelResult,
     settings: Settings | None,
@@ -361,8 +487,10 @@ def write_outputs(
     strategy_name: str | None = None,
     effective: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write ``metrics.csv``, ``summary.json``, ``assignments.csv`` and
-    ``accuracy.png`` into ``output_dir`` (created if needed). ``strategy_name``
+    """Write ``metrics.csv``, ``summary.json``, ``assignments.csv``,
+    ``accuracy.png``, ``assignments.png`` (:func:`assignments_figure`) and
+    ``training.png`` (:func:`training_figure`) into ``output_dir`` (created if
+    needed). ``strategy_name``
     names the strategy in the plot title where it is not the preset that
     ``settings`` name (a custom strategy); ``effective``, the values used for
     the automatic settings, goes to ``summary.json`` and the title."""
@@ -374,6 +502,10 @@ def write_outputs(
         f.write("\n")
     write_assignments_csv(result.assignments, out / "assignments.csv")
     plot_accuracy(result.history, out / "accuracy.png", settings, strategy_name, effective)
+    models = list(dict.fromkeys(r["task"] for r in result.history))
+    assignments_figure(result.assignments, result.rejections, models).savefig(
+        out / "assignments.png", dpi=100)
+    training_figure(result.history).savefig(out / "training.png", dpi=100)
     return out
 
 
@@ -408,6 +540,10 @@ def write_cluster_step(cstep: dict[str, Any], output_dir: str | os.PathLike[str]
     for g in np.unique(labels):
         m = labels == g
         ax.scatter(xy[m, 0], xy[m, 1], s=18, label=f"group {g}")
+    if len(xy) <= MAX_CLIENTS_DRAWN:  # which client is which point
+        for cid, (px, py) in zip(cstep["clients"], xy):
+            ax.annotate(str(cid), (px, py), xytext=(3, 3), textcoords="offset points",
+                        fontsize="xx-small", alpha=0.8)
     title = f"C-step at round {cstep['round']}: k = {cstep['k']}"
     if cstep.get("cluster_task"):
         title += f" (clustered on {cstep['cluster_task']})"

@@ -600,7 +600,8 @@ class Deployment:
 
 
 # ---------------------------------------------------------------------- the outputs
-OUTPUT_FILES = ("metrics.csv", "summary.json", "assignments.csv", "accuracy.png")
+OUTPUT_FILES = ("metrics.csv", "summary.json", "assignments.csv", "accuracy.png",
+                "assignments.png", "training.png")
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
@@ -610,7 +611,7 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 
 
 def check_outputs(out: Path, models: Sequence[str], num_rounds: int) -> dict[str, Any]:
-    """Assert the four output files of a run are there and sane; return their data.
+    """Assert the output files of a run are there and sane; return their data.
 
     metrics.csv must have exactly one row per (round 0..num_rounds, model) with a
     finite accuracy in [0, 1] and a finite loss.
@@ -618,9 +619,8 @@ def check_outputs(out: Path, models: Sequence[str], num_rounds: int) -> dict[str
     for name in OUTPUT_FILES:
         f = out / name
         assert f.is_file() and f.stat().st_size > 0, f"missing or empty output {f}"
-    assert (out / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", (
-        "accuracy.png is not a PNG"
-    )
+    for png in ("accuracy.png", "assignments.png", "training.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{png} is not a PNG"
     metrics = read_csv(out / "metrics.csv")
     keys = sorted((int(r["round"]), r["task"]) for r in metrics)
     expected = sorted((r, m) for r in range(num_rounds + 1) for m in models)

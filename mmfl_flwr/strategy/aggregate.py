@@ -57,15 +57,18 @@ def aggregate_train_replies(
 ) -> dict[str, dict[str, Any]]:
     """After the train round trip: validate the replies, let the policy observe
     the training losses (and select, GVR-style), and aggregate every model;
-    returns the metrics row of each task."""
+    returns the metrics row of each task (the rejected (client, task) parts go
+    to ``run_state.rejected_parts``)."""
     shares = {t: run_state.table.data_share(t) for t in plan.tasks}
     outcome = collect_updates(run_state, plan, replies, shares, limits, aggregator.needs_control)
+    run_state.rejected_parts = outcome.rejected_parts
     def model_norm(task: str) -> float:
         return l2_norm(run_state.weights[task][k] for k in run_state.split_keys(task)[0])
 
     for task, cid in bound_update_norms(outcome.updates, run_state.norm_history,
                                         limits.update_norm_factor, model_norm):
         outcome.rejected[task] += 1
+        outcome.rejected_parts.append((cid, task))
         outcome.observed.pop((cid, task), None)
         outcome.train_losses[task] = [r for r in outcome.train_losses[task] if r[2] != cid]
     if policy.observes_losses:

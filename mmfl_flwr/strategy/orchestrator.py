@@ -277,6 +277,7 @@ class MultiModelStrategy(Strategy):
                            else [])
             with timed(rnd, "aggregate"):
                 rows = self._aggregate(plan, replies)
+            result.rejections[rnd] = list(run_state.rejected_parts)
             result.train_metrics_clientapp[rnd] = {"all": aggregate.train_metrics(rows)}
             evaluated = rnd % self.evaluate_every == 0 or rnd == num_rounds
             with timed(rnd, "client_eval"):

@@ -47,6 +47,7 @@ def run_state_dict(
         "loss_reference": dict(run_state.loss_reference),
         "bound_at_first_use": dict(run_state.bound_at_first_use),
         "assignments": dict(result.assignments),
+        "rejections": dict(result.rejections),
         **identity(policy, aggregator, run_state.seed),
     }
 
@@ -88,4 +89,5 @@ def restore(
     run_state.eval_rng.bit_generator.state = state["eval_rng"]
     result.history.extend(state["history"])
     result.assignments.update(state["assignments"])
+    result.rejections.update(state.get("rejections", {}))  # absent in older checkpoints
     return int(state["round"])

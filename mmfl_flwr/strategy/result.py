@@ -43,11 +43,15 @@ class MultiModelResult:
         ``coef_sum``).
     assignments : dict[int, list[tuple[str, str, int]]]
         Per round, the ``(client id, task, count)`` picks of the policy.
+    rejections : dict[int, list[tuple[str, str]]]
+        Per round, the ``(client id, task)`` parts that were assigned but did
+        not reach the aggregate (rejected by a check, failed, or missing).
     """
 
     arrays: dict[str, ArrayRecord] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
     assignments: dict[int, list[tuple[str, str, int]]] = field(default_factory=dict)
+    rejections: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
     train_metrics_clientapp: dict[int, dict[str, MetricRecord]] = field(
         default_factory=dict
     )

@@ -78,6 +78,8 @@ class RunState:
     loss_reference: dict[str, float] = field(default_factory=dict)
     #: client id -> the message type its ClientApp has no handler for (left out)
     lacking: dict[str, str] = field(default_factory=dict)
+    #: (client, task) parts of the latest round that did not reach the aggregate
+    rejected_parts: list[tuple[str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.seed)

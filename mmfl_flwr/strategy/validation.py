@@ -266,6 +266,8 @@ class TrainOutcome:
     rejected: dict[str, int]
     #: (client, task) -> training loss of every accepted update (for the policy)
     observed: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: (client, task) of every assigned part that did not reach the aggregate
+    rejected_parts: list[tuple[str, str]] = field(default_factory=list)
 
 
 def collect_updates(
@@ -294,6 +296,7 @@ def collect_updates(
             reply.error.reason)
         for t in expected[cid]:
             out.rejected[t] += 1
+            out.rejected_parts.append((cid, t))
 
     for cid, reply in client_replies(run_state.node_to_cid, replies, "train", expected, failed,
                                      plan.server_round, lacking=run_state.lacking):
@@ -317,6 +320,7 @@ def collect_updates(
             except InvalidReply as err:
                 log(WARNING, "Client %s: rejected update for task %r: %s", cid, task, err)
                 out.rejected[task] += 1
+                out.rejected_parts.append((cid, task))
                 continue
             out.updates[task].append(update)
             if train_loss is not None:
@@ -328,4 +332,5 @@ def collect_updates(
                 "are missing from the aggregate", cid, sorted(asked))
             for t in asked:
                 out.rejected[t] += 1
+                out.rejected_parts.append((cid, t))
     return out

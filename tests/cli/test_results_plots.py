@@ -283,3 +283,58 @@ def test_config_and_summary_record_the_effective_values(strategy, key, expected,
     assert config["effective"][key] == expected
     assert summary["effective"] == config["effective"]
     assert S.load(str(tmp_path / "config.json")) == s
+
+
+def _squares_and_crosses(fig):
+    ax = fig.axes[0]
+    squares = crosses = 0
+    for coll in ax.collections:
+        marker = coll.get_paths()[0] if coll.get_paths() else None
+        n = len(coll.get_offsets())
+        # scatter with marker "x" has an open path of 4 vertices (2 strokes)
+        if marker is not None and len(marker.vertices) == 4 and marker.codes is not None \
+                and list(marker.codes).count(1) == 2:
+            crosses += n
+        else:
+            squares += n
+    return squares, crosses
+
+
+def test_who_trained_what_draws_every_part_and_crosses_out_the_rejected_ones():
+    from mmfl_flwr.results import assignments_figure
+
+    assignments = {1: [("0", "a", 1), ("1", "a", 1), ("1", "b", 1)],
+                   2: [("10", "b", 2), ("2", "a", 1)]}
+    rejections = {1: [("1", "b")], 2: [("10", "b")]}
+    fig = assignments_figure(assignments, rejections, ["a", "b"])
+    assert _squares_and_crosses(fig) == (5, 2)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["0", "1", "2", "10"]
+    assert ax.get_xlabel() == "round" and ax.get_ylabel() == "client"
+    assert "Who trained what: 4 clients x 2 rounds" in fig.get_suptitle()
+    # too many clients to draw: a summary per round, parts per model stacked
+    many = {1: [(str(c), "a", 1) for c in range(70)] + [("0", "b", 2)]}
+    fig = assignments_figure(many, {1: [("3", "a")]}, ["a", "b"], max_clients=60)
+    ax = fig.axes[0]
+    heights = sorted(p.get_height() for p in ax.patches)
+    assert heights == [2.0, 70.0]
+    assert "summed per model" in fig.get_suptitle()
+    assert list(ax.get_lines()[0].get_ydata()) == [1]
+
+
+def test_training_figure_shows_uploads_rejections_and_training_loss_per_model():
+    from mmfl_flwr.results import training_figure
+
+    hist = [{"round": r, "task": t, "uploads": u, "rejected": j, "train_loss": l,
+             "accuracy": 0.5, "loss": 1.0}
+            for r, t, u, j, l in [(0, "a", 0, 0, math.nan), (1, "a", 3, 1, 0.9), (2, "a", 4, 0, 0.5),
+                                  (0, "b", 0, 0, math.nan), (1, "b", 2, 0, 1.5), (2, "b", 2, 2, 1.2)]]
+    fig = training_figure(hist)
+    axes = fig.axes
+    assert [ax.get_ylabel().split("\n")[0] for ax in axes] == [
+        "updates aggregated", "parts rejected", "training loss"]
+    lines = {(i, ln.get_label()): list(ln.get_ydata()) for i, ax in enumerate(axes)
+             for ln in ax.get_lines()}
+    assert lines[(0, "a")] == [3, 4] and lines[(1, "b")] == [0, 2]
+    assert lines[(2, "b")] == [1.5, 1.2]
+    assert fig.get_suptitle() and axes[-1].get_xlabel() == "round"

@@ -1021,3 +1021,16 @@ def test_no_client_that_can_serve_the_run_stops_it_with_one_error():
                        grid_factory=lambda rec, cfgs: InProcessGrid(rec, cfgs, seed=0))
     text = str(err.value)
     assert "'query.losses'" in text and "make_client_app" in text and "\n" not in text, text
+
+
+def test_the_result_records_which_parts_were_rejected_or_missing():
+    """result.rejections names the (client, task) parts that did not reach the
+    aggregate (assignments.png crosses them out); they add up to the rows'
+    rejected counts."""
+    clients = {"0": ClientDef({"a": (10, 1.0), "b": (5, 1.0)}),
+               "1": ClientDef({"a": (5, 1.0), "b": (5, 1.0)}, fail_train=True)}
+    run = run_strategy(clients, rounds=2)
+    for rnd in (1, 2):
+        parts = run.result.rejections[rnd]
+        assert sorted(parts) == [("1", "a"), ("1", "b")], parts
+        assert sum(r["rejected"] for r in run.rows(rnd).values()) == len(parts)

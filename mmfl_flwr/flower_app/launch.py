@@ -162,6 +162,18 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 _CHATTER = ("Using SuperLink:", "Successfully installed ", "default simulated SuperNodes")
 
 
+def _echo(line: str) -> None:
+    """Print a line of the run's log as the in-process engines would: warnings,
+    errors and tracebacks on stderr, the rest (progress) on stdout; without ANSI
+    colour codes unless that stream is a terminal."""
+    plain = _ANSI.sub("", line).rstrip("\n")
+    problem = plain.lstrip().startswith(("WARNING", "ERROR", "CRITICAL", "Traceback"))
+    stream = sys.stderr if problem else sys.stdout
+    isatty = getattr(stream, "isatty", None)
+    colour = bool(isatty and isatty()) and not os.environ.get("NO_COLOR")
+    print(line.rstrip("\n") if colour else plain, file=stream, flush=True)
+
+
 def _show(line: str, verbose: bool) -> bool:
     """Whether a line of the run's log goes to the terminal: the progress lines
     and anything above INFO, without Flower's chatter; everything with
@@ -489,7 +501,7 @@ def run_on_superlink(
         started = time.monotonic()
         for line in stream.stdout:
             if _show(line, verbose):
-                print(line.rstrip("\n"), flush=True)
+                _echo(line)
             if timeout is not None and time.monotonic() - started > timeout:
                 stream.kill()
                 raise SimulationError(f"the run did not finish within {timeout:.0f} s")

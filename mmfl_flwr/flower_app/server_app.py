@@ -142,7 +142,7 @@ def progress_printer(num_rounds: int) -> Callable[[int, list[dict[str, Any]]], N
         ups = sum(int(r["uploads"]) for r in rows)
         print(
             f"[mmfl] round {rnd:>3}/{num_rounds} | acc {accs} | uploads {ups} | "
-            f"{time.monotonic() - t0:6.1f}s",
+            f"elapsed {time.monotonic() - t0:6.1f}s",
             flush=True,
         )
 

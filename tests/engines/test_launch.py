@@ -28,7 +28,7 @@ def test_the_app_pyproject_holds_every_setting_exactly():
 
 
 def test_the_log_filter_keeps_progress_warnings_and_errors_only():
-    progress = "[mmfl] round   1/2 | acc digits=0.300 | uploads 4 |   30.7s"
+    progress = "[mmfl] round   1/2 | acc digits=0.300 | uploads 4 | elapsed   30.7s"
     assert _show(progress, verbose=False)
     assert _show("\x1b[93mWARNING \x1b[0m:   Client 3: rejected update", verbose=False)
     assert _show("\x1b[91mERROR \x1b[0m:     boom", verbose=False)
@@ -38,3 +38,18 @@ def test_the_log_filter_keeps_progress_warnings_and_errors_only():
     assert not _show("\x1b[93mWARNING \x1b[0m:   Since flwr 1.32, default simulated SuperNodes "
                      "changed from 10 to 2.", verbose=False)
     assert _show("\x1b[92mINFO \x1b[0m:      [ROUND 1/2]", verbose=True)
+
+
+def test_streamed_log_lines_go_where_the_in_process_engines_put_them(capsys):
+    """On the simulation engine the run's log is streamed back: warnings and
+    errors go to stderr, progress to stdout (as on the in-process engines), and
+    without colour codes when the stream is not a terminal (issue 25)."""
+    from mmfl_flwr.flower_app.launch import _echo
+
+    _echo("\x1b[93mWARNING \x1b[0m:   strategy lvr: budget-fraction=0.1 gives m = 2\n")
+    _echo("[mmfl] round   1/2 | acc digits=0.300 | uploads 4 | elapsed   30.7s\n")
+    _echo("\x1b[91mERROR \x1b[0m:     boom\n")
+    out, err = capsys.readouterr()
+    assert out == "[mmfl] round   1/2 | acc digits=0.300 | uploads 4 | elapsed   30.7s\n"
+    assert err == ("WARNING :   strategy lvr: budget-fraction=0.1 gives m = 2\n"
+                   "ERROR :     boom\n")

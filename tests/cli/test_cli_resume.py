@@ -196,7 +196,10 @@ def test_an_interrupted_run_ends_with_one_line_and_shows_its_finished_rounds(sig
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "mmfl_flwr.cli", "run", *SMALL, "--num-rounds", "30",
            "--output-dir", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT as a terminal's Ctrl-C delivers it (pytest-xdist's workers ignore it, and
+    # a child would inherit that)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         try:

@@ -123,18 +123,23 @@ def test_interrupted_and_killed_runs_resume_on_the_simulation_engine(tmp_path: P
            "--budget-fraction", "0.5", "--output-dir", str(out)]
     try:
         # 1. Ctrl-C after round 1's checkpoint
+        # SIGINT handled as a terminal's Ctrl-C is (pytest-xdist's workers ignore it,
+        # and a child would inherit that)
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)
+                                text=True, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         _wait_for_round(proc, out, 1)
         assert proc.poll() is None, "the run finished before it could be interrupted"
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 130, err[-3000:]
-        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err[-3000:]
+        # one line besides the run's warnings (the small budget's), no traceback
+        lines = [ln for ln in err.strip().splitlines() if not ln.startswith("WARNING")]
+        assert "Traceback" not in err and len(lines) == 1, err[-3000:]
         done = load_checkpoint(out)["round"]
         assert 1 <= done < 5
-        assert err.strip().startswith(f"mmfl run: interrupted after round {done} of 5;"), err
-        resume = err.strip().split("continue with: ")[1]
+        assert lines[0].startswith(f"mmfl run: interrupted after round {done} of 5;"), err
+        resume = lines[0].split("continue with: ")[1]
         assert resume == f"mmfl run --resume {out}", resume
         # 2. the printed command, killed hard after a later round
         proc = subprocess.Popen(["bash", "-c", resume], env=env, stdout=subprocess.PIPE,

@@ -159,9 +159,19 @@ def round_rows(
             row["client_loss"] = client_eval.get(f"{task}.loss", math.nan)
         row["seconds"] = seconds
         out.append(row)
-        log(INFO, "  %-12s acc %.4f loss %.4f uploads %d", task, row["accuracy"], row["loss"],
-            row["uploads"])
+        log(INFO, "  %-12s %s uploads %d", task, _evaluation_text(row), row["uploads"])
     return out
+
+
+def _evaluation_text(row: dict[str, Any]) -> str:
+    """The evaluation part of a round's log line: the server-side accuracy and
+    loss, else the clients' (``client acc``), else ``not evaluated``."""
+    if not math.isnan(row["accuracy"]):
+        return f"acc {row['accuracy']:.4f} loss {row['loss']:.4f}"
+    client = row.get("client_accuracy", math.nan)
+    if not math.isnan(client):
+        return f"client acc {client:.4f} loss {row.get('client_loss', math.nan):.4f}"
+    return "not evaluated"
 
 
 def initial_rows(

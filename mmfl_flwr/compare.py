@@ -282,6 +282,17 @@ def compare(
     ``summary.json``, or one given twice. Runs of one strategy that repeat a
     seed or differ in other settings than the seed give a :class:`UserWarning`.
     """
+    return _compare(run_dirs, out_path_png, out_path_csv)[0]
+
+
+def _compare(
+    run_dirs: Sequence[str | os.PathLike[str]],
+    out_path_png: str | os.PathLike[str],
+    out_path_csv: str | os.PathLike[str] | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, list[Any]]]:
+    """:func:`compare`, also returning the settings that differ between the runs
+    (:func:`differing_settings`, strategy aside), so ``mmfl compare`` reads each
+    folder once."""
     if not run_dirs:
         raise ValueError("no run folders to compare")
     seen: dict[Path, str] = {}
@@ -299,7 +310,7 @@ def compare(
     if out_path_csv is not None:
         write_csv(rows, out_path_csv)
     plot(rows, out_path_png, len(runs), differ)
-    return rows
+    return rows, differ
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -333,13 +344,12 @@ def main(args: argparse.Namespace) -> int:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            rows = compare(args.dirs, png, table)
+            rows, differ = _compare(args.dirs, png, table)
     except (OSError, ValueError) as err:
         print(f"mmfl compare: error: {' '.join(str(err).split())}", file=sys.stderr, flush=True)
         return 2
     for w in caught:
         print(f"mmfl compare: warning: {w.message}", file=sys.stderr, flush=True)
-    differ = differing_settings([read_run(d) for d in args.dirs], ignore={"strategy"})
     if differ:
         print(f"[mmfl] settings that differ between the runs (besides strategy and seed): "
               f"{describe_differences(differ)}", flush=True)

@@ -167,19 +167,27 @@ def node_of(grid: InProcessGrid, cid: str) -> int:
 
 def pytest_itemcollected(item: pytest.Item) -> None:
     """Scheduling on pytest-xdist's workers (``-n`` in pyproject.toml's addopts,
-    ``--dist loadgroup``): the slow end-to-end tests form one group that one
-    worker runs one after another, as a serial run would (they start Flower
-    processes, ports and Ray clusters of their own and would only compete for
-    the cores); every other module is a group of its own, so its module- and
-    class-scoped fixtures are built once. (The groups are set here, as each test
-    is collected: xdist reads them in its own ``pytest_collection_modifyitems``.)
+    ``--dist loadgroup``): the slow end-to-end tests form two groups, each run
+    one test after another by one worker: the tests marked ``ray`` (Flower's
+    simulation engine, one local Ray instance at a time: a second ``ray.init``
+    on the machine could join the first) and the rest (SuperLink deployments,
+    in-process and vectorized runs). Each starts its Flower processes on ports
+    and in a ``FLWR_HOME`` of its own, so the two chains share only the cores.
+    Every other module is a group of its own, so its module- and class-scoped
+    fixtures are built once. (The groups are set here, as each test is
+    collected: xdist reads them in its own ``pytest_collection_modifyitems``.)
     ``-n 0`` runs everything in one process, in file order."""
-    group = "slow" if item.get_closest_marker("slow") else item.nodeid.split("::")[0]
+    if item.get_closest_marker("slow"):
+        group = "slow-ray" if item.get_closest_marker("ray") else "slow"
+    else:
+        group = item.nodeid.split("::")[0]
     item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On xdist's workers the slow group comes first, so the longest chain of
-    tests starts at once and the fast modules fill the other workers."""
+    """On xdist's workers the two slow groups come first (``--no-loadscope-reorder``
+    in addopts keeps this order), so the two longest chains start at once, one
+    per worker, and the fast modules fill the workers as they free up."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+        items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
+                                     item.get_closest_marker("ray") is None))

@@ -20,6 +20,7 @@ from e2e_utils import REPO_ROOT, check_outputs, default_model_names, run_isolate
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.ray,
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="clean-up reads /proc"),
 ]
 

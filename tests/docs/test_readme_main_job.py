@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 from e2e_utils import REPO_ROOT, run_isolated
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux"), reason="process clean-up reads /proc"
-)
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process clean-up reads /proc"),
+]
 
 
 def main_job_command() -> list[str]:

@@ -41,9 +41,10 @@ from e2e_utils import (
     wait_for_run,
 )
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux"), reason="process clean-up reads /proc"
-)
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process clean-up reads /proc"),
+]
 
 #: Upper bounds (seconds). Measured on 2 cores: ~20 s and ~30 s of work.
 CLI_TIMEOUT = 300.0

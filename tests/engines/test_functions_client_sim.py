@@ -13,6 +13,7 @@ from e2e_utils import REPO_ROOT, flower_exe, run_isolated
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.ray,
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="clean-up reads /proc"),
 ]
 

@@ -45,6 +45,7 @@ from mmfl_flwr.tasks.federation import task_names
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.ray,
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="clean-up reads /proc"),
     pytest.mark.skipif(not (VENV_BIN / "ray").exists(), reason="needs ray (flwr[simulation])"),
 ]

@@ -35,7 +35,7 @@ from mmfl_flwr import cli
 
 from e2e_utils import describe, flower_env, new_marker, pids_with_marker, run_cmd
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 CASES = {
     "lvr": ["--strategy", "lvr", "--profile", "paper003", "--budget-fraction", "0.3"],

@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "MultiModelStrategy": "mmfl_flwr.strategy",
+    "HookError": "mmfl_flwr.strategy",
     "MultiModelResult": "mmfl_flwr.strategy",
     "InProcessGrid": "mmfl_flwr.grid",
     "make_strategy": "mmfl_flwr.presets",

@@ -139,6 +139,13 @@ class Settings:
         task's median count (0 = off).
     timeout : float
         Seconds to wait for the replies of one round trip.
+    dp, dp_noise_multiplier, dp_clipping_norm, dp_sampled_clients, dp_delta
+        Per-model differential privacy (:mod:`mmfl_flwr.privacy`): the wrapper
+        (``""`` off, ``server-fixed``, ``client-fixed``, ``server-adaptive``,
+        ``client-adaptive``), its noise multiplier ``z``, clipping norm ``C``
+        (the initial one when adaptive), the clients ``m`` of a model's
+        aggregate in the noise std ``z C / m`` (required with ``dp``), and the
+        ``delta`` at which each model's epsilon is reported.
     """
 
     strategy: str = "mfa-rr"
@@ -168,6 +175,11 @@ class Settings:
     loss_cap: float = 10.0
     count_cap: float = 200.0
     timeout: float = 600.0
+    dp: str = ""
+    dp_noise_multiplier: float = 1.0
+    dp_clipping_norm: float = 1.0
+    dp_sampled_clients: int = 0
+    dp_delta: float = 1e-5
     extra: dict[str, Any] = field(default_factory=dict)
     # + one field per algorithm-card parameter, added by _with_algorithm_settings
 
@@ -389,6 +401,18 @@ class Settings:
         self.client_arrival_rounds()
         self.client_pin_map()
         self.target_accuracies()
+        if self.dp and self.dp_sampled_clients < 1:
+            raise ValueError(f"dp={self.dp!r} needs dp-sampled-clients >= 1: the clients m of "
+                             "a model's aggregate in the noise std z C / m")
+        if self.dp.endswith("adaptive") and 0 < self.dp_noise_multiplier and \
+                self.dp_sampled_clients <= 10 * self.dp_noise_multiplier:
+            raise ValueError(
+                f"dp={self.dp!r} with dp-noise-multiplier={self.dp_noise_multiplier:g} needs "
+                f"dp-sampled-clients > {10 * self.dp_noise_multiplier:g}: the clipped count's "
+                "noise (std dp-sampled-clients / 20) must stay above half the noise multiplier")
+        if self.dp_sampled_clients > self.num_clients:
+            raise ValueError(f"dp-sampled-clients={self.dp_sampled_clients} is more than the "
+                             f"{self.num_clients} clients")
         arrivals = self.task_arrival_rounds()
         unknown_tasks = set(arrivals) - set(self.model_names)
         if unknown_tasks:
@@ -459,6 +483,10 @@ def _kinds() -> list[str]:
     from mmfl_flwr.tasks.federation import known_kinds
 
     return known_kinds()
+
+
+def _dp_kinds() -> list[str]:
+    return ["server-fixed", "client-fixed", "server-adaptive", "client-adaptive"]
 
 
 def _profiles() -> list[str]:
@@ -537,6 +565,18 @@ def options() -> dict[str, Option]:
                             "median count", low=1, off="off"),
         "timeout": Option("seconds to wait for the replies of one round trip", low=0,
                           low_open=True),
+        "dp": Option("per-model differential privacy (mmfl_flwr.privacy): clip every "
+                     "update, noise every model's aggregate, report epsilon per model",
+                     _dp_kinds, empty="off"),
+        "dp_noise_multiplier": Option("noise multiplier z of the DP noise (std z C / m)",
+                                      low=0, finite=True),
+        "dp_clipping_norm": Option("DP clipping norm C of each update's trainable entries "
+                                   "(the initial norm when adaptive)", low=0, low_open=True,
+                                   finite=True),
+        "dp_sampled_clients": Option("clients m of a model's aggregate in the DP noise std "
+                                     "z C / m (required with dp)", low=0, zero="unset"),
+        "dp_delta": Option("delta at which each model's epsilon is reported", low=0,
+                           low_open=True, high=1, high_open=True),
     }
     for fld in setting_parameters():
         table[fld] = setting_option(fld)

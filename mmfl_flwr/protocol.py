@@ -41,6 +41,9 @@ TRAINABLE_PREFIX = "trainable."
 #: Info-record key of the client's secret token (optional; checked against the
 #: server's pin of its id, see :mod:`mmfl_flwr.strategy.registration`).
 CLIENT_TOKEN = "client-token"
+#: Info-record key of the message types the ClientApp serves (optional; a client
+#: that declares them and lacks one the strategy sends is refused at registration)
+HANDLERS = "handlers"
 CONFIG_KEY = "config"
 INFO_KEY = "info"
 LOSSES_KEY = "losses"

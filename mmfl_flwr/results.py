@@ -7,6 +7,7 @@ canvas: no global backend is set, no display is needed.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib.metadata
 import json
@@ -14,9 +15,9 @@ import math
 import os
 import platform
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from mmfl_flwr.config import Settings
 from mmfl_flwr.strategy import MultiModelResult
@@ -82,18 +83,31 @@ def write_metrics_csv(history: Sequence[dict[str, Any]], path: str | os.PathLike
             if k not in BASE_COLUMNS and k not in extra and k != "seconds":
                 extra.append(k)
     cols = BASE_COLUMNS + extra
-    with open(path, "w", newline="") as f:
+    with _replace_atomically(path) as f:
         w = csv.writer(f)
         w.writerow(cols)
         for row in history:
             w.writerow([_fmt(row.get(c, "")) for c in cols])
 
 
+@contextlib.contextmanager
+def _replace_atomically(path: str | os.PathLike[str]) -> Iterator[IO[str]]:
+    """A text file written beside ``path`` and moved over it when complete, so a
+    reader (or a run interrupted mid-write) sees the old file or the new one."""
+    tmp = Path(f"{os.fspath(path)}.tmp")
+    try:
+        with open(tmp, "w", newline="") as f:
+            yield f
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_assignments_csv(
     assignments: dict[int, list[tuple[str, str, int]]], path: str | os.PathLike[str]
 ) -> None:
     """Who trained what: one row per (round, client, task) pick, with its count."""
-    with open(path, "w", newline="") as f:
+    with _replace_atomically(path) as f:
         w = csv.writer(f)
         w.writerow(["round", "client", "task", "count"])
         for rnd in sorted(assignments):
@@ -179,7 +193,9 @@ def summarize(result: MultiModelResult, settings: Settings | None,
     (model -> the first round ``r >= 1`` whose server-side accuracy is ``>=``
     its target, None if never) and ``rounds_to_target_all`` (the largest of
     them, None if some model never reaches its target):
-    :mod:`mmfl_flwr.convergence`."""
+    :mod:`mmfl_flwr.convergence`. A run under a differential-privacy wrapper
+    adds ``privacy``: per model ``epsilon`` (None without noise) at ``delta``,
+    ``releases``, ``noise_multiplier`` and ``clipping_norm``."""
     final = {}
     for task, row in result.final().items():
         final[task] = {
@@ -205,8 +221,15 @@ def summarize(result: MultiModelResult, settings: Settings | None,
             "rounds_to_target": per_model,
             "rounds_to_target_all": rounds_to_target_all(per_model),
         }
+    privacy = {}
+    if result.privacy:  # a run under mmfl_flwr.privacy: epsilon per model (None: no noise)
+        privacy = {"privacy": {
+            t: {k: (None if isinstance(v, float) and math.isinf(v) else v)
+                for k, v in p.items()}
+            for t, p in result.privacy.items()}}
     return {
         **reached,
+        **privacy,
         "final_accuracy": {t: v["accuracy"] for t, v in final.items()},
         "final_loss": {t: v["loss"] for t, v in final.items()},
         "mean_final_accuracy": sum(accs) / len(accs) if accs else None,

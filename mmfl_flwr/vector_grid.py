@@ -37,7 +37,9 @@ from mmfl_flwr.client.contract import (
     put_loss,
     put_train_reply,
     train_settings,
+    trainable_keys,
 )
+from mmfl_flwr.core.clipping import clip_update, clipping_norm_for
 from mmfl_flwr.grid import ClientAppLike, InProcessGrid
 from mmfl_flwr.records import arrays_to_numpy
 from mmfl_flwr.seeding import training_seed
@@ -165,7 +167,9 @@ class VectorizedGrid(InProcessGrid):
             msg.metadata.__dict__["_message_id"] = uuid4().hex
             contents[i] = RecordDict()
             for task, rec in tasks.items():
-                key = (mtype, task, id(rec), settings)
+                clip = (clipping_norm_for(msg.content.config_records.get(P.CONFIG_KEY, {}), task)
+                        if mtype == MessageType.TRAIN else None)
+                key = (mtype, task, id(rec), settings, clip)
                 records[key] = rec
                 tseed = training_seed(seed, rnd, spec.client_id, task)
                 groups.setdefault(key, []).append((i, spec.trainers[task], task, tseed))
@@ -200,7 +204,7 @@ class VectorizedGrid(InProcessGrid):
     ) -> None:
         from mmfl_flwr.client import vectorized as V
 
-        mtype, task, _, settings = key
+        mtype, task, _, settings, clip = key
         weights = arrays_to_numpy(record)
         vm = self._vector_model(task, items[0][1])
         if mtype == MessageType.TRAIN:
@@ -211,7 +215,11 @@ class VectorizedGrid(InProcessGrid):
             results = V.batched_train(vm, weights, jobs, epochs, lr, batch, chunk=self.chunk)
             log.debug("vectorized train of %d clients of %r: %.3f s", len(jobs), task,
                       time.monotonic() - t0)
-            for (i, *_), (new, n, loss) in zip(items, results):
+            for (i, tr, *_), (new, n, loss) in zip(items, results):
+                if clip is not None:  # client-side differential privacy
+                    keys = trainable_keys(tr) or [k for k, v in new.items()
+                                                  if v.dtype.kind == "f"]
+                    new = clip_update(dict(new), arrays_to_numpy(record), keys, clip)[0]
                 put_train_reply(contents[i], task, new, n, loss)
         elif mtype == P.QUERY_LOSSES:
             data = [V.ClientData(*tr.train_tensors()) for _, tr, _, _ in items]

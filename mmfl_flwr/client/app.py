@@ -21,6 +21,7 @@ from mmfl_flwr.client.contract import (
     Weights,
     put_evaluation,
     put_loss,
+    clip_for_config,
     put_train_reply,
     takes_correction,
     tasks_in,
@@ -154,6 +155,7 @@ def make_client_app(
                 P.TASKS: tasks,
                 P.NUM_EXAMPLES: [int(s.trainers[t].num_examples) for t in tasks],
                 P.PROCESSORS: int(s.processors),
+                P.HANDLERS: [P.QUERY_INFO, P.QUERY_LOSSES, "train", "evaluate"],
             }
         )
         if s.client_token:
@@ -189,6 +191,7 @@ def make_client_app(
                 content[P.control_key(task)] = numpy_to_arrays(c_new)
             else:
                 new, n, loss = tr.train(weights, cfg.epochs, cfg.lr, tseed, cfg.batch_size)
+            new = clip_for_config(msg, task, new, decode(rec), tr)
             put_train_reply(content, task, new, n, loss)
         return Message(content, reply_to=msg)
 

@@ -27,6 +27,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from mmfl_flwr import protocol as P
+from mmfl_flwr.core.clipping import clip_update, clipping_norm_for
 from mmfl_flwr.records import numpy_to_arrays
 
 Weights = dict[str, np.ndarray]
@@ -152,6 +153,22 @@ def put_train_reply(content: RecordDict, task: str, weights: Weights, n: int,
     content[P.arrays_key(task)] = numpy_to_arrays(weights)
     content[P.metrics_key(task)] = MetricRecord(
         {P.NUM_EXAMPLES: int(n), P.TRAIN_LOSS: float(loss)})
+
+
+def clip_for_config(msg: Message, task: str, new: Weights, received: Weights,
+                    trainer: Any) -> Weights:
+    """Client-side differential privacy (:mod:`mmfl_flwr.privacy`): ``new`` with its
+    update ``new - received`` over the trainer's trainable entries (every
+    floating-point entry without a declaration) clipped to the norm the train
+    message sets for ``task`` (``clipping_norm.<task>`` or ``clipping_norm``);
+    ``new`` itself without one."""
+    cfg = msg.content.config_records.get(P.CONFIG_KEY, ConfigRecord())
+    norm = clipping_norm_for(cfg, task)
+    if norm is None:
+        return new
+    keys = trainable_keys(trainer) or [k for k, v in new.items()
+                                       if np.asarray(v).dtype.kind == "f"]
+    return clip_update(dict(new), received, keys, norm)[0]
 
 
 def put_loss(content: RecordDict, task: str, loss: float) -> None:

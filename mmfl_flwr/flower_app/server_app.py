@@ -70,7 +70,25 @@ def strategy_from_settings(
     return build(algorithm, **kwargs)
 
 
-def check_resume(s: Settings, strategy: MultiModelStrategy) -> int:
+def private(strategy: MultiModelStrategy, s: Settings) -> Any:
+    """``strategy`` in the per-model differential-privacy wrapper that ``s.dp``
+    names (:mod:`mmfl_flwr.privacy`), or ``strategy`` itself without one."""
+    if not s.dp:
+        return strategy
+    from mmfl_flwr import privacy as dp
+
+    if s.dp.endswith("fixed"):
+        fixed = {"server-fixed": dp.DifferentialPrivacyServerSideFixedClipping,
+                 "client-fixed": dp.DifferentialPrivacyClientSideFixedClipping}[s.dp]
+        return fixed(strategy, s.dp_noise_multiplier, s.dp_clipping_norm,
+                     s.dp_sampled_clients, delta=s.dp_delta)
+    adaptive = {"server-adaptive": dp.DifferentialPrivacyServerSideAdaptiveClipping,
+                "client-adaptive": dp.DifferentialPrivacyClientSideAdaptiveClipping}[s.dp]
+    return adaptive(strategy, s.dp_noise_multiplier, s.dp_sampled_clients,
+                    initial_clipping_norm=s.dp_clipping_norm, delta=s.dp_delta)
+
+
+def check_resume(s: Settings, strategy: Any) -> int:
     """Check that ``strategy``, set up from ``s``, may continue the checkpoint
     ``s.resume_from``; returns the last round the checkpoint finished.
 
@@ -203,6 +221,21 @@ def _with_round_files(
     return callback
 
 
+def _files_of_finished_rounds(output_dir: str) -> None:
+    """After an interrupt: ``metrics.csv`` and ``assignments.csv`` hold exactly the
+    rounds of the checkpoint (the interrupt may have come between a round's
+    checkpoint and its files)."""
+    from mmfl_flwr.checkpoint import load_checkpoint
+    from mmfl_flwr.results import write_assignments_csv, write_metrics_csv
+
+    try:
+        state = load_checkpoint(output_dir)
+    except Exception:  # noqa: BLE001 - no round finished: nothing to show
+        return
+    write_metrics_csv(state["history"], Path(output_dir, "metrics.csv"))
+    write_assignments_csv(state["assignments"], Path(output_dir, "assignments.csv"))
+
+
 def check_output_folder(s: Settings) -> None:
     """Refuse to start a new run in an output folder that holds another run's
     checkpoint, unless it resumes that checkpoint or ``s.overwrite``, and an
@@ -250,8 +283,9 @@ def server_main(
     custom = strategy is not None  # not the preset that s names (the plot title says so)
     if strategy is None:
         strategy = strategy_from_settings(s, progress_printer(s.num_rounds))
+    runner = private(strategy, s)
     if s.resume_from:
-        check_resume(s, strategy)
+        check_resume(s, runner)
         if isinstance(strategy.aggregator, ScaffoldAggregator):
             log(WARNING, "Resuming SCAFFOLD: the clients' control variates c_i are not "
                 "in the server checkpoint; they restart from zero")
@@ -276,14 +310,19 @@ def server_main(
         os.makedirs(s.output_dir, exist_ok=True)
         s.save(os.path.join(s.output_dir, "config.json"), effective)
         strategy.checkpoint_path = os.path.join(s.output_dir, CHECKPOINT_FILE)
-    result = strategy.start(
-        grid=grid,
-        initial_arrays=arrays,
-        num_rounds=s.num_rounds,
-        timeout=s.timeout,
-        evaluate_fn=evaluate_fn,
-        resume_from=s.resume_from or None,
-    )
+    try:
+        result = runner.start(
+            grid=grid,
+            initial_arrays=arrays,
+            num_rounds=s.num_rounds,
+            timeout=s.timeout,
+            evaluate_fn=evaluate_fn,
+            resume_from=s.resume_from or None,
+        )
+    except KeyboardInterrupt:
+        if s.output_dir:
+            _files_of_finished_rounds(s.output_dir)
+        raise
     if s.output_dir:
         out = write_outputs(result, s, s.output_dir, strategy_name=name, effective=effective)
         print(f"[mmfl] results written to {os.path.abspath(out)}", flush=True)

@@ -8,10 +8,12 @@ validation, aggregation, evaluation, checkpoints), orchestrated by
 from mmfl_flwr.strategy.aggregate import average_state
 from mmfl_flwr.strategy.orchestrator import MultiModelStrategy
 from mmfl_flwr.strategy.result import EvaluateFn, MultiModelResult, RoundCallback
+from mmfl_flwr.strategy.state import HookError
 from mmfl_flwr.strategy.validation import Limits, l2_norm
 
 __all__ = [
     "EvaluateFn",
+    "HookError",
     "Limits",
     "MultiModelResult",
     "MultiModelStrategy",

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from logging import ERROR
 from typing import Any
 
 import numpy as np
-from flwr.app import Message, MetricRecord
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 
 from mmfl_flwr.core.aggregators import Aggregator, Update
 from mmfl_flwr.core.policy import Policy
-from mmfl_flwr.strategy.state import RoundPlan, RunState
+from mmfl_flwr.records import NumpyWeights, arrays_to_numpy
+from mmfl_flwr.strategy.state import HookError, RoundPlan, RunState
 from mmfl_flwr.strategy.validation import (
     Limits,
     TrainOutcome,
@@ -54,11 +55,12 @@ def aggregate_train_replies(
     plan: RoundPlan,
     replies: Iterable[Message],
     limits: Limits,
-) -> dict[str, dict[str, Any]]:
+) -> tuple[dict[str, dict[str, Any]], dict[str, NumpyWeights]]:
     """After the train round trip: validate the replies, let the policy observe
     the training losses (and select, GVR-style), and aggregate every model;
-    returns the metrics row of each task (the rejected (client, task) parts go
-    to ``run_state.rejected_parts``)."""
+    returns the metrics row of each task and its new global weights (installed
+    by :func:`install_models`; the rejected (client, task) parts go to
+    ``run_state.rejected_parts``)."""
     shares = {t: run_state.table.data_share(t) for t in plan.tasks}
     outcome = collect_updates(run_state, plan, replies, shares, limits, aggregator.needs_control)
     run_state.rejected_parts = outcome.rejected_parts
@@ -124,21 +126,22 @@ def aggregate_round(
     outcome: TrainOutcome,
     updates: dict[str, list[Update]],
     shares: dict[str, dict[str, float]],
-) -> dict[str, dict[str, Any]]:
-    """Aggregate every active model and return its metrics row of the round.
+) -> tuple[dict[str, dict[str, Any]], dict[str, NumpyWeights]]:
+    """Aggregate every active model: its metrics row of the round and its new
+    global weights (not installed: :func:`install_models` does that).
 
     ``updates`` are the updates to aggregate (after any selection); the
     trainable entries go through the aggregator, the state entries are
     averaged (:func:`average_state`). A non-finite result leaves the model
     unchanged (logged).
 
-    Per task the row holds ``step_l1 = ||w_old - w_new||_1`` over the trainable
-    entries (the size of the weight change) and ``coef_sum``
+    Per task the row holds ``coef_sum``
     (:meth:`Aggregator.coefficient_sum`: the sum of the coefficients applied to
     the round's aggregated updates, paper 003's ``||H_{tau,s}||_1 = sum d/(B p)``
     for the unbiased rules; computed as the aggregator applied them, also in a
     round whose non-finite result was discarded)."""
     rows: dict[str, dict[str, Any]] = {}
+    models: dict[str, NumpyWeights] = {}
     for task in plan.tasks:
         old = run_state.weights[task]
         train_keys, state_keys = run_state.split_keys(task)
@@ -160,11 +163,8 @@ def aggregate_round(
                 "is left unchanged this round", task)
             new_train = [old[k] for k in train_keys]
             new_state = [old[k] for k in state_keys]
-        step_l1 = float(
-            sum(np.abs(a.astype(np.float64) - old[k]).sum() for a, k in zip(new_train, train_keys))
-        )
         new_values = dict(zip(train_keys + state_keys, new_train + new_state))
-        run_state.set_weights(task, {k: new_values[k] for k in old})
+        models[task] = {k: new_values[k] for k in old}
         tl = outcome.train_losses[task]
         rows[task] = {
             "uploads": len(updates[task]),
@@ -173,10 +173,73 @@ def aggregate_round(
             "train_loss": (
                 float(sum(v * n for v, n, _ in tl) / sum(n for _, n, _ in tl)) if tl else math.nan
             ),
-            "step_l1": step_l1,
+            "step_l1": math.nan,  # set when the model is installed
             "coef_sum": coef_sum,
         }
-    return rows
+    return rows, models
+
+
+def checked_models(
+    run_state: RunState,
+    models: object,
+    hook: str,
+    produced: Mapping[str, tuple[ArrayRecord, NumpyWeights]] | None = None,
+) -> dict[str, NumpyWeights]:
+    """The new global models ``hook`` returned (a RecordDict: task -> ArrayRecord),
+    as numpy weights, after checking that each is an active model with the
+    keys, shapes and dtypes of the current one and finite values; any problem
+    is one :class:`HookError` naming ``hook``. ``produced`` holds the records
+    the base implementation built with their numpy weights: a record returned
+    unchanged (the same Array objects) is used without decoding."""
+    if models is None:
+        return {}
+    if not isinstance(models, RecordDict):
+        raise HookError(f"{hook} returned {type(models).__name__} as the models: expected a "
+                        "RecordDict of one ArrayRecord per model (or None)")
+    active = set(run_state.tasks)
+    out: dict[str, NumpyWeights] = {}
+    for task, rec in models.items():
+        if task not in active or not isinstance(rec, ArrayRecord):
+            raise HookError(f"{hook} returned {type(rec).__name__} {task!r}: expected one "
+                            f"ArrayRecord per active model {sorted(active)}")
+        made = (produced or {}).get(task)
+        if made is not None and list(made[0].keys()) == list(rec.keys()) and all(
+            a is b for a, b in zip(made[0].values(), rec.values())
+        ):
+            out[task] = made[1]
+            continue
+        new = arrays_to_numpy(rec)
+        old = run_state.weights[task]
+        if list(new) != list(old):
+            raise HookError(f"{hook} returned model {task!r} with keys {list(new)[:4]}...: "
+                            f"expected the model's keys {list(old)[:4]}...")
+        for k, v in new.items():
+            if v.shape != old[k].shape or v.dtype != old[k].dtype:
+                raise HookError(f"{hook} returned {task!r}[{k!r}] of shape {v.shape} "
+                                f"{v.dtype}: expected {old[k].shape} {old[k].dtype}")
+            if v.dtype.kind in "fc" and not np.isfinite(v).all():
+                raise HookError(f"{hook} returned {task!r}[{k!r}] with NaN or inf")
+        out[task] = new
+    return out
+
+
+def install_models(
+    run_state: RunState, models: Mapping[str, NumpyWeights], rows: dict[str, dict[str, Any]]
+) -> None:
+    """Make ``models`` (task -> weights, checked by the caller) the global models
+    and set each task's ``step_l1 = ||w_old - w_new||_1`` over its trainable
+    entries (the size of the weight change; 0 for a task left unchanged)."""
+    for task, row in rows.items():
+        new = models.get(task)
+        if new is None:
+            row["step_l1"] = 0.0
+            continue
+        old = run_state.weights[task]
+        train_keys = run_state.split_keys(task)[0]
+        row["step_l1"] = float(
+            sum(np.abs(new[k].astype(np.float64) - old[k]).sum() for k in train_keys)
+        )
+        run_state.set_weights(task, new)
 
 
 def train_metrics(rows: dict[str, dict[str, Any]]) -> MetricRecord:

@@ -10,7 +10,6 @@ from typing import Any
 
 from flwr.app import ConfigRecord, Message, MessageType, MetricRecord
 from flwr.common.logger import log
-from flwr.serverapp import Grid
 
 from mmfl_flwr import protocol as P
 from mmfl_flwr.core.clients import MAX_NUM_EXAMPLES
@@ -18,7 +17,6 @@ from mmfl_flwr.records import InvalidReply, check_count, check_loss
 from mmfl_flwr.strategy.replies import client_replies
 from mmfl_flwr.strategy.result import EvaluateFn, MultiModelResult
 from mmfl_flwr.strategy.state import RunState
-from mmfl_flwr.strategy.timing import round_trip
 
 
 def evaluation_messages(
@@ -105,27 +103,6 @@ def server_eval(
         "loss": float(rec.get("loss", math.nan)),  # type: ignore[arg-type]
     }
 
-
-
-def client_round(
-    run_state: RunState,
-    grid: Grid,
-    server_round: int,
-    config: ConfigRecord,
-    fraction: float,
-    timeout: float,
-    max_loss: float,
-    result: MultiModelResult,
-) -> MetricRecord | None:
-    """One client-side evaluation round trip (nothing when ``fraction`` is 0)."""
-    msgs = evaluation_messages(run_state, server_round, config, fraction)
-    if not msgs:
-        return None
-    metrics = client_metrics(run_state, round_trip(grid, msgs, timeout, server_round), max_loss,
-                             server_round)
-    if metrics is not None:
-        result.evaluate_metrics_clientapp[server_round] = {"all": metrics}
-    return metrics
 
 
 def round_rows(

@@ -6,32 +6,24 @@ client cannot steer the sampling."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from logging import WARNING
 
+from flwr.app import Message, MetricRecord, RecordDict
 from flwr.common.logger import log
-from flwr.serverapp import Grid
 
 from mmfl_flwr import protocol as P
 from mmfl_flwr.records import InvalidReply, check_loss
 from mmfl_flwr.strategy.replies import client_replies
-from mmfl_flwr.strategy.state import RunState
-from mmfl_flwr.strategy.timing import round_trip
+from mmfl_flwr.strategy.state import HookError, RunState
 from mmfl_flwr.strategy.validation import Limits, loss_cap
 
 
-def query_losses(
-    run_state: RunState,
-    grid: Grid,
-    server_round: int,
-    timeout: float,
-    limits: Limits,
-    only: set[str] | None = None,
-) -> int:
-    """Ask every online client (or the ones in ``only``) for its loss on each of
-    its active tasks and store the accepted ones in the client table.
-
-    Returns the number of accepted (client, task) losses.
-    """
+def loss_query_messages(
+    run_state: RunState, server_round: int, only: set[str] | None = None
+) -> list[Message]:
+    """A ``query.losses`` message to every online client (or the ones in
+    ``only``) with each active model it holds."""
     active = set(run_state.tasks)
     msgs = []
     for cid in run_state.table.ids():
@@ -40,11 +32,19 @@ def query_losses(
         tasks, content = run_state.models_for(cid, active)
         if tasks:
             msgs.append(run_state.message(cid, content, P.QUERY_LOSSES, server_round))
-    accepted = 0
+    return msgs
+
+
+def accepted_losses(
+    run_state: RunState, replies: Iterable[Message], server_round: int, limits: Limits
+) -> RecordDict:
+    """The losses of the replies that pass validation, capped: one MetricRecord
+    per task (its key), client id -> loss. Nothing is stored here
+    (:func:`install_losses` does that)."""
     received: dict[str, list[tuple[str, float]]] = {}
     for cid, reply in client_replies(
-        run_state.node_to_cid, round_trip(grid, msgs, timeout, server_round), "loss",
-        server_round=server_round, lacking=run_state.lacking,
+        run_state.node_to_cid, replies, "loss", server_round=server_round,
+        lacking=run_state.lacking,
     ):
         losses = reply.content.metric_records.get(P.LOSSES_KEY)
         if losses is None:
@@ -61,13 +61,41 @@ def query_losses(
                 log(WARNING, "Client %s: rejected loss: %s", cid, err)
                 continue
             received.setdefault(task, []).append((cid, loss))
-            accepted += 1
+    out = RecordDict()
     for task, pairs in received.items():
         cap = loss_cap(run_state, task, [v for _, v in pairs], limits.loss_cap)
+        rec = MetricRecord()
         for cid, loss in pairs:
             if loss > cap:
                 log(WARNING, "Client %s: loss %.4g on task %r capped at %.4g "
                     "(%g x the reference loss)", cid, loss, task, cap, limits.loss_cap)
                 loss = cap
-            run_state.table.set_loss(cid, task, loss, server_round)
-    return accepted
+            rec[cid] = loss
+        out[task] = rec
+    return out
+
+
+def install_losses(run_state: RunState, losses: RecordDict, server_round: int,
+                   max_loss: float, hook: str) -> int:
+    """Store ``losses`` (task -> MetricRecord of client id -> loss, as
+    :func:`accepted_losses` returns them) in the client table; returns how many.
+    Anything that is not a loss of a registered client on an active model it
+    holds is refused with one error naming ``hook``, before anything is stored."""
+    active = set(run_state.tasks)
+    checked: list[tuple[str, str, float]] = []
+    for task, rec in losses.items():
+        if task not in active or not isinstance(rec, MetricRecord):
+            raise HookError(f"{hook} returned {type(rec).__name__} {task!r}: expected one "
+                            f"MetricRecord per active model {sorted(active)}")
+        for cid, value in rec.items():
+            if cid not in run_state.table or task not in run_state.table[cid].num_examples:
+                raise HookError(f"{hook} returned a loss of client {cid!r} on {task!r}: "
+                                "no such registered client holds that model")
+            try:
+                loss = check_loss(value, f"loss of client {cid!r} on {task!r}", max_loss)
+            except InvalidReply as err:
+                raise HookError(f"{hook} returned {err}") from None
+            checked.append((cid, task, loss))
+    for cid, task, loss in checked:
+        run_state.table.set_loss(cid, task, loss, server_round)
+    return len(checked)

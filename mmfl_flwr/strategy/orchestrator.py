@@ -17,20 +17,22 @@ from collections.abc import Iterable, Mapping, Sequence
 from logging import INFO
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from mmfl_flwr import protocol as P
 from mmfl_flwr.core.aggregators import Aggregator, FedAvgAggregator
 from mmfl_flwr.core.pairing import check_pairing
 from mmfl_flwr.core.policy import Policy
 from mmfl_flwr.core.random_allocation import RandomAllocation
 from mmfl_flwr.strategy import aggregate, evaluate, persist, registration, train, validation
-from mmfl_flwr.strategy.loss_query import query_losses
+from mmfl_flwr.records import numpy_to_arrays
+from mmfl_flwr.strategy.loss_query import accepted_losses, install_losses, loss_query_messages
 from mmfl_flwr.strategy.timing import PHASE_OBSERVERS, report, round_trip, timed
 from mmfl_flwr.strategy.result import EvaluateFn, MultiModelResult, RoundCallback
-from mmfl_flwr.strategy.state import RoundPlan, RunState
+from mmfl_flwr.strategy.state import HookError, RoundPlan, RunState
 from mmfl_flwr.strategy.validation import Limits
 
 
@@ -41,6 +43,29 @@ class MultiModelStrategy(Strategy):
     send **one** train message per node with every model assigned to it, validate
     each (client, task) reply part, aggregate and evaluate. Each ``start()`` is a
     fresh run (new RNG from ``seed``, fresh copies of the policy and aggregator).
+
+    The round runs through the Strategy hooks (``configure_loss_query`` /
+    ``aggregate_loss_query``, ``configure_train`` / ``aggregate_train``,
+    ``configure_evaluate`` / ``aggregate_evaluate``), so a subclass overrides them
+    as it would FedAvg's; ``arrays`` and the models ``aggregate_train`` returns
+    are a RecordDict of one ArrayRecord per model. For example, a server-side
+    step on one model and a metric on every model::
+
+        class DampedDigits(MultiModelStrategy):
+            def aggregate_train(self, server_round, replies):
+                models, metrics = super().aggregate_train(server_round, replies)
+                rec = models["digits"]
+                models["digits"] = ArrayRecord(
+                    {k: Array(np.asarray(v * 0.5, v.dtype))
+                     for k, v in zip(rec.keys(), rec.to_numpy_ndarrays())})
+                for model in models.keys():
+                    metrics[f"{model}.server-round"] = server_round
+                return models, metrics
+
+    What a hook returns is checked before it changes anything; an override that
+    raises or returns what the round cannot use stops the run with one
+    :class:`~.state.HookError` naming it. Differential privacy per model:
+    :mod:`mmfl_flwr.privacy`.
 
     Parameters
     ----------
@@ -135,7 +160,11 @@ class MultiModelStrategy(Strategy):
         self._pins = registration.check_pins(client_pins)
         self.run_state = self._new_run_state()
         self._runs = 0
-        self._plans: dict[int, RoundPlan] = {}  # only for the Flower-API methods below
+        # the round's assignment (configure_train -> aggregate_train) and its
+        # metrics rows and aggregated models (aggregate_train -> start)
+        self._plans: dict[int, RoundPlan] = {}
+        self._rows: dict[int, tuple[dict[str, dict[str, Any]], dict[str, Any]]] = {}
+        self._hooks: object = self  # whose hooks the rounds call (a wrapper's, in one)
         #: the result of the latest :meth:`start`, filled as its rounds finish (an
         #: interrupted run's history so far; the final weights at its end)
         self.result: MultiModelResult | None = None
@@ -172,35 +201,83 @@ class MultiModelStrategy(Strategy):
             log(INFO, "\t│\t├── %s: %s", name, value)
         log(INFO, "\t│\t└── Seed: %d", self.seed)
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord | None, config: ConfigRecord, grid: Grid
+    # ------------------------------------------------------------------ hooks
+    # start() drives every round through these methods (on the strategy, or on
+    # the wrapper whose start() runs it), so a subclass's override takes effect.
+    # ``arrays`` is the current global models, one ArrayRecord per active model
+    # under its name (a RecordDict); the messages carry the strategy's own.
+
+    def models(self) -> RecordDict:
+        """The current global models: one ArrayRecord per active model (task)."""
+        run_state = self.run_state
+        return RecordDict({t: run_state.arrays[t] for t in run_state.tasks})
+
+    def configure_loss_query(
+        self, server_round: int, arrays: RecordDict, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Assign models to clients; one train message per node (``arrays`` is
-        ignored: the strategy holds one ArrayRecord per task)."""
+        """Loss-based policies only: one ``query.losses`` message to every client
+        the policy asks (:meth:`Policy.loss_query_clients`; all by default), with
+        every active model it holds."""
+        run_state = self.run_state
+        only = self.policy.loss_query_clients(run_state.table, run_state.tasks, server_round,
+                                              run_state.rng)
+        return loss_query_messages(run_state, server_round, only)
+
+    def aggregate_loss_query(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> RecordDict | None:
+        """The valid losses of the replies, capped: one MetricRecord per model
+        (client id -> loss); start() stores what this returns in the client
+        table, where the policy reads it."""
+        return accepted_losses(self.run_state, replies, server_round, self.limits)
+
+    def configure_train(  # type: ignore[override]
+        self, server_round: int, arrays: RecordDict | None, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """The policy's assignment: one train message per node with every model
+        assigned to it (an override that changes the messages should call this
+        first: the round's picks are kept for :meth:`aggregate_train`)."""
         plan = train.plan_round(self.run_state, self.policy, self.aggregator, server_round, config,
                                 self.train_config)
         self._plans[server_round] = plan
         return plan.messages
 
-    def aggregate_train(
+    def aggregate_train(  # type: ignore[override]
         self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Validate and aggregate the replies to :meth:`configure_train`'s messages."""
-        rows = self._aggregate(self._plans.pop(server_round), replies)
-        return None, aggregate.train_metrics(rows)
+    ) -> tuple[RecordDict | None, MetricRecord | None]:
+        """Validate the replies to :meth:`configure_train`'s messages and
+        aggregate every model: the new global models (a RecordDict, one
+        ArrayRecord per model; start() checks and installs what this returns, a
+        model left out stays as it is) and ``<model>.uploads`` /
+        ``<model>.train-loss`` metrics."""
+        plan = self._plans.pop(server_round, None)
+        if plan is None:
+            raise HookError(f"aggregate_train: round {server_round} has no assignment: an "
+                            "override of configure_train must call super().configure_train")
+        rows, models = aggregate.aggregate_train_replies(
+            self.run_state, self.policy, self.aggregator, plan, replies, self.limits)
+        produced = {t: (numpy_to_arrays(w), w) for t, w in models.items()}
+        self._rows[server_round] = (rows, produced)
+        return RecordDict({t: rec for t, (rec, _) in produced.items()}), \
+            aggregate.train_metrics(rows)
 
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord | None, config: ConfigRecord, grid: Grid
+    def configure_evaluate(  # type: ignore[override]
+        self, server_round: int, arrays: RecordDict | None, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Client-side evaluation of every model on a fraction of the clients."""
-        return evaluate.evaluation_messages(self.run_state, server_round, config, self.fraction_evaluate)
+        """Client-side evaluation of every model on ``fraction_evaluate`` of the
+        clients (called on evaluation rounds only)."""
+        return evaluate.evaluation_messages(self.run_state, server_round, config,
+                                            self.fraction_evaluate)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        """Example-weighted mean of client-side loss and accuracy, per task."""
-        return evaluate.client_metrics(self.run_state, replies, self.limits.max_loss, server_round)
+        """Example-weighted mean of client-side loss and accuracy, per model
+        (``<model>.loss``, ``<model>.accuracy``)."""
+        return evaluate.client_metrics(self.run_state, replies, self.limits.max_loss,
+                                       server_round)
 
+    # ------------------------------------------------------------------ rounds
     def start(  # type: ignore[override]
         self,
         grid: Grid,
@@ -213,11 +290,63 @@ class MultiModelStrategy(Strategy):
         resume_from: str | None = None,
     ) -> MultiModelResult:
         """Run ``num_rounds`` rounds over every model (``initial_arrays``: one
-        ArrayRecord per task). ``evaluate_fn(round, task, arrays)`` evaluates on
-        the server before the first round and after each evaluation round;
-        ``resume_from`` continues a checkpoint of this strategy (its models
-        replace ``initial_arrays``; SCAFFOLD's client-held ``c_i`` is not in it).
-        Returns the final weights and the per-round, per-task history."""
+        ArrayRecord per task). Each round calls :meth:`configure_loss_query` /
+        :meth:`aggregate_loss_query` (loss-based policies), :meth:`configure_train`
+        / :meth:`aggregate_train` and, on evaluation rounds,
+        :meth:`configure_evaluate` / :meth:`aggregate_evaluate`, so a subclass
+        overrides them as it would FedAvg's. ``evaluate_fn(round, task,
+        arrays)`` evaluates on the server before the first round and after each
+        evaluation round; ``resume_from`` continues a checkpoint of this
+        strategy (its models replace ``initial_arrays``; SCAFFOLD's client-held
+        ``c_i`` is not in it). Returns the final weights and the per-round,
+        per-task history."""
+        return self._drive(self, grid, initial_arrays, num_rounds, timeout, train_config,
+                           evaluate_config, evaluate_fn, resume_from)
+
+    def _hook(self, hooks: object, name: str, rnd: int, *args: Any) -> Any:
+        """``hooks.<name>(rnd, *args)``; what an override (or a wrapper) raises
+        becomes one :class:`HookError` naming it."""
+        fn = getattr(hooks, name)
+        if getattr(type(hooks), name, None) is getattr(MultiModelStrategy, name):
+            return fn(rnd, *args)
+        try:
+            return fn(rnd, *args)
+        except HookError:
+            raise
+        except Exception as err:
+            raise HookError(f"{type(hooks).__name__}.{name} (round {rnd}) raised "
+                            f"{type(err).__name__}: {err}") from err
+
+    def _messages(self, hooks: object, name: str, rnd: int, *args: Any) -> list[Message]:
+        msgs = self._hook(hooks, name, rnd, *args)
+        msgs = list(msgs) if msgs is not None else []
+        bad = [m for m in msgs if not isinstance(m, Message)]
+        if bad:
+            raise HookError(f"{type(hooks).__name__}.{name} (round {rnd}) returned "
+                            f"{type(bad[0]).__name__}: expected Flower Messages")
+        return msgs
+
+    @staticmethod
+    def _metrics(hooks: object, name: str, rnd: int, value: object) -> MetricRecord | None:
+        if value is not None and not isinstance(value, MetricRecord):
+            raise HookError(f"{type(hooks).__name__}.{name} (round {rnd}) returned "
+                            f"{type(value).__name__} as metrics: expected a MetricRecord or None")
+        return value
+
+    def _drive(
+        self,
+        hooks: object,
+        grid: Grid,
+        initial_arrays: Mapping[str, ArrayRecord],
+        num_rounds: int,
+        timeout: float,
+        train_config: ConfigRecord | None,
+        evaluate_config: ConfigRecord | None,
+        evaluate_fn: EvaluateFn | None,
+        resume_from: str | None,
+    ) -> MultiModelResult:
+        """The rounds of :meth:`start`, with every hook called on ``hooks`` (this
+        strategy, or a wrapper around it)."""
         if isinstance(initial_arrays, ArrayRecord):
             raise TypeError(
                 "MultiModelStrategy.start() takes one ArrayRecord per model, as a mapping "
@@ -230,6 +359,9 @@ class MultiModelStrategy(Strategy):
             self.aggregator = copy.deepcopy(self._templates[1])
             self.run_state = self._new_run_state()
         self._runs += 1
+        self._hooks = hooks
+        self._plans.clear()
+        self._rows.clear()
         run_state = self.run_state
         if resume_from is None and set(run_state.task_arrivals) - set(initial_arrays or {}):
             raise ValueError(f"task_arrivals names unknown tasks "
@@ -239,16 +371,22 @@ class MultiModelStrategy(Strategy):
         if resume_from is not None:
             state = self.check_resumable(resume_from)
             first = persist.restore(run_state, self.policy, self.aggregator, state, result) + 1
+            if hooks is not self and hasattr(hooks, "load_wrapper_state"):
+                hooks.load_wrapper_state(state.get("wrapper_state", {}), result)
             log(INFO, "Resuming %s from %s after round %d", type(self).__name__, resume_from,
                 first - 1)
         else:
             run_state.set_models(initial_arrays)
         log(INFO, "Starting %s over %d models for %d rounds", type(self).__name__,
             len(run_state.tasks), num_rounds)
-        self.summary()
+        hooks.summary()  # type: ignore[attr-defined]
         if resume_from is None:
             self._finish_round(0, evaluate.initial_rows(run_state, evaluate_fn, result), result)
         unheld: set[str] = set()  # models named as held by no client
+        name = type(hooks).__name__
+        run_state.needed_handlers = (
+            ["train"] + ([P.QUERY_LOSSES] if self.policy.needs_losses else [])
+            + (["evaluate"] if self.fraction_evaluate > 0 else []))
         for rnd in range(first, num_rounds + 1):
             t0 = time.monotonic()
             t_round = time.perf_counter()
@@ -263,29 +401,48 @@ class MultiModelStrategy(Strategy):
             log(INFO, "%d clients online", len(run_state.table.ids()))
             if self.policy.needs_losses:
                 with timed(rnd, "loss_query"):
-                    only = self.policy.loss_query_clients(run_state.table, run_state.tasks, rnd, run_state.rng)
-                    n = query_losses(run_state, grid, rnd, timeout, self.limits, only)
+                    msgs = self._messages(hooks, "configure_loss_query", rnd, self.models(),
+                                          ConfigRecord(), grid)
+                    replies = round_trip(grid, msgs, timeout, rnd) if msgs else []
+                    losses = self._hook(hooks, "aggregate_loss_query", rnd, replies)
+                    n = install_losses(run_state, losses if losses is not None else RecordDict(),
+                                       rnd, self.limits.max_loss, f"{name}.aggregate_loss_query")
                 log(INFO, "Loss query: %d (client, task) losses received", n)
             with timed(rnd, "plan"):
-                plan = train.plan_round(run_state, self.policy, self.aggregator, rnd,
-                                        train_config or ConfigRecord(), self.train_config)
-            result.assignments[rnd] = [(p.cid, p.task, p.count) for p in plan.picks]
-            log(INFO, "configure_train: %d picks on %d nodes", len(plan.picks),
-                len(plan.messages))
+                msgs = self._messages(hooks, "configure_train", rnd, self.models(),
+                                      train_config or ConfigRecord(), grid)
+            plan = self._plans.get(rnd)
+            picks = plan.picks if plan is not None else []
+            result.assignments[rnd] = [(p.cid, p.task, p.count) for p in picks]
+            log(INFO, "configure_train: %d picks on %d nodes", len(picks), len(msgs))
             with timed(rnd, "train"):
-                replies = (round_trip(grid, plan.messages, timeout, rnd) if plan.messages
-                           else [])
+                replies = round_trip(grid, msgs, timeout, rnd) if msgs else []
             with timed(rnd, "aggregate"):
-                rows = self._aggregate(plan, replies)
+                models, metrics = self._pair(hooks, rnd, self._hook(hooks, "aggregate_train",
+                                                                    rnd, replies))
+                done = self._rows.pop(rnd, None)
+                if done is None:
+                    raise HookError(f"{name}.aggregate_train (round {rnd}) did not call "
+                                    "MultiModelStrategy.aggregate_train (super()), which "
+                                    "validates and aggregates the replies")
+                rows, produced = done
+                new = aggregate.checked_models(run_state, models, f"{name}.aggregate_train",
+                                               produced)
+                aggregate.install_models(run_state, new, rows)
             result.rejections[rnd] = list(run_state.rejected_parts)
-            result.train_metrics_clientapp[rnd] = {"all": aggregate.train_metrics(rows)}
+            result.train_metrics_clientapp[rnd] = {"all": metrics if metrics is not None
+                                                   else MetricRecord()}
             evaluated = rnd % self.evaluate_every == 0 or rnd == num_rounds
+            client_eval = None
             with timed(rnd, "client_eval"):
-                client_eval = evaluate.client_round(
-                    run_state, grid, rnd, evaluate_config or ConfigRecord(),
-                    self.fraction_evaluate if evaluated else 0.0, timeout,
-                    self.limits.max_loss, result,
-                )
+                msgs = (self._messages(hooks, "configure_evaluate", rnd, self.models(),
+                                       evaluate_config or ConfigRecord(), grid)
+                        if evaluated else [])
+                if msgs:
+                    client_eval = self._metrics(hooks, "aggregate_evaluate", rnd, self._hook(
+                        hooks, "aggregate_evaluate", rnd, round_trip(grid, msgs, timeout, rnd)))
+                    if client_eval is not None:
+                        result.evaluate_metrics_clientapp[rnd] = {"all": client_eval}
             seconds = time.monotonic() - t0
             with timed(rnd, "server_eval"):
                 rows_out = evaluate.round_rows(run_state, rnd, rows, evaluated, evaluate_fn,
@@ -296,9 +453,11 @@ class MultiModelStrategy(Strategy):
         result.arrays = dict(run_state.arrays)
         return result
 
-    def _aggregate(self, plan: RoundPlan, replies: Iterable[Message]) -> dict[str, dict[str, Any]]:
-        return aggregate.aggregate_train_replies(self.run_state, self.policy, self.aggregator, plan, replies,
-                                     self.limits)
+    def _pair(self, hooks: object, rnd: int, value: object) -> tuple[object, MetricRecord | None]:
+        if not (isinstance(value, tuple) and len(value) == 2):
+            raise HookError(f"{type(hooks).__name__}.aggregate_train (round {rnd}) returned "
+                            f"{type(value).__name__}: expected (models, metrics)")
+        return value[0], self._metrics(hooks, "aggregate_train", rnd, value[1])
 
     def _finish_round(self, rnd: int, rows: list[dict[str, Any]], result: MultiModelResult) -> None:
         result.history.extend(rows)
@@ -308,14 +467,31 @@ class MultiModelStrategy(Strategy):
             self.on_round_end(rnd, rows)
 
     def state_dict(self, server_round: int, result: MultiModelResult) -> dict[str, Any]:
-        """Everything needed to continue after ``server_round`` (plain data)."""
-        return persist.run_state_dict(self.run_state, self.policy, self.aggregator, server_round, result)
+        """Everything needed to continue after ``server_round`` (plain data),
+        with the state of the wrapper running this strategy, if any."""
+        state = persist.run_state_dict(self.run_state, self.policy, self.aggregator,
+                                       server_round, result)
+        state.update(self._wrapper_identity())
+        wrapper = self._hooks
+        if wrapper is not self and hasattr(wrapper, "wrapper_state"):
+            state["wrapper_state"] = wrapper.wrapper_state()
+        return state
+
+    def _wrapper_identity(self) -> dict[str, Any]:
+        wrapper = self._hooks
+        if wrapper is self:
+            return {"wrapper_name": None, "wrapper_config": None}
+        config = getattr(wrapper, "wrapper_config", None)
+        return {"wrapper_name": type(wrapper).__name__,
+                "wrapper_config": repr(sorted(config().items())) if config else None}
 
     def check_resumable(self, path: str) -> dict[str, Any]:
         """Load a checkpoint and check it was written by an identical strategy
-        (policy, aggregator, their parameters, seed); returns its state."""
-        return persist.load_resumable(path, persist.identity(self.policy, self.aggregator,
-                                                             self.seed))
+        (policy, aggregator, their parameters, seed, and the same wrapper with
+        the same parameters, or none); returns its state."""
+        return persist.load_resumable(path, {
+            **persist.identity(self.policy, self.aggregator, self.seed),
+            **self._wrapper_identity()})
 
     def save_checkpoint(self, server_round: int, result: MultiModelResult) -> None:
         """Write :meth:`state_dict` atomically to ``checkpoint_path``."""
@@ -323,3 +499,42 @@ class MultiModelStrategy(Strategy):
 
         save_checkpoint(str(self.checkpoint_path), self.state_dict(server_round, result))
 
+
+
+def _refuse_in_flower_dp_wrappers() -> None:
+    """Flower 1.42's DP wrappers clip and noise one model (one ArrayRecord): given a
+    MultiModelStrategy they would fail deep inside a round. Their constructors
+    refuse one here, naming the per-model equivalent in :mod:`mmfl_flwr.privacy`
+    (same parameters); any other strategy passes through unchanged."""
+    import functools
+
+    from flwr.serverapp import strategy as flower_strategies
+
+    for name in ("DifferentialPrivacyServerSideFixedClipping",
+                 "DifferentialPrivacyClientSideFixedClipping",
+                 "DifferentialPrivacyServerSideAdaptiveClipping",
+                 "DifferentialPrivacyClientSideAdaptiveClipping"):
+        cls = getattr(flower_strategies, name, None)
+        if cls is None or getattr(cls.__init__, "_mmfl_refuses", False):
+            continue
+
+        def make(cls: type, name: str) -> Any:
+            original = cls.__init__
+
+            @functools.wraps(original)
+            def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+                wrapped = args[0] if args else kwargs.get("strategy")
+                if isinstance(wrapped, MultiModelStrategy):
+                    raise TypeError(
+                        f"flwr's {name} cannot wrap a MultiModelStrategy (it clips and "
+                        f"noises one model); use mmfl_flwr.privacy.{name}, which takes the "
+                        "same parameters and acts per model")
+                original(self, *args, **kwargs)
+
+            __init__._mmfl_refuses = True  # type: ignore[attr-defined]
+            return __init__
+
+        cls.__init__ = make(cls, name)
+
+
+_refuse_in_flower_dp_wrappers()

@@ -53,7 +53,7 @@ import hmac
 import re
 import time
 from collections.abc import Iterable, Mapping
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
@@ -331,6 +331,17 @@ def register(run_state: RunState, reply: Message, node_keys: Mapping[int, bytes]
             "to register; node %d is refused and asked again next round)",
             cid, other, node, other, node)
         return
+    declared = info.get(P.HANDLERS)
+    if isinstance(declared, list) and run_state.needed_handlers:
+        missing = [h for h in run_state.needed_handlers if h not in declared]
+        if missing:
+            if cid not in run_state.lacking:
+                log(ERROR, "Client %s: its ClientApp declares no handler for '%s' messages, "
+                    "which this strategy sends (docs/protocol.md); the client is left out "
+                    "of the run", cid, missing[0])
+            run_state.lacking[cid] = missing[0]
+        else:
+            run_state.lacking.pop(cid, None)
     note_trainable(run_state, cid, info, usable)
     log(INFO, "Client %s %s as node %d (tasks %s%s)", cid,
         "re-registered" if cid in run_state.table else "registered", node, sorted(usable),

@@ -46,6 +46,10 @@ class MultiModelResult:
     rejections : dict[int, list[tuple[str, str]]]
         Per round, the ``(client id, task)`` parts that were assigned but did
         not reach the aggregate (rejected by a check, failed, or missing).
+    privacy : dict[str, dict[str, float]]
+        With a differential-privacy wrapper (:mod:`mmfl_flwr.privacy`): per
+        model, the privacy spent so far (``epsilon`` at ``delta``, ``releases``,
+        ``noise_multiplier``, ``clipping_norm``), updated every round.
     """
 
     arrays: dict[str, ArrayRecord] = field(default_factory=dict)
@@ -61,6 +65,7 @@ class MultiModelResult:
     evaluate_metrics_serverapp: dict[int, dict[str, MetricRecord]] = field(
         default_factory=dict
     )
+    privacy: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def final(self) -> dict[str, dict[str, Any]]:
         """The last history row of each task."""

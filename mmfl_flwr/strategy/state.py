@@ -20,6 +20,12 @@ from mmfl_flwr.core.policy import Pick
 from mmfl_flwr.records import NumpyWeights, arrays_to_numpy, numpy_to_arrays
 
 
+class HookError(RuntimeError):
+    """A strategy hook (``configure_train``, ``aggregate_train``, ... of a
+    subclass or wrapper) raised, or returned something the round cannot use;
+    the message names the hook. No global model was changed by it."""
+
+
 @dataclass
 class RunState:
     """Everything one run of the strategy accumulates.
@@ -78,6 +84,9 @@ class RunState:
     loss_reference: dict[str, float] = field(default_factory=dict)
     #: client id -> the message type its ClientApp has no handler for (left out)
     lacking: dict[str, str] = field(default_factory=dict)
+    #: the message types the strategy sends to every client (set by the strategy;
+    #: a client that declares its handlers and lacks one is refused at registration)
+    needed_handlers: list[str] = field(default_factory=list)
     #: (client, task) parts of the latest round that did not reach the aggregate
     rejected_parts: list[tuple[str, str]] = field(default_factory=list)
 

@@ -154,7 +154,7 @@ CHOICE_SETTINGS = [n for n, o in options().items() if o.choices is not None]
 def test_the_choice_settings_are_the_expected_ones():
     assert set(CHOICE_SETTINGS) == {
         "strategy", "aggregator", "tasks", "profile", "stale_storage", "stalevr_signal",
-        "ucb_init", "group_variant",
+        "ucb_init", "group_variant", "dp",
     }
 
 
@@ -166,6 +166,8 @@ def test_every_listed_choice_is_accepted_and_no_other(option_help, name):
         s = runs_with(name, value)
         if name == "aggregator" and value not in ("fedavg", "mean"):
             s.strategy = "full"  # a preset that takes every aggregator
+        if name == "dp":
+            s.dp_sampled_clients = 11  # required with dp (> 10 z for adaptive clipping)
         s.validate()  # raises if the help lists a value that validate refuses
     if empty:
         runs_with(name, "").validate()

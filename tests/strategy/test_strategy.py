@@ -1034,3 +1034,64 @@ def test_the_result_records_which_parts_were_rejected_or_missing():
         parts = run.result.rejections[rnd]
         assert sorted(parts) == [("1", "a"), ("1", "b")], parts
         assert sum(r["rejected"] for r in run.rows(rnd).values()) == len(parts)
+
+
+def _declaring(full, handlers, clients_affected):
+    """``full``, whose info reply declares only ``handlers`` on the nodes of
+    ``clients_affected`` (the optional ``handlers`` field of docs/protocol.md)."""
+    from mmfl_flwr import protocol as P
+
+    def app(msg, ctx):
+        reply = full(msg, ctx)
+        if msg.metadata.message_type == P.QUERY_INFO and \
+                ctx.node_config["cid"] in clients_affected:
+            reply.content.config_records[P.INFO_KEY][P.HANDLERS] = list(handlers)
+        return reply
+
+    return app
+
+
+@pytest.mark.parametrize("fraction,declared,missing", [
+    (0.0, ["query.info", "train", "evaluate"], "query.losses"),
+    (1.0, ["query.info", "query.losses", "train"], "evaluate"),
+])
+def test_a_client_declaring_it_lacks_a_needed_handler_is_refused_at_registration(
+        fraction, declared, missing):
+    """A ClientApp whose info reply declares its handlers and lacks one the
+    strategy needs is named in one ERROR when it registers and is sent nothing
+    else; the others train (issue 25)."""
+    from mmfl_flwr.core.lvr import LVR
+
+    clients = {c: ClientDef({"a": (10, 1.0), "b": (5, 1.0)}, losses={"a": 1.0, "b": 2.0})
+               for c in ("0", "1", "2")}
+    strategy = MultiModelStrategy(LVR(budget_fraction=1.0), node_wait_timeout=0.0, seed=0,
+                                  fraction_evaluate=fraction)
+    app = _declaring(make_app(clients), declared, {"1"})
+    run = run_federation(strategy, app, {c: {"cid": c} for c in clients}, initial_arrays(),
+                         2, grid_factory=lambda rec, cfgs: InProcessGrid(rec, cfgs, seed=0))
+    errors = [m for m in run.errors(1) if "declares no handler" in m]
+    assert len(errors) == 1 and "Client 1" in errors[0] and f"'{missing}'" in errors[0], errors
+    assert not [m for r in (1, 2) for m in run.errors(r) if "no handler" in m and m not in errors]
+    assert {r.type for r in run.rec.log if r.cid == "1"} == {"query.info"}
+    assert "1" not in run.picked(1) | run.picked(2) and run.picked(1)
+
+
+def test_a_run_no_declared_client_can_serve_stops_at_registration():
+    from mmfl_flwr.core.lvr import LVR
+    from mmfl_flwr.strategy.registration import NoClientCanServe
+
+    clients = {c: ClientDef({"a": (10, 1.0), "b": (5, 1.0)}) for c in ("0", "1")}
+    strategy = MultiModelStrategy(LVR(budget_fraction=1.0), node_wait_timeout=0.0, seed=0)
+    app = _declaring(make_app(clients), ["query.info", "train", "evaluate"], {"0", "1"})
+    sent = []
+
+    def watch(rec, cfgs):
+        def recording(msg, ctx):
+            sent.append(msg.metadata.message_type)
+            return rec(msg, ctx)
+        return InProcessGrid(recording, cfgs, seed=0)
+
+    with pytest.raises(NoClientCanServe, match="'query.losses'"):
+        run_federation(strategy, app, {c: {"cid": c} for c in clients}, initial_arrays(), 3,
+                       grid_factory=watch)
+    assert set(sent) == {"query.info"}

@@ -109,6 +109,8 @@ def read_run(folder: str | os.PathLike[str]) -> _Run:
     if missing:
         raise ValueError(f"{folder}: metrics.csv lacks the column(s) {', '.join(missing)}")
     assert isinstance(config, dict)
+    if summary.get("engine"):  # recorded since issue 25: compared like a setting
+        config = {**config, "engine": summary["engine"]}
     seed = summary.get("seed", config.get("seed"))
     return _Run(
         path, strategy, seed, config,

@@ -31,6 +31,9 @@ _PATHS = ("data_root",)
 #: The entry of ``config.json`` with the values the run used for its automatic
 #: settings (not a setting: :meth:`Settings.load` skips it).
 EFFECTIVE_KEY = "effective"
+#: config.json / summary.json key of the engine that ran the run (not a setting:
+#: :meth:`Settings.load` skips it; a run may resume on another engine)
+ENGINE_KEY = "engine"
 
 
 class Settings:
@@ -144,8 +147,9 @@ class Settings:
         (``""`` off, ``server-fixed``, ``client-fixed``, ``server-adaptive``,
         ``client-adaptive``), its noise multiplier ``z``, clipping norm ``C``
         (the initial one when adaptive), the clients ``m`` of a model's
-        aggregate in the noise std ``z C / m`` (required with ``dp``), and the
-        ``delta`` at which each model's epsilon is reported.
+        aggregate in the noise std ``z C / m`` (required with ``dp``), the
+        ``delta`` at which each model's epsilon is reported, and the noise's
+        seed (-1: from the operating system, private and not reproducible).
     """
 
     strategy: str = "mfa-rr"
@@ -180,6 +184,7 @@ class Settings:
     dp_clipping_norm: float = 1.0
     dp_sampled_clients: int = 0
     dp_delta: float = 1e-5
+    dp_noise_seed: int = -1
     extra: dict[str, Any] = field(default_factory=dict)
     # + one field per algorithm-card parameter, added by _with_algorithm_settings
 
@@ -300,16 +305,20 @@ class Settings:
                 out[f.name.replace("_", "-")] = getattr(self, f.name)
         return out
 
-    def save(self, path: str, effective: Mapping[str, Any] | None = None) -> None:
+    def save(self, path: str, effective: Mapping[str, Any] | None = None,
+             engine: str | None = None) -> None:
         """Write the settings as JSON (``config.json`` of an output folder); with
         ``effective`` (run-config key -> the value the run uses for an automatic
         setting, :func:`~mmfl_flwr.flower_app.data.effective_settings`) also an
-        ``"effective"`` entry, which :meth:`load` skips."""
+        ``"effective"`` entry, and with ``engine`` an ``"engine"`` entry, which
+        :meth:`load` skips."""
         import json
 
         data: dict[str, Any] = self.to_run_config()
         if effective:
             data[EFFECTIVE_KEY] = dict(effective)
+        if engine:
+            data[ENGINE_KEY] = engine
         with open(path, "w") as f:
             json.dump(data, f, indent=2, sort_keys=True)
             f.write("\n")
@@ -325,6 +334,7 @@ class Settings:
                 data = json.load(f)
                 if isinstance(data, dict):
                     data.pop(EFFECTIVE_KEY, None)  # what the run used, not a setting
+                    data.pop(ENGINE_KEY, None)
                 return cls.from_run_config(data)
             except ValueError as err:  # json.JSONDecodeError is one too
                 raise ValueError(f"{path}: {err}") from err
@@ -577,6 +587,10 @@ def options() -> dict[str, Option]:
                                      "z C / m (required with dp)", low=0, zero="unset"),
         "dp_delta": Option("delta at which each model's epsilon is reported", low=0,
                            low_open=True, high=1, high_open=True),
+        "dp_noise_seed": Option("seed of the DP noise: -1 draws it from the operating "
+                                "system (private, not reproducible); a seed >= 0 makes it "
+                                "reproducible and not private against whoever knows it",
+                                low=-1),
     }
     for fld in setting_parameters():
         table[fld] = setting_option(fld)

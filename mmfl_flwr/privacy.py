@@ -8,43 +8,53 @@ raises a TypeError that names the class here). The wrappers of this module take
 the same parameters and act per model:
 
 - every (client, model) update ``Delta = w_client - w_global`` is clipped to the
-  model's clipping norm ``C`` over the model's **trainable** entries only
-  (batch-norm statistics and counters are averaged as they are); on the server
-  (``ServerSide``), or on the client (``ClientSide``: the train config carries
-  ``clipping_norm`` / ``clipping_norm.<model>``, which ``make_client_app``
-  honours; the server re-clips any update above the norm, logged, so the bound
-  holds against a client that ignores it);
-- after the wrapped strategy aggregates, Gaussian noise of standard deviation
-  ``noise_multiplier * C / num_sampled_clients`` is added to the trainable
-  entries of every model whose weights changed in the round (a release);
+  model's clipping norm ``C`` over the model's **trainable** entries: on the
+  server (``ServerSide``), or on the client (``ClientSide``: the train config
+  carries ``clipping_norm.<model>``, which ``make_client_app`` honours; the
+  server re-clips any update above the norm, logged, so the bound holds
+  against a client that ignores it). Under DP the trainable entries are every
+  floating-point entry unless the operator pins ``trainable_keys`` (clients'
+  declarations are ignored); the other entries keep their values (their
+  average over the clients would not be private);
+- after the wrapped strategy aggregates, every model assigned in the round gets
+  Gaussian noise of standard deviation ``noise_multiplier * C /
+  num_sampled_clients`` on its trainable entries (also when no update
+  survived), drawn from the operating system's entropy unless ``noise_seed``
+  makes it reproducible (and then not private against whoever knows it);
 - adaptive clipping (Andrew et al., 2021, "Differentially private learning with
   adaptive clipping") moves each model's norm geometrically towards the
   quantile where a fraction ``target_clipped_quantile`` of its updates is
-  clipped: ``C <- C * exp(clip_norm_lr * (clipped - target))``, ``clipped`` the
-  noised fraction of the round's updates above ``C`` (noise
-  ``clipped_count_stddev``, default ``num_sampled_clients / 20``); the update
-  noise multiplier becomes ``(z^-2 - (2 sigma_b)^-2)^-1/2`` so that the two
-  releases together have noise multiplier ``z``, as in the paper;
+  clipped: ``C <- C * exp(clip_norm_lr * (clipped - target))``, ``clipped``
+  released as the sum of the centred bits ``b - 1/2`` of the round's accepted
+  updates plus noise of std ``clipped_count_stddev`` (default
+  ``num_sampled_clients / 20``), over ``m``, plus 1/2; the update noise
+  multiplier becomes ``(z^-2 - (2 sigma_b)^-2)^-1/2`` so that the two releases
+  together have noise multiplier ``z``, as in the paper;
 - each model's privacy spent so far is computed by Google's ``dp-accounting``
   (its RDP accountant; ``pip install "flwr[dp]"``): one Gaussian release with
-  noise multiplier ``z`` per round in which the model changed, amplified by
-  Poisson subsampling at rate ``q = num_sampled_clients / clients holding the
-  model`` when ``amplification`` is on (the default). Amplification assumes
+  noise multiplier ``z`` per round in which the model was assigned, amplified
+  by Poisson subsampling at rate ``q = num_sampled_clients / clients holding
+  the model`` when ``amplification`` is on (the default). Amplification assumes
   every client is in a round's sample independently with probability ``q``:
   true of uniform policies (random allocation, MFA-Rand) only approximately,
   and not of the loss- or norm-based ones (LVR, GVR, UCB, Power-of-Choice pick
   clients by what they report); pass ``amplification=False`` for the bound
   that does not rely on it. ``epsilon`` at ``delta`` is logged every round and
-  kept in ``result.privacy`` (the runner writes it to summary.json).
+  kept in ``result.privacy`` (the runner writes it to summary.json). It covers
+  one model's weights; a client holding K models takes part in up to K
+  releases a round, and the metrics (losses, counts, assignments) go out
+  without noise.
 
 The guarantee is the one of DP-FedAvg: per round, each model's aggregate moves
 by at most ``C / num_sampled_clients`` per client when the wrapped aggregator
 averages the clipped updates with weights ``1 / num_sampled_clients``; with
 other weights (sample counts, the unbiased ``d / (B p)`` estimators) the
 sensitivity is the largest coefficient times ``C``, and the noise scale above
-does not account for it. The project's own update-norm bound
-(``update_norm_factor``) acts on the clipped updates and composes: it only
-rejects updates, never enlarges one.
+does not account for it. Aggregators whose releases the noise does not cover
+are refused (SCAFFOLD's control variates, the stale-update rules, the median
+and trimmed mean). The project's own update-norm bound (``update_norm_factor``)
+acts on the clipped updates and composes: it only rejects updates, never
+enlarges one.
 """
 
 from __future__ import annotations
@@ -76,6 +86,26 @@ __all__ = [
     "update_norm",
 ]
 
+def _check_aggregator(strategy: MultiModelStrategy) -> None:
+    """The wrappers' noise covers aggregators that combine the round's clipped
+    updates only: FedAvg, the plain mean and the unbiased ``d / (B p)`` rule."""
+    from mmfl_flwr.core.aggregators import FedAvgAggregator, MeanAggregator, UnbiasedAggregator
+
+    agg = strategy.aggregator
+    if type(agg) in (FedAvgAggregator, MeanAggregator, UnbiasedAggregator):
+        return
+    from mmfl_flwr.core.stale import StaleAggregator
+
+    why = ("sends control variates, which are neither clipped nor noised"
+           if agg.needs_control else
+           "reuses stored updates in later rounds, whose releases this accounting does not "
+           "cover" if isinstance(agg, StaleAggregator) else
+           "has a sensitivity the noise std z C / m is not calibrated for")
+    raise ValueError(
+        f"differential privacy per model supports the FedAvg, mean and unbiased "
+        f"aggregators; {type(agg).__name__} {why}")
+
+
 def _positive_counts(value: int | Mapping[str, int], name: str) -> int | dict[str, int]:
     if isinstance(value, Mapping):
         out = {str(t): int(v) for t, v in value.items()}
@@ -104,11 +134,13 @@ class _PerModelDP(Strategy):
         *,
         delta: float = 1e-5,
         amplification: bool = True,
+        noise_seed: int | None = None,
     ) -> None:
         if not isinstance(strategy, MultiModelStrategy):
             raise TypeError(
                 f"{type(self).__name__} wraps a mmfl_flwr MultiModelStrategy, got "
                 f"{type(strategy).__name__}; for a Flower strategy use flwr's own wrapper")
+        _check_aggregator(strategy)
         if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
             raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
         if not (clipping_norm > 0 and math.isfinite(clipping_norm)):
@@ -122,6 +154,9 @@ class _PerModelDP(Strategy):
         self.num_sampled_clients = _positive_counts(num_sampled_clients, "num_sampled_clients")
         self.delta = float(delta)
         self.amplification = bool(amplification)
+        if noise_seed is not None and (isinstance(noise_seed, bool) or int(noise_seed) < 0):
+            raise ValueError(f"noise_seed must be None or an integer >= 0, got {noise_seed!r}")
+        self.noise_seed = None if noise_seed is None else int(noise_seed)
         self._reset()
 
     def _reset(self) -> None:
@@ -130,6 +165,18 @@ class _PerModelDP(Strategy):
         #: model -> the (sampling rate) of every release so far
         self.releases: dict[str, list[float]] = {}
         self._checked = False
+        self._frozen_warned: set[str] = set()
+        # the noise: fresh entropy from the OS unless noise_seed makes it reproducible
+        self._noise = np.random.default_rng(
+            np.random.SeedSequence() if self.noise_seed is None else [self.noise_seed, 0xD1FF])
+
+    def prepare_run(self, run_state: Any) -> None:
+        """Before the first round (called by the wrapped strategy's start()): the
+        clients' declarations of trainable keys are ignored under DP (a client
+        could otherwise exempt most of a model from clipping and noise); every
+        floating-point entry is trainable unless the operator pinned
+        ``trainable_keys``."""
+        run_state.trust_declared_trainable = False
 
     # the wrapped strategy's state reads through (weights, result, table, policy,
     # ...); its round callback and checkpoint path are set through
@@ -166,10 +213,12 @@ class _PerModelDP(Strategy):
 
     def wrapper_config(self) -> dict[str, Any]:
         """The parameters a resumed run must share."""
+        m = self.num_sampled_clients
         return {"noise_multiplier": self.noise_multiplier,
                 "clipping_norm": self.initial_clipping_norm,
-                "num_sampled_clients": self.num_sampled_clients, "delta": self.delta,
-                "amplification": self.amplification}
+                "num_sampled_clients": sorted(m.items()) if isinstance(m, dict) else m,
+                "delta": self.delta, "amplification": self.amplification,
+                "noise_seed": self.noise_seed}
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.wrapper_config().items())
@@ -203,18 +252,25 @@ class _PerModelDP(Strategy):
     def check_resumable(self, path: str) -> dict[str, Any]:
         """The wrapped strategy's check, with this wrapper's identity: a
         checkpoint written under another wrapper (or none) is refused."""
-        self.strategy._hooks = self
-        return self.strategy.check_resumable(path)
+        return self.strategy.check_resumable(path, self)
 
     def wrapper_state(self) -> dict[str, Any]:
-        """The accountant's releases and the clipping norms (for checkpoints)."""
-        return {"clipping_norms": dict(self.clipping_norms),
-                "releases": {t: list(v) for t, v in self.releases.items()}}
+        """The accountant's releases and the clipping norms (for checkpoints); with
+        ``noise_seed`` also the noise generator's state (fresh OS noise is never
+        written down: a resumed run draws fresh noise)."""
+        state: dict[str, Any] = {
+            "clipping_norms": dict(self.clipping_norms),
+            "releases": {t: list(v) for t, v in self.releases.items()}}
+        if self.noise_seed is not None:
+            state["noise"] = self._noise.bit_generator.state
+        return state
 
     def load_wrapper_state(self, state: Mapping[str, Any], result: MultiModelResult) -> None:
         """Continue from :meth:`wrapper_state` (a resumed run)."""
         self.clipping_norms = {t: float(v) for t, v in state.get("clipping_norms", {}).items()}
         self.releases = {t: [float(q) for q in v] for t, v in state.get("releases", {}).items()}
+        if self.noise_seed is not None and "noise" in state:
+            self._noise.bit_generator.state = state["noise"]
         for task in self.releases:
             result.privacy[task] = self.spent(task)
 
@@ -241,13 +297,17 @@ class _PerModelDP(Strategy):
         against the clients that hold each model (once)."""
         run_state = self.strategy.run_state
         if not self._checked:
+            for task in run_state.all_tasks:
+                self.sampled(task)  # a mapping must name every model, also late ones
             for task in run_state.tasks:
                 holders = sum(1 for c in run_state.table.clients(online_only=False)
                               if task in c.num_examples)
                 if self.sampled(task) > holders:
                     raise ValueError(
                         f"num_sampled_clients = {self.sampled(task)} for model {task!r} is "
-                        f"more than the {holders} clients that hold it")
+                        f"more than the {holders} clients that hold it (if more join "
+                        "later, raise min_available_nodes so that the first round waits "
+                        "for them)")
             self._checked = True
         msgs = list(self.strategy.configure_train(server_round, arrays, config, grid))
         if not self.server_clips:
@@ -262,25 +322,46 @@ class _PerModelDP(Strategy):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[RecordDict | None, MetricRecord | None]:
         """Clip every (client, model) update, let the wrapped strategy aggregate,
-        add the noise to every model that changed and account for it."""
+        then add the noise to (and account a release of) every model assigned in
+        the round, whatever the aggregate; state entries keep their values."""
         replies = list(replies)
-        clipped = self._clip(server_round, replies)
-        models, metrics = self.strategy.aggregate_train(server_round, replies)
-        if models is None:
-            return models, metrics
         run_state = self.strategy.run_state
-        rng = np.random.default_rng([self.strategy.seed, 0xD1FF, server_round])
+        plan = self.strategy._plans.get(server_round)
+        assigned = sorted({p.task for p in plan.picks}) if plan is not None else []
+        bits = self._clip(server_round, replies, plan.expected() if plan is not None else {})
+        models, metrics = self.strategy.aggregate_train(server_round, replies)
+        for pair in run_state.rejected_parts:  # only accepted updates count for adaptation
+            bits.pop(pair, None)
+        if models is None:
+            models = RecordDict()
+        if not isinstance(models, RecordDict):
+            return models, metrics  # left for start()'s checks
         out = RecordDict()
         for task, rec in models.items():
-            if not isinstance(rec, ArrayRecord) or task not in run_state.weights:
-                out[task] = rec  # left for start()'s checks
-                continue
-            new = arrays_to_numpy(rec)
+            if task not in assigned:
+                out[task] = rec
+        for task in assigned:
+            rec = models.get(task)
             old = run_state.weights[task]
-            keys = run_state.split_keys(task)[0]
-            if all(np.array_equal(new[k], old[k]) for k in new if k in old):
-                out[task] = rec  # nothing released
+            if rec is None:  # left unchanged by the wrapped strategy: still a release
+                new = {k: v.copy() for k, v in old.items()}
+            elif isinstance(rec, ArrayRecord):
+                new = arrays_to_numpy(rec)
+                if list(new) != list(old):
+                    out[task] = rec  # left for start()'s checks
+                    continue
+            else:
+                out[task] = rec
                 continue
+            keys = run_state.split_keys(task)[0]
+            frozen = [k for k in old if k not in keys]
+            for k in frozen:  # not clipped, so not released: the server's values stay
+                new[k] = old[k]
+            if frozen and task not in self._frozen_warned:
+                self._frozen_warned.add(task)
+                log(WARNING, "DP: model %r: %d entries outside its trainable keys (%s...) "
+                    "keep their values (their average over clients is not private)", task,
+                    len(frozen), frozen[0])
             std = self.stdv(task)
             uploads = metrics.get(f"{task}.uploads") if metrics is not None else None
             if isinstance(uploads, int) and uploads < self.sampled(task):
@@ -288,13 +369,13 @@ class _PerModelDP(Strategy):
                     "num_sampled_clients = %d: its noise (std %.4g) is set for %d",
                     task, uploads, self.sampled(task), std, self.sampled(task))
             for k in keys:
-                noise = rng.normal(0.0, std, size=new[k].shape) if std > 0 else 0.0
+                noise = self._noise.normal(0.0, std, size=new[k].shape) if std > 0 else 0.0
                 new[k] = (np.asarray(new[k], dtype=np.float64) + noise).astype(new[k].dtype)
             out[task] = numpy_to_arrays(new)
             self._account(task)
             if metrics is not None:
                 metrics[f"{task}.dp-noise-std"] = std
-        self._adapt(clipped)
+        self._adapt(bits, assigned)
         result = self.strategy.result
         for task in self.releases:
             spent = self.spent(task)
@@ -306,15 +387,19 @@ class _PerModelDP(Strategy):
         return out, metrics
 
     # ------------------------------------------------------------- internals
-    def _clip(self, server_round: int, replies: list[Message]) -> dict[str, list[bool]]:
-        """Clip the update of every reply part in place; returns, per model,
-        whether each checked update was above its norm."""
+    def _clip(self, server_round: int, replies: list[Message],
+              expected: Mapping[str, Mapping[str, Any]]) -> dict[tuple[str, str], bool]:
+        """Clip the update of every reply part in place (an update whose norm is
+        not finite is removed: the validation then rejects it); returns, for each
+        (client, model) part assigned this round (first reply only), whether its
+        update was above the model's norm."""
         run_state = self.strategy.run_state
-        seen: dict[str, list[bool]] = {}
+        bits: dict[tuple[str, str], bool] = {}
         for reply in replies:
             if reply.has_error():
                 continue
             cid = run_state.node_to_cid.get(reply.metadata.src_node_id, "?")
+            own = reply.metadata.group_id == str(server_round)
             for key in list(reply.content.array_records.keys()):
                 task = P.task_of(key, P.ARRAYS_PREFIX)
                 if task is None or task not in run_state.weights:
@@ -332,21 +417,24 @@ class _PerModelDP(Strategy):
                 limit = self.norm(task)
                 clipped, norm, was = clip_update(new, old, keys, limit)
                 if not math.isfinite(norm):
+                    log(WARNING, "DP: client %s sent model %r with an update of non-finite "
+                        "norm; removed", cid, task)
+                    del reply.content.array_records[key]
                     continue
-                if self.server_clips:
-                    seen.setdefault(task, []).append(was)
-                elif norm > limit * (1 + 1e-5):
+                above = norm > limit * (1 + 1e-5)
+                if not self.server_clips and above:
                     log(WARNING, "DP: client %s sent model %r with an update of norm %.4g "
                         "above the clipping norm %.4g (client-side clipping not applied); "
                         "clipped on the server", cid, task, norm, limit)
-                    seen.setdefault(task, []).append(True)
-                else:  # a client-clipped update has norm C (up to rounding)
-                    seen.setdefault(task, []).append(norm >= limit * (1 - 1e-5))
+                pair = (cid, task)
+                if own and task in expected.get(cid, {}) and pair not in bits:
+                    # a client-clipped update has norm C (up to rounding)
+                    bits[pair] = was if self.server_clips else norm >= limit * (1 - 1e-5)
                 if was:
                     reply.content[key] = numpy_to_arrays(clipped)
-        return seen
+        return bits
 
-    def _adapt(self, clipped: Mapping[str, list[bool]]) -> None:
+    def _adapt(self, bits: Mapping[tuple[str, str], bool], assigned: list[str]) -> None:
         """Fixed clipping: nothing."""
 
     def _account(self, task: str) -> None:
@@ -437,9 +525,10 @@ class _Adaptive(_PerModelDP):
         *,
         delta: float = 1e-5,
         amplification: bool = True,
+        noise_seed: int | None = None,
     ) -> None:
         super().__init__(strategy, noise_multiplier, initial_clipping_norm, num_sampled_clients,
-                         delta=delta, amplification=amplification)
+                         delta=delta, amplification=amplification, noise_seed=noise_seed)
         if not 0.0 <= target_clipped_quantile <= 1.0:
             raise ValueError(f"target_clipped_quantile must be in [0, 1], got "
                              f"{target_clipped_quantile}")
@@ -470,18 +559,17 @@ class _Adaptive(_PerModelDP):
                 "clip_norm_lr": self.clip_norm_lr,
                 "clipped_count_stddev": self.clipped_count_stddev}
 
-    def _adapt(self, clipped: Mapping[str, list[bool]]) -> None:
-        """``C <- C exp(lr (noised clipped fraction - target))`` per model that
-        received updates (the norm of the next round)."""
-        rng = np.random.default_rng([self.strategy.seed, 0xADA, self.strategy.run_state.current_round])
-        for task in sorted(clipped):
-            bits = clipped[task]
-            if not bits:
-                continue
-            count = float(sum(bits))
+    def _adapt(self, bits: Mapping[tuple[str, str], bool], assigned: list[str]) -> None:
+        """``C <- C exp(lr (clipped fraction - target))`` for every model assigned
+        in the round (the norm of the next round). The fraction is released as
+        Andrew et al. do: the centred bits ``b - 1/2`` (sensitivity 1/2) summed
+        over the round's accepted updates, plus noise of std
+        ``clipped_count_stddev``, over ``m``, plus 1/2."""
+        for task in assigned:
+            centred = sum(float(b) - 0.5 for (_, t), b in bits.items() if t == task)
             if self.clipped_count_stddev > 0:
-                count += float(rng.normal(0.0, self.clipped_count_stddev))
-            fraction = count / self.sampled(task)
+                centred += float(self._noise.normal(0.0, self.clipped_count_stddev))
+            fraction = centred / self.sampled(task) + 0.5
             self.clipping_norms[task] = self.norm(task) * math.exp(
                 self.clip_norm_lr * (fraction - self.target_clipped_quantile))
 

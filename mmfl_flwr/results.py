@@ -185,7 +185,8 @@ def run_versions() -> dict[str, str | None]:
 
 
 def summarize(result: MultiModelResult, settings: Settings | None,
-              effective: Mapping[str, Any] | None = None) -> dict[str, Any]:
+              effective: Mapping[str, Any] | None = None,
+              engine: str | None = None) -> dict[str, Any]:
     """Final accuracy per task, their mean, the configuration (``config``: the
     settings as typed; ``effective``: the values used for the automatic ones),
     the seed and the software versions (:func:`run_versions`). With a ``target_accuracy``
@@ -238,6 +239,7 @@ def summarize(result: MultiModelResult, settings: Settings | None,
         "seed": settings.seed if settings is not None else None,
         "config": settings.to_run_config() if settings is not None else None,
         "effective": dict(effective or {}),
+        "engine": engine,
         "versions": run_versions(),
     }
 
@@ -509,6 +511,7 @@ def write_outputs(
     output_dir: str | os.PathLike[str],
     strategy_name: str | None = None,
     effective: Mapping[str, Any] | None = None,
+    engine: str | None = None,
 ) -> Path:
     """Write ``metrics.csv``, ``summary.json``, ``assignments.csv``,
     ``accuracy.png``, ``assignments.png`` (:func:`assignments_figure`) and
@@ -516,12 +519,13 @@ def write_outputs(
     needed). ``strategy_name``
     names the strategy in the plot title where it is not the preset that
     ``settings`` name (a custom strategy); ``effective``, the values used for
-    the automatic settings, goes to ``summary.json`` and the title."""
+    the automatic settings, goes to ``summary.json`` and the title, as does
+    ``engine`` (the engine that ran it; None when unknown) to ``summary.json``."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_metrics_csv(result.history, out / "metrics.csv")
     with open(out / "summary.json", "w") as f:
-        json.dump(summarize(result, settings, effective), f, indent=2, sort_keys=True)
+        json.dump(summarize(result, settings, effective, engine), f, indent=2, sort_keys=True)
         f.write("\n")
     write_assignments_csv(result.assignments, out / "assignments.csv")
     plot_accuracy(result.history, out / "accuracy.png", settings, strategy_name, effective)

@@ -60,7 +60,7 @@ def run_inprocess(
         seed=settings.seed,
     )
     ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
-    return server_main(grid, ctx, settings, strategy)
+    return server_main(grid, ctx, settings, strategy, engine="inprocess")
 
 
 def run_vectorized(
@@ -91,7 +91,7 @@ def run_vectorized(
         seed=settings.seed, chunk=chunk,
     )
     ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
-    return server_main(grid, ctx, settings, strategy)
+    return server_main(grid, ctx, settings, strategy, engine="vectorized")
 
 
 def run_simulation_engine(

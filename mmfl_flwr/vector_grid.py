@@ -215,11 +215,12 @@ class VectorizedGrid(InProcessGrid):
             results = V.batched_train(vm, weights, jobs, epochs, lr, batch, chunk=self.chunk)
             log.debug("vectorized train of %d clients of %r: %.3f s", len(jobs), task,
                       time.monotonic() - t0)
+            received = arrays_to_numpy(record) if clip is not None else {}
             for (i, tr, *_), (new, n, loss) in zip(items, results):
                 if clip is not None:  # client-side differential privacy
                     keys = trainable_keys(tr) or [k for k, v in new.items()
                                                   if v.dtype.kind == "f"]
-                    new = clip_update(dict(new), arrays_to_numpy(record), keys, clip)[0]
+                    new = clip_update(dict(new), received, keys, clip)[0]
                 put_train_reply(contents[i], task, new, n, loss)
         elif mtype == P.QUERY_LOSSES:
             data = [V.ClientData(*tr.train_tensors()) for _, tr, _, _ in items]

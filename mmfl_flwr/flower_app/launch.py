@@ -466,6 +466,7 @@ def run_on_superlink(
                # the app's code is this environment's mmfl_flwr: nothing to install
                FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
                RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0", RAY_DEDUP_LOGS="0", **ray_env)
+    env["MMFL_ENGINE"] = "simulation"  # recorded in config.json / summary.json
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     if plan.address or plan.num_gpus_per_client > 0:
         ignored = " (--num-cpus does not apply to a cluster)" if plan.address and num_cpus else ""

@@ -70,6 +70,10 @@ def strategy_from_settings(
     return build(algorithm, **kwargs)
 
 
+#: the environment variable naming the engine to server_main (set by mmfl run)
+ENGINE_ENV = "MMFL_ENGINE"
+
+
 def private(strategy: MultiModelStrategy, s: Settings) -> Any:
     """``strategy`` in the per-model differential-privacy wrapper that ``s.dp``
     names (:mod:`mmfl_flwr.privacy`), or ``strategy`` itself without one."""
@@ -77,15 +81,17 @@ def private(strategy: MultiModelStrategy, s: Settings) -> Any:
         return strategy
     from mmfl_flwr import privacy as dp
 
+    noise_seed = None if s.dp_noise_seed < 0 else s.dp_noise_seed
     if s.dp.endswith("fixed"):
         fixed = {"server-fixed": dp.DifferentialPrivacyServerSideFixedClipping,
                  "client-fixed": dp.DifferentialPrivacyClientSideFixedClipping}[s.dp]
         return fixed(strategy, s.dp_noise_multiplier, s.dp_clipping_norm,
-                     s.dp_sampled_clients, delta=s.dp_delta)
+                     s.dp_sampled_clients, delta=s.dp_delta, noise_seed=noise_seed)
     adaptive = {"server-adaptive": dp.DifferentialPrivacyServerSideAdaptiveClipping,
                 "client-adaptive": dp.DifferentialPrivacyClientSideAdaptiveClipping}[s.dp]
     return adaptive(strategy, s.dp_noise_multiplier, s.dp_sampled_clients,
-                    initial_clipping_norm=s.dp_clipping_norm, delta=s.dp_delta)
+                    initial_clipping_norm=s.dp_clipping_norm, delta=s.dp_delta,
+                    noise_seed=noise_seed)
 
 
 def check_resume(s: Settings, strategy: Any) -> int:
@@ -266,11 +272,14 @@ def server_main(
     context: Context,
     settings: Settings | None = None,
     strategy: MultiModelStrategy | None = None,
+    engine: str | None = None,
 ) -> MultiModelResult:
     """Run the MMFL job described by ``settings`` (or ``context.run_config``).
 
     With ``strategy`` given, it is used instead of the preset that the settings
     name (the tasks, data, rounds and outputs still come from the settings).
+    ``engine`` (else ``$MMFL_ENGINE``, which ``mmfl run`` sets for the simulation
+    engine) is recorded in ``config.json`` and ``summary.json``.
 
     The settings, the checkpoint to resume and the data (initial weights, test
     sets) are all checked before anything is written into ``output_dir``, so a
@@ -279,6 +288,7 @@ def server_main(
     from mmfl_flwr.results import write_outputs
 
     load_snapshot(context.run_config)  # tasks registered by the process that started the run
+    engine = engine or os.environ.get(ENGINE_ENV) or None
     s = settings if settings is not None else Settings.from_run_config(context.run_config)
     custom = strategy is not None  # not the preset that s names (the plot title says so)
     if strategy is None:
@@ -308,7 +318,7 @@ def server_main(
             for name in ("summary.json", "metrics.csv", "assignments.csv", "accuracy.png"):
                 Path(s.output_dir, name).unlink(missing_ok=True)
         os.makedirs(s.output_dir, exist_ok=True)
-        s.save(os.path.join(s.output_dir, "config.json"), effective)
+        s.save(os.path.join(s.output_dir, "config.json"), effective, engine)
         strategy.checkpoint_path = os.path.join(s.output_dir, CHECKPOINT_FILE)
     try:
         result = runner.start(
@@ -324,7 +334,8 @@ def server_main(
             _files_of_finished_rounds(s.output_dir)
         raise
     if s.output_dir:
-        out = write_outputs(result, s, s.output_dir, strategy_name=name, effective=effective)
+        out = write_outputs(result, s, s.output_dir, strategy_name=name, effective=effective,
+                            engine=engine)
         print(f"[mmfl] results written to {os.path.abspath(out)}", flush=True)
     sys.stdout.flush()
     return result

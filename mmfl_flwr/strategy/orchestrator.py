@@ -360,6 +360,8 @@ class MultiModelStrategy(Strategy):
             self.run_state = self._new_run_state()
         self._runs += 1
         self._hooks = hooks
+        if hooks is not self and hasattr(hooks, "prepare_run"):
+            hooks.prepare_run(self.run_state)
         self._plans.clear()
         self._rows.clear()
         run_state = self.run_state
@@ -369,7 +371,7 @@ class MultiModelStrategy(Strategy):
         result = self.result = MultiModelResult()
         first = 1
         if resume_from is not None:
-            state = self.check_resumable(resume_from)
+            state = self.check_resumable(resume_from, hooks)
             first = persist.restore(run_state, self.policy, self.aggregator, state, result) + 1
             if hooks is not self and hasattr(hooks, "load_wrapper_state"):
                 hooks.load_wrapper_state(state.get("wrapper_state", {}), result)
@@ -471,27 +473,26 @@ class MultiModelStrategy(Strategy):
         with the state of the wrapper running this strategy, if any."""
         state = persist.run_state_dict(self.run_state, self.policy, self.aggregator,
                                        server_round, result)
-        state.update(self._wrapper_identity())
+        state.update(self._wrapper_identity(self._hooks))
         wrapper = self._hooks
         if wrapper is not self and hasattr(wrapper, "wrapper_state"):
             state["wrapper_state"] = wrapper.wrapper_state()
         return state
 
-    def _wrapper_identity(self) -> dict[str, Any]:
-        wrapper = self._hooks
+    def _wrapper_identity(self, wrapper: object) -> dict[str, Any]:
         if wrapper is self:
             return {"wrapper_name": None, "wrapper_config": None}
         config = getattr(wrapper, "wrapper_config", None)
         return {"wrapper_name": type(wrapper).__name__,
                 "wrapper_config": repr(sorted(config().items())) if config else None}
 
-    def check_resumable(self, path: str) -> dict[str, Any]:
+    def check_resumable(self, path: str, wrapper: object | None = None) -> dict[str, Any]:
         """Load a checkpoint and check it was written by an identical strategy
-        (policy, aggregator, their parameters, seed, and the same wrapper with
+        (policy, aggregator, their parameters, seed, and the same ``wrapper`` with
         the same parameters, or none); returns its state."""
-        return persist.load_resumable(path, {
-            **persist.identity(self.policy, self.aggregator, self.seed),
-            **self._wrapper_identity()})
+        return persist.load_resumable(
+            path, persist.identity(self.policy, self.aggregator, self.seed),
+            self._wrapper_identity(self if wrapper is None else wrapper))
 
     def save_checkpoint(self, server_round: int, result: MultiModelResult) -> None:
         """Write :meth:`state_dict` atomically to ``checkpoint_path``."""

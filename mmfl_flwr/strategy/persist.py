@@ -52,12 +52,22 @@ def run_state_dict(
     }
 
 
-def load_resumable(path: str, mine: dict[str, Any]) -> dict[str, Any]:
+def load_resumable(path: str, mine: dict[str, Any],
+                   required: dict[str, Any] | None = None) -> dict[str, Any]:
     """Read the checkpoint at ``path``; raise ValueError if it was written by a
-    strategy with another :func:`identity` than ``mine``."""
+    strategy with another :func:`identity` than ``mine`` (keys an older
+    checkpoint lacks are not compared) or with other ``required`` values (a
+    checkpoint that lacks one counts as holding None: the wrapper identity,
+    absent from checkpoints written before wrappers existed)."""
     from mmfl_flwr.checkpoint import load_checkpoint
 
     state = load_checkpoint(path)
+    for key, value in (required or {}).items():
+        if state.get(key) != value:
+            raise ValueError(
+                f"checkpoint {path} was written with {key} = {state.get(key)!r}, but this "
+                f"strategy has {value!r}; resume with the same strategy and seed"
+            )
     for key, value in mine.items():
         if key in state and state[key] != value:
             raise ValueError(

@@ -342,7 +342,8 @@ def register(run_state: RunState, reply: Message, node_keys: Mapping[int, bytes]
             run_state.lacking[cid] = missing[0]
         else:
             run_state.lacking.pop(cid, None)
-    note_trainable(run_state, cid, info, usable)
+    if cid not in run_state.lacking and run_state.trust_declared_trainable:
+        note_trainable(run_state, cid, info, usable)
     log(INFO, "Client %s %s as node %d (tasks %s%s)", cid,
         "re-registered" if cid in run_state.table else "registered", node, sorted(usable),
         "" if pin is None else f"; identity proved by its {pin.split(':')[0]}")

@@ -87,6 +87,8 @@ class RunState:
     #: the message types the strategy sends to every client (set by the strategy;
     #: a client that declares its handlers and lacks one is refused at registration)
     needed_handlers: list[str] = field(default_factory=list)
+    #: whether a client's declaration of trainable keys may set them (not under DP)
+    trust_declared_trainable: bool = True
     #: (client, task) parts of the latest round that did not reach the aggregate
     rejected_parts: list[tuple[str, str]] = field(default_factory=list)
 

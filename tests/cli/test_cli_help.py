@@ -252,8 +252,10 @@ def test_the_range_in_the_help_is_the_one_validate_enforces(option_help, name):
 def test_a_refused_range_value_names_the_allowed_range_as_the_help_does():
     for name in RANGE_SETTINGS:
         allowed = options()[name].allowed()
+        below = min(-1, (options()[name].low or 0) - 1)  # under the range (and not 0)
         with pytest.raises(ValueError) as err:
-            runs_with(name, -1 if isinstance(getattr(Settings(), name), int) else -1.0).validate()
+            runs_with(name, int(below) if isinstance(getattr(Settings(), name), int)
+                      else float(below)).validate()
         assert f"{name.replace('_', '-')} must be {allowed}" in str(err.value)
 
 

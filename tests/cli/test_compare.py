@@ -308,3 +308,22 @@ def test_one_data_folder_spelled_two_ways_is_not_a_difference(tmp_path, monkeypa
         cmp.compare([rel, absolute], tmp_path / "p.png")
     with pytest.warns(UserWarning, match="differ in data-root"):
         cmp.compare([rel, absolute, other], tmp_path / "q.png")
+
+
+def test_the_engine_is_recorded_and_compared_like_a_setting(real_runs, tmp_path):
+    """mmfl run records the engine in config.json and summary.json; mmfl compare
+    lists it among the settings that differ (issue 25); Settings.load skips it."""
+    for folder in real_runs:
+        assert json.loads((folder / "summary.json").read_text())["engine"] == "inprocess"
+        assert json.loads((folder / "config.json").read_text())["engine"] == "inprocess"
+        Settings.load(str(folder / "config.json")).validate()
+    other = tmp_path / "vec"
+    import shutil
+
+    shutil.copytree(real_runs[1], other)
+    summary = json.loads((other / "summary.json").read_text())
+    summary["engine"] = "vectorized"
+    (other / "summary.json").write_text(json.dumps(summary))
+    runs = [cmp.read_run(real_runs[0]), cmp.read_run(other)]
+    assert cmp.differing_settings(runs) == {"engine": ["inprocess", "vectorized"]}
+    assert cmp.differing_settings([cmp.read_run(d) for d in real_runs]) == {}

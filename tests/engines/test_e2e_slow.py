@@ -16,6 +16,8 @@ prints how long it took.
 
 from __future__ import annotations
 
+import json
+
 import subprocess
 import sys
 import time
@@ -119,6 +121,10 @@ def test_mmfl_run_simulation_engine_matches_inprocess(tmp_path: Path, timer: Non
         f"assignments differ between engines:\n--- simulation\n{sim_assign}\n"
         f"--- inprocess\n{inp_assign}"
     )
+    # each run records the engine that ran it (mmfl compare lists it when it differs)
+    for folder, engine in ((sim_out, "simulation"), (inp_out, "inprocess")):
+        assert json.loads((folder / "summary.json").read_text())["engine"] == engine
+        assert json.loads((folder / "config.json").read_text())["engine"] == engine
     sim_metrics = (sim_out / "metrics.csv").read_text()
     inp_metrics = (inp_out / "metrics.csv").read_text()
     assert sim_metrics == inp_metrics, (

@@ -398,10 +398,18 @@ class _PerModelDP(Strategy):
         for reply in replies:
             if reply.has_error():
                 continue
-            cid = run_state.node_to_cid.get(reply.metadata.src_node_id, "?")
+            node = reply.metadata.src_node_id
+            hosted = run_state.shards.get(node)
             own = reply.metadata.group_id == str(server_round)
             for key in list(reply.content.array_records.keys()):
-                task = P.task_of(key, P.ARRAYS_PREFIX)
+                if hosted is None:
+                    base, cid = key, run_state.node_to_cid.get(node, "?")
+                else:  # a multi-client node: arrays.<task>@<client id>
+                    base, part_of = P.split_client_key(key)
+                    if part_of is None or part_of not in hosted:
+                        continue
+                    cid = part_of
+                task = P.task_of(base, P.ARRAYS_PREFIX)
                 if task is None or task not in run_state.weights:
                     continue
                 old = run_state.weights[task]

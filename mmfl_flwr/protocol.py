@@ -30,6 +30,20 @@ Message types
 ``evaluate``       server -> client: ``arrays.<task>`` per task; reply:
                    MetricRecord ``metrics.<task>`` with ``num-examples``,
                    ``loss`` and ``accuracy``.
+
+Multi-client nodes (a shard of virtual clients on one Flower node)
+------------------------------------------------------------------
+A node may host several clients. Its ``query.info`` reply then holds one
+ConfigRecord ``info@<client-id>`` per client (the fields of ``info``; its
+``client-id`` equal to the key's). Every later message to the node carries the
+work of all its clients addressed in the round: the weights once per task
+(``arrays.<task>``, ``control.<task>``), and per client a ConfigRecord
+``config@<client-id>`` (its ``tasks``, and for training the train config).
+The reply holds every record of each client's part under its key plus
+``@<client-id>`` (``arrays.<task>@7``, ``metrics.<task>@7``, ``losses@7``,
+``control.<task>@7``); a client whose part failed replies ConfigRecord
+``error@<client-id>`` with ``code`` (int) and ``reason`` (str). The server
+validates, rejects and identifies each client of a node on its own.
 """
 
 from __future__ import annotations
@@ -92,3 +106,21 @@ def control_key(task: str) -> str:
 def task_of(key: str, prefix: str) -> str | None:
     """Return the task name of a record key, or None if it lacks ``prefix``."""
     return key[len(prefix) :] if key.startswith(prefix) else None
+
+
+#: separates a record key from the client it belongs to on a multi-client node
+CLIENT_SEP = "@"
+#: the per-client record of a failed part on a multi-client node
+ERROR_KEY = "error"
+
+
+def client_key(key: str, cid: str) -> str:
+    """``key`` of client ``cid``'s part on a multi-client node (``arrays.a@7``)."""
+    return f"{key}{CLIENT_SEP}{cid}"
+
+
+def split_client_key(key: str) -> tuple[str, str | None]:
+    """``(key, client id)`` of a per-client record key; ``(key, None)`` for a key
+    without a client (the last ``@`` separates them)."""
+    base, sep, cid = key.rpartition(CLIENT_SEP)
+    return (base, cid) if sep and base else (key, None)

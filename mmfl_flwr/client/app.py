@@ -8,8 +8,10 @@ This module is framework-agnostic: a *trainer* is any object with the methods of
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -46,7 +48,8 @@ class ClientSpec:
     client_token: str | None = None
 
 
-SpecFn = Callable[[Context], ClientSpec]
+#: ``spec_fn(context)``: the node's client, or the clients of a multi-client node
+SpecFn = Callable[[Context], ClientSpec | Sequence[ClientSpec]]
 
 
 def _scaffold_train(
@@ -59,14 +62,16 @@ def _scaffold_train(
     lr: float,
     seed: int,
     batch: int,
+    state_key: str = "",
 ) -> tuple[Weights, int, float, Weights]:
     """SCAFFOLD local training for one task.
 
     Steps ``w <- w - lr (grad + c - c_i)``; afterwards
     ``c_i <- c_i - c + (w_global - w_local) / (K lr)`` with ``K`` the number of
-    local steps. ``c_i`` persists in ``context.state`` under ``scaffold.<task>``.
+    local steps. ``c_i`` persists in ``context.state`` under ``scaffold.<task>``
+    (``scaffold.<task>@<client id>`` on a multi-client node: ``state_key``).
     """
-    key = "scaffold." + task
+    key = "scaffold." + task + state_key
     stored = context.state.array_records.get(key)
     c_client = (
         arrays_to_numpy(stored)
@@ -89,6 +94,40 @@ def _scaffold_train(
     }
     context.state[key] = numpy_to_arrays(c_new)
     return new, n, loss, c_new
+
+
+def shard_reply(
+    specs: list[ClientSpec], msg: Message, context: Context,
+    one: Callable[[ClientSpec, Any, Context, str], RecordDict],
+) -> RecordDict:
+    """The reply of a multi-client node (docs/protocol.md): for each client the
+    message addresses (``config@<id>``), ``one(spec, part, context, "@<id>")``
+    on its part (the shared records of its tasks and its config), re-keyed with
+    ``@<id>``; a client that fails (or that the node does not host) answers
+    ``error@<id>`` and the others go on."""
+    by_id = {s.client_id: s for s in specs}
+    reply = RecordDict()
+    for key, cfg in msg.content.config_records.items():
+        base, cid = P.split_client_key(key)
+        if base != P.CONFIG_KEY or cid is None:
+            continue
+        try:
+            s = by_id.get(cid)
+            if s is None:
+                raise KeyError(f"this node does not host client {cid!r}")
+            tasks = [str(task) for task in cfg.get(P.CFG_TASKS, [])]  # type: ignore[union-attr]
+            part = RecordDict({P.CONFIG_KEY: cfg})
+            for task in tasks:
+                for shared in (P.arrays_key(task), P.control_key(task)):
+                    if shared in msg.content.array_records:
+                        part[shared] = msg.content.array_records[shared]
+            content = one(s, SimpleNamespace(content=part), context, P.client_key("", cid))
+        except Exception as err:  # noqa: BLE001 - one client's failure is its own
+            content = RecordDict({P.ERROR_KEY: ConfigRecord(
+                {"code": 1, "reason": f"{type(err).__name__}: {err}"[:2000]})})
+        for k, record in content.items():
+            reply[P.client_key(k, cid)] = record
+    return reply
 
 
 def cache_specs(
@@ -129,7 +168,9 @@ def make_client_app(
     ----------
     spec_fn : callable
         ``spec_fn(context) -> ClientSpec``: this node's stable id, processors and
-        trainers (read ``context.node_config`` / ``context.run_config``).
+        trainers (read ``context.node_config`` / ``context.run_config``); or a
+        list of ClientSpecs: the node hosts that shard of clients (one message
+        per round carries their work; docs/protocol.md, multi-client nodes).
     cache_key : callable, optional
         Specs are built once per process and key (default: the node config and
         run config), since building data loaders on every message is wasteful.
@@ -145,9 +186,7 @@ def make_client_app(
             raise KeyError(f"client {s.client_id} holds no data for task {task!r}")
         return s.trainers[task]
 
-    @app.query("info")
-    def info(msg: Message, context: Context) -> Message:
-        s = spec(context)
+    def info_record(s: ClientSpec) -> ConfigRecord:
         tasks = list(s.trainers)
         rec = ConfigRecord(
             {
@@ -164,19 +203,15 @@ def make_client_app(
             keys = trainable_keys(s.trainers[t])
             if keys:
                 rec[P.trainable_key(t)] = keys
-        return Message(RecordDict({P.INFO_KEY: rec}), reply_to=msg)
+        return rec
 
-    @app.query("losses")
-    def losses(msg: Message, context: Context) -> Message:
-        s = spec(context)
+    def losses_of(s: ClientSpec, msg: Any, context: Context, state_key: str) -> RecordDict:
         content = RecordDict({P.LOSSES_KEY: MetricRecord()})
         for task, rec in tasks_in(msg).items():
             put_loss(content, task, trainer(s, task).loss(decode(rec)))
-        return Message(content, reply_to=msg)
+        return content
 
-    @app.train()
-    def train(msg: Message, context: Context) -> Message:
-        s = spec(context)
+    def train_of(s: ClientSpec, msg: Any, context: Context, state_key: str) -> RecordDict:
         cfg = train_settings(msg)
         content = RecordDict()
         for task, rec in tasks_in(msg).items():
@@ -186,21 +221,50 @@ def make_client_app(
             if P.control_key(task) in msg.content.array_records:
                 new, n, loss, c_new = _scaffold_train(
                     tr, weights, arrays_to_numpy(msg.content[P.control_key(task)]),
-                    context, task, cfg.epochs, cfg.lr, tseed, cfg.batch_size,
+                    context, task, cfg.epochs, cfg.lr, tseed, cfg.batch_size, state_key,
                 )
                 content[P.control_key(task)] = numpy_to_arrays(c_new)
             else:
                 new, n, loss = tr.train(weights, cfg.epochs, cfg.lr, tseed, cfg.batch_size)
             new = clip_for_config(msg, task, new, decode(rec), tr)
             put_train_reply(content, task, new, n, loss)
-        return Message(content, reply_to=msg)
+        return content
 
-    @app.evaluate()
-    def evaluate(msg: Message, context: Context) -> Message:
-        s = spec(context)
+    def evaluation_of(s: ClientSpec, msg: Any, context: Context, state_key: str) -> RecordDict:
         content = RecordDict()
         for task, rec in tasks_in(msg).items():
             put_evaluation(content, task, *trainer(s, task).evaluate(decode(rec)))
-        return Message(content, reply_to=msg)
+        return content
+
+    def serve(msg: Message, context: Context, one: Callable[..., RecordDict]) -> Message:
+        """Answer ``msg`` for the node's client, or for every client of a shard
+        addressed in it (``config@<id>``), each client's part computed on its own."""
+        specs = spec(context)
+        if isinstance(specs, ClientSpec):
+            return Message(one(specs, msg, context, ""), reply_to=msg)
+        return Message(shard_reply(list(specs), msg, context, one), reply_to=msg)
+
+    @app.query("info")
+    def info(msg: Message, context: Context) -> Message:
+        specs = spec(context)
+        if isinstance(specs, ClientSpec):
+            return Message(RecordDict({P.INFO_KEY: info_record(specs)}), reply_to=msg)
+        specs = list(specs)
+        if not specs:
+            raise ValueError("this node hosts no client: its shard is empty")
+        return Message(RecordDict({P.client_key(P.INFO_KEY, s.client_id): info_record(s)
+                                   for s in specs}), reply_to=msg)
+
+    @app.query("losses")
+    def losses(msg: Message, context: Context) -> Message:
+        return serve(msg, context, losses_of)
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        return serve(msg, context, train_of)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        return serve(msg, context, evaluation_of)
 
     return app

@@ -30,7 +30,7 @@ def evaluation_messages(
     k = max(1, int(round(fraction * len(ids)))) if ids else 0
     chosen = sorted(run_state.eval_rng.choice(len(ids), size=k, replace=False)) if k else []
     active = set(run_state.tasks)
-    messages = []
+    parts = []
     for j in chosen:
         cid = ids[int(j)]
         tasks, content = run_state.models_for(cid, active)
@@ -40,8 +40,8 @@ def evaluation_messages(
         cfg[P.CFG_ROUND] = server_round
         cfg[P.CFG_TASKS] = tasks
         content[P.CONFIG_KEY] = cfg
-        messages.append(run_state.message(cid, content, MessageType.EVALUATE, server_round))
-    return messages
+        parts.append((cid, content))
+    return run_state.messages(parts, MessageType.EVALUATE, server_round)
 
 
 def client_metrics(
@@ -52,7 +52,8 @@ def client_metrics(
     sums: dict[str, list[float]] = {}
     active = set(run_state.tasks)
     for cid, reply in client_replies(run_state.node_to_cid, replies, "evaluation",
-                                     server_round=server_round, lacking=run_state.lacking):
+                                     server_round=server_round, lacking=run_state.lacking,
+                                     shards=run_state.shards):
         sent = [t for t in run_state.table[cid].tasks if t in active]
         for key in reply.content.metric_records:
             if P.task_of(key, P.METRICS_PREFIX) not in sent:

@@ -25,14 +25,14 @@ def loss_query_messages(
     """A ``query.losses`` message to every online client (or the ones in
     ``only``) with each active model it holds."""
     active = set(run_state.tasks)
-    msgs = []
+    parts = []
     for cid in run_state.table.ids():
         if only is not None and cid not in only:
             continue
         tasks, content = run_state.models_for(cid, active)
         if tasks:
-            msgs.append(run_state.message(cid, content, P.QUERY_LOSSES, server_round))
-    return msgs
+            parts.append((cid, content))
+    return run_state.messages(parts, P.QUERY_LOSSES, server_round)
 
 
 def accepted_losses(
@@ -44,7 +44,7 @@ def accepted_losses(
     received: dict[str, list[tuple[str, float]]] = {}
     for cid, reply in client_replies(
         run_state.node_to_cid, replies, "loss", server_round=server_round,
-        lacking=run_state.lacking,
+        lacking=run_state.lacking, shards=run_state.shards,
     ):
         losses = reply.content.metric_records.get(P.LOSSES_KEY)
         if losses is None:

@@ -187,13 +187,19 @@ def refresh_clients(
     nodes = wait_for_nodes(run_state, grid, min_nodes, wait_timeout)
     # Forget nodes that are gone: a client that reconnects comes back with a
     # new node id and registers again under its stable id.
+    present = set(nodes)
     for nid in list(run_state.node_to_cid):
-        if nid not in nodes:
+        if nid not in present:
             gone = run_state.node_to_cid.pop(nid)
             log(INFO, "Client %s (node %d) went offline; left out until it reconnects",
                 gone, nid)
+    for nid in list(run_state.shards):
+        if nid not in present:
+            gone_ids = run_state.shards.pop(nid)
+            log(INFO, "Node %d went offline with its %d clients (%s); left out until it "
+                "reconnects", nid, len(gone_ids), _id_range(gone_ids))
     evict_unproven(run_state)
-    new = [n for n in nodes if n not in run_state.node_to_cid]
+    new = [n for n in nodes if n not in run_state.node_to_cid and n not in run_state.shards]
     if new:
         keys = (_node_keys(grid)
                 if any(p.startswith(KEY_PIN) for p in run_state.client_pins.values()) else {})
@@ -214,14 +220,15 @@ def refresh_clients(
     registered = set(run_state.table.ids(online_only=False))
     if run_state.lacking and registered and registered <= set(run_state.lacking):
         raise NoClientCanServe(_cannot_serve_message(run_state.lacking))
+    hosted = {cid: n for n in nodes if n in run_state.node_to_cid
+              for cid in (run_state.node_to_cid[n],)}
+    hosted.update({cid: n for n in nodes for cid in run_state.shards.get(n, ())})
     online = {
-        run_state.node_to_cid[n]
-        for n in nodes
-        if n in run_state.node_to_cid
-        and run_state.client_arrivals.get(run_state.node_to_cid[n], 0) <= server_round
-        and run_state.node_to_cid[n] not in run_state.lacking
+        cid for cid in hosted
+        if run_state.client_arrivals.get(cid, 0) <= server_round
+        and cid not in run_state.lacking
     }
-    run_state.cid_to_node = {cid: nid for nid, cid in run_state.node_to_cid.items() if cid in online}
+    run_state.cid_to_node = {cid: nid for cid, nid in hosted.items() if cid in online}
     run_state.table.set_online(online)
 
 
@@ -288,23 +295,90 @@ def evict_unproven(run_state: RunState) -> None:
     run_state.verified_nodes = {
         n: p for n, p in run_state.verified_nodes.items() if run_state.node_to_cid.get(n) is not None
     }
+    for nid, cids in list(run_state.shards.items()):
+        kept = []
+        for cid in cids:
+            pin = run_state.client_pins.get(cid)
+            if pin is not None and run_state.verified_shard_clients.get((nid, cid)) != pin:
+                if cid in run_state.table:
+                    run_state.table[cid].losses.clear()
+                    run_state.table[cid].loss_round.clear()
+                run_state.verified_shard_clients.pop((nid, cid), None)
+                log(WARNING, "Client id %s is pinned, but node %d holds it without having "
+                    "proved the pin; evicted (it is asked again)", cid, nid)
+            else:
+                kept.append(cid)
+        if len(kept) != len(cids):  # the node is asked again (all its clients)
+            del run_state.shards[nid]
 
 
 def register(run_state: RunState, reply: Message, node_keys: Mapping[int, bytes] | None = None) -> None:
-    """Register the client that answered a ``query.info`` (or log why not);
-    ``node_keys`` (node id -> public key) serves ``key:`` pins."""
+    """Register the client (or, on a multi-client node, every client) that
+    answered a ``query.info`` (or log why not); ``node_keys`` (node id ->
+    public key) serves ``key:`` pins."""
     node = reply.metadata.src_node_id
     if reply.has_error():
         log(WARNING, "Node %d (client id unknown) could not describe itself (error %s: %s); "
             "it is left out this round", node, reply.error.code, reply.error.reason)
         return
+    records = reply.content.config_records
+    shard = {cid: rec for cid, rec in
+             ((P.split_client_key(k)[1], r) for k, r in records.items()
+              if P.split_client_key(k)[0] == P.INFO_KEY) if cid is not None}
+    if not shard:
+        try:
+            info = records[P.INFO_KEY]
+        except KeyError:
+            log(WARNING, "Node %d sent no 'info' record (nor 'info@<id>' records of a "
+                "multi-client node): it declares no client; left out", node)
+            return
+        _register_client(run_state, node, info, node_keys, None, _claimed_id(reply))
+        return
+    holders = {c: n for n, c in run_state.node_to_cid.items()}
+    holders.update({c: n for n, cs in run_state.shards.items() for c in cs})
+    hosted: list[str] = []
+    for cid, info in shard.items():
+        if str(info.get(P.CLIENT_ID, cid)) != cid:
+            log(WARNING, "Node %d: record 'info@%s' claims client id %s; that client is "
+                "left out", node, cid, str(info.get(P.CLIENT_ID))[:100])
+            continue
+        if cid in hosted:
+            continue
+        if _register_client(run_state, node, info, node_keys, (hosted, holders), cid):
+            hosted.append(cid)
+    if hosted:
+        run_state.shards[node] = hosted
+        log(INFO, "Node %d hosts %d clients (%s)", node, len(hosted), _id_range(hosted))
+    else:
+        log(WARNING, "Node %d declared %d clients and none could register; left out", node,
+            len(shard))
+
+
+def _id_range(ids: list[str]) -> str:
+    return ", ".join(ids) if len(ids) <= 6 else f"{', '.join(ids[:3])}, ..., {ids[-1]}"
+
+
+def _register_client(
+    run_state: RunState,
+    node: int,
+    info: ConfigRecord,
+    node_keys: Mapping[int, bytes] | None,
+    shard: tuple[list[str], dict[str, int]] | None,
+    claimed: str,
+) -> bool:
+    """Register one client of ``node`` from its info record; on a multi-client
+    node (``shard``: the ids it registered so far and every registered id's
+    node) the client is added to the node's list by the caller."""
     try:
-        info = reply.content.config_records[P.INFO_KEY]
         cid, usable, unknown, procs = _describe(info, run_state.all_tasks)
     except (KeyError, TypeError, ValueError) as err:
         log(WARNING, "Node %d (claiming client id %s) sent an invalid self-description, "
-            "left out: %s", node, _claimed_id(reply), err)
-        return
+            "left out: %s", node, claimed, err)
+        return False
+    if shard is not None and P.CLIENT_SEP in cid:
+        log(WARNING, "Node %d: client id %r contains %r, which multi-client nodes use to "
+            "address their clients; left out", node, cid[:100], P.CLIENT_SEP)
+        return False
     if unknown:
         log(WARNING, "Client %s declared unknown tasks %s; ignoring them", cid, unknown)
     pin = run_state.client_pins.get(cid, run_state.client_pins.get(ANY_ID))
@@ -314,7 +388,12 @@ def register(run_state: RunState, reply: Message, node_keys: Mapping[int, bytes]
             log(WARNING, "Node %d claims client id %s with no authenticated node key (is "
                 "SuperNode authentication on?); refused (the id is bound at first use)",
                 node, cid)
-            return
+            return False
+        bound = {c for c, p in run_state.bound_at_first_use.items() if p == KEY_PIN + seen}
+        if shard is not None and bound and cid not in bound:
+            log(WARNING, "Node %d claims client id %s, but its node key was bound at first use "
+                "to the ids %s only; refused", node, cid, _id_range(sorted(bound)))
+            return False
         pin = run_state.client_pins[cid] = run_state.bound_at_first_use[cid] = KEY_PIN + seen
         log(INFO, "Client id %s is bound to the public key of node %d (first use)", cid, node)
     if pin is not None:
@@ -322,15 +401,21 @@ def register(run_state: RunState, reply: Message, node_keys: Mapping[int, bytes]
         if problem is not None:
             log(WARNING, "Node %d claims client id %s with %s; refused (the id is pinned)",
                 node, cid, problem)
-            return
+            return False
     # Nodes that went away were already forgotten, so another live node with
     # this id is a duplicate claim: keep the first one.
-    other = next((n for n, c in run_state.node_to_cid.items() if c == cid and n != node), None)
-    if other is not None:
+    if shard is None:
+        other = next((n for n, c in run_state.node_to_cid.items() if c == cid and n != node),
+                     None)
+        if other is None:
+            other = next((n for n, cs in run_state.shards.items() if cid in cs), None)
+    else:
+        other = shard[1].get(cid)
+    if other is not None and other != node:
         log(WARNING, "Client id %s is claimed by nodes %d and %d; keeping %d (the first "
             "to register; node %d is refused and asked again next round)",
             cid, other, node, other, node)
-        return
+        return False
     declared = info.get(P.HANDLERS)
     if isinstance(declared, list) and run_state.needed_handlers:
         missing = [h for h in run_state.needed_handlers if h not in declared]
@@ -344,13 +429,20 @@ def register(run_state: RunState, reply: Message, node_keys: Mapping[int, bytes]
             run_state.lacking.pop(cid, None)
     if cid not in run_state.lacking and run_state.trust_declared_trainable:
         note_trainable(run_state, cid, info, usable)
-    log(INFO, "Client %s %s as node %d (tasks %s%s)", cid,
-        "re-registered" if cid in run_state.table else "registered", node, sorted(usable),
-        "" if pin is None else f"; identity proved by its {pin.split(':')[0]}")
-    run_state.node_to_cid[node] = cid
-    if pin is not None:
-        run_state.verified_nodes[node] = pin
+    if shard is None or len(shard[0]) < 5:  # a shard's first few, then one summary line
+        log(INFO, "Client %s %s as node %d (tasks %s%s)", cid,
+            "re-registered" if cid in run_state.table else "registered", node, sorted(usable),
+            "" if pin is None else f"; identity proved by its {pin.split(':')[0]}")
+    if shard is None:
+        run_state.node_to_cid[node] = cid
+        if pin is not None:
+            run_state.verified_nodes[node] = pin
+    else:
+        shard[1][cid] = node
+        if pin is not None:
+            run_state.verified_shard_clients[(node, cid)] = pin
     run_state.table.upsert(ClientInfo(cid=cid, num_examples=usable, processors=procs))
+    return True
 
 
 def _claimed_id(reply: Message) -> str:

@@ -4,11 +4,15 @@ senders, duplicates and error replies, each logged with the client id."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from logging import ERROR, WARNING
+from typing import Any
 
-from flwr.app import Message
+from flwr.app import Message, RecordDict
 from flwr.common.logger import log
+
+from mmfl_flwr import protocol as P
 
 
 _NO_HANDLER = re.compile(r"No (\w+) function registered with name '(\w+)'")
@@ -24,6 +28,68 @@ def missing_handler(reason: str) -> str | None:
     return category if action == "default" else f"{category}.{action}"
 
 
+@dataclass
+class ClientPart:
+    """One client's part of a multi-client node's reply, read like a reply of its
+    own: ``content`` holds its records under their plain keys (``arrays.a``
+    for ``arrays.a@7``), ``metadata`` is the node reply's, and ``error`` the
+    client's ``error@<id>`` record (code, reason) or the node's error."""
+
+    content: RecordDict
+    metadata: Any
+    error: Any = None
+
+    def has_error(self) -> bool:
+        return self.error is not None
+
+
+def split_reply(reply: Message) -> dict[str, ClientPart]:
+    """Client id -> its part of a multi-client node's reply (an error reply of
+    the whole node is not split: see :func:`client_replies`)."""
+    from flwr.app import Error
+
+    records: dict[str, RecordDict] = {}
+    for key, record in reply.content.items():
+        base, cid = P.split_client_key(key)
+        if cid is None:
+            continue
+        records.setdefault(cid, RecordDict())[base] = record
+    parts = {}
+    for cid, content in records.items():
+        err = content.config_records.get(P.ERROR_KEY)
+        error = None
+        if err is not None:
+            error = Error(code=int(err.get("code", 0)),  # type: ignore[arg-type]
+                          reason=str(err.get("reason", "")))
+        parts[cid] = ClientPart(content, reply.metadata, error)
+    return parts
+
+
+def _per_client(
+    replies: Iterable[Message],
+    node_to_cid: Mapping[int, str],
+    shards: Mapping[int, Sequence[str]],
+    asked: Collection[str] | None,
+) -> Iterator[tuple[int, str | None, Any]]:
+    """``(node, client id or None, reply or part)``: a single-client node's reply
+    as it is, a multi-client node's split into its clients' parts (a node
+    error becomes an error part of each client asked on it; a part of a
+    client the node does not host is reported with its id, for the log)."""
+    for reply in replies:
+        node = reply.metadata.src_node_id
+        hosted = shards.get(node)
+        if hosted is None:
+            yield node, node_to_cid.get(node), reply
+            continue
+        if reply.has_error():
+            for cid in hosted:
+                if asked is None or cid in asked:
+                    yield node, cid, ClientPart(RecordDict(), reply.metadata, reply.error)
+            continue
+        for cid, part in split_reply(reply).items():
+            yield node, (cid if cid in hosted else None), part
+
+
 def client_replies(
     node_to_cid: dict[int, str],
     replies: Iterable[Message],
@@ -32,8 +98,11 @@ def client_replies(
     on_error: Callable[[str, Message], None] | None = None,
     server_round: int | None = None,
     lacking: dict[str, str] | None = None,
+    shards: Mapping[int, Sequence[str]] | None = None,
 ) -> Iterator[tuple[str, Message]]:
-    """Yield ``(client id, reply)`` for the usable replies of one round trip.
+    """Yield ``(client id, reply)`` for the usable replies of one round trip
+    (with ``shards``, node -> its clients for multi-client nodes, each client's
+    part of such a node's reply is yielded on its own, as a :class:`ClientPart`).
 
     A reply from a node that is not a registered client (or, with ``asked``, not
     one of the clients asked) is ignored; with ``server_round``, a reply that
@@ -46,9 +115,7 @@ def client_replies(
     "loss", "evaluation").
     """
     seen: set[str] = set()
-    for reply in replies:
-        node = reply.metadata.src_node_id
-        cid = node_to_cid.get(node)
+    for node, cid, reply in _per_client(replies, node_to_cid, shards or {}, asked):
         if cid is None or (asked is not None and cid not in asked):
             log(WARNING, "Ignoring a %s reply from node %d, which was not asked", kind, node)
             continue

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from flwr.app import ArrayRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from mmfl_flwr import protocol as P
 from mmfl_flwr.core.clients import ClientTable
@@ -44,7 +44,11 @@ class RunState:
     table : ClientTable
         Registered clients, keyed by stable client id.
     node_to_cid, cid_to_node : dict
-        Flower node id <-> stable client id of the clients online now.
+        Flower node id -> stable client id of a registered single-client node;
+        stable client id -> node id of the clients online now (a multi-client
+        node hosts several).
+    shards : dict
+        Multi-client node id -> the client ids it hosts.
     trainable : dict
         Task -> trainable keys in force (pinned, or the first declaration).
     current_round : int
@@ -72,11 +76,15 @@ class RunState:
     table: ClientTable = field(default_factory=ClientTable)
     node_to_cid: dict[int, str] = field(default_factory=dict)
     cid_to_node: dict[str, int] = field(default_factory=dict)
+    #: multi-client node id -> the ids of the clients it hosts (registered)
+    shards: dict[int, list[str]] = field(default_factory=dict)
     trainable: dict[str, list[str]] = field(default_factory=dict)
     current_round: int = 0
     waited: bool = False
     client_pins: dict[str, str] = field(default_factory=dict)
     verified_nodes: dict[int, str] = field(default_factory=dict)
+    #: (multi-client node, client id) -> the pin the client proved when it registered
+    verified_shard_clients: dict[tuple[int, str], str] = field(default_factory=dict)
     bound_at_first_use: dict[str, str] = field(default_factory=dict)
     #: task -> recent accepted update norms (the reference of the norm bound)
     norm_history: dict[str, list[float]] = field(default_factory=dict)
@@ -176,6 +184,40 @@ class RunState:
     ) -> Message:
         """An instruction to online client ``cid`` for ``server_round``."""
         return instruction(self.cid_to_node[cid], content, message_type, server_round)
+
+    def messages(
+        self, parts: list[tuple[str, RecordDict]], message_type: str, server_round: int
+    ) -> list[Message]:
+        """One instruction per node for the ``(client id, content)`` parts of a
+        round trip: a single-client node's content as it is; the parts of a
+        multi-client node's clients in one message, the shared records
+        (``arrays.<task>``, ``control.<task>``) once and each client's config
+        as ``config@<id>`` (with its ``tasks``), in the order of its first part."""
+        order: list[tuple[int, RecordDict]] = []
+        merged: dict[int, RecordDict] = {}
+        for cid, content in parts:
+            node = self.cid_to_node[cid]
+            if node not in self.shards:
+                order.append((node, content))
+                continue
+            whole = merged.get(node)
+            if whole is None:
+                whole = merged[node] = RecordDict()
+                order.append((node, whole))
+            cfg = content.config_records.get(P.CONFIG_KEY)
+            cfg = ConfigRecord(dict(cfg)) if cfg is not None else ConfigRecord()
+            tasks = [t for t in (P.task_of(k, P.ARRAYS_PREFIX) for k in content.array_records)
+                     if t is not None]
+            cfg.setdefault(P.CFG_TASKS, tasks)
+            cfg.setdefault(P.CFG_ROUND, server_round)
+            for key, record in content.items():
+                if key == P.CONFIG_KEY:
+                    continue
+                if key not in whole:
+                    whole[key] = record
+            whole[P.client_key(P.CONFIG_KEY, cid)] = cfg
+        return [instruction(node, content, message_type, server_round)
+                for node, content in order]
 
 
 def instruction(node: int, content: RecordDict, message_type: str, server_round: int) -> Message:

@@ -74,7 +74,7 @@ def plan_round(
             keys = run_state.split_keys(t)[0]
             c = aggregator.server_control(t, [run_state.weights[t][k] for k in keys])
             controls[t] = numpy_to_arrays(dict(zip(keys, c)))
-    messages = []
+    parts = []
     for cid, mine in picks_by_client(valid).items():
         tasks = [p.task for p in mine]
         content = RecordDict({P.arrays_key(t): run_state.arrays[t] for t in tasks})
@@ -82,5 +82,6 @@ def plan_round(
         for t in tasks:
             if t in controls:
                 content[P.control_key(t)] = controls[t]
-        messages.append(run_state.message(cid, content, MessageType.TRAIN, server_round))
+        parts.append((cid, content))
+    messages = run_state.messages(parts, MessageType.TRAIN, server_round)
     return RoundPlan(server_round, list(active), valid, messages)

@@ -299,7 +299,8 @@ def collect_updates(
             out.rejected_parts.append((cid, t))
 
     for cid, reply in client_replies(run_state.node_to_cid, replies, "train", expected, failed,
-                                     plan.server_round, lacking=run_state.lacking):
+                                     plan.server_round, lacking=run_state.lacking,
+                                     shards=run_state.shards):
         answered.add(cid)
         asked = expected[cid]
         content = reply.content

@@ -86,3 +86,32 @@ def test_the_documented_server_snippet_builds_lvr_and_reports_real_accuracies(ca
     assert all(0.0 <= a <= 1.0 for a in accs) and accs[-1] > 0.75, lines
     logged = [m for _, m in tap.records if "lin" in m and "acc" in m]
     assert logged and not any("acc nan" in m for m in logged), logged
+
+
+def test_the_documented_shard_app_hosts_its_clients_behind_one_message_per_node():
+    """The multi-client section's ClientApp (the third ``python`` block, as written):
+    two nodes of four clients each register eight clients, and every round trip
+    sends one message per node (issue 24)."""
+    from flwr.app import Array, ArrayRecord
+
+    from mmfl_flwr.core.random_allocation import FullParticipation
+    from mmfl_flwr.strategy import MultiModelStrategy
+
+    ns: dict = {}
+    exec(compile(blocks()[2], str(DOC), "exec"), ns)  # noqa: S102
+    seen: list[tuple[int, str]] = []
+
+    def recording(msg, ctx):
+        seen.append((ctx.node_id, msg.metadata.message_type))
+        return ns["app"](msg, ctx)
+
+    grid = InProcessGrid(recording, [{"clients": "0-3"}, {"clients": "4-7"}], seed=0)
+    strategy = MultiModelStrategy(FullParticipation(), local_epochs=1, lr=0.5, seed=0)
+    result = strategy.start(grid, {"mean": ArrayRecord({"m": Array(np.zeros(1, np.float32))})},
+                            num_rounds=2, timeout=30.0)
+    assert sorted(strategy.table.ids(), key=int) == [str(c) for c in range(8)]
+    assert [m for _, m in seen].count("train") == 4  # 2 nodes x 2 rounds
+    assert sorted({c for c, _, _ in result.assignments[2]}, key=int) == \
+        [str(c) for c in range(8)]
+    # FullParticipation + FedAvg: the mean moves towards the clients' data (means 0..7)
+    assert 0.5 < float(arrays_to_numpy(result.arrays["mean"])["m"][0]) < 7.0

@@ -1,0 +1,142 @@
+"""Multi-client nodes (issue 24, item 1): one Flower node may host a shard of
+clients. It registers them all from one info reply (``info@<id>``), gets one
+message per round trip with the work of all its clients (``config@<id>``), and
+replies per client (``arrays.<task>@<id>``, ...). The server treats each as one
+client: assignment, validation, rejection and identity stay per client, so a
+federation gives the same run however its clients are spread over nodes.
+
+Fake clients: conftest.StepTrainer (``train`` returns ``w - step``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness import ClientDef, run_federation, zero_models
+from mmfl_flwr import make_strategy
+from mmfl_flwr.client.app import ClientSpec, make_client_app
+from mmfl_flwr.core.random_allocation import FullParticipation
+from mmfl_flwr.grid import InProcessGrid
+from mmfl_flwr.strategy import MultiModelStrategy
+
+TASKS = ("a", "b")
+CLIENTS = {
+    f"c{i}": ClientDef({"a": (10 + 5 * i, 0.5 + i), "b": (20 - 3 * i, 1.0 + 0.25 * i)},
+                       losses={"a": 1.0 + i, "b": 2.0 - 0.3 * i})
+    for i in range(5)
+}
+
+
+def shard_app(clients=CLIENTS):
+    """Node config ``cid`` names one client, or ``shard`` (comma-separated) several."""
+    def spec_fn(ctx):
+        shard = ctx.node_config.get("shard")
+        labels = str(shard).split(",") if shard is not None else [str(ctx.node_config["cid"])]
+        specs = [ClientSpec(client_id=c, trainers=clients[c].trainers()) for c in labels
+                 if c]
+        return specs if shard is not None else specs[0]
+
+    return make_client_app(spec_fn)
+
+
+SINGLE = {c: {"cid": c} for c in CLIENTS}
+SHARDED = {"A": {"cid": "A", "shard": "c0,c1,c2"}, "c3": {"cid": "c3"}, "c4": {"cid": "c4"}}
+ONE_NODE = {"all": {"cid": "all", "shard": ",".join(CLIENTS)}}
+
+
+def run(strategy, nodes, rounds=3, clients=CLIENTS, **kw):
+    return run_federation(strategy, shard_app(clients), nodes, zero_models(TASKS), rounds,
+                          grid_factory=lambda rec, cfgs: InProcessGrid(rec, cfgs, seed=0), **kw)
+
+
+@pytest.mark.parametrize("preset", ["full", "mfa-rand", "lvr"])
+def test_the_run_does_not_depend_on_how_clients_are_spread_over_nodes(preset):
+    def make():
+        return make_strategy(preset, seed=4, **({"budget_fraction": 0.5} if preset == "lvr"
+                                                 else {}))
+
+    single, sharded, one = run(make(), SINGLE), run(make(), SHARDED), run(make(), ONE_NODE)
+    for other in (sharded, one):
+        assert other.result.assignments == single.result.assignments
+        for rnd in range(4):
+            for task in TASKS:
+                for k, v in single.snapshots[rnd][task].items():
+                    np.testing.assert_allclose(other.snapshots[rnd][task][k], v, rtol=1e-6)
+    assert any(single.result.assignments.values())
+
+
+def test_one_message_per_node_per_round_trip():
+    out = run(make_strategy("lvr", seed=1, budget_fraction=1.0), SHARDED, rounds=2)
+    for mtype in ("query.info", "query.losses", "train"):
+        per_node = [r.cid for r in out.rec.of_type(mtype)]
+        assert per_node.count("A") == (1 if mtype == "query.info" else 2), (mtype, per_node)
+    train = [r for r in out.rec.of_type("train") if r.cid == "A"][0]
+    # the weights travel once per model, each client has its own config
+    assert sorted(train.arrays) == ["arrays.a", "arrays.b"]
+    assert {k for k in train.config} == set()  # no node-wide config: one per client
+    assert {c for c, _, _ in out.result.assignments[1]} >= {"c0", "c1", "c2"}
+
+
+def test_a_malformed_part_of_one_client_is_rejected_alone():
+    clients = dict(CLIENTS)
+    clients["c1"] = ClientDef({"a": (15, float("nan")), "b": (17, 1.25)})
+    out = run(MultiModelStrategy(FullParticipation(), seed=0), SHARDED, rounds=1,
+              clients=clients)
+    assert sorted(out.result.rejections[1]) == [("c1", "a")]
+    assert out.rows(1)["a"]["uploads"] == 4 and out.rows(1)["b"]["uploads"] == 5
+    assert [w for w in out.warnings(1) if w.startswith("Client c1: rejected update for task 'a'")]
+
+
+def test_a_client_failing_in_a_shard_fails_alone():
+    clients = dict(CLIENTS)
+    clients["c2"] = ClientDef({"a": (20, 2.5), "b": (14, 1.5)}, fail_train=True)
+    out = run(MultiModelStrategy(FullParticipation(), seed=0), SHARDED, rounds=1,
+              clients=clients)
+    assert sorted(out.result.rejections[1]) == [("c2", "a"), ("c2", "b")]
+    assert out.rows(1)["a"]["uploads"] == 4
+    assert [w for w in out.warnings(1) if "Client c2 failed to train" in w
+            and "simulated crash" in w]
+
+
+def test_an_id_another_node_holds_is_refused_and_the_shards_others_register():
+    nodes = {"c3": {"cid": "c3"}, "A": {"cid": "A", "shard": "c0,c3,c1"}}
+    out = run(MultiModelStrategy(FullParticipation(), seed=0), nodes, rounds=1)
+    claims = [w for w in out.warnings(1) if "Client id c3 is claimed by nodes" in w]
+    assert len(claims) == 1
+    assert sorted(out.strategy.table.ids()) == ["c0", "c1", "c3"]
+    assert {c for c, _, _ in out.result.assignments[1]} == {"c0", "c1", "c3"}
+    assert out.rows(1)["a"]["uploads"] == 3
+
+
+def test_an_empty_shard_is_one_line_and_the_run_goes_on():
+    nodes = {"E": {"cid": "E", "shard": ""}, "c0": {"cid": "c0"}}
+    out = run(MultiModelStrategy(FullParticipation(), seed=0), nodes, rounds=1)
+    said = [w for w in out.warnings(1) if "shard is empty" in w]
+    assert len(said) == 1 and "could not describe itself" in said[0]
+    assert out.strategy.table.ids() == ["c0"]
+
+
+def test_a_part_for_a_client_the_node_does_not_host_is_ignored():
+    from mmfl_flwr import protocol as P
+
+    def add_stranger(app):
+        def wrapped(msg, ctx):
+            reply = app(msg, ctx)
+            if msg.metadata.message_type == "train" and ctx.node_config["cid"] == "A":
+                reply.content[P.client_key("arrays.a", "c4")] = \
+                    reply.content[P.client_key("arrays.a", "c0")]
+            return reply
+        return wrapped
+
+    nodes = {"A": {"cid": "A", "shard": "c0,c1"}, "c4": {"cid": "c4"}}
+    out = run(MultiModelStrategy(FullParticipation(), seed=0), nodes, rounds=1, wrap=add_stranger)
+    assert [w for w in out.warnings(1) if "was not asked" in w]
+    assert out.rows(1)["a"]["uploads"] == 3  # c0, c1 and c4's own
+
+
+def test_a_node_going_offline_takes_its_clients_and_they_come_back_with_it():
+    out = run(MultiModelStrategy(FullParticipation(), seed=0), SHARDED, rounds=3,
+              events={1: [("remove", "A")], 2: [("add", "A2", {"cid": "A2",
+                                                             "shard": "c0,c1,c2"})]})
+    assert {c for c, _, _ in out.result.assignments[2]} == {"c3", "c4"}
+    assert {c for c, _, _ in out.result.assignments[3]} == set(CLIENTS)

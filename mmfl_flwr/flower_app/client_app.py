@@ -9,6 +9,9 @@ A node's identity and resources come from its ``node_config``:
 - ``processors`` (int, optional): ``B_i``, overriding the federation's value;
 - ``tasks`` (str, optional): comma-separated model names this node trains (a
   subset of the ones its partition holds data for);
+- ``clients`` (str, optional): instead of ``partition-id``, the node hosts a shard
+  of the federation's clients, e.g. ``"0-499"`` or ``"0,3,7"`` (their client ids
+  are their partition ids; docs/protocol.md, multi-client nodes);
 - ``client-token`` (str, optional): a secret proving the client id, sent in the
   info reply under ``client-token``; the server checks it against its pin of
   the id (``token:<sha256 hex>``, see :mod:`mmfl_flwr.strategy.registration`).
@@ -40,13 +43,47 @@ def client_token(node_config: Mapping[str, Any]) -> str | None:
     return None if token is None or str(token) == "" else str(token)
 
 
-def client_spec(context: Context, settings: Settings | None = None) -> ClientSpec:
-    """Build this node's :class:`ClientSpec` from its node config and the settings."""
-    from mmfl_flwr.client.trainer import TorchTrainer
-    from mmfl_flwr.tasks.models import make_model
+def parse_clients(raw: object, num_clients: int) -> list[int]:
+    """The partition ids of a node config ``clients`` value: ranges and ids
+    separated by commas (``"0-499"``, ``"0,3,7"``, ``"0-9,20-29"``), each in
+    ``[0, num_clients)``, none twice; a ValueError naming the value otherwise."""
+    text = str(raw).strip()
+    ids: list[int] = []
+    try:
+        for item in text.split(","):
+            first, dash, last = item.strip().partition("-")
+            lo, hi = int(first), int(last if dash else first)
+            if hi < lo:
+                raise ValueError
+            ids.extend(range(lo, hi + 1))
+    except ValueError:
+        raise ValueError(f"node_config clients={text!r}: expected partition ids or ranges "
+                         "separated by commas, e.g. '0-499' or '0,3,7'") from None
+    outside = [i for i in ids if not 0 <= i < num_clients]
+    if outside:
+        raise ValueError(f"node_config clients={text!r}: {outside[0]} is outside the "
+                         f"federation of num-clients={num_clients}")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"node_config clients={text!r} names a client twice")
+    return ids
 
+
+def client_spec(context: Context, settings: Settings | None = None
+                ) -> ClientSpec | list[ClientSpec]:
+    """Build this node's :class:`ClientSpec` from its node config and the settings;
+    with ``clients`` in the node config (``"0-499"``), the node hosts that shard of
+    the federation's clients: one ClientSpec per partition id."""
     s = settings if settings is not None else Settings.from_run_config(context.run_config)
     cfg = context.node_config
+    if "clients" in cfg:
+        for key in ("partition-id", "client-id", CLIENT_TOKEN):
+            if key in cfg:
+                raise ValueError(f"node_config has both 'clients' and {key!r}: a node hosting "
+                                 "a shard names its clients by 'clients' only (their ids are "
+                                 "their partition ids; pin them with key pins)")
+        fed = federation_for(s)
+        return [_one_client(s, fed, pid, cfg, str(pid), None)
+                for pid in parse_clients(cfg["clients"], s.num_clients)]
     if "partition-id" not in cfg:
         raise ValueError(
             "node_config has no 'partition-id'; start the SuperNode with "
@@ -58,7 +95,17 @@ def client_spec(context: Context, settings: Settings | None = None) -> ClientSpe
             f"partition-id={pid} is outside the federation of num-clients={s.num_clients} "
             "(set --run-config num-clients to the number of partitions)"
         )
-    fed = federation_for(s)
+    return _one_client(s, federation_for(s), pid, cfg, str(cfg.get("client-id", pid)),
+                       client_token(cfg))
+
+
+def _one_client(s: Settings, fed: Any, pid: int, cfg: Mapping[str, Any], cid: str,
+                token: str | None) -> ClientSpec:
+    """The ClientSpec of partition ``pid`` (node-config ``tasks`` and
+    ``processors`` apply to every client of the node)."""
+    from mmfl_flwr.client.trainer import TorchTrainer
+    from mmfl_flwr.tasks.models import make_model
+
     tasks = fed.client_tasks(pid)
     if "tasks" in cfg:
         declared = [t.strip() for t in str(cfg["tasks"]).split(",") if t.strip()]
@@ -80,13 +127,12 @@ def client_spec(context: Context, settings: Settings | None = None) -> ClientSpe
         else:
             trainers[task] = TorchTrainer(model_fn, train, test, s.batch_size)
     processors = int(cfg.get("processors", int(fed.processors[pid])))
-    return ClientSpec(
-        client_id=str(cfg.get("client-id", pid)), trainers=trainers, processors=processors,
-        client_token=client_token(cfg),
-    )
+    return ClientSpec(client_id=cid, trainers=trainers, processors=processors,
+                      client_token=token)
 
 
-def node_spec_fn(settings: Settings | None = None) -> Callable[[Context], ClientSpec]:
+def node_spec_fn(settings: Settings | None = None
+                 ) -> Callable[[Context], ClientSpec | list[ClientSpec]]:
     """``context -> ClientSpec`` of the embedded tasks (not cached).
 
     The user tasks registered in this process travel with it (a snapshot of the
@@ -94,7 +140,7 @@ def node_spec_fn(settings: Settings | None = None) -> Callable[[Context], Client
     """
     snapshot = registered_tasks()
 
-    def spec(ctx: Context) -> ClientSpec:
+    def spec(ctx: Context) -> ClientSpec | list[ClientSpec]:
         restore(snapshot)
         load_snapshot(ctx.run_config)  # tasks registered by the process that started the run
         return client_spec(ctx, settings)

@@ -1,0 +1,68 @@
+"""A node of the Flower app hosting a shard of the federation's clients (node
+config ``clients="0-2"``, issue 24): the same run as one node per client, with
+real torch training on the embedded synthetic tasks; bad ``clients`` values are one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Context, RecordDict
+
+from mmfl_flwr.config import Settings
+from mmfl_flwr.flower_app.client_app import build_client_app, client_spec, parse_clients
+from mmfl_flwr.flower_app.server_app import server_main, strategy_from_settings
+from mmfl_flwr.grid import InProcessGrid
+from mmfl_flwr.runner import node_configs
+
+
+def test_clients_values_parse_as_ranges_and_ids():
+    assert parse_clients("0-3", 10) == [0, 1, 2, 3]
+    assert parse_clients("0,3,7", 10) == [0, 3, 7]
+    assert parse_clients(" 0-1, 5 ", 10) == [0, 1, 5]
+    assert parse_clients(4, 10) == [4]
+
+
+@pytest.mark.parametrize("raw,words", [
+    ("a-b", "expected partition ids or ranges"), ("3-1", "expected partition ids"),
+    ("", "expected partition ids"), ("0-12", "10 is outside the federation of num-clients=10"),
+    ("1,1", "names a client twice"),
+])
+def test_a_clients_value_that_does_not_parse_is_one_line(raw, words):
+    with pytest.raises(ValueError, match=words) as err:
+        parse_clients(raw, 10)
+    assert "\n" not in str(err.value)
+
+
+def test_a_shard_node_config_may_not_also_name_one_client():
+    ctx = Context(run_id=1, node_id=1, node_config={"clients": "0-1", "partition-id": 0},
+                  state=RecordDict(), run_config={})
+    with pytest.raises(ValueError, match="both 'clients' and 'partition-id'"):
+        client_spec(ctx, Settings(num_clients=4, tasks="synthetic"))
+
+
+def _run(settings: Settings, nodes: list[dict]):
+    grid = InProcessGrid(build_client_app(settings), nodes, settings.to_run_config(),
+                         seed=settings.seed)
+    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                  run_config=settings.to_run_config())
+    # the preset of the settings, waiting for as many nodes as there are (the
+    # settings' wait counts one node per client)
+    strategy = strategy_from_settings(settings)
+    strategy.min_available_nodes = len(nodes)
+    return server_main(grid, ctx, settings, strategy), grid
+
+
+def test_shard_nodes_run_the_federation_as_one_node_per_client():
+    s = Settings(strategy="lvr", budget_fraction=0.5, num_clients=6,
+                 tasks="synthetic,synthetic", num_rounds=2, local_epochs=1, output_dir="",
+                 seed=3, synthetic_max_samples=50)
+    single, _ = _run(s, node_configs(s))
+    sharded, _ = _run(s, [{"clients": "0-2"}, {"partition-id": 3, "num-partitions": 6},
+                          {"clients": "4,5"}])
+    assert sharded.assignments == single.assignments
+    for a, b in zip(single.history, sharded.history):
+        assert (a["round"], a["task"], a["uploads"]) == (b["round"], b["task"], b["uploads"])
+        assert a["accuracy"] == pytest.approx(b["accuracy"], abs=1e-9)
+    for task, rec in single.arrays.items():
+        for k, v in rec.items():
+            np.testing.assert_allclose(sharded.arrays[task][k].numpy(), v.numpy(), rtol=1e-6)

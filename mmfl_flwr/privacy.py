@@ -310,12 +310,12 @@ class _PerModelDP(Strategy):
                         "for them)")
             self._checked = True
         msgs = list(self.strategy.configure_train(server_round, arrays, config, grid))
-        if not self.server_clips:
+        if not self.server_clips:  # config, or config@<id> per client of a shard node
             for m in msgs:
-                cfg = m.content.config_records.get(P.CONFIG_KEY)
-                tasks = [str(t) for t in (cfg or {}).get(P.CFG_TASKS, [])]
-                if cfg is not None:
-                    for task in tasks:
+                for key, cfg in m.content.config_records.items():
+                    if P.split_client_key(key)[0] != P.CONFIG_KEY:
+                        continue
+                    for task in [str(t) for t in cfg.get(P.CFG_TASKS, [])]:
                         cfg[f"{KEY_CLIPPING_NORM}.{task}"] = self.norm(task)
         return msgs
 
@@ -400,8 +400,10 @@ class _PerModelDP(Strategy):
                 continue
             node = reply.metadata.src_node_id
             hosted = run_state.shards.get(node)
+            hosted = set(hosted) if hosted is not None else None
             own = reply.metadata.group_id == str(server_round)
-            for key in list(reply.content.array_records.keys()):
+            records = reply.content.array_records  # one view: it is rebuilt on each access
+            for key in list(records.keys()):
                 if hosted is None:
                     base, cid = key, run_state.node_to_cid.get(node, "?")
                 else:  # a multi-client node: arrays.<task>@<client id>
@@ -414,7 +416,7 @@ class _PerModelDP(Strategy):
                     continue
                 old = run_state.weights[task]
                 try:
-                    new = arrays_to_numpy(reply.content.array_records[key])
+                    new = arrays_to_numpy(records[key])
                 except Exception:  # noqa: BLE001 - malformed: the validation rejects it
                     continue
                 if list(new) != list(old) or any(
@@ -427,7 +429,7 @@ class _PerModelDP(Strategy):
                 if not math.isfinite(norm):
                     log(WARNING, "DP: client %s sent model %r with an update of non-finite "
                         "norm; removed", cid, task)
-                    del reply.content.array_records[key]
+                    del reply.content[key]
                     continue
                 above = norm > limit * (1 + 1e-5)
                 if not self.server_clips and above:

@@ -150,6 +150,9 @@ class VectorizedGrid(InProcessGrid):
                 continue
             try:
                 spec = self.spec_fn(ctx)
+                if not isinstance(spec, ClientSpec):
+                    raise _Fallback("a node hosting a shard of clients is served on the "
+                                    "per-client path (its vectorisation is not there yet)")
                 tasks = self._plan(msg, spec)
             except _Fallback as why:
                 self._say_once(str(why))

@@ -106,6 +106,7 @@ def shard_reply(
     ``@<id>``; a client that fails (or that the node does not host) answers
     ``error@<id>`` and the others go on."""
     by_id = {s.client_id: s for s in specs}
+    arrays = msg.content.array_records  # one view: it is rebuilt on each access
     reply = RecordDict()
     for key, cfg in msg.content.config_records.items():
         base, cid = P.split_client_key(key)
@@ -119,8 +120,8 @@ def shard_reply(
             part = RecordDict({P.CONFIG_KEY: cfg})
             for task in tasks:
                 for shared in (P.arrays_key(task), P.control_key(task)):
-                    if shared in msg.content.array_records:
-                        part[shared] = msg.content.array_records[shared]
+                    if shared in arrays:
+                        part[shared] = arrays[shared]
             content = one(s, SimpleNamespace(content=part), context, P.client_key("", cid))
         except Exception as err:  # noqa: BLE001 - one client's failure is its own
             content = RecordDict({P.ERROR_KEY: ConfigRecord(
@@ -252,6 +253,11 @@ def make_client_app(
         specs = list(specs)
         if not specs:
             raise ValueError("this node hosts no client: its shard is empty")
+        ids = [s.client_id for s in specs]
+        bad = [c for c in ids if P.CLIENT_SEP in c]
+        if bad or len(set(ids)) != len(ids):
+            raise ValueError(f"the client ids of a node's shard must be distinct and free of "
+                             f"{P.CLIENT_SEP!r} (got {bad[:3] or sorted(ids)[:5]})")
         return Message(RecordDict({P.client_key(P.INFO_KEY, s.client_id): info_record(s)
                                    for s in specs}), reply_to=msg)
 

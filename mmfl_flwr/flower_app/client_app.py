@@ -55,14 +55,15 @@ def parse_clients(raw: object, num_clients: int) -> list[int]:
             lo, hi = int(first), int(last if dash else first)
             if hi < lo:
                 raise ValueError
+            if not (0 <= lo and hi < num_clients):
+                raise IndexError(hi if lo >= 0 else lo)
             ids.extend(range(lo, hi + 1))
     except ValueError:
         raise ValueError(f"node_config clients={text!r}: expected partition ids or ranges "
                          "separated by commas, e.g. '0-499' or '0,3,7'") from None
-    outside = [i for i in ids if not 0 <= i < num_clients]
-    if outside:
-        raise ValueError(f"node_config clients={text!r}: {outside[0]} is outside the "
-                         f"federation of num-clients={num_clients}")
+    except IndexError as err:
+        raise ValueError(f"node_config clients={text!r}: {err.args[0]} is outside the "
+                         f"federation of num-clients={num_clients}") from None
     if len(set(ids)) != len(ids):
         raise ValueError(f"node_config clients={text!r} names a client twice")
     return ids

@@ -53,7 +53,8 @@ def client_metrics(
     active = set(run_state.tasks)
     for cid, reply in client_replies(run_state.node_to_cid, replies, "evaluation",
                                      server_round=server_round, lacking=run_state.lacking,
-                                     shards=run_state.shards):
+                                     shards=run_state.shards,
+                                     shard_asked=run_state.addressed.get(MessageType.EVALUATE)):
         sent = [t for t in run_state.table[cid].tasks if t in active]
         for key in reply.content.metric_records:
             if P.task_of(key, P.METRICS_PREFIX) not in sent:

@@ -45,6 +45,7 @@ def accepted_losses(
     for cid, reply in client_replies(
         run_state.node_to_cid, replies, "loss", server_round=server_round,
         lacking=run_state.lacking, shards=run_state.shards,
+        shard_asked=run_state.addressed.get(P.QUERY_LOSSES),
     ):
         losses = reply.content.metric_records.get(P.LOSSES_KEY)
         if losses is None:

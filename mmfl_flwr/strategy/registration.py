@@ -53,6 +53,7 @@ import hmac
 import re
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from logging import ERROR, INFO, WARNING
 
 from flwr.app import ConfigRecord, Message, RecordDict
@@ -196,6 +197,7 @@ def refresh_clients(
     for nid in list(run_state.shards):
         if nid not in present:
             gone_ids = run_state.shards.pop(nid)
+            _forget_shard(run_state, nid, gone_ids)
             log(INFO, "Node %d went offline with its %d clients (%s); left out until it "
                 "reconnects", nid, len(gone_ids), _id_range(gone_ids))
     evict_unproven(run_state)
@@ -309,7 +311,7 @@ def evict_unproven(run_state: RunState) -> None:
             else:
                 kept.append(cid)
         if len(kept) != len(cids):  # the node is asked again (all its clients)
-            del run_state.shards[nid]
+            _forget_shard(run_state, nid, run_state.shards.pop(nid))
 
 
 def register(run_state: RunState, reply: Message, node_keys: Mapping[int, bytes] | None = None) -> None:
@@ -322,9 +324,14 @@ def register(run_state: RunState, reply: Message, node_keys: Mapping[int, bytes]
             "it is left out this round", node, reply.error.code, reply.error.reason)
         return
     records = reply.content.config_records
-    shard = {cid: rec for cid, rec in
-             ((P.split_client_key(k)[1], r) for k, r in records.items()
-              if P.split_client_key(k)[0] == P.INFO_KEY) if cid is not None}
+    shard: dict[str, ConfigRecord] = {}
+    for key, rec in records.items():
+        base, cid = P.split_client_key(key)
+        if base == P.INFO_KEY and cid is not None:
+            shard[cid] = rec
+        elif key.startswith(P.INFO_KEY + P.CLIENT_SEP):
+            log(WARNING, "Node %d: record %r is no client's info (client ids may not contain "
+                "%r); ignored", node, key[:100], P.CLIENT_SEP)
     if not shard:
         try:
             info = records[P.INFO_KEY]
@@ -335,27 +342,50 @@ def register(run_state: RunState, reply: Message, node_keys: Mapping[int, bytes]
         _register_client(run_state, node, info, node_keys, None, _claimed_id(reply))
         return
     holders = {c: n for n, c in run_state.node_to_cid.items()}
-    holders.update({c: n for n, cs in run_state.shards.items() for c in cs})
+    holders.update(run_state.shard_of)
+    bound_before: dict[str, set[str]] = {}  # node key pin -> ids bound before this reply
+    for c, p in run_state.bound_at_first_use.items():
+        bound_before.setdefault(p, set()).add(c)
     hosted: list[str] = []
     for cid, info in shard.items():
         if str(info.get(P.CLIENT_ID, cid)) != cid:
             log(WARNING, "Node %d: record 'info@%s' claims client id %s; that client is "
                 "left out", node, cid, str(info.get(P.CLIENT_ID))[:100])
             continue
-        if cid in hosted:
-            continue
-        if _register_client(run_state, node, info, node_keys, (hosted, holders), cid):
+        if _register_client(run_state, node, info, node_keys,
+                            _Shard(len(hosted), holders, bound_before), cid):
             hosted.append(cid)
     if hosted:
         run_state.shards[node] = hosted
+        for cid in hosted:
+            run_state.shard_of[cid] = node
         log(INFO, "Node %d hosts %d clients (%s)", node, len(hosted), _id_range(hosted))
     else:
         log(WARNING, "Node %d declared %d clients and none could register; left out", node,
             len(shard))
 
 
+def _forget_shard(run_state: RunState, node: int, cids: list[str]) -> None:
+    """Drop the index entries of a multi-client node that is gone or asked again."""
+    for cid in cids:
+        if run_state.shard_of.get(cid) == node:
+            del run_state.shard_of[cid]
+        run_state.verified_shard_clients.pop((node, cid), None)
+
+
 def _id_range(ids: list[str]) -> str:
     return ", ".join(ids) if len(ids) <= 6 else f"{', '.join(ids[:3])}, ..., {ids[-1]}"
+
+
+@dataclass
+class _Shard:
+    """What registering one client of a multi-client node needs: how many of its
+    clients registered so far, every registered id's node, and the ids each node
+    key was bound to at first use before this reply."""
+
+    registered: int
+    holders: dict[str, int]
+    bound_before: dict[str, set[str]]
 
 
 def _register_client(
@@ -363,7 +393,7 @@ def _register_client(
     node: int,
     info: ConfigRecord,
     node_keys: Mapping[int, bytes] | None,
-    shard: tuple[list[str], dict[str, int]] | None,
+    shard: _Shard | None,
     claimed: str,
 ) -> bool:
     """Register one client of ``node`` from its info record; on a multi-client
@@ -389,8 +419,8 @@ def _register_client(
                 "SuperNode authentication on?); refused (the id is bound at first use)",
                 node, cid)
             return False
-        bound = {c for c, p in run_state.bound_at_first_use.items() if p == KEY_PIN + seen}
-        if shard is not None and bound and cid not in bound:
+        bound = shard.bound_before.get(KEY_PIN + seen, set()) if shard is not None else set()
+        if bound and cid not in bound:
             log(WARNING, "Node %d claims client id %s, but its node key was bound at first use "
                 "to the ids %s only; refused", node, cid, _id_range(sorted(bound)))
             return False
@@ -408,9 +438,9 @@ def _register_client(
         other = next((n for n, c in run_state.node_to_cid.items() if c == cid and n != node),
                      None)
         if other is None:
-            other = next((n for n, cs in run_state.shards.items() if cid in cs), None)
+            other = run_state.shard_of.get(cid)
     else:
-        other = shard[1].get(cid)
+        other = shard.holders.get(cid)
     if other is not None and other != node:
         log(WARNING, "Client id %s is claimed by nodes %d and %d; keeping %d (the first "
             "to register; node %d is refused and asked again next round)",
@@ -429,7 +459,7 @@ def _register_client(
             run_state.lacking.pop(cid, None)
     if cid not in run_state.lacking and run_state.trust_declared_trainable:
         note_trainable(run_state, cid, info, usable)
-    if shard is None or len(shard[0]) < 5:  # a shard's first few, then one summary line
+    if shard is None or shard.registered < 5:  # a shard's first few, then one summary line
         log(INFO, "Client %s %s as node %d (tasks %s%s)", cid,
             "re-registered" if cid in run_state.table else "registered", node, sorted(usable),
             "" if pin is None else f"; identity proved by its {pin.split(':')[0]}")
@@ -438,7 +468,7 @@ def _register_client(
         if pin is not None:
             run_state.verified_nodes[node] = pin
     else:
-        shard[1][cid] = node
+        shard.holders[cid] = node
         if pin is not None:
             run_state.verified_shard_clients[(node, cid)] = pin
     run_state.table.upsert(ClientInfo(cid=cid, num_examples=usable, processors=procs))

@@ -58,9 +58,10 @@ def split_reply(reply: Message) -> dict[str, ClientPart]:
     for cid, content in records.items():
         err = content.config_records.get(P.ERROR_KEY)
         error = None
-        if err is not None:
-            error = Error(code=int(err.get("code", 0)),  # type: ignore[arg-type]
-                          reason=str(err.get("reason", "")))
+        if err is not None:  # read defensively: a node's words, not ours
+            code = err.get("code", 0)
+            error = Error(code=code if isinstance(code, int) and not isinstance(code, bool)
+                          else 0, reason=str(err.get("reason", ""))[:2000])
         parts[cid] = ClientPart(content, reply.metadata, error)
     return parts
 
@@ -70,6 +71,7 @@ def _per_client(
     node_to_cid: Mapping[int, str],
     shards: Mapping[int, Sequence[str]],
     asked: Collection[str] | None,
+    shard_asked: set[str] | None = None,
 ) -> Iterator[tuple[int, str | None, Any]]:
     """``(node, client id or None, reply or part)``: a single-client node's reply
     as it is, a multi-client node's split into its clients' parts (a node
@@ -81,13 +83,16 @@ def _per_client(
         if hosted is None:
             yield node, node_to_cid.get(node), reply
             continue
+        mine = set(hosted)
+        if shard_asked is not None:  # the clients this round trip addressed on it
+            mine &= shard_asked
         if reply.has_error():
             for cid in hosted:
-                if asked is None or cid in asked:
+                if cid in mine and (asked is None or cid in asked):
                     yield node, cid, ClientPart(RecordDict(), reply.metadata, reply.error)
             continue
         for cid, part in split_reply(reply).items():
-            yield node, (cid if cid in hosted else None), part
+            yield node, (cid if cid in mine else None), part
 
 
 def client_replies(
@@ -99,10 +104,13 @@ def client_replies(
     server_round: int | None = None,
     lacking: dict[str, str] | None = None,
     shards: Mapping[int, Sequence[str]] | None = None,
+    shard_asked: set[str] | None = None,
 ) -> Iterator[tuple[str, Message]]:
     """Yield ``(client id, reply)`` for the usable replies of one round trip
     (with ``shards``, node -> its clients for multi-client nodes, each client's
-    part of such a node's reply is yielded on its own, as a :class:`ClientPart`).
+    part of such a node's reply is yielded on its own, as a :class:`ClientPart`;
+    with ``shard_asked``, only the parts of the clients the round trip addressed
+    on such nodes).
 
     A reply from a node that is not a registered client (or, with ``asked``, not
     one of the clients asked) is ignored; with ``server_round``, a reply that
@@ -115,7 +123,7 @@ def client_replies(
     "loss", "evaluation").
     """
     seen: set[str] = set()
-    for node, cid, reply in _per_client(replies, node_to_cid, shards or {}, asked):
+    for node, cid, reply in _per_client(replies, node_to_cid, shards or {}, asked, shard_asked):
         if cid is None or (asked is not None and cid not in asked):
             log(WARNING, "Ignoring a %s reply from node %d, which was not asked", kind, node)
             continue

@@ -78,6 +78,11 @@ class RunState:
     cid_to_node: dict[str, int] = field(default_factory=dict)
     #: multi-client node id -> the ids of the clients it hosts (registered)
     shards: dict[int, list[str]] = field(default_factory=dict)
+    #: client id -> the multi-client node hosting it (the index of ``shards``)
+    shard_of: dict[str, int] = field(default_factory=dict)
+    #: message type -> the clients its latest round trip addressed (a multi-client
+    #: node's parts of other clients are ignored)
+    addressed: dict[str, set[str]] = field(default_factory=dict)
     trainable: dict[str, list[str]] = field(default_factory=dict)
     current_round: int = 0
     waited: bool = False
@@ -195,6 +200,7 @@ class RunState:
         as ``config@<id>`` (with its ``tasks``), in the order of its first part."""
         order: list[tuple[int, RecordDict]] = []
         merged: dict[int, RecordDict] = {}
+        self.addressed[message_type] = {cid for cid, _ in parts}
         for cid, content in parts:
             node = self.cid_to_node[cid]
             if node not in self.shards:
@@ -213,6 +219,9 @@ class RunState:
             for key, record in content.items():
                 if key == P.CONFIG_KEY:
                     continue
+                if not key.startswith((P.ARRAYS_PREFIX, P.CONTROL_PREFIX)):
+                    raise ValueError(f"record {key!r} of client {cid}'s message cannot be "
+                                     "shared on its multi-client node")
                 if key not in whole:
                     whole[key] = record
             whole[P.client_key(P.CONFIG_KEY, cid)] = cfg

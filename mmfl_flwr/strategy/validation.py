@@ -300,7 +300,8 @@ def collect_updates(
 
     for cid, reply in client_replies(run_state.node_to_cid, replies, "train", expected, failed,
                                      plan.server_round, lacking=run_state.lacking,
-                                     shards=run_state.shards):
+                                     shards=run_state.shards,
+                                     shard_asked=set(expected)):
         answered.add(cid)
         asked = expected[cid]
         content = reply.content

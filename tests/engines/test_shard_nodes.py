@@ -24,7 +24,8 @@ def test_clients_values_parse_as_ranges_and_ids():
 
 @pytest.mark.parametrize("raw,words", [
     ("a-b", "expected partition ids or ranges"), ("3-1", "expected partition ids"),
-    ("", "expected partition ids"), ("0-12", "10 is outside the federation of num-clients=10"),
+    ("", "expected partition ids"), ("0-12", "12 is outside the federation of num-clients=10"),
+    ("0-9999999999", "9999999999 is outside the federation"),
     ("1,1", "names a client twice"),
 ])
 def test_a_clients_value_that_does_not_parse_is_one_line(raw, words):

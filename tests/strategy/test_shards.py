@@ -140,3 +140,112 @@ def test_a_node_going_offline_takes_its_clients_and_they_come_back_with_it():
                                                              "shard": "c0,c1,c2"})]})
     assert {c for c, _, _ in out.result.assignments[2]} == {"c3", "c4"}
     assert {c for c, _, _ in out.result.assignments[3]} == set(CLIENTS)
+
+
+# ------------------------------------------------- review findings (issue 24)
+def test_first_use_binds_every_client_of_a_shard_to_its_node_key():
+    """``"*": key:first-use`` with a shard: all its clients register and are bound
+    to the node's key; another key cannot take one of them, and the shard's key
+    cannot later claim an id it did not declare first."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from flwr.proto.node_pb2 import NodeInfo
+
+    from mmfl_flwr.strategy.registration import FIRST_USE, key_pin
+
+    def pem():
+        return ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+    class AuthGrid(InProcessGrid):
+        def get_nodes(self):
+            return [NodeInfo(node_id=n, public_key=self.context(n).node_config.get("pubkey", b""))
+                    for n in self.get_node_ids()]
+
+    shard_key, other_key, third_key = pem(), pem(), pem()
+    nodes = {"A": {"cid": "A", "shard": "c0,c1,c2", "pubkey": shard_key},
+             "c3": {"cid": "c3", "pubkey": other_key}}
+    events = {1: [("remove", "A"), ("add", "B", {"cid": "B", "shard": "c0,c1,c2,c4",
+                                                 "pubkey": shard_key}),
+                  ("add", "M", {"cid": "M", "shard": "c9,c1", "pubkey": third_key})]}
+    clients = {**CLIENTS, "c9": CLIENTS["c4"]}
+    strategy = MultiModelStrategy(FullParticipation(), seed=0, client_pins={"*": FIRST_USE})
+    out = run_federation(strategy, shard_app(clients), nodes, zero_models(TASKS), 2,
+                         events=events,
+                         grid_factory=lambda rec, cfgs: AuthGrid(rec, cfgs, seed=0))
+    assert {c for c, _, _ in out.result.assignments[1]} == {"c0", "c1", "c2", "c3"}
+    pins = strategy.run_state.client_pins
+    assert pins["c0"] == pins["c1"] == pins["c2"] == key_pin(shard_key)
+    # round 2: the shard's key takes its ids back but not c4; M (another key) gets no c1
+    assert {c for c, _, _ in out.result.assignments[2]} == {"c0", "c1", "c2", "c3", "c9"}
+    assert [w for w in out.warnings(2) if "claims client id c4" in w and "bound at first use" in w]
+    assert [w for w in out.warnings(2) if "claims client id c1" in w and "another node key" in w]
+
+
+def test_client_side_dp_clipping_reaches_the_clients_of_a_shard():
+    from mmfl_flwr.privacy import DifferentialPrivacyClientSideFixedClipping
+
+    w = DifferentialPrivacyClientSideFixedClipping(
+        MultiModelStrategy(FullParticipation(), seed=0), 0.0, 0.1, 2)
+    out = run(w, SHARDED, rounds=1)
+    train = [r for r in out.rec.of_type("train") if r.cid == "A"][0]
+    assert not [m for m in out.warnings(1) if "client-side clipping not applied" in m]
+    assert train.config == {}  # the norms went into config@<id> (checked by the silence)
+
+
+@pytest.mark.parametrize("code", ["x", [1], True])
+def test_a_malformed_error_record_fails_only_its_client(code):
+    from flwr.app import ConfigRecord
+
+    from mmfl_flwr import protocol as P
+
+    def bad_error(app):
+        def wrapped(msg, ctx):
+            reply = app(msg, ctx)
+            if msg.metadata.message_type == "train" and ctx.node_config["cid"] == "A":
+                for key in [k for k in reply.content.keys() if k.endswith("@c1")]:
+                    del reply.content[key]
+                reply.content[P.client_key(P.ERROR_KEY, "c1")] = ConfigRecord(
+                    {"code": code, "reason": "bad"})
+            return reply
+        return wrapped
+
+    out = run(MultiModelStrategy(FullParticipation(), seed=0), SHARDED, rounds=1, wrap=bad_error)
+    assert sorted(out.result.rejections[1]) == [("c1", "a"), ("c1", "b")]
+    assert out.rows(1)["a"]["uploads"] == 4
+
+
+def test_a_shards_parts_of_clients_not_asked_are_ignored():
+    """The evaluation asks a sample of clients; a shard node's part for a client
+    it hosts but that was not asked does not count."""
+    from flwr.app import MetricRecord
+
+    from mmfl_flwr import protocol as P
+
+    def extra_eval(app):
+        def wrapped(msg, ctx):
+            reply = app(msg, ctx)
+            if msg.metadata.message_type == "evaluate" and ctx.node_config["cid"] == "all":
+                for cid in CLIENTS:
+                    key = P.client_key("metrics.a", cid)
+                    if key not in reply.content:
+                        reply.content[key] = MetricRecord(
+                            {"num-examples": 1000, "loss": 9.0, "accuracy": 0.0})
+            return reply
+        return wrapped
+
+    plain = run(MultiModelStrategy(FullParticipation(), seed=0, fraction_evaluate=0.4),
+                ONE_NODE, rounds=1)
+    forged = run(MultiModelStrategy(FullParticipation(), seed=0, fraction_evaluate=0.4),
+                 ONE_NODE, rounds=1, wrap=extra_eval)
+    assert forged.rows(1)["a"]["client_accuracy"] == plain.rows(1)["a"]["client_accuracy"]
+    assert [w for w in forged.warnings(1) if "was not asked" in w]
+
+
+def test_shard_ids_with_the_separator_or_twice_are_refused_by_the_client_app():
+    clients = {**CLIENTS, "c@5": CLIENTS["c4"]}
+    out = run(MultiModelStrategy(FullParticipation(), seed=0),
+              {"A": {"cid": "A", "shard": "c0,c@5"}, "c3": {"cid": "c3"}}, rounds=1,
+              clients=clients)
+    assert [w for w in out.warnings(1) if "free of '@'" in w]
+    assert out.strategy.table.ids() == ["c3"]

@@ -123,7 +123,6 @@ class _PerModelDP(Strategy):
     """What the four wrappers share: the hooks, noise, accounting and state."""
 
     server_clips = True
-    adaptive = False
 
     def __init__(
         self,
@@ -521,7 +520,6 @@ class DifferentialPrivacyClientSideFixedClipping(_PerModelDP):
 
 
 class _Adaptive(_PerModelDP):
-    adaptive = True
 
     def __init__(
         self,

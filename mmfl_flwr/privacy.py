@@ -477,15 +477,27 @@ def epsilon(noise_multiplier: float, rates: list[float], delta: float) -> float:
     except ImportError as err:  # pragma: no cover - flwr[dp] is a dependency
         raise ImportError('privacy accounting needs dp-accounting: pip install "flwr[dp]"'
                           ) from err
-    acc = rdp.RdpAccountant()
-    counts: dict[float, int] = {}
-    for q in rates:
-        counts[q] = counts.get(q, 0) + 1
-    for q, n in counts.items():
-        gauss = dp_event.GaussianDpEvent(noise_multiplier)
-        event = gauss if q >= 1.0 else dp_event.PoissonSampledDpEvent(q, gauss)
-        acc.compose(event, n)
-    return float(acc.get_epsilon(delta))
+    # dp-accounting warns through absl about RDP orders it leaves out, which puts a
+    # handler on Python's root logger (and then every flwr line prints twice): keep
+    # those warnings quiet and the root logger as it was
+    import logging
+
+    root_handlers, absl = list(logging.root.handlers), logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)
+    try:
+        acc = rdp.RdpAccountant()
+        counts: dict[float, int] = {}
+        for q in rates:
+            counts[q] = counts.get(q, 0) + 1
+        for q, n in counts.items():
+            gauss = dp_event.GaussianDpEvent(noise_multiplier)
+            event = gauss if q >= 1.0 else dp_event.PoissonSampledDpEvent(q, gauss)
+            acc.compose(event, n)
+        return float(acc.get_epsilon(delta))
+    finally:
+        absl.setLevel(level)
+        logging.root.handlers[:] = root_handlers
 
 
 class DifferentialPrivacyServerSideFixedClipping(_PerModelDP):

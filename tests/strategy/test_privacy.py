@@ -350,3 +350,18 @@ def _grid():
     for label in CLIENTS:
         grid.add_node({"cid": label})
     return grid
+
+
+def test_the_accountant_leaves_the_root_logger_alone():
+    """dp-accounting warns through absl about excluded RDP orders (q = 0.5, z = 1
+    does), which added a handler to the root logger, so every flwr log line of a
+    DP run printed twice ("INFO:flwr:...")."""
+    import logging
+
+    saved = list(logging.root.handlers)
+    logging.root.handlers[:] = []  # as in `mmfl run` (pytest's own capture handler aside)
+    try:
+        dp.epsilon(1.0, [0.5], 1e-5)
+        assert logging.root.handlers == []
+    finally:
+        logging.root.handlers[:] = saved

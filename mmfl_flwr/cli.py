@@ -87,9 +87,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="CPUs Ray may use (simulation engine; default: all)")
     p_run.add_argument(
         "--num-gpus-per-client", type=float, default=None, metavar="F",
-        help="each client's share of a GPU (simulation engine): 0.25 runs 4 clients per "
+        help="each client's share of a GPU with one client per Flower node (simulation "
+             "engine; --clients-per-node auto then means 1): 0.25 runs 4 clients per "
              "GPU at a time; a value in [0, 1] or a whole number; refused where Ray sees "
              "no GPU (default: 0, CPUs only)",
+    )
+    p_run.add_argument(
+        "--num-gpus-per-node", type=float, default=None, metavar="F",
+        help="each Flower node's share of a GPU, a node hosting --clients-per-node "
+             "clients (simulation engine; with --clients-per-node auto: one node per "
+             "GPU share Ray sees): 1 puts each node on a GPU of its own; a value in "
+             "[0, 1] or a whole number; refused where Ray sees no GPU",
     )
     p_run.add_argument(
         "--ray-address", default=None, metavar="ADDR",
@@ -215,9 +223,10 @@ def check_before_run(settings: Settings) -> None:
     federation_for(settings)  # loads the data (cached for the run)
 
 
-def check_ray_options(args: argparse.Namespace) -> dict[str, Any]:
+def check_ray_options(args: argparse.Namespace,
+                      settings: Settings | None = None) -> dict[str, Any]:
     """The Ray options given on the command line (``--num-gpus-per-client``,
-    ``--ray-address``) as keyword arguments of :func:`~mmfl_flwr.runner.run`,
+    ``--num-gpus-per-node``, ``--ray-address``) as keyword arguments of :func:`~mmfl_flwr.runner.run`,
     checked before the run: refused with another engine than ``simulation``;
     an invalid GPU share, GPUs where Ray sees none, an unreachable cluster and
     ``--num-cpus`` with ``--ray-address`` are ValueErrors
@@ -225,7 +234,8 @@ def check_ray_options(args: argparse.Namespace) -> dict[str, Any]:
     ``RAY_ADDRESS``)."""
     from os import environ
 
-    given = {name: getattr(args, name) for name in ("num_gpus_per_client", "ray_address")
+    given = {name: getattr(args, name)
+             for name in ("num_gpus_per_client", "num_gpus_per_node", "ray_address")
              if getattr(args, name, None) is not None}
     for name in given:
         if args.engine != "simulation":
@@ -236,8 +246,12 @@ def check_ray_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.engine == "simulation" and (given or environ.get("RAY_ADDRESS", "").strip()):
         from mmfl_flwr.flower_app.launch import plan_ray
 
-        plan_ray(given.get("num_gpus_per_client", 0.0), given.get("ray_address"),
-                 args.num_cpus)
+        from mmfl_flwr.flower_app.launch import resolve_clients_per_node
+
+        plan = plan_ray(given.get("num_gpus_per_client", 0.0), given.get("ray_address"),
+                        args.num_cpus, given.get("num_gpus_per_node"))
+        resolve_clients_per_node(settings or settings_from_args(args), plan,
+                                 per_client_gpus=bool(given.get("num_gpus_per_client")))
     return given
 
 
@@ -306,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         settings = settings_from_args(args)
-        ray_options = check_ray_options(args)
+        ray_options = check_ray_options(args, settings)
         if args.vector_chunk is not None and args.engine != "vectorized":
             raise ValueError("--vector-chunk applies to --engine vectorized only, not to "
                              f"--engine {args.engine}")

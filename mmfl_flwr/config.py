@@ -22,7 +22,7 @@ __all__ = ["MIN_UPLOADS_PER_MODEL", "RESUME_MAY_CHANGE", "Option", "Settings", "
 
 #: Settings that a resumed run may change: they do not alter what the rounds
 #: compute (``num_rounds`` extends or finishes the run).
-RESUME_MAY_CHANGE = ("num_rounds", "timeout")
+RESUME_MAY_CHANGE = ("num_rounds", "timeout", "clients_per_node")
 #: Settings that say where a run is written, not what it computes.
 _LOCATION = ("output_dir", "resume_from", "overwrite")
 #: Settings that name a folder: equal when they name the same one.
@@ -142,6 +142,15 @@ class Settings:
         task's median count (0 = off).
     timeout : float
         Seconds to wait for the replies of one round trip.
+    clients_per_node : str
+        Clients each node hosts (``"auto"`` or a whole number >= 1): Flower's
+        simulation engine runs ``ceil(num_clients / K)`` virtual nodes, node
+        ``partition-id`` p hosting clients ``p K`` to ``p K + K - 1`` and
+        computing them per model at once (docs/protocol.md, multi-client
+        nodes); 1 is one node per client. ``auto``: ``mmfl run`` picks one node
+        per CPU (per GPU with ``--num-gpus-per-node``) Ray sees; the in-process
+        engine 1; the vectorized engine every client on one node; a node of
+        ``flwr run`` or a SuperNode ``ceil(num_clients / num-partitions)``.
     dp, dp_noise_multiplier, dp_clipping_norm, dp_sampled_clients, dp_delta
         Per-model differential privacy (:mod:`mmfl_flwr.privacy`): the wrapper
         (``""`` off, ``server-fixed``, ``client-fixed``, ``server-adaptive``,
@@ -179,6 +188,7 @@ class Settings:
     loss_cap: float = 10.0
     count_cap: float = 200.0
     timeout: float = 600.0
+    clients_per_node: str = "auto"
     dp: str = ""
     dp_noise_multiplier: float = 1.0
     dp_clipping_norm: float = 1.0
@@ -231,6 +241,22 @@ class Settings:
         # `rate` per round), the late clients arriving in id order
         times = np.cumsum(rng.exponential(1.0 / rate, size=len(late)))
         return {str(c): max(1, int(np.ceil(t))) for c, t in zip(late, times)}
+
+    def clients_per_node_count(self) -> int | None:
+        """``clients_per_node`` as a number (None for ``auto``); a ValueError
+        naming the value when it is neither ``auto`` nor a whole number >= 1."""
+        text = str(self.clients_per_node).strip().lower()
+        if text == "auto":
+            return None
+        try:
+            k = int(text)
+        except ValueError:
+            k = 0
+        if k < 1 or str(k) != text.lstrip("+"):
+            raise ValueError(f"clients-per-node={self.clients_per_node!r}: must be auto or a "
+                             "whole number >= 1 (clients each node hosts; 1 is one node "
+                             "per client)")
+        return k
 
     def client_pin_map(self) -> dict[str, str]:
         """Client id -> pin (see ``client_pins``), checked and normalised."""
@@ -410,6 +436,7 @@ class Settings:
                 raise ValueError(opt.error(name, getattr(self, name), self))
         self.client_arrival_rounds()
         self.client_pin_map()
+        self.clients_per_node_count()
         self.target_accuracies()
         if self.dp and self.dp_sampled_clients < 1:
             raise ValueError(f"dp={self.dp!r} needs dp-sampled-clients >= 1: the clients m of "
@@ -575,6 +602,11 @@ def options() -> dict[str, Option]:
                             "median count", low=1, off="off"),
         "timeout": Option("seconds to wait for the replies of one round trip", low=0,
                           low_open=True),
+        "clients_per_node": Option(
+            "clients each Flower node hosts and computes per model at once (simulation "
+            "engine: ceil(num-clients / K) virtual nodes; 1 = one node per client)",
+            form="auto (one node per CPU, or per GPU with --num-gpus-per-node, that Ray "
+                 "sees) or a whole number >= 1"),
         "dp": Option("per-model differential privacy (mmfl_flwr.privacy): clip every "
                      "update, noise every model's aggregate, report epsilon per model",
                      _dp_kinds, empty="off"),

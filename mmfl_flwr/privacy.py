@@ -305,7 +305,7 @@ class _PerModelDP(Strategy):
                     raise ValueError(
                         f"num_sampled_clients = {self.sampled(task)} for model {task!r} is "
                         f"more than the {holders} clients that hold it (if more join "
-                        "later, raise min_available_nodes so that the first round waits "
+                        "later, raise min_available_clients so that the first round waits "
                         "for them)")
             self._checked = True
         msgs = list(self.strategy.configure_train(server_round, arrays, config, grid))

@@ -3,9 +3,10 @@ the vectorised one.
 
 All engines run the same ServerApp code (:func:`server_main`), the same strategy
 and the same message protocol; only the Grid differs (Flower's Ray-backed
-simulation, :class:`~mmfl_flwr.grid.InProcessGrid`, which calls the ClientApp
-once per message, or :class:`~mmfl_flwr.vector_grid.VectorizedGrid`, which
-computes a round trip's replies per model for all clients at once).
+simulation, or :class:`~mmfl_flwr.grid.InProcessGrid` with one node per client
+(the in-process engine, the reference) or one node hosting every client, whose
+ClientApp computes a round trip's replies per model for all clients at once
+(the vectorized engine).
 """
 
 from __future__ import annotations
@@ -23,10 +24,18 @@ from mmfl_flwr.strategy import MultiModelResult, MultiModelStrategy
 ENGINES = ("simulation", "inprocess", "vectorized")
 
 
-def node_configs(settings: Settings) -> list[dict[str, Any]]:
-    """The node configs of the simulated federation, one per client."""
+def node_configs(settings: Settings, engine: str = "inprocess") -> list[dict[str, Any]]:
+    """The node configs of the simulated federation: ``ceil(N / K)`` nodes with
+    ``partition-id`` p hosting clients ``p K`` to ``p K + K - 1``, as Flower's
+    simulation engine numbers its virtual nodes (K = ``clients_per_node``;
+    ``auto`` is 1, one node per client, on the in-process engine and N, one node
+    for every client, on the vectorized one)."""
     n = settings.num_clients
-    return [{"partition-id": i, "num-partitions": n} for i in range(n)]
+    k = settings.clients_per_node_count()
+    if k is None:
+        k = n if engine == "vectorized" else 1
+    nodes = -(-n // k)
+    return [{"partition-id": p, "num-partitions": nodes} for p in range(nodes)]
 
 
 def _single_thread_torch() -> None:
@@ -42,7 +51,8 @@ def run_inprocess(
     strategy: MultiModelStrategy | None = None,
     wrap_client_app: Callable[[Any], Any] | None = None,
 ) -> MultiModelResult:
-    """Run on :class:`~mmfl_flwr.grid.InProcessGrid` (no Ray, no SuperLink).
+    """Run on :class:`~mmfl_flwr.grid.InProcessGrid` (no Ray, no SuperLink), one
+    node per client (with ``clients_per_node`` K > 1: ``ceil(N / K)`` shard nodes).
 
     ``strategy`` replaces the preset named by the settings (for custom pairings
     of policy and aggregator on the embedded tasks); ``wrap_client_app(app)``
@@ -56,8 +66,8 @@ def run_inprocess(
     run_config = settings.to_run_config()
     app = build_client_app(settings)
     grid = InProcessGrid(
-        wrap_client_app(app) if wrap_client_app else app, node_configs(settings), run_config,
-        seed=settings.seed,
+        wrap_client_app(app) if wrap_client_app else app, node_configs(settings, "inprocess"),
+        run_config, seed=settings.seed,
     )
     ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
     return server_main(grid, ctx, settings, strategy, engine="inprocess")
@@ -68,28 +78,28 @@ def run_vectorized(
     strategy: MultiModelStrategy | None = None,
     chunk: int | None = None,
 ) -> MultiModelResult:
-    """Run on :class:`~mmfl_flwr.vector_grid.VectorizedGrid`: the in-process
-    engine with batched loss queries, training and evaluation per model
-    (``torch.func``; CUDA when available or ``MMFL_DEVICE``). ``chunk`` bounds
-    the clients trained in one batched call. Torch uses every core here (one
-    process computes for all clients)."""
+    """Run on one in-process node that hosts every client (``clients_per_node``
+    K: ``ceil(N / K)`` nodes), whose ClientApp computes each round trip per model
+    for all its clients at once (:class:`~mmfl_flwr.client.shard.ShardComputer`:
+    ``torch.func``; CUDA when available or ``MMFL_DEVICE``): the shard code of
+    Flower's engines without a transport. ``chunk`` bounds the clients trained
+    in one batched call. Torch uses every core here (one process computes for
+    all clients)."""
     import os
 
     import torch
 
-    from mmfl_flwr.client.app import cache_specs, make_client_app
+    from mmfl_flwr.client.app import make_client_app
     from mmfl_flwr.flower_app.client_app import node_spec_fn
     from mmfl_flwr.flower_app.server_app import server_main
-    from mmfl_flwr.vector_grid import VectorizedGrid
+    from mmfl_flwr.grid import InProcessGrid
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     torch.set_num_threads(max(1, int(cores or 1)))
     run_config = settings.to_run_config()
-    spec = cache_specs(node_spec_fn(settings))
-    grid = VectorizedGrid(
-        make_client_app(spec, cached=True), spec, node_configs(settings), run_config,
-        seed=settings.seed, chunk=chunk,
-    )
+    app = make_client_app(node_spec_fn(settings), chunk=chunk)
+    grid = InProcessGrid(app, node_configs(settings, "vectorized"), run_config,
+                         seed=settings.seed)
     ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
     return server_main(grid, ctx, settings, strategy, engine="vectorized")
 
@@ -99,8 +109,9 @@ def run_simulation_engine(
     **ray: Any,
 ) -> MultiModelResult:
     """Run on Flower's Ray-backed simulation runtime the way ``flwr run`` does:
-    a private SuperLink with ``--simulation``, one virtual SuperNode per client,
-    each ClientApp with one CPU (:mod:`mmfl_flwr.flower_app.launch`). The result
+    a private SuperLink with ``--simulation`` and ``ceil(N / K)`` virtual
+    SuperNodes, each hosting ``clients_per_node`` = K clients (``auto``: one
+    node per CPU Ray sees; :mod:`mmfl_flwr.flower_app.launch`). The result
     is read back from the run's checkpoint in its output folder (a temporary
     one when ``output_dir`` is empty)."""
     from mmfl_flwr.checkpoint import CHECKPOINT_FILE, load_checkpoint
@@ -123,6 +134,7 @@ def run(
     settings: Settings, engine: str = "simulation", num_cpus: int | None = None,
     verbose: bool = False, vector_chunk: int | None = None,
     num_gpus_per_client: float | None = None, ray_address: str | None = None,
+    num_gpus_per_node: float | None = None,
 ) -> MultiModelResult:
     """Run ``settings`` on ``engine`` (``simulation``, ``inprocess`` or
     ``vectorized``; ``vector_chunk``: clients per batched training call of the
@@ -131,6 +143,7 @@ def run(
     if vector_chunk is not None and engine != "vectorized":
         raise ValueError("vector_chunk applies to engine='vectorized' only")
     ray = {k: v for k, v in (("num_gpus_per_client", num_gpus_per_client),
+                             ("num_gpus_per_node", num_gpus_per_node),
                              ("ray_address", ray_address)) if v is not None}
     if ray and engine != "simulation":
         raise ValueError(f"{', '.join(ray)} apply to engine='simulation' only")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -96,41 +95,6 @@ def _scaffold_train(
     return new, n, loss, c_new
 
 
-def shard_reply(
-    specs: list[ClientSpec], msg: Message, context: Context,
-    one: Callable[[ClientSpec, Any, Context, str], RecordDict],
-) -> RecordDict:
-    """The reply of a multi-client node (docs/protocol.md): for each client the
-    message addresses (``config@<id>``), ``one(spec, part, context, "@<id>")``
-    on its part (the shared records of its tasks and its config), re-keyed with
-    ``@<id>``; a client that fails (or that the node does not host) answers
-    ``error@<id>`` and the others go on."""
-    by_id = {s.client_id: s for s in specs}
-    arrays = msg.content.array_records  # one view: it is rebuilt on each access
-    reply = RecordDict()
-    for key, cfg in msg.content.config_records.items():
-        base, cid = P.split_client_key(key)
-        if base != P.CONFIG_KEY or cid is None:
-            continue
-        try:
-            s = by_id.get(cid)
-            if s is None:
-                raise KeyError(f"this node does not host client {cid!r}")
-            tasks = [str(task) for task in cfg.get(P.CFG_TASKS, [])]  # type: ignore[union-attr]
-            part = RecordDict({P.CONFIG_KEY: cfg})
-            for task in tasks:
-                for shared in (P.arrays_key(task), P.control_key(task)):
-                    if shared in arrays:
-                        part[shared] = arrays[shared]
-            content = one(s, SimpleNamespace(content=part), context, P.client_key("", cid))
-        except Exception as err:  # noqa: BLE001 - one client's failure is its own
-            content = RecordDict({P.ERROR_KEY: ConfigRecord(
-                {"code": 1, "reason": f"{type(err).__name__}: {err}"[:2000]})})
-        for k, record in content.items():
-            reply[P.client_key(k, cid)] = record
-    return reply
-
-
 def cache_specs(
     spec_fn: SpecFn, cache_key: Callable[[Context], Hashable] | None = None
 ) -> SpecFn:
@@ -162,6 +126,8 @@ def make_client_app(
     cache_key: Callable[[Context], Hashable] | None = None,
     *,
     cached: bool = False,
+    chunk: int | None = None,
+    vectorize: bool = True,
 ) -> ClientApp:
     """Build the MMFL ClientApp.
 
@@ -177,8 +143,19 @@ def make_client_app(
         run config), since building data loaders on every message is wasteful.
     cached : bool, default False
         ``spec_fn`` already caches (:func:`cache_specs`); use it as it is.
+    chunk : int, optional
+        On a multi-client node: clients per batched training call (default:
+        sized from free memory on a GPU, 64 on the CPU).
+    vectorize : bool, default True
+        On a multi-client node: compute the replies per model for all its
+        clients at once (:class:`~mmfl_flwr.client.shard.ShardComputer`);
+        False answers client after client.
     """
+    from mmfl_flwr.client.shard import ShardComputer
+
     app = ClientApp()
+    shard = ShardComputer(chunk=chunk, vectorize=vectorize)
+    app.shard = shard  # type: ignore[attr-defined]  # its counts, for tests and benchmarks
     spec = spec_fn if cached else cache_specs(spec_fn, cache_key)
     decode = DecodeCache().decode  # the round's weights are the same for every client
 
@@ -239,11 +216,12 @@ def make_client_app(
 
     def serve(msg: Message, context: Context, one: Callable[..., RecordDict]) -> Message:
         """Answer ``msg`` for the node's client, or for every client of a shard
-        addressed in it (``config@<id>``), each client's part computed on its own."""
+        addressed in it (``config@<id>``), per model for all of them at once where
+        the fast path applies (:class:`~mmfl_flwr.client.shard.ShardComputer`)."""
         specs = spec(context)
         if isinstance(specs, ClientSpec):
             return Message(one(specs, msg, context, ""), reply_to=msg)
-        return Message(shard_reply(list(specs), msg, context, one), reply_to=msg)
+        return Message(shard.reply(list(specs), msg, context, one), reply_to=msg)
 
     @app.query("info")
     def info(msg: Message, context: Context) -> Message:

@@ -12,6 +12,9 @@ A node's identity and resources come from its ``node_config``:
 - ``clients`` (str, optional): instead of ``partition-id``, the node hosts a shard
   of the federation's clients, e.g. ``"0-499"`` or ``"0,3,7"`` (their client ids
   are their partition ids; docs/protocol.md, multi-client nodes);
+- with run config ``clients-per-node`` K > 1 (``auto``: ``ceil(num-clients /
+  num-partitions)``), node ``partition-id`` p hosts clients ``p K`` to
+  ``p K + K - 1``: this is how Flower's simulation engine runs shard nodes;
 - ``client-token`` (str, optional): a secret proving the client id, sent in the
   info reply under ``client-token``; the server checks it against its pin of
   the id (``token:<sha256 hex>``, see :mod:`mmfl_flwr.strategy.registration`).
@@ -91,6 +94,9 @@ def client_spec(context: Context, settings: Settings | None = None
             "--node-config \"partition-id=<i> num-partitions=<N>\""
         )
     pid = int(cfg["partition-id"])
+    k = clients_per_node(s, cfg)
+    if k > 1:
+        return _partition_shard(s, cfg, pid, k)
     if not 0 <= pid < s.num_clients:
         raise ValueError(
             f"partition-id={pid} is outside the federation of num-clients={s.num_clients} "
@@ -98,6 +104,41 @@ def client_spec(context: Context, settings: Settings | None = None
         )
     return _one_client(s, federation_for(s), pid, cfg, str(cfg.get("client-id", pid)),
                        client_token(cfg))
+
+
+def clients_per_node(s: Settings, node_config: Mapping[str, Any]) -> int:
+    """How many clients a node with a ``partition-id`` hosts: the run config's
+    ``clients-per-node``; with ``auto``, ``ceil(num-clients / num-partitions)``
+    from the node config (Flower's simulation engine sets ``num-partitions`` to
+    its number of virtual nodes), 1 without ``num-partitions``."""
+    k = s.clients_per_node_count()
+    if k is not None:
+        return k
+    parts = node_config.get("num-partitions")
+    try:
+        n_parts = int(parts) if parts is not None else 0
+    except (TypeError, ValueError):
+        raise ValueError(f"node_config num-partitions={parts!r} is not a whole number") from None
+    return max(1, -(-s.num_clients // n_parts)) if n_parts >= 1 else 1
+
+
+def _partition_shard(s: Settings, cfg: Mapping[str, Any], pid: int, k: int) -> list[ClientSpec]:
+    """The clients of node ``partition-id`` = ``pid`` when each node hosts ``k``:
+    ``pid k`` to ``pid k + k - 1`` (the last node the rest)."""
+    for key in ("client-id", CLIENT_TOKEN):
+        if key in cfg:
+            raise ValueError(f"node_config has {key!r}, but partition-id={pid} hosts "
+                             f"{k} clients (clients-per-node): their ids are their "
+                             "partition ids; pin them with key pins")
+    nodes = -(-s.num_clients // k)
+    if not 0 <= pid < nodes:
+        raise ValueError(
+            f"partition-id={pid} hosts no client: with clients-per-node={k} the federation "
+            f"of num-clients={s.num_clients} needs partition ids 0 to {nodes - 1} "
+            f"(num-supernodes={nodes})")
+    fed = federation_for(s)
+    return [_one_client(s, fed, q, cfg, str(q), None)
+            for q in range(pid * k, min(s.num_clients, (pid + 1) * k))]
 
 
 def _one_client(s: Settings, fed: Any, pid: int, cfg: Mapping[str, Any], cid: str,

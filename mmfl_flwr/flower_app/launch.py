@@ -10,8 +10,11 @@ What :func:`run_on_superlink` does, step by step (each a plain Flower command):
    private ``FLWR_HOME`` (nothing of the user's Flower configuration is read
    or changed) and the app's dependencies taken from this environment;
 3. submits the app with ``flwr run APP mmfl --federation-config
-   "num-supernodes=N client-resources-num-cpus=1 ..."`` (one virtual SuperNode
-   per client on Ray, as ``flwr run`` does for a local simulation);
+   "num-supernodes=M client-resources-num-cpus=C ..."``: M = ceil(N / K) virtual
+   SuperNodes on Ray, each hosting K = ``clients-per-node`` clients and computing
+   them per model at once (``auto``: one node per CPU Ray sees, or per GPU share
+   with ``num_gpus_per_node``; K = 1 is one node per client), C the CPUs each
+   node's torch may use;
 4. streams the run's log with ``flwr log RUN --stream`` (the ``[mmfl]``
    progress lines, warnings and errors; everything with ``verbose``);
 5. checks the run's final status with ``flwr ls``, stops the SuperLink and
@@ -218,8 +221,11 @@ class RayPlan:
 
     address: str | None
     nodes: tuple[tuple[float, float], ...]
+    #: GPUs of each ClientApp actor (a Flower node: one client, or a shard)
     num_gpus_per_client: float
     slots: int
+    #: what one ClientApp actor runs: "client" or "node"
+    unit: str = "client"
 
     def describe(self) -> str:
         """One line for the log: where, how many nodes, CPUs, GPUs, slots."""
@@ -230,23 +236,24 @@ class RayPlan:
         gpus = n(sum(g for _, g in self.nodes), "GPU")
         where = (f"Ray cluster at {self.address}: {n(len(self.nodes), 'node')}, "
                  if self.address else "Ray on this machine: ")
-        per = (f"{self.num_gpus_per_client:g} GPU and 1 CPU per client"
-               if self.num_gpus_per_client else "1 CPU per client")
-        return f"{where}{cpus}, {gpus}; {per}, up to {n(self.slots, 'client')} at a time"
+        per = (f"{self.num_gpus_per_client:g} GPU and 1 CPU per {self.unit}"
+               if self.num_gpus_per_client else f"1 CPU per {self.unit}")
+        return f"{where}{cpus}, {gpus}; {per}, up to {n(self.slots, self.unit)} at a time"
 
 
-def check_num_gpus_per_client(value: float) -> float:
-    """``value`` as a float if it is a valid GPU share per client: in [0, 1] (a
-    fraction of one GPU, as Ray allows) or a whole number of GPUs; else
-    ValueError (one line)."""
+def check_num_gpus_per_client(value: float, flag: str = "--num-gpus-per-client") -> float:
+    """``value`` as a float if it is a valid GPU share per client (or per node,
+    ``flag``): in [0, 1] (a fraction of one GPU, as Ray allows) or a whole
+    number of GPUs; else ValueError (one line)."""
+    unit = "nodes" if flag.endswith("node") else "clients"
     try:
         gpus = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"--num-gpus-per-client {value!r}: not a number") from None
+        raise ValueError(f"{flag} {value!r}: not a number") from None
     if not math.isfinite(gpus) or gpus < 0 or (gpus > 1 and not gpus.is_integer()):
         raise ValueError(
-            f"--num-gpus-per-client {value}: must be in [0, 1] (a share of one GPU, "
-            "e.g. 0.25 for 4 clients per GPU) or a whole number of GPUs (Ray's rule)"
+            f"{flag} {value}: must be in [0, 1] (a share of one GPU, "
+            f"e.g. 0.25 for 4 {unit} per GPU) or a whole number of GPUs (Ray's rule)"
         )
     return gpus
 
@@ -340,6 +347,7 @@ def plan_ray(
     num_gpus_per_client: float = 0.0,
     ray_address: str | None = None,
     num_cpus: int | None = None,
+    num_gpus_per_node: float | None = None,
 ) -> RayPlan:
     """Check, before anything starts, that Flower's Ray backend can run at least one
     ClientApp with 1 CPU and ``num_gpus_per_client`` GPUs, on this machine or on the
@@ -348,8 +356,17 @@ def plan_ray(
     ValueError with a one-line reason: an invalid GPU share, GPUs asked for where
     Ray sees none (Flower would stop the run with "ActorPool is empty"), an
     unreachable cluster, or ``num_cpus`` for an existing cluster (Ray refuses it).
+    ``num_gpus_per_node`` (instead of ``num_gpus_per_client``) is the GPU share
+    of each node hosting a shard of clients (``clients-per-node``).
     """
-    gpus = check_num_gpus_per_client(num_gpus_per_client)
+    flag = "--num-gpus-per-client"
+    if num_gpus_per_node is not None:
+        if num_gpus_per_client:
+            raise ValueError("--num-gpus-per-client and --num-gpus-per-node exclude each "
+                             "other: give the GPU share of a node (it hosts "
+                             "clients-per-node clients)")
+        num_gpus_per_client, flag = num_gpus_per_node, "--num-gpus-per-node"
+    gpus = check_num_gpus_per_client(num_gpus_per_client, flag)
     address = (ray_address or "").strip() or None
     from_env = address is None and bool(os.environ.get("RAY_ADDRESS", "").strip())
     if from_env:
@@ -380,21 +397,47 @@ def plan_ray(
             hint = (" (CUDA_VISIBLE_DEVICES is empty)" if address is None
                     and os.environ.get("CUDA_VISIBLE_DEVICES") == "" else "")
             raise ValueError(
-                f"--num-gpus-per-client {num_gpus_per_client:g}: Ray sees no GPU on "
+                f"{flag} {num_gpus_per_client:g}: Ray sees no GPU on "
                 f"{where}{hint}; leave the flag out (or 0) to train the clients on CPUs"
             )
         if gpus > 0 and most_gpus < gpus:
             raise ValueError(
-                f"--num-gpus-per-client {num_gpus_per_client:g}: no node of {where} has "
-                f"that many GPUs (the most is {most_gpus:g}); a client runs on one node"
+                f"{flag} {num_gpus_per_client:g}: no node of {where} has "
+                f"that many GPUs (the most is {most_gpus:g}); a "
+                f"{'Flower node' if flag.endswith('node') else 'client'} runs on one "
+                "Ray node"
             )
         raise ValueError(f"{where} has no free CPU for a client (Ray reports "
                          f"{sum(c for c, _ in nodes):g} CPUs on {len(nodes)} nodes)")
-    return RayPlan(address=resolved, nodes=nodes, num_gpus_per_client=gpus, slots=slots)
+    return RayPlan(address=resolved, nodes=nodes, num_gpus_per_client=gpus, slots=slots,
+                   unit="node" if flag.endswith("node") else "client")
+
+
+def resolve_clients_per_node(settings: Settings, plan: RayPlan,
+                             per_client_gpus: bool = False) -> tuple[int, str]:
+    """``(K, why)``: the clients each Flower virtual node hosts. An explicit
+    ``clients-per-node`` as it is; ``auto``: one node per ClientApp that
+    Ray can run at a time (``plan.slots``: one per CPU, or per GPU share with
+    ``--num-gpus-per-node``), so that every worker computes its shard at once;
+    1 (one node per client, as before) when ``--num-gpus-per-client`` is given."""
+    n = settings.num_clients
+    k = settings.clients_per_node_count()
+    if k is not None:
+        if per_client_gpus and k > 1:
+            raise ValueError(
+                f"--num-gpus-per-client applies to one client per node, not to "
+                f"--clients-per-node {k}: give each node's share with --num-gpus-per-node")
+        return min(k, n), "clients-per-node"
+    if per_client_gpus:
+        return 1, "one node per client (--num-gpus-per-client)"
+    workers = max(1, min(n, plan.slots))
+    what = "GPU share" if plan.num_gpus_per_client > 0 else "CPU"
+    return -(-n // workers), f"auto: one node per {what} Ray sees ({plan.slots})"
 
 
 def federation_config(
-    num_supernodes: int, plan: RayPlan, num_cpus: int | None = None, verbose: bool = False
+    num_supernodes: int, plan: RayPlan, num_cpus: int | None = None, verbose: bool = False,
+    cpus_per_node: int = 1,
 ) -> tuple[str, dict[str, str]]:
     """``flwr run``'s ``--federation-config`` for ``plan`` and the environment
     variables the SuperLink needs for it (``RAY_ADDRESS`` for a cluster).
@@ -405,9 +448,11 @@ def federation_config(
     ``-num-gpus``/``-logging-level``/``-log-to-driver``, and no key for a Ray
     address: ``RayBackend.init_ray`` calls ``ray.init(**init_args)``, and Ray then
     reads ``RAY_ADDRESS``. ``init-args-num-cpus`` is left out for a cluster (Ray
-    refuses ``num_cpus`` when it joins one).
+    refuses ``num_cpus`` when it joins one). ``cpus_per_node`` is each
+    ClientApp actor's CPUs (Ray sets its ``OMP_NUM_THREADS``, torch's threads).
     """
-    keys = [f"num-supernodes={num_supernodes}", "client-resources-num-cpus=1",
+    keys = [f"num-supernodes={num_supernodes}",
+            f"client-resources-num-cpus={max(1, int(cpus_per_node))}",
             "init-args-logging-level='ERROR'",
             f"init-args-log-to-driver={'true' if verbose else 'false'}"]
     if plan.num_gpus_per_client > 0:
@@ -425,6 +470,7 @@ def run_on_superlink(
     timeout: float | None = None,
     num_gpus_per_client: float = 0.0,
     ray_address: str | None = None,
+    num_gpus_per_node: float | None = None,
 ) -> Path:
     """Run ``settings`` on Flower's simulation runtime through a private
     SuperLink (see the module docstring); returns the run's output folder.
@@ -433,14 +479,28 @@ def run_on_superlink(
     per GPU; 0: CPUs only); ``ray_address`` joins an existing Ray cluster instead
     of starting Ray here (default: ``RAY_ADDRESS`` of the environment, if set).
     :func:`plan_ray` checks both first and raises ValueError (one line).
+    The federation's clients are hosted ``clients-per-node`` per virtual node
+    (:func:`resolve_clients_per_node`); ``num_gpus_per_node`` is each such
+    node's GPU share.
 
     Raises :class:`SimulationError` with a one-line reason when the run does not
     finish as ``finished:completed``.
     """
-    plan = plan_ray(num_gpus_per_client, ray_address, num_cpus)
+    plan = plan_ray(num_gpus_per_client, ray_address, num_cpus, num_gpus_per_node)
+    k, why = resolve_clients_per_node(settings, plan, per_client_gpus=bool(num_gpus_per_client))
+    num_nodes = -(-settings.num_clients // k)
+    cpus_per_node = 1
+    if plan.address is None and plan.num_gpus_per_client == 0:
+        # the CPUs left idle by fewer nodes than CPUs go to the nodes' torch threads
+        cpus_per_node = max(1, int(sum(c for c, _ in plan.nodes)) // num_nodes)
+    if k > 1:
+        print(f"[mmfl] {settings.num_clients} clients on {num_nodes} Flower node"
+              f"{'s' if num_nodes != 1 else ''} of up to {k} ({why}; {cpus_per_node} "
+              f"CPU{'s' if cpus_per_node != 1 else ''} each)", flush=True)
     work = Path(tempfile.mkdtemp(prefix="mmfl-run-"))
     out = Path(settings.output_dir or work / "outputs").resolve()
     config = settings.to_run_config()
+    config["clients-per-node"] = str(k)
     config["output-dir"] = str(out)
     if settings.resume_from:
         config["resume-from"] = str(Path(settings.resume_from).resolve())
@@ -459,7 +519,7 @@ def run_on_superlink(
         f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
         f'address = "127.0.0.1:{port}"\ninsecure = true\n'
     )
-    federation, ray_env = federation_config(settings.num_clients, plan, num_cpus, verbose)
+    federation, ray_env = federation_config(num_nodes, plan, num_cpus, verbose, cpus_per_node)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("FLWR_") and k != "RAY_ADDRESS"}
     env.update(FLWR_HOME=str(home), FLWR_DISABLE_UPDATE_CHECK="1",

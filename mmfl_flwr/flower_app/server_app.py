@@ -48,7 +48,7 @@ def strategy_from_settings(
         "batch_size": s.batch_size,
         "seed": s.seed,
         "fraction_evaluate": s.fraction_evaluate,
-        "min_available_nodes": s.num_clients,
+        "min_available_clients": s.num_clients,
         "on_round_end": on_round_end,
         "max_update_norm": s.max_update_norm or None,
         "update_norm_factor": s.update_norm_factor or None,

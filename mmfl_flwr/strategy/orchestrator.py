@@ -85,6 +85,10 @@ class MultiModelStrategy(Strategy):
     min_available_nodes, node_wait_timeout : int, float
         Before the first round, wait at most ``node_wait_timeout`` seconds for
         this many nodes; later rounds use whoever is online.
+    min_available_clients : int
+        Before the first round, also wait (within ``node_wait_timeout``) until
+        this many clients are registered: a node hosting a shard of clients
+        counts each of them (default 0: no wait for clients).
     max_loss, loss_cap, max_update_norm, update_norm_factor, count_cap
         Bounds on what clients report (:class:`~.validation.Limits` documents
         them), each logged with the client id when it acts.
@@ -120,6 +124,7 @@ class MultiModelStrategy(Strategy):
         fraction_evaluate: float = 0.0,
         evaluate_every: int = 1,
         min_available_nodes: int = 1,
+        min_available_clients: int = 0,
         node_wait_timeout: float = 60.0,
         max_loss: float = 1e6,
         on_round_end: RoundCallback | None = None,
@@ -147,6 +152,9 @@ class MultiModelStrategy(Strategy):
         self.fraction_evaluate = float(fraction_evaluate)
         self.evaluate_every = int(evaluate_every)
         self.min_available_nodes = int(min_available_nodes)
+        self.min_available_clients = int(min_available_clients)
+        if self.min_available_nodes < 0 or self.min_available_clients < 0:
+            raise ValueError("min_available_nodes and min_available_clients must be >= 0")
         self.node_wait_timeout = float(node_wait_timeout)
         self.limits = Limits(float(max_loss), loss_cap, max_update_norm, update_norm_factor,
                              count_cap)  # checks them
@@ -194,7 +202,9 @@ class MultiModelStrategy(Strategy):
             ("Tasks", ", ".join(self.run_state.all_tasks) or "(not set yet)"),
             ("Train config", self.train_config), ("Limits", self.limits),
             ("Evaluation", f"fraction {self.fraction_evaluate:g}, every {self.evaluate_every}"),
-            ("Nodes", f"wait for {self.min_available_nodes} at most {self.node_wait_timeout:g} s"),
+            ("Nodes", f"wait for {self.min_available_nodes} nodes and "
+                      f"{self.min_available_clients} clients at most "
+                      f"{self.node_wait_timeout:g} s"),
             ("Arrivals (tasks, clients)", self._arrivals), ("Trainable keys", self._trainable),
             ("Pinned client ids", sorted(self._pins)), ("Checkpoint", self.checkpoint_path),
         ):
@@ -397,7 +407,7 @@ class MultiModelStrategy(Strategy):
             log(INFO, "[ROUND %s/%s]", rnd, num_rounds)
             with timed(rnd, "registration"):
                 registration.refresh_clients(run_state, grid, rnd, timeout, self.min_available_nodes,
-                                             self.node_wait_timeout)
+                                             self.node_wait_timeout, self.min_available_clients)
                 validation.apply_count_cap(run_state.table, self.limits.count_cap)
             registration.warn_unheld_models(run_state, unheld)
             log(INFO, "%d clients online", len(run_state.table.ids()))

@@ -175,6 +175,64 @@ def wait_for_nodes(run_state: RunState, grid: Grid, min_nodes: int, wait_timeout
         time.sleep(1.0)
 
 
+def _register_new(run_state: RunState, grid: Grid, nodes: list[int], server_round: int,
+                  timeout: float, asked: set[int] | None = None) -> int:
+    """Ask the nodes not registered yet for their clients (``query.info``);
+    returns how many clients the nodes that answered declared (registered or
+    refused; a node that answered with an error counts one). Nodes in ``asked``
+    are not asked again; the ones asked now are added to it."""
+    new = [n for n in nodes if n not in run_state.node_to_cid and n not in run_state.shards
+           and (asked is None or n not in asked)]
+    if asked is not None:
+        asked.update(new)
+    if not new:
+        return 0
+    keys = (_node_keys(grid)
+            if any(p.startswith(KEY_PIN) for p in run_state.client_pins.values()) else {})
+    msgs = [instruction(n, RecordDict(), P.QUERY_INFO, server_round) for n in new]
+    answered = set()
+    errors = []
+    declared = 0
+    for reply in round_trip(grid, msgs, timeout, server_round):
+        answered.add(reply.metadata.src_node_id)
+        if reply.has_error():
+            errors.append(str(reply.error.reason))
+        else:
+            declared += max(1, sum(1 for k in reply.content.config_records
+                                   if P.split_client_key(k)[0] == P.INFO_KEY
+                                   and P.split_client_key(k)[1] is not None))
+        register(run_state, reply, keys)
+    if errors and len(errors) == len(answered) and not run_state.table.ids():
+        raise NoClientRegistered(_no_client_message(len(errors), errors[0]))
+    for n in new:
+        if n not in answered:
+            log(WARNING, "Node %d did not answer the info query within %g s; it is "
+                "asked again next round", n, timeout)
+    return declared + len(errors)
+
+
+def wait_for_clients(run_state: RunState, grid: Grid, min_clients: int, wait_timeout: float,
+                     server_round: int, timeout: float) -> set[int]:
+    """Before the first round, register nodes as they come until their nodes
+    have declared ``min_clients`` clients (a node may host many:
+    docs/protocol.md; a refused client counts, it answered), waiting at most
+    ``wait_timeout`` seconds. Returns the nodes it asked (each once)."""
+    deadline = time.monotonic() + wait_timeout
+    declared = 0
+    asked: set[int] = set()
+    while True:
+        declared += _register_new(run_state, grid, sorted(grid.get_node_ids()), server_round,
+                                  timeout, asked)
+        have = len(run_state.table.ids(online_only=False))
+        if max(have, declared) >= min_clients:
+            return asked
+        if time.monotonic() >= deadline:
+            log(WARNING, "Only %d of the %d requested clients registered after %.0f s; "
+                "continuing with them", have, min_clients, wait_timeout)
+            return asked
+        time.sleep(1.0)
+
+
 def refresh_clients(
     run_state: RunState,
     grid: Grid,
@@ -182,10 +240,19 @@ def refresh_clients(
     timeout: float,
     min_nodes: int,
     wait_timeout: float,
+    min_clients: int = 0,
 ) -> None:
-    """Register new nodes and mark which clients are online."""
+    """Register new nodes and mark which clients are online. Before the first
+    round, wait for ``min_nodes`` nodes and ``min_clients`` registered clients
+    (at most ``wait_timeout`` seconds)."""
     run_state.client_pins = check_pins(run_state.client_pins)
+    first = not run_state.waited
     nodes = wait_for_nodes(run_state, grid, min_nodes, wait_timeout)
+    asked: set[int] = set()
+    if first and min_clients > 0:
+        asked = wait_for_clients(run_state, grid, min_clients, wait_timeout, server_round,
+                                 timeout)
+        nodes = sorted(grid.get_node_ids())
     # Forget nodes that are gone: a client that reconnects comes back with a
     # new node id and registers again under its stable id.
     present = set(nodes)
@@ -201,24 +268,7 @@ def refresh_clients(
             log(INFO, "Node %d went offline with its %d clients (%s); left out until it "
                 "reconnects", nid, len(gone_ids), _id_range(gone_ids))
     evict_unproven(run_state)
-    new = [n for n in nodes if n not in run_state.node_to_cid and n not in run_state.shards]
-    if new:
-        keys = (_node_keys(grid)
-                if any(p.startswith(KEY_PIN) for p in run_state.client_pins.values()) else {})
-        msgs = [instruction(n, RecordDict(), P.QUERY_INFO, server_round) for n in new]
-        answered = set()
-        errors = []
-        for reply in round_trip(grid, msgs, timeout, server_round):
-            answered.add(reply.metadata.src_node_id)
-            if reply.has_error():
-                errors.append(str(reply.error.reason))
-            register(run_state, reply, keys)
-        if errors and len(errors) == len(answered) and not run_state.table.ids():
-            raise NoClientRegistered(_no_client_message(len(errors), errors[0]))
-        for n in new:
-            if n not in answered:
-                log(WARNING, "Node %d did not answer the info query within %g s; it is "
-                    "asked again next round", n, timeout)
+    _register_new(run_state, grid, nodes, server_round, timeout, asked)
     registered = set(run_state.table.ids(online_only=False))
     if run_state.lacking and registered and registered <= set(run_state.lacking):
         raise NoClientCanServe(_cannot_serve_message(run_state.lacking))

@@ -282,8 +282,40 @@ def _grids(num_clients=6, seed=0):
     spec = cache_specs(node_spec_fn(s))
     app = make_client_app(spec, cached=True)
     plain = InProcessGrid(app, node_configs(s), s.to_run_config(), seed=seed)
-    vec = VectorizedGrid(app, spec, node_configs(s), s.to_run_config(), seed=seed)
+    vec = VectorizedGrid(spec, node_configs(s), s.to_run_config(), seed=seed)
     return s, spec, plain, vec
+
+
+def _plain_and_shard(plain, vec, spec, mtype, records, config=None, extra=None):
+    """The replies of one node per client (``plain``) and of the one node that
+    hosts them all (``vec``, one merged message), as per-client contents in the
+    order of ``plain``'s nodes."""
+    from flwr.app import ConfigRecord, RecordDict
+
+    from mmfl_flwr import protocol as P
+
+    a = [r.content for r in plain.send_and_receive(
+        _messages(plain, spec, mtype, records, config, extra))]
+    content, order = RecordDict(), []
+    for nid in plain.get_node_ids():
+        cs = spec(plain.context(nid))
+        order.append(cs.client_id)
+        for t in cs.trainers:
+            content[P.arrays_key(t)] = records[t]
+            for key, rec in (extra or {}).items():
+                if key.split(".", 1)[1] == t:
+                    content[key] = rec
+        cfg = ConfigRecord(dict(config or {}))
+        cfg[P.CFG_TASKS] = list(cs.trainers)
+        content[P.client_key(P.CONFIG_KEY, cs.client_id)] = cfg
+    [node] = vec.get_node_ids()
+    [reply] = vec.send_and_receive([vec.create_message(content, mtype, node, "1")])
+    per = {}
+    for key, rec in reply.content.items():
+        base, cid = P.split_client_key(key)
+        per.setdefault(cid, RecordDict())[base] = rec
+    assert set(per) == set(order)
+    return a, [per[c] for c in order]
 
 
 def _messages(grid, spec, mtype, records, config=None, extra=None):
@@ -327,14 +359,13 @@ def _assert_replies_equal(a_replies, b_replies, starts=None, tol=GRID_TOL):
 
     assert len(a_replies) == len(b_replies) > 0
     for a, b in zip(a_replies, b_replies):
-        assert a.metadata.src_node_id == b.metadata.src_node_id
-        assert set(a.content.keys()) == set(b.content.keys())
-        for key, rec in a.content.metric_records.items():
-            assert set(rec) == set(b.content[key])
+        assert set(a.keys()) == set(b.keys())
+        for key, rec in a.metric_records.items():
+            assert set(rec) == set(b[key])
             for name, value in rec.items():
-                assert b.content[key][name] == pytest.approx(value, rel=tol, abs=1e-7)
-        for key, rec in a.content.array_records.items():
-            mine, theirs = arrays_to_numpy(rec), arrays_to_numpy(b.content[key])
+                assert b[key][name] == pytest.approx(value, rel=tol, abs=1e-7)
+        for key, rec in a.array_records.items():
+            mine, theirs = arrays_to_numpy(rec), arrays_to_numpy(b[key])
             task = key.split(".", 1)[1]
             if key.startswith("arrays.") and starts is not None:
                 # the update (new - sent weights) agrees to rounding
@@ -353,8 +384,7 @@ def test_grid_replies_equal_the_client_app_replies(mtype):
     records = _initial_records(s)
     config = {P.CFG_EPOCHS: 2, P.CFG_LR: 0.05, P.CFG_BATCH_SIZE: 16, P.CFG_SEED: 1,
               P.CFG_ROUND: 3}
-    a = list(plain.send_and_receive(_messages(plain, spec, mtype, records, config)))
-    b = list(vec.send_and_receive(_messages(vec, spec, mtype, records, config)))
+    a, b = _plain_and_shard(plain, vec, spec, mtype, records, config)
     _assert_replies_equal(a, b, records)
     assert vec.counts == {"vectorized": len(b), "per-client": 0}
 
@@ -372,12 +402,9 @@ def test_scaffold_messages_take_the_per_client_path_with_one_log_line(caplog):
         for t, r in records.items()}
     config = {P.CFG_EPOCHS: 1, P.CFG_LR: 0.05, P.CFG_BATCH_SIZE: 16, P.CFG_SEED: 1,
               P.CFG_ROUND: 1}
-    a = list(plain.send_and_receive(
-        _messages(plain, spec, MessageType.TRAIN, records, config, zeros)))
     with caplog.at_level(logging.INFO, logger="mmfl_flwr"):
-        b = list(vec.send_and_receive(
-            _messages(vec, spec, MessageType.TRAIN, records, config, zeros)))
-        vec.send_and_receive(_messages(vec, spec, MessageType.TRAIN, records, config, zeros))
+        a, b = _plain_and_shard(plain, vec, spec, MessageType.TRAIN, records, config, zeros)
+        _plain_and_shard(plain, vec, spec, MessageType.TRAIN, records, config, zeros)
     _assert_replies_equal(a, b, records)
     assert vec.counts["vectorized"] == 0
     said = [r.getMessage() for r in caplog.records if "SCAFFOLD" in r.getMessage()]
@@ -481,18 +508,17 @@ def test_any_trainer_with_the_vectorizable_contract_takes_the_fast_path(vectoriz
     from mmfl_flwr.client.contract import LocalTrainer, VectorizableTrainer
 
     s, spec, plain, vec = _grids(num_clients=4)
-    for nid in vec.get_node_ids():  # the same cached specs serve both grids
-        cs = spec(vec.context(nid))
+    for nid in plain.get_node_ids():  # the same cached specs serve both grids
+        cs = spec(plain.context(nid))
         cs.trainers.update({t: _Delegate(tr, vectorizable) for t, tr in cs.trainers.items()})
-    some = next(iter(spec(vec.context(vec.get_node_ids()[0])).trainers.values()))
+    some = next(iter(spec(plain.context(plain.get_node_ids()[0])).trainers.values()))
     assert isinstance(some, LocalTrainer) and type(some) is _Delegate
     assert isinstance(some, VectorizableTrainer) is vectorizable
     records = _initial_records(s)
     config = {P.CFG_EPOCHS: 1, P.CFG_LR: 0.05, P.CFG_BATCH_SIZE: 16, P.CFG_SEED: 2,
               P.CFG_ROUND: 1}
-    a = list(plain.send_and_receive(_messages(plain, spec, "train", records, config)))
     with caplog.at_level(logging.INFO, logger="mmfl_flwr"):
-        b = list(vec.send_and_receive(_messages(vec, spec, "train", records, config)))
+        a, b = _plain_and_shard(plain, vec, spec, "train", records, config)
     _assert_replies_equal(a, b, records)
     if vectorizable:
         assert vec.counts == {"vectorized": len(b), "per-client": 0}

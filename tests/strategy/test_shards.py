@@ -249,3 +249,48 @@ def test_shard_ids_with_the_separator_or_twice_are_refused_by_the_client_app():
               clients=clients)
     assert [w for w in out.warnings(1) if "free of '@'" in w]
     assert out.strategy.table.ids() == ["c3"]
+
+
+class _LateGrid(InProcessGrid):
+    """A node that connects while the server waits (after two looks at the nodes)."""
+
+    def __init__(self, app, configs, late):
+        super().__init__(app, configs, seed=0)
+        self._late, self._looks = late, 0
+
+    def get_node_ids(self):
+        self._looks += 1
+        if self._looks == 3 and self._late is not None:
+            self.add_node(self._late)
+            self._late = None
+        return super().get_node_ids()
+
+
+def test_the_first_round_waits_for_clients_not_nodes():
+    """min_available_clients counts the clients a node hosts: two nodes of the
+    five clients are enough, and a shard connecting during the wait is in round 1."""
+    def make():
+        return make_strategy("full", seed=4, min_available_clients=5, node_wait_timeout=30)
+
+    early = [{"cid": "c3"}, {"cid": "c4"}]
+    res = run_federation(make(), shard_app(), {"c3": early[0], "c4": early[1]},
+                         zero_models(TASKS), 1,
+                         grid_factory=lambda rec, cfgs: _LateGrid(rec, cfgs, SHARDED["A"]))
+    trained = {cid for picks in res.result.assignments.values() for cid, *_ in picks}
+    assert trained == set(CLIENTS)
+
+
+def test_the_wait_for_clients_ends_at_its_timeout_with_a_warning(caplog):
+    import logging
+    import time
+
+    strategy = make_strategy("full", seed=4, min_available_clients=9, node_wait_timeout=1.5)
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        res = run(strategy, SHARDED, rounds=1)
+    assert time.monotonic() - t0 >= 1.5
+    said = [r.getMessage() for r in caplog.records if "requested clients" in r.getMessage()]
+    assert said == ["Only 5 of the 9 requested clients registered after 2 s; continuing "
+                    "with them"]
+    trained = {cid for picks in res.result.assignments.values() for cid, *_ in picks}
+    assert trained == set(CLIENTS)

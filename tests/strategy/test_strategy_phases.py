@@ -281,7 +281,7 @@ def test_summary_logs_every_constructor_argument():
     try:
         MultiModelStrategy(
             RandomAllocation(0.25), FedAvgAggregator(), local_epochs=3, lr=0.2, batch_size=7,
-            seed=11, fraction_evaluate=0.5, evaluate_every=2, min_available_nodes=4,
+            seed=11, fraction_evaluate=0.5, evaluate_every=2, min_available_nodes=4, min_available_clients=5,
             node_wait_timeout=9.0, max_loss=123.0, loss_cap=50.0, max_update_norm=8.0,
             client_arrivals={"a": 2}, task_arrivals={"t": 1}, trainable_keys={"t": ["w"]},
             checkpoint_path="/tmp/ck",
@@ -290,7 +290,7 @@ def test_summary_logs_every_constructor_argument():
         logging.getLogger("flwr").removeHandler(tap)
     text = "\n".join(m for _, m in tap.records)
     for piece in ("RandomAllocation(budget=0.25", "FedAvgAggregator()", "local_epochs=3",
-                  "lr=0.2", "batch_size=7", "fraction 0.5, every 2", "wait for 4 at most 9 s",
+                  "lr=0.2", "batch_size=7", "fraction 0.5, every 2", "wait for 4 nodes and 5 clients at most 9 s",
                   "max_loss=123.0", "loss_cap=50.0", "max_update_norm=8.0", "{'a': 2}",
                   "{'t': 1}", "{'t': ['w']}", "/tmp/ck", "Seed: 11"):
         assert piece in text, piece

@@ -1,0 +1,255 @@
+"""The replies of a multi-client node, computed per model for all its clients at once.
+
+A node hosting a shard of clients (docs/protocol.md, multi-client nodes) gets one
+message per round trip: the shared records (``arrays.<task>``, ``control.<task>``)
+once and one ``config@<id>`` per client it addresses. :class:`ShardComputer`
+answers it the way one GPU (or one process) answers best: per model, one batched
+computation for every addressed client that holds it
+(:mod:`mmfl_flwr.client.vectorized`):
+
+* ``query.losses``: one no-grad forward over the clients' data, per-client means;
+* ``train``: ``torch.func`` training of the stacked weights of all clients that
+  train the model, each with its own mini-batch order from the run's seed;
+* ``evaluate``: one forward over the clients' local test data.
+
+A client whose part cannot be vectorised takes the per-client path on the same
+node, in the same reply, with one log line per reason and process: a task whose
+trainer does not implement
+:class:`~mmfl_flwr.client.contract.VectorizableTrainer` (its own training
+loop), SCAFFOLD's corrected steps (``control.<task>``), a model the batched
+kernels do not support, and every other message type. A client whose part
+fails answers ``error@<id>``; the node's other clients still count.
+
+This is the one client-side implementation of the fast path: the ClientApp of
+:func:`~mmfl_flwr.client.app.make_client_app` uses it on a shard node under
+Flower's simulation engine and on a SuperNode, and ``--engine vectorized`` is
+the same ClientApp on one in-process node that hosts every client.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+
+from mmfl_flwr import protocol as P
+from mmfl_flwr.client.contract import (
+    VectorizableTrainer,
+    put_evaluation,
+    put_loss,
+    put_train_reply,
+    train_settings,
+    trainable_keys,
+)
+from mmfl_flwr.core.clipping import clip_update, clipping_norm_for
+from mmfl_flwr.records import arrays_to_numpy
+from mmfl_flwr.seeding import training_seed
+
+__all__ = ["ShardComputer", "VECTOR_TYPES"]
+
+log = logging.getLogger("mmfl_flwr")
+
+#: The message types served in batches.
+VECTOR_TYPES = (P.QUERY_LOSSES, MessageType.TRAIN, MessageType.EVALUATE)
+
+#: ``one(spec, part, context, state_key) -> RecordDict``: one client's reply
+OneClient = Callable[[Any, Any, Context, str], RecordDict]
+
+
+class _Fallback(Exception):
+    """This client's part goes through the per-client path; the message says why."""
+
+
+def error_record(err: BaseException) -> ConfigRecord:
+    """The ``error@<id>`` record of a client whose part failed."""
+    return ConfigRecord({"code": 1, "reason": f"{type(err).__name__}: {err}"[:2000]})
+
+
+class ShardComputer:
+    """Answers a multi-client node's messages, batching its clients per model.
+
+    Parameters
+    ----------
+    chunk : int, optional
+        Clients per batched training call (default: sized from free memory on a
+        GPU, 64 on the CPU).
+    vectorize : bool, default True
+        False: every client takes the per-client path (one after another), as a
+        node without the fast path would.
+    """
+
+    def __init__(self, chunk: int | None = None, vectorize: bool = True) -> None:
+        if chunk is not None and int(chunk) < 1:
+            raise ValueError(f"chunk must be >= 1, got {chunk}")
+        self.chunk = None if chunk is None else int(chunk)
+        self.vectorize = bool(vectorize)
+        self._models: dict[str, Any] = {}
+        self._said: set[str] = set()
+        #: client parts served in batches and on the per-client path
+        self.counts: dict[str, int] = {"vectorized": 0, "per-client": 0}
+
+    # -- helpers ---------------------------------------------------------------
+    def _say_once(self, reason: str) -> None:
+        if reason not in self._said:
+            self._said.add(reason)
+            log.info("shard node: %s; those clients run on the per-client path", reason)
+
+    def _vector_model(self, task: str, trainer: Any) -> Any:
+        from mmfl_flwr.client.vectorized import VectorModel
+
+        vm = self._models.get(task)
+        if vm is None:
+            vm = VectorModel(trainer.model_fn, trainer.device)
+            self._models[task] = vm
+        return vm
+
+    def _plan(self, spec: Any, part: RecordDict, mtype: str) -> dict[str, Any]:
+        """Task -> trainer of what ``part`` asks of this client, or :class:`_Fallback`."""
+        if mtype not in VECTOR_TYPES:
+            raise _Fallback(f"{mtype} messages are not batched")
+        plan: dict[str, Any] = {}
+        for key in part.array_records:
+            task = P.task_of(key, P.ARRAYS_PREFIX)
+            if task is not None:
+                plan[task] = None
+            elif P.task_of(key, P.CONTROL_PREFIX) is not None:
+                raise _Fallback("SCAFFOLD's corrected local steps are not vectorised")
+        if not plan:
+            raise _Fallback("a client part without a model is answered on its own")
+        for task in plan:
+            tr = spec.trainers.get(task)
+            if tr is None:
+                raise _Fallback("a message names a task the client does not hold")
+            if not isinstance(tr, VectorizableTrainer):
+                raise _Fallback(f"task {task!r} has a trainer without the vectorizable "
+                                f"contract ({type(tr).__name__})")
+            reason = self._vector_model(task, tr).unsupported
+            if reason is not None and mtype == MessageType.TRAIN:
+                raise _Fallback(f"task {task!r}: {reason}")
+            plan[task] = tr
+        return plan
+
+    # -- the reply -------------------------------------------------------------
+    def reply(self, specs: Sequence[Any], msg: Message, context: Context,
+              one: OneClient) -> RecordDict:
+        """The reply of a multi-client node to ``msg``: for each client it
+        addresses (``config@<id>``), that client's records re-keyed with
+        ``@<id>``, or ``error@<id>`` for a client whose part failed."""
+        by_id = {s.client_id: s for s in specs}
+        arrays = msg.content.array_records  # one view: it is rebuilt on each access
+        mtype = msg.metadata.message_type
+        order: list[str] = []
+        contents: dict[str, RecordDict] = {}
+        parts: dict[str, tuple[Any, RecordDict]] = {}
+        # (task, training settings, clipping norm) -> [(client id, trainer, seed)]
+        groups: dict[tuple[Any, ...], list[tuple[str, Any, int]]] = {}
+        fallback: list[str] = []
+        for key, cfg in msg.content.config_records.items():
+            base, cid = P.split_client_key(key)
+            if base != P.CONFIG_KEY or cid is None or cid in parts or cid in contents:
+                continue
+            order.append(cid)
+            try:
+                s = by_id.get(cid)
+                if s is None:
+                    raise KeyError(f"this node does not host client {cid!r}")
+                tasks = [str(t) for t in cfg.get(P.CFG_TASKS, [])]  # type: ignore[union-attr]
+                part = RecordDict({P.CONFIG_KEY: cfg})
+                for task in tasks:
+                    for shared in (P.arrays_key(task), P.control_key(task)):
+                        if shared in arrays:
+                            part[shared] = arrays[shared]
+            except Exception as err:  # noqa: BLE001 - one client's failure is its own
+                contents[cid] = RecordDict({P.ERROR_KEY: error_record(err)})
+                continue
+            parts[cid] = (s, part)
+            if not self.vectorize:
+                fallback.append(cid)
+                continue
+            try:
+                plan = self._plan(s, part, mtype)
+            except _Fallback as why:
+                self._say_once(str(why))
+                fallback.append(cid)
+                continue
+            except Exception:  # noqa: BLE001 - the per-client path produces the error
+                fallback.append(cid)
+                continue
+            settings: tuple[Any, ...] = ()
+            seed = rnd = 0
+            if mtype == MessageType.TRAIN:
+                ts = train_settings(SimpleNamespace(content=part))  # type: ignore[arg-type]
+                seed, rnd = ts.seed, ts.server_round
+                settings = (ts.epochs, ts.lr, ts.batch_size)
+            contents[cid] = RecordDict()
+            for task, tr in plan.items():
+                clip = clipping_norm_for(cfg, task) if mtype == MessageType.TRAIN else None
+                tseed = training_seed(seed, rnd, s.client_id, task)
+                groups.setdefault((task, settings, clip), []).append((cid, tr, tseed))
+        failed: set[str] = set()
+        for key, items in groups.items():
+            try:
+                self._run_group(mtype, key, arrays[P.arrays_key(key[0])], items, contents)
+            except Exception as err:  # e.g. out of memory: the per-client path decides
+                log.warning("shard node: %s for %d clients of task %r failed (%s: %s); "
+                            "running them on the per-client path", mtype, len(items),
+                            key[0], type(err).__name__, err)
+                failed.update(cid for cid, *_ in items)
+        for cid in failed:
+            fallback.append(cid)
+        done = set(fallback)
+        self.counts["vectorized"] += sum(1 for c in parts if c not in done)
+        for cid in fallback:
+            s, part = parts[cid]
+            try:
+                contents[cid] = one(s, SimpleNamespace(content=part), context,
+                                    P.client_key("", cid))
+            except Exception as err:  # noqa: BLE001 - one client's failure is its own
+                contents[cid] = RecordDict({P.ERROR_KEY: error_record(err)})
+            self.counts["per-client"] += 1
+        reply = RecordDict()
+        for cid in order:
+            for k, record in contents[cid].items():
+                reply[P.client_key(k, cid)] = record
+        return reply
+
+    def _run_group(
+        self,
+        mtype: str,
+        key: tuple[Any, ...],
+        record: Any,
+        items: list[tuple[str, Any, int]],
+        contents: dict[str, RecordDict],
+    ) -> None:
+        from mmfl_flwr.client import vectorized as V
+
+        task, settings, clip = key
+        weights = arrays_to_numpy(record)
+        vm = self._vector_model(task, items[0][1])
+        if mtype == MessageType.TRAIN:
+            epochs, lr, batch = settings
+            jobs = [V.TrainJob(V.ClientData(*tr.train_tensors()), tseed)
+                    for _, tr, tseed in items]
+            t0 = time.monotonic()
+            results = V.batched_train(vm, weights, jobs, epochs, lr, batch, chunk=self.chunk)
+            log.debug("shard node: batched training of %d clients of %r: %.3f s",
+                      len(jobs), task, time.monotonic() - t0)
+            received = arrays_to_numpy(record) if clip is not None else {}
+            for (cid, tr, _), (new, n, loss) in zip(items, results):
+                if clip is not None:  # client-side differential privacy
+                    keys = trainable_keys(tr) or [k for k, v in new.items()
+                                                  if v.dtype.kind == "f"]
+                    new = clip_update(dict(new), received, keys, clip)[0]
+                put_train_reply(contents[cid], task, new, n, loss)
+        elif mtype == P.QUERY_LOSSES:
+            data = [V.ClientData(*tr.train_tensors()) for _, tr, _ in items]
+            for (cid, *_), value in zip(items, V.batched_losses(vm, weights, data)):
+                put_loss(contents[cid], task, value)
+        else:  # evaluate
+            data = [V.ClientData(*tr.eval_tensors()) for _, tr, _ in items]
+            for (cid, *_), (loss, acc, n) in zip(items, V.batched_evaluate(vm, weights, data)):
+                put_evaluation(contents[cid], task, loss, acc, n)

@@ -6,8 +6,12 @@ The topology of ``docker/compose.yaml`` as plain processes on 127.0.0.1:
 - one ``flower-superlink`` with TLS and SuperNode authentication;
 - three SuperNode public keys registered with ``flwr supernode register`` over a
   connection that trusts the private CA (``root-certificates`` in config.toml);
-- three ``flower-supernode`` with their own keys and different node-configs
-  (processors, task subsets);
+- three ``flower-supernode`` with their own keys and different node-configs:
+  two GPU-server-like SuperNodes hosting a shard of 20 clients each
+  (``clients="0-19"``, ``clients="20-39"``; docs/protocol.md, multi-client
+  nodes) and one device hosting one client (``partition-id=40``), with
+  processors and task subsets; client ids pinned to the node keys on first use
+  (``client-pins="*=key:first-use"``);
 - ``flwr run <repo> <connection>`` with the ``lvr`` strategy (it needs the loss
   query every round), polled to ``finished:completed``; the per-task results
   and the task subsets are checked in the output files;
@@ -68,12 +72,15 @@ NODES_UP_TIMEOUT = 90.0
 RUN_TIMEOUT = 360.0
 REFUSED_TIMEOUT = 30.0
 
-#: The three SuperNodes: partition-id = index; node 1 and node 2 train subsets.
+#: The three SuperNodes: two shards of 20 clients and one single client; node 1
+#: and node 2 train subsets.
+NUM_CLIENTS = 41
 NODE_CONFIGS = (
-    "partition-id=0 num-partitions=3 processors=2",
-    "partition-id=1 num-partitions=3 processors=1 tasks='digits,synthetic'",
-    "partition-id=2 num-partitions=3 processors=1 tasks='digits'",
+    "clients='0-19' processors=2",
+    "clients='20-39' processors=1 tasks='digits,synthetic'",
+    f"partition-id=40 num-partitions={NUM_CLIENTS} processors=1 tasks='digits'",
 )
+SHARD_OF = {str(c): (0 if c < 20 else 1 if c < 40 else 2) for c in range(NUM_CLIENTS)}
 
 
 def _wait_for_https_health(
@@ -110,7 +117,7 @@ def _node_list(conn: str, env: dict[str, str], cwd: Path) -> list[dict[str, obje
 
 
 @pytest.mark.slow
-def test_tls_auth_deployment_three_supernodes(tmp_path: Path) -> None:
+def test_tls_auth_deployment_two_shards_and_a_device(tmp_path: Path) -> None:
     t_start = time.monotonic()
     phases: dict[str, float] = {}
     models = default_model_names()
@@ -234,7 +241,8 @@ def test_tls_auth_deployment_three_supernodes(tmp_path: Path) -> None:
         run_id, _, history = dep.run(
             REPO_ROOT, out=out, timeout=RUN_TIMEOUT,
             run_config=(
-                "num-rounds=1 num-clients=3 strategy='lvr' budget-fraction=0.5 "
+                f"num-rounds=1 num-clients={NUM_CLIENTS} strategy='lvr' budget-fraction=0.5 "
+                "local-epochs=1 client-pins='*=key:first-use' "
                 f"output-dir='{out.resolve().as_posix()}'"
             ),
         )
@@ -271,17 +279,20 @@ def test_tls_auth_deployment_three_supernodes(tmp_path: Path) -> None:
     # 8. The results: every model evaluated after rounds 0 and 1; task subsets held.
     data = check_outputs(out, models, num_rounds=1)
     config = data["summary"]["config"]
-    assert (config["strategy"], config["num-clients"]) == ("lvr", 3), config
+    assert (config["strategy"], config["num-clients"]) == ("lvr", NUM_CLIENTS), config
     assignments = data["assignments"]
     clients = {a["client"] for a in assignments}
-    assert clients <= {"0", "1", "2"}, clients
+    assert clients <= set(SHARD_OF), clients
+    # clients of both shards trained (the loss query and the training went
+    # through one message per shard node)
+    assert {SHARD_OF[c] for c in clients} >= {0, 1}, clients
     by_client = {c: {a["task"] for a in assignments if a["client"] == c} for c in clients}
-    assert by_client.get("2", set()) <= {"digits"}, f"client 2 trained {by_client['2']}"
-    assert "digits_2" not in by_client.get("1", set()), (
-        f"client 1 trained {by_client['1']}"
-    )
+    for c, tasks in by_client.items():
+        allowed = ({"digits", "synthetic", "digits_2"}, {"digits", "synthetic"},
+                   {"digits"})[SHARD_OF[c]]
+        assert tasks <= allowed, f"client {c} trained {tasks}"
     # processors=2/1/1: a client's processors draw at most that many tasks a round.
-    processors = {"0": 2, "1": 1, "2": 1}
+    processors = {c: (2, 1, 1)[SHARD_OF[c]] for c in SHARD_OF}
     for rnd in (1,):
         rows = [a for a in assignments if int(a["round"]) == rnd]
         assert rows, f"nobody trained in round {rnd}: {assignments}"

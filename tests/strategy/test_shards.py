@@ -294,3 +294,19 @@ def test_the_wait_for_clients_ends_at_its_timeout_with_a_warning(caplog):
                     "with them"]
     trained = {cid for picks in res.result.assignments.values() for cid, *_ in picks}
     assert trained == set(CLIENTS)
+
+
+def test_an_absurd_sample_count_of_one_shard_client_is_capped_alone():
+    """One client of a shard declares 1e8 examples: the count cap names it and
+    uses its count up to 200 x the median; its shard mates register and train
+    with their own counts, and every model stays finite."""
+    clients = dict(CLIENTS)
+    clients["c1"] = ClientDef({"a": (10**8, 1.5), "b": (17, 1.25)})
+    out = run(MultiModelStrategy(FullParticipation(), seed=0, count_cap=200.0), SHARDED,
+              rounds=1, clients=clients)
+    capped = [w for w in out.warnings(1) if "declared 100000000 examples" in w]
+    assert len(capped) == 1 and "c1" in capped[0], out.warnings(1)
+    table = out.strategy.table
+    assert sorted(table.ids()) == sorted(CLIENTS)
+    assert table["c0"].num_examples["a"] == 10 and table["c2"].num_examples["a"] == 20
+    assert out.rows(1)["a"]["uploads"] == 5

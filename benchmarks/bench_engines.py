@@ -2,6 +2,11 @@
 they agree.
 
 (a) Flower's simulation engine (Ray):  ``mmfl_flwr.runner.run(s, engine="simulation")``
+    with one client per virtual node (``clients-per-node 1``: one Flower message
+    and one ClientApp call per client, as before issue 24); ``sim-half`` and
+    ``sim-all`` are the same engine with shard nodes: K = ceil(N / 2) clients on
+    each of 2 nodes, and K = N on 1 node, each node computing its clients per
+    model at once (``mmfl_flwr.client.shard``)
 (b) the in-process engine:             ``mmfl_flwr.runner.run(s, engine="inprocess")``
 (c) the vectorised engine:             ``mmfl_flwr.runner.run(s, engine="vectorized")``
     (per model, one batched ``torch.func`` computation for all clients; torch on
@@ -82,10 +87,13 @@ import tempfile
 import time
 from typing import Any
 
-ENGINES = ("simulation", "inprocess", "vectorized", "plain")
+ENGINES = ("simulation", "sim-half", "sim-all", "inprocess", "vectorized", "plain")
 #: engines run through mmfl_flwr.runner.run, in the order whose assignments the
 #: plain loop prefers to replay
-FLOWER_ENGINES = ("inprocess", "vectorized", "simulation")
+FLOWER_ENGINES = ("inprocess", "vectorized", "simulation", "sim-half", "sim-all")
+#: Flower simulation variants: engine name -> nodes (clients per node = ceil(N / nodes));
+#: None is one client per node
+SIM_NODES: dict[str, int | None] = {"simulation": None, "sim-half": 2, "sim-all": 1}
 
 #: ``--workload`` presets: option name -> value (filled where not given)
 WORKLOADS: dict[str, dict[str, Any]] = {
@@ -250,6 +258,12 @@ def child_flower(args: argparse.Namespace, engine: str) -> dict[str, Any]:
     from mmfl_flwr.runner import run
 
     settings = make_settings(args)
+    run_engine = engine
+    if engine in SIM_NODES:
+        nodes = SIM_NODES[engine]
+        k = 1 if nodes is None else -(-settings.num_clients // nodes)
+        settings.clients_per_node = str(k)
+        run_engine = "simulation"
     if engine == "vectorized" and args.vector_threads:
         # run_vectorized sets torch's threads to the CPUs this process may use
         cpus = sorted(os.sched_getaffinity(0))[: args.vector_threads]
@@ -259,7 +273,7 @@ def child_flower(args: argparse.Namespace, engine: str) -> dict[str, Any]:
     if engine == "vectorized" and args.vector_chunk is not None:
         kwargs["vector_chunk"] = args.vector_chunk
     t0 = time.perf_counter()
-    result = run(settings, engine=engine, **kwargs)
+    result = run(settings, engine=run_engine, **kwargs)
     wall = time.perf_counter() - t0
     weights_file = args._json + ".weights.npz"
     flat = {
@@ -268,8 +282,13 @@ def child_flower(args: argparse.Namespace, engine: str) -> dict[str, Any]:
         for k, v in arrays_to_numpy(rec).items()
     }
     np.savez(weights_file, **flat)
-    if engine == "simulation":
-        threads = f"1/actor x {os.cpu_count()}"  # num_cpus=1 per ClientApp
+    if engine in SIM_NODES:
+        cores = os.cpu_count() or 1
+        nodes = SIM_NODES[engine]
+        if nodes is None:
+            threads = f"1/actor x {cores}"  # num_cpus=1 per ClientApp
+        else:  # mmfl run gives each node its share of the CPUs
+            threads = f"{max(1, cores // nodes)}/node x {min(nodes, cores)}"
     else:
         threads = str(torch.get_num_threads())  # what run() set for the engine
     out: dict[str, Any] = {
@@ -563,7 +582,7 @@ def summarize(reps: dict[str, dict[str, Any]], num_rounds: int) -> dict[str, Any
         if "message_counts" in rep:
             stats[eng]["message_counts"] = rep["message_counts"]
     ratios: dict[str, dict[str, float]] = {}
-    for base in ("plain", "inprocess"):
+    for base in ("plain", "inprocess", "vectorized"):
         if base not in stats:
             continue
         for _, metric in TIME_ROWS:
@@ -754,7 +773,7 @@ def print_report(settings: Any, summary: dict[str, Any], cmp: dict[str, Any],
             else:
                 print("  plain process imported flwr: no")
     print()
-    if "simulation" in st:
+    if any(e in st for e in SIM_NODES):
         print("Note: the simulation's rounds are the strategy's own seconds, which stop "
               "before the server evaluation (its ServerApp runs in another process); the "
               "other engines' rounds include it.")

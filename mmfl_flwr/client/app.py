@@ -8,9 +8,11 @@ This module is framework-agnostic: a *trainer* is any object with the methods of
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
+from uuid import uuid4
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -95,6 +97,30 @@ def _scaffold_train(
     return new, n, loss, c_new
 
 
+#: Per-process state of the ClientApps built in this or another process, by the
+#: app's build token (its specs, its shard computer, its decoded weights).
+#: Flower's Ray backend pickles the ClientApp with every message it sends to a
+#: worker, so state kept in the app object itself would be a fresh, empty copy
+#: each time: a shard node would rebuild its clients' data every message. The
+#: token travels with the pickled app and finds the worker's state again. The
+#: most recently used apps' states are kept (a process that builds many apps,
+#: a test suite, does not keep them all).
+_PROCESS_STATE: OrderedDict[str, dict[str, Any]] = OrderedDict()
+_PROCESS_STATE_SIZE = 16
+
+
+def process_state(token: str) -> dict[str, Any]:
+    """The state of the app built with ``token`` in this process (created empty)."""
+    state = _PROCESS_STATE.get(token)
+    if state is None:
+        state = _PROCESS_STATE[token] = {}
+        while len(_PROCESS_STATE) > _PROCESS_STATE_SIZE:
+            _PROCESS_STATE.popitem(last=False)
+    else:
+        _PROCESS_STATE.move_to_end(token)
+    return state
+
+
 def cache_specs(
     spec_fn: SpecFn, cache_key: Callable[[Context], Hashable] | None = None
 ) -> SpecFn:
@@ -102,7 +128,7 @@ def cache_specs(
     node config and run config), since building data loaders on every message is
     wasteful. Pass the result to :func:`make_client_app` with ``cached=True`` to
     share the specs with another consumer (the vectorised engine)."""
-    cache: dict[Hashable, ClientSpec] = {}
+    token = uuid4().hex
 
     def default_key(ctx: Context) -> Hashable:
         return (
@@ -113,6 +139,7 @@ def cache_specs(
     key_fn = cache_key or default_key
 
     def spec(ctx: Context) -> ClientSpec:
+        cache = process_state(token).setdefault("specs", {})
         k = key_fn(ctx)
         if k not in cache:
             cache[k] = spec_fn(ctx)
@@ -154,10 +181,24 @@ def make_client_app(
     from mmfl_flwr.client.shard import ShardComputer
 
     app = ClientApp()
-    shard = ShardComputer(chunk=chunk, vectorize=vectorize)
+    token = uuid4().hex  # finds this app's state in a process that got it pickled
+    ShardComputer(chunk=chunk, vectorize=vectorize)  # checks the arguments here
+
+    def shard() -> ShardComputer:
+        state = process_state(token)
+        if "shard" not in state:
+            state["shard"] = ShardComputer(chunk=chunk, vectorize=vectorize)
+        return state["shard"]  # type: ignore[no-any-return]
+
     app.shard = shard  # type: ignore[attr-defined]  # its counts, for tests and benchmarks
     spec = spec_fn if cached else cache_specs(spec_fn, cache_key)
-    decode = DecodeCache().decode  # the round's weights are the same for every client
+
+    def decode(record: Any) -> Any:
+        """The round's weights are the same for every client: decoded once."""
+        state = process_state(token)
+        if "decode" not in state:
+            state["decode"] = DecodeCache()
+        return state["decode"].decode(record)
 
     def trainer(s: ClientSpec, task: str) -> LocalTrainer:
         if task not in s.trainers:
@@ -221,7 +262,7 @@ def make_client_app(
         specs = spec(context)
         if isinstance(specs, ClientSpec):
             return Message(one(specs, msg, context, ""), reply_to=msg)
-        return Message(shard.reply(list(specs), msg, context, one), reply_to=msg)
+        return Message(shard().reply(list(specs), msg, context, one), reply_to=msg)
 
     @app.query("info")
     def info(msg: Message, context: Context) -> Message:

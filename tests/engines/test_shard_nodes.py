@@ -80,7 +80,7 @@ def test_batched_shard_nodes_run_the_federation_as_one_node_per_client():
     s = Settings(**_FED)
     single, _ = _run(s, node_configs(s))
     sharded, grid = _run(s, _SHARDS)
-    assert grid.client_app.shard.counts["vectorized"] > 0
+    assert grid.client_app.shard().counts["vectorized"] > 0
     assert sharded.assignments == single.assignments
     for a, b in zip(single.history, sharded.history):
         assert (a["round"], a["task"], a["uploads"]) == (b["round"], b["task"], b["uploads"])
@@ -90,3 +90,39 @@ def test_batched_shard_nodes_run_the_federation_as_one_node_per_client():
 
     gaps = run_gaps(numpy(initial_arrays(s)), numpy(single.arrays), numpy(sharded.arrays))
     assert set(gaps) == set(single.arrays) and max(gaps.values()) <= 1e-5, gaps
+
+
+def test_a_pickled_client_app_finds_its_process_state_again(tmp_path):
+    """Flower's Ray backend pickles the ClientApp with every message it sends to
+    a worker: the specs (the clients' data) are built once per process all the
+    same, not once per message."""
+    cloudpickle = pytest.importorskip("ray.cloudpickle")
+    from flwr.app import Message, MessageType
+
+    from mmfl_flwr import protocol as P
+    from mmfl_flwr.client.app import make_client_app
+    from mmfl_flwr.flower_app.client_app import node_spec_fn
+    from mmfl_flwr.grid import ensure_task_identity
+
+    ensure_task_identity()
+    s = Settings(num_clients=4, tasks="synthetic", synthetic_max_samples=30)
+    inner = node_spec_fn(s)
+    log = tmp_path / "built"  # a pickled copy of spec_fn writes here too
+
+    def spec_fn(ctx):
+        with open(log, "a") as f:
+            f.write(f"{ctx.node_config['clients']}\n")
+        return inner(ctx)
+
+    app = make_client_app(spec_fn)
+    ctx = Context(run_id=1, node_id=5, node_config={"clients": "0-3"}, state=RecordDict(),
+                  run_config=s.to_run_config())
+    for _ in range(3):
+        copy = cloudpickle.loads(cloudpickle.dumps(app))
+        msg = Message(RecordDict(), dst_node_id=5, message_type=MessageType.QUERY,
+                      group_id="1")
+        msg.metadata.__dict__["_message_id"] = "m"
+        msg.metadata.__dict__["_message_type"] = P.QUERY_INFO
+        reply = copy(msg, ctx)
+        assert len(reply.content.config_records) == 4
+    assert log.read_text().splitlines() == ["0-3"]

@@ -19,12 +19,12 @@ Torch-free and numpy-only here (the torch trainers live in
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 
 from mmfl_flwr import protocol as P
 from mmfl_flwr.core.clipping import clip_update, clipping_norm_for
@@ -147,7 +147,7 @@ def tasks_in(msg: Message) -> dict[str, ArrayRecord]:
     return out
 
 
-def put_train_reply(content: RecordDict, task: str, weights: Weights, n: int,
+def put_train_reply(content: MutableMapping[str, Any], task: str, weights: Weights, n: int,
                     loss: float) -> None:
     """One task's part of a train reply: the trained weights and their metrics."""
     content[P.arrays_key(task)] = numpy_to_arrays(weights)
@@ -171,14 +171,16 @@ def clip_for_config(msg: Message, task: str, new: Weights, received: Weights,
     return clip_update(dict(new), received, keys, norm)[0]
 
 
-def put_loss(content: RecordDict, task: str, loss: float) -> None:
-    """One task's loss in a loss-query reply (MetricRecord ``losses``)."""
-    if P.LOSSES_KEY not in content.metric_records:
-        content[P.LOSSES_KEY] = MetricRecord()
-    content.metric_records[P.LOSSES_KEY][task] = float(loss)
+def put_loss(content: MutableMapping[str, Any], task: str, loss: float) -> None:
+    """One task's loss in a loss-query reply (MetricRecord ``losses``); ``content``
+    is the reply's RecordDict, or a dict of its records."""
+    losses = content.get(P.LOSSES_KEY)
+    if losses is None:
+        losses = content[P.LOSSES_KEY] = MetricRecord()
+    losses[task] = float(loss)
 
 
-def put_evaluation(content: RecordDict, task: str, loss: float, accuracy: float,
+def put_evaluation(content: MutableMapping[str, Any], task: str, loss: float, accuracy: float,
                    n: int) -> None:
     """One task's part of an evaluate reply."""
     content[P.metrics_key(task)] = MetricRecord(

@@ -107,20 +107,17 @@ class ShardComputer:
             self._models[task] = vm
         return vm
 
-    def _plan(self, spec: Any, part: RecordDict, mtype: str) -> dict[str, Any]:
-        """Task -> trainer of what ``part`` asks of this client, or :class:`_Fallback`."""
+    def _plan(self, spec: Any, tasks: list[str], control: bool, mtype: str) -> dict[str, Any]:
+        """Task -> trainer of the ``tasks`` a client's part carries weights for,
+        or :class:`_Fallback`."""
         if mtype not in VECTOR_TYPES:
             raise _Fallback(f"{mtype} messages are not batched")
-        plan: dict[str, Any] = {}
-        for key in part.array_records:
-            task = P.task_of(key, P.ARRAYS_PREFIX)
-            if task is not None:
-                plan[task] = None
-            elif P.task_of(key, P.CONTROL_PREFIX) is not None:
-                raise _Fallback("SCAFFOLD's corrected local steps are not vectorised")
-        if not plan:
+        if control:
+            raise _Fallback("SCAFFOLD's corrected local steps are not vectorised")
+        if not tasks:
             raise _Fallback("a client part without a model is answered on its own")
-        for task in plan:
+        plan: dict[str, Any] = {}
+        for task in tasks:
             tr = spec.trainers.get(task)
             if tr is None:
                 raise _Fallback("a message names a task the client does not hold")
@@ -143,8 +140,9 @@ class ShardComputer:
         arrays = msg.content.array_records  # one view: it is rebuilt on each access
         mtype = msg.metadata.message_type
         order: list[str] = []
-        contents: dict[str, RecordDict] = {}
-        parts: dict[str, tuple[Any, RecordDict]] = {}
+        # client id -> its records (plain dicts: one RecordDict insertion each, at the end)
+        contents: dict[str, dict[str, Any]] = {}
+        parts: dict[str, tuple[Any, Any, list[str]]] = {}
         # (task, training settings, clipping norm) -> [(client id, trainer, seed)]
         groups: dict[tuple[Any, ...], list[tuple[str, Any, int]]] = {}
         fallback: list[str] = []
@@ -153,25 +151,23 @@ class ShardComputer:
             if base != P.CONFIG_KEY or cid is None or cid in parts or cid in contents:
                 continue
             order.append(cid)
-            try:
-                s = by_id.get(cid)
-                if s is None:
-                    raise KeyError(f"this node does not host client {cid!r}")
-                tasks = [str(t) for t in cfg.get(P.CFG_TASKS, [])]  # type: ignore[union-attr]
-                part = RecordDict({P.CONFIG_KEY: cfg})
-                for task in tasks:
-                    for shared in (P.arrays_key(task), P.control_key(task)):
-                        if shared in arrays:
-                            part[shared] = arrays[shared]
-            except Exception as err:  # noqa: BLE001 - one client's failure is its own
-                contents[cid] = RecordDict({P.ERROR_KEY: error_record(err)})
+            s = by_id.get(cid)
+            if s is None:
+                contents[cid] = {P.ERROR_KEY: error_record(
+                    KeyError(f"this node does not host client {cid!r}"))}
                 continue
-            parts[cid] = (s, part)
+            try:
+                tasks = [str(t) for t in cfg.get(P.CFG_TASKS, [])]  # type: ignore[union-attr]
+            except TypeError as err:
+                contents[cid] = {P.ERROR_KEY: error_record(err)}
+                continue
+            parts[cid] = (s, cfg, tasks)
             if not self.vectorize:
                 fallback.append(cid)
                 continue
             try:
-                plan = self._plan(s, part, mtype)
+                plan = self._plan(s, [t for t in tasks if P.arrays_key(t) in arrays],
+                                  any(P.control_key(t) in arrays for t in tasks), mtype)
             except _Fallback as why:
                 self._say_once(str(why))
                 fallback.append(cid)
@@ -182,10 +178,11 @@ class ShardComputer:
             settings: tuple[Any, ...] = ()
             seed = rnd = 0
             if mtype == MessageType.TRAIN:
-                ts = train_settings(SimpleNamespace(content=part))  # type: ignore[arg-type]
+                ts = train_settings(SimpleNamespace(  # type: ignore[arg-type]
+                    content=SimpleNamespace(config_records={P.CONFIG_KEY: cfg})))
                 seed, rnd = ts.seed, ts.server_round
                 settings = (ts.epochs, ts.lr, ts.batch_size)
-            contents[cid] = RecordDict()
+            contents[cid] = {}
             for task, tr in plan.items():
                 clip = clipping_norm_for(cfg, task) if mtype == MessageType.TRAIN else None
                 tseed = training_seed(seed, rnd, s.client_id, task)
@@ -199,17 +196,21 @@ class ShardComputer:
                             "running them on the per-client path", mtype, len(items),
                             key[0], type(err).__name__, err)
                 failed.update(cid for cid, *_ in items)
-        for cid in failed:
-            fallback.append(cid)
+        fallback.extend(sorted(failed, key=order.index))
         done = set(fallback)
         self.counts["vectorized"] += sum(1 for c in parts if c not in done)
         for cid in fallback:
-            s, part = parts[cid]
+            s, cfg, tasks = parts[cid]
+            part = RecordDict({P.CONFIG_KEY: cfg})
+            for task in tasks:
+                for shared in (P.arrays_key(task), P.control_key(task)):
+                    if shared in arrays:
+                        part[shared] = arrays[shared]
             try:
-                contents[cid] = one(s, SimpleNamespace(content=part), context,
-                                    P.client_key("", cid))
+                contents[cid] = dict(one(s, SimpleNamespace(content=part), context,
+                                         P.client_key("", cid)).items())
             except Exception as err:  # noqa: BLE001 - one client's failure is its own
-                contents[cid] = RecordDict({P.ERROR_KEY: error_record(err)})
+                contents[cid] = {P.ERROR_KEY: error_record(err)}
             self.counts["per-client"] += 1
         reply = RecordDict()
         for cid in order:
@@ -223,7 +224,7 @@ class ShardComputer:
         key: tuple[Any, ...],
         record: Any,
         items: list[tuple[str, Any, int]],
-        contents: dict[str, RecordDict],
+        contents: dict[str, dict[str, Any]],
     ) -> None:
         from mmfl_flwr.client import vectorized as V
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -159,6 +160,34 @@ def evaluate_arrays(
     return _loss_accuracy(model.to(device), x.to(device), y.to(device), batch_size)
 
 
+#: model_fn -> (its floating dtype, its trainable keys); a node hosting many
+#: clients shares one model_fn per task, and builds its model once here
+_PROBES: "weakref.WeakKeyDictionary[Callable[[], nn.Module], tuple[torch.dtype, list[str]]]" = (
+    weakref.WeakKeyDictionary())
+
+
+def _probe(model_fn: Callable[[], nn.Module]) -> tuple[torch.dtype, list[str]]:
+    """The floating dtype of ``model_fn``'s parameters (inputs are cast to it:
+    float32 for the zoo, float64 inputs for a float64 model) and its trainable
+    ``state_dict`` keys, from one model built with the global RNG untouched."""
+    try:
+        known = _PROBES.get(model_fn)
+    except TypeError:  # not weakly referenceable
+        known = None
+    if known is not None:
+        return known[0], list(known[1])
+    with torch.random.fork_rng(devices=[]):
+        probe = model_fn()
+    dtype = next((p.dtype for p in probe.parameters() if p.is_floating_point()),
+                 torch.float32)
+    trainable = [n for n, p in probe.named_parameters() if p.requires_grad]
+    try:
+        _PROBES[model_fn] = (dtype, list(trainable))
+    except TypeError:
+        pass
+    return dtype, trainable
+
+
 class TorchTrainer:
     """Trains and evaluates one model on one client's data.
 
@@ -190,15 +219,9 @@ class TorchTrainer:
         self.num_train = len(train)
         self.num_test = len(test)
         self.device = default_device()
-        with torch.random.fork_rng(devices=[]):
-            probe = model_fn()
-        # inputs in the model's floating dtype (float32 for the zoo; a float64
-        # model gets float64 inputs)
-        dtype = next((p.dtype for p in probe.parameters() if p.is_floating_point()),
-                     torch.float32)
+        dtype, self._trainable = _probe(model_fn)
         self._x_train, self._y_train = (t.to(self.device) for t in _tensors(train, dtype))
         self._x_test, self._y_test = (t.to(self.device) for t in _tensors(test, dtype))
-        self._trainable = [n for n, p in probe.named_parameters() if p.requires_grad]
         self._net: nn.Module | None = None
 
     @property

@@ -141,12 +141,28 @@ def _partition_shard(s: Settings, cfg: Mapping[str, Any], pid: int, k: int) -> l
             for q in range(pid * k, min(s.num_clients, (pid + 1) * k))]
 
 
+#: task kind -> (its registered definition, its model builder)
+_MODEL_FNS: dict[str, tuple[Any, Callable[[], Any]]] = {}
+
+
+def _model_fn(kind: str) -> Callable[[], Any]:
+    """The model builder of a task kind, one per process and registration: the
+    clients of a shard share it (and the model built once to learn its dtype
+    and trainable keys); a kind registered again gets a new one."""
+    from mmfl_flwr.tasks.models import make_model
+
+    definition = get_task(kind)
+    known = _MODEL_FNS.get(kind)
+    if known is None or known[0] is not definition:
+        known = _MODEL_FNS[kind] = (definition, lambda k=kind: make_model(k))
+    return known[1]
+
+
 def _one_client(s: Settings, fed: Any, pid: int, cfg: Mapping[str, Any], cid: str,
                 token: str | None) -> ClientSpec:
     """The ClientSpec of partition ``pid`` (node-config ``tasks`` and
     ``processors`` apply to every client of the node)."""
     from mmfl_flwr.client.trainer import TorchTrainer
-    from mmfl_flwr.tasks.models import make_model
 
     tasks = fed.client_tasks(pid)
     if "tasks" in cfg:
@@ -163,7 +179,7 @@ def _one_client(s: Settings, fed: Any, pid: int, cfg: Mapping[str, Any], cid: st
         train, test = fed.client_data(pid, task)
         kind = fed.kinds[task]
         definition = get_task(kind)
-        model_fn = lambda k=kind: make_model(k)  # noqa: E731
+        model_fn = _model_fn(kind)
         if definition is not None and definition.trainer_fn is not None:
             trainers[task] = definition.trainer_fn(model_fn, train, test, s.batch_size)
         else:

@@ -112,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
              "as fit in half of the free GPU memory, 64 on the CPU)",
     )
     p_run.add_argument(
+        "--threads", default=None, metavar="K",
+        help="torch threads of the vectorized engine: auto (default) uses the cores "
+             "other processes leave free, checked before every round trip; K fixes them",
+    )
+    p_run.add_argument(
         "--config", metavar="FILE", default=None,
         help="a TOML file of run-config keys (e.g. configs/paper003-3task.toml); "
              "setting flags given on the command line override it",
@@ -326,6 +331,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                              f"--engine {args.engine}")
         if args.vector_chunk is not None and args.vector_chunk < 1:
             raise ValueError(f"--vector-chunk must be >= 1, got {args.vector_chunk}")
+        if args.threads is not None:
+            from mmfl_flwr.client.threads import parse_threads
+
+            if args.engine != "vectorized":
+                raise ValueError("--threads applies to --engine vectorized only, not to "
+                                 f"--engine {args.engine} (a simulation node's threads are "
+                                 "its CPUs)")
+            if args.sequential:
+                raise ValueError("--threads does not apply to --sequential yet")
+            parse_threads(args.threads)
         if args.sequential:
             from mmfl_flwr.sequential import check_before_sequential
 
@@ -349,6 +364,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     t0 = time.monotonic()
     vector = {} if args.vector_chunk is None else {"vector_chunk": args.vector_chunk}
+    if args.threads is not None:
+        vector["threads"] = args.threads
     try:
         with _sigterm_as_interrupt():
             result = run(settings, engine=args.engine, num_cpus=args.num_cpus,

@@ -77,27 +77,23 @@ def run_vectorized(
     settings: Settings,
     strategy: MultiModelStrategy | None = None,
     chunk: int | None = None,
+    threads: str | int = "auto",
 ) -> MultiModelResult:
     """Run on one in-process node that hosts every client (``clients_per_node``
     K: ``ceil(N / K)`` nodes), whose ClientApp computes each round trip per model
     for all its clients at once (:class:`~mmfl_flwr.client.shard.ShardComputer`:
     ``torch.func``; CUDA when available or ``MMFL_DEVICE``): the shard code of
     Flower's engines without a transport. ``chunk`` bounds the clients trained
-    in one batched call. Torch uses every core here (one process computes for
-    all clients)."""
-    import os
-
-    import torch
-
+    in one batched call. ``threads``: torch's threads, ``"auto"`` the cores
+    other processes leave free, checked before every round trip
+    (:class:`~mmfl_flwr.client.threads.CoreWatch`), or a number."""
     from mmfl_flwr.client.app import make_client_app
     from mmfl_flwr.flower_app.client_app import node_spec_fn
     from mmfl_flwr.flower_app.server_app import server_main
     from mmfl_flwr.grid import InProcessGrid
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    torch.set_num_threads(max(1, int(cores or 1)))
     run_config = settings.to_run_config()
-    app = make_client_app(node_spec_fn(settings), chunk=chunk)
+    app = make_client_app(node_spec_fn(settings), chunk=chunk, threads=threads)
     grid = InProcessGrid(app, node_configs(settings, "vectorized"), run_config,
                          seed=settings.seed)
     ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
@@ -134,14 +130,18 @@ def run(
     settings: Settings, engine: str = "simulation", num_cpus: int | None = None,
     verbose: bool = False, vector_chunk: int | None = None,
     num_gpus_per_client: float | None = None, ray_address: str | None = None,
-    num_gpus_per_node: float | None = None,
+    num_gpus_per_node: float | None = None, threads: str | int | None = None,
 ) -> MultiModelResult:
     """Run ``settings`` on ``engine`` (``simulation``, ``inprocess`` or
     ``vectorized``; ``vector_chunk``: clients per batched training call of the
-    vectorised engine, default sized from free memory)."""
+    vectorised engine, default sized from free memory; ``threads``: its torch
+    threads, default ``"auto"``, the cores other processes leave free)."""
     settings.validate()
     if vector_chunk is not None and engine != "vectorized":
         raise ValueError("vector_chunk applies to engine='vectorized' only")
+    if threads is not None and engine != "vectorized":
+        raise ValueError("threads applies to engine='vectorized' only (a simulation "
+                         "node's threads are its CPUs: client-resources-num-cpus)")
     ray = {k: v for k, v in (("num_gpus_per_client", num_gpus_per_client),
                              ("num_gpus_per_node", num_gpus_per_node),
                              ("ray_address", ray_address)) if v is not None}
@@ -156,7 +156,8 @@ def run(
             flwr_logger.setLevel(logging.WARNING)
         try:
             if engine == "vectorized":
-                return run_vectorized(settings, chunk=vector_chunk)
+                return run_vectorized(settings, chunk=vector_chunk,
+                                      threads="auto" if threads is None else threads)
             return run_inprocess(settings)
         finally:
             flwr_logger.setLevel(old_level)

@@ -155,6 +155,7 @@ def make_client_app(
     cached: bool = False,
     chunk: int | None = None,
     vectorize: bool = True,
+    threads: str | int | None = None,
 ) -> ClientApp:
     """Build the MMFL ClientApp.
 
@@ -177,17 +178,20 @@ def make_client_app(
         On a multi-client node: compute the replies per model for all its
         clients at once (:class:`~mmfl_flwr.client.shard.ShardComputer`);
         False answers client after client.
+    threads : "auto", int or None
+        On a multi-client node: torch's threads before every reply (``"auto"``:
+        the cores other processes leave free); None (default) leaves them.
     """
     from mmfl_flwr.client.shard import ShardComputer
 
     app = ClientApp()
     token = uuid4().hex  # finds this app's state in a process that got it pickled
-    ShardComputer(chunk=chunk, vectorize=vectorize)  # checks the arguments here
+    ShardComputer(chunk=chunk, vectorize=vectorize, threads=threads)  # checks the arguments
 
     def shard() -> ShardComputer:
         state = process_state(token)
         if "shard" not in state:
-            state["shard"] = ShardComputer(chunk=chunk, vectorize=vectorize)
+            state["shard"] = ShardComputer(chunk=chunk, vectorize=vectorize, threads=threads)
         return state["shard"]  # type: ignore[no-any-return]
 
     app.shard = shard  # type: ignore[attr-defined]  # its counts, for tests and benchmarks

@@ -80,13 +80,22 @@ class ShardComputer:
     vectorize : bool, default True
         False: every client takes the per-client path (one after another), as a
         node without the fast path would.
+    threads : "auto", int or None
+        Torch threads, set before every reply: ``"auto"`` the cores other
+        processes leave free (:class:`~mmfl_flwr.client.threads.CoreWatch`), a
+        number that many, None (default) leaves them as they are (a Flower node:
+        its worker's CPUs).
     """
 
-    def __init__(self, chunk: int | None = None, vectorize: bool = True) -> None:
+    def __init__(self, chunk: int | None = None, vectorize: bool = True,
+                 threads: str | int | None = None) -> None:
+        from mmfl_flwr.client.threads import ThreadChooser, parse_threads
+
         if chunk is not None and int(chunk) < 1:
             raise ValueError(f"chunk must be >= 1, got {chunk}")
         self.chunk = None if chunk is None else int(chunk)
         self.vectorize = bool(vectorize)
+        self._threads = None if threads is None else ThreadChooser(parse_threads(threads))
         self._models: dict[str, Any] = {}
         self._said: set[str] = set()
         #: client parts served in batches and on the per-client path
@@ -136,6 +145,8 @@ class ShardComputer:
         """The reply of a multi-client node to ``msg``: for each client it
         addresses (``config@<id>``), that client's records re-keyed with
         ``@<id>``, or ``error@<id>`` for a client whose part failed."""
+        if self._threads is not None:
+            self._threads.apply()
         by_id = {s.client_id: s for s in specs}
         arrays = msg.content.array_records  # one view: it is rebuilt on each access
         mtype = msg.metadata.message_type

@@ -1,0 +1,116 @@
+"""How many torch threads a process that computes many clients should use.
+
+Torch's CPU kernels split each operation over their threads and wait for the
+slowest: when another process keeps one of two cores busy, two threads are much
+slower than one (measured on 2 cores, the paper-003 round at N = 120: 0.40 s
+per round idle, 1.75 s with one other CPU-bound process). :class:`CoreWatch`
+measures how busy the process's cores are with *other* work (``/proc/stat`` of
+its cores, less its own CPU time over the same span) and gives the number of
+cores left free; the vectorized engine sets torch's threads to it before every
+round trip (``--threads auto``, the default) or to a fixed number
+(``--threads K``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+__all__ = ["CoreWatch", "parse_threads"]
+
+log = logging.getLogger("mmfl_flwr")
+
+
+def parse_threads(value: object) -> int | None:
+    """``"auto"`` (None) or a whole number >= 1 of threads; a ValueError naming
+    the value otherwise."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1 or str(n) != text:
+        raise ValueError(f"--threads {value!r}: must be auto or a whole number >= 1")
+    return n
+
+
+def _cores() -> list[int]:
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+class CoreWatch:
+    """The cores of this process that other processes leave free.
+
+    :meth:`free` compares the busy time of the process's cores (``/proc/stat``)
+    with the process's own CPU time since the previous call (the first call
+    samples 0.1 s). Where ``/proc`` is not there, every core counts as free.
+    """
+
+    def __init__(self, min_span: float = 0.1) -> None:
+        self.cores = _cores()
+        self.min_span = float(min_span)
+        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._last = self._read()
+        self._free = len(self.cores)
+
+    def _read(self) -> tuple[float, float, float] | None:
+        """(wall seconds, busy seconds of our cores, our CPU seconds), or None."""
+        try:
+            with open("/proc/stat") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            return None
+        want = {f"cpu{c}" for c in self.cores}
+        busy = 0
+        for line in lines:
+            fields = line.split()
+            if fields and fields[0] in want:
+                v = [int(x) for x in fields[1:]]
+                # user nice system idle iowait irq softirq steal ...
+                busy += sum(v[:3]) + sum(v[5:8])
+        t = os.times()
+        return time.monotonic(), busy / self._tick, t.user + t.system
+
+    def free(self) -> int:
+        """Cores not kept busy by other processes (at least 1)."""
+        if self._last is None:
+            return len(self.cores)
+        now = self._read()
+        if now is None:
+            return self._free
+        if now[0] - self._last[0] < self.min_span:
+            time.sleep(self.min_span - (now[0] - self._last[0]))
+            now = self._read() or now
+        span = now[0] - self._last[0]
+        others = ((now[1] - self._last[1]) - (now[2] - self._last[2])) / max(span, 1e-9)
+        self._last = now
+        self._free = max(1, min(len(self.cores), round(len(self.cores) - max(0.0, others))))
+        return self._free
+
+
+class ThreadChooser:
+    """Sets torch's threads before a batched computation: a fixed number, or
+    (``auto``) the cores :class:`CoreWatch` finds free, logged when it changes."""
+
+    def __init__(self, threads: int | None) -> None:
+        self.fixed = threads
+        self.watch = CoreWatch() if threads is None else None
+        self.current: int | None = None
+
+    def apply(self) -> int:
+        import torch
+
+        n = self.fixed if self.fixed is not None else self.watch.free()  # type: ignore[union-attr]
+        if n != self.current:
+            if self.current is not None or (self.watch and n < len(self.watch.cores)):
+                log.info("torch threads: %d (%s)", n, "--threads" if self.fixed else
+                         f"{len(self.watch.cores) - n} of {len(self.watch.cores)} cores "  # type: ignore[union-attr]
+                         "busy with other processes")
+            torch.set_num_threads(n)
+            self.current = n
+        return n

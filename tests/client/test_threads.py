@@ -1,0 +1,68 @@
+"""Torch threads of the vectorized engine: the cores other processes leave free
+(``--threads auto``), or a fixed number; bad values are one line (exit 2)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mmfl_flwr.cli import main as cli_main
+from mmfl_flwr.client.threads import CoreWatch, ThreadChooser, parse_threads
+
+
+def test_parse_threads():
+    assert parse_threads("auto") is None and parse_threads("3") == 3
+    for bad in ("0", "-1", "x", "1.5", ""):
+        with pytest.raises(ValueError, match="must be auto or a whole number >= 1"):
+            parse_threads(bad)
+
+
+def test_an_idle_machine_leaves_every_core_free():
+    watch = CoreWatch()
+    assert 1 <= watch.free() <= len(watch.cores)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/stat")
+def test_a_busy_core_is_not_counted_as_free():
+    """One other process spinning on our first core: at most cores - 1 are free
+    (on a machine where nothing else runs, exactly that)."""
+    watch = CoreWatch(min_span=0.5)
+    if len(watch.cores) < 2:
+        pytest.skip("needs 2 cores")
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        import os
+
+        os.sched_setaffinity(spin.pid, {watch.cores[0]})
+        time.sleep(0.3)
+        watch.free()  # starts the span with the spinner running
+        time.sleep(0.6)
+        assert watch.free() <= len(watch.cores) - 1
+    finally:
+        spin.kill()
+        spin.wait()
+
+
+def test_a_fixed_thread_count_is_set():
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        assert ThreadChooser(1).apply() == 1 and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--engine", "inprocess", "--threads", "2"], "--threads applies to --engine vectorized"),
+    (["--engine", "vectorized", "--threads", "0"], "must be auto or a whole number"),
+])
+def test_misplaced_or_bad_threads_are_exit_2(args, words, tmp_path, capsys):
+    with pytest.raises(SystemExit) as err:
+        cli_main(["run", *args, "--output-dir", str(tmp_path / "r")])
+    assert err.value.code == 2
+    assert words in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

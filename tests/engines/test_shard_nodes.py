@@ -126,3 +126,26 @@ def test_a_pickled_client_app_finds_its_process_state_again(tmp_path):
         reply = copy(msg, ctx)
         assert len(reply.content.config_records) == 4
     assert log.read_text().splitlines() == ["0-3"]
+
+
+def test_a_batched_shard_holds_no_model_per_client():
+    """The batched path works on one stacked computation per model: after a run,
+    no client of the shard has built a model of its own."""
+    from mmfl_flwr.client.app import make_client_app
+    from mmfl_flwr.flower_app.client_app import node_spec_fn
+
+    s = Settings(**_FED)
+    specs = {}
+    inner = node_spec_fn(s)
+
+    def spec_fn(ctx):
+        specs[ctx.node_config["clients"]] = out = inner(ctx)
+        return out
+
+    grid = InProcessGrid(make_client_app(spec_fn), [{"clients": "0-5"}], s.to_run_config(),
+                         seed=s.seed)
+    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                  run_config=s.to_run_config())
+    server_main(grid, ctx, s, strategy_from_settings(s))
+    trainers = [tr for spec in specs["0-5"] for tr in spec.trainers.values()]
+    assert len(trainers) == 12 and all(tr._net is None for tr in trainers)

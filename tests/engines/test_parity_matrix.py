@@ -5,7 +5,9 @@ same assignments, and models within 1e-5 relative update gap
 (:func:`mmfl_flwr.testing.parity.relative_update_gap`), on the in-process
 engine with one node per client (the reference), with shard nodes of K = N/2
 and K = N clients computed per model at once (the vectorized engine is K = N),
-and on Flower's simulation engine (slow tests, K = 1, N/2, N).
+and on Flower's simulation engine (slow tests: four pairs of strategy and K in
+the suite; ``MMFL_FULL_PARITY=1 pytest -m slow tests/engines/test_parity_matrix.py``
+runs every strategy with K = 1, N/2 and N).
 
 The tasks are the continuous synthetic ones: on the 8x8 digits, whose pixels are
 integers, a float32 rounding difference can break an exact max-pooling tie
@@ -14,6 +16,8 @@ that says nothing about the sharding (tests/engines/test_vectorized.py).
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -93,10 +97,16 @@ def test_one_seed_fixes_a_sharded_run_and_another_seed_changes_it():
     assert c.assignments != a.assignments
 
 
+#: The suite runs four (strategy, K) pairs on Flower's simulation engine (about 20 s
+#: each); ``MMFL_FULL_PARITY=1`` runs all 18 (every strategy with K = 1, N/2, N).
+SIM_CASES = ([(st, k) for st in STRATEGIES for k in (1, N // 2, N)]
+             if os.environ.get("MMFL_FULL_PARITY") == "1"
+             else [("scaffold", N // 2), ("lvr", N), ("group", 1), ("ranklist-ucb", N // 2)])
+
+
 @pytest.mark.slow
 @pytest.mark.ray
-@pytest.mark.parametrize("strategy,k", [("scaffold", N // 2), ("lvr", N), ("group", 1),
-                                        ("ranklist-ucb", N // 2)])
+@pytest.mark.parametrize("strategy,k", SIM_CASES)
 def test_flower_simulation_with_shard_nodes_gives_the_reference_run(strategy, k):
     """Flower's Ray engine, ``ceil(N / K)`` virtual nodes of K clients."""
     from mmfl_flwr.runner import run

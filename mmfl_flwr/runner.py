@@ -87,11 +87,18 @@ def run_vectorized(
     in one batched call. ``threads``: torch's threads, ``"auto"`` the cores
     other processes leave free, checked before every round trip
     (:class:`~mmfl_flwr.client.threads.CoreWatch`), or a number."""
+    import os
+
+    import torch
+
     from mmfl_flwr.client.app import make_client_app
     from mmfl_flwr.flower_app.client_app import node_spec_fn
     from mmfl_flwr.flower_app.server_app import server_main
     from mmfl_flwr.grid import InProcessGrid
 
+    # every core this process may use: --threads auto takes the free ones of them
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    torch.set_num_threads(max(1, int(cores or 1)))
     run_config = settings.to_run_config()
     app = make_client_app(node_spec_fn(settings), chunk=chunk, threads=threads)
     grid = InProcessGrid(app, node_configs(settings, "vectorized"), run_config,

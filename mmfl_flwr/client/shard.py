@@ -82,9 +82,9 @@ class ShardComputer:
         node without the fast path would.
     threads : "auto", int or None
         Torch threads, set before every reply: ``"auto"`` the cores other
-        processes leave free (:class:`~mmfl_flwr.client.threads.CoreWatch`), a
-        number that many, None (default) leaves them as they are (a Flower node:
-        its worker's CPUs).
+        processes leave free (:class:`~mmfl_flwr.client.threads.CoreWatch`), at
+        most torch's threads when this object is made (a Flower worker's CPUs);
+        a number that many; None (default) leaves them as they are.
     """
 
     def __init__(self, chunk: int | None = None, vectorize: bool = True,

@@ -47,8 +47,10 @@ class CoreWatch:
     """The cores of this process that other processes leave free.
 
     :meth:`free` compares the busy time of the process's cores (``/proc/stat``)
-    with the process's own CPU time since the previous call (the first call
-    samples 0.1 s). Where ``/proc`` is not there, every core counts as free.
+    with the process's own CPU time since the previous measurement (made when
+    at least ``min_span`` seconds have passed; before that the previous answer
+    stands, every core at first). It never waits. Where ``/proc`` is not there,
+    every core counts as free.
     """
 
     def __init__(self, min_span: float = 0.1) -> None:
@@ -83,10 +85,9 @@ class CoreWatch:
         now = self._read()
         if now is None:
             return self._free
-        if now[0] - self._last[0] < self.min_span:
-            time.sleep(self.min_span - (now[0] - self._last[0]))
-            now = self._read() or now
         span = now[0] - self._last[0]
+        if span < self.min_span:
+            return self._free
         others = ((now[1] - self._last[1]) - (now[2] - self._last[2])) / max(span, 1e-9)
         self._last = now
         self._free = max(1, min(len(self.cores), round(len(self.cores) - max(0.0, others))))
@@ -95,22 +96,32 @@ class CoreWatch:
 
 class ThreadChooser:
     """Sets torch's threads before a batched computation: a fixed number, or
-    (``auto``) the cores :class:`CoreWatch` finds free, logged when it changes."""
+    (``auto``) the cores :class:`CoreWatch` finds free, at most ``cap`` (default:
+    torch's threads when the chooser is made, i.e. the CPUs a Flower worker was
+    given, ``OMP_NUM_THREADS``), logged when it changes."""
 
-    def __init__(self, threads: int | None) -> None:
+    def __init__(self, threads: int | None, cap: int | None = None) -> None:
+        import torch
+
         self.fixed = threads
         self.watch = CoreWatch() if threads is None else None
+        self.cap = max(1, int(cap if cap is not None else torch.get_num_threads()))
         self.current: int | None = None
 
     def apply(self) -> int:
         import torch
 
-        n = self.fixed if self.fixed is not None else self.watch.free()  # type: ignore[union-attr]
+        if self.fixed is not None:
+            n = self.fixed
+        elif self.cap == 1:
+            n = 1  # nothing to choose
+        else:
+            n = min(self.cap, self.watch.free())  # type: ignore[union-attr]
         if n != self.current:
-            if self.current is not None or (self.watch and n < len(self.watch.cores)):
+            if self.current is not None or (self.watch and n < self.cap):
                 log.info("torch threads: %d (%s)", n, "--threads" if self.fixed else
-                         f"{len(self.watch.cores) - n} of {len(self.watch.cores)} cores "  # type: ignore[union-attr]
-                         "busy with other processes")
+                         f"{self.cap - n} of the {self.cap} cores it may use are busy "
+                         "with other processes")
             torch.set_num_threads(n)
             self.current = n
         return n

@@ -211,9 +211,11 @@ def build_client_app(settings: Settings | None = None) -> ClientApp:
 
     The user tasks registered in this process travel with the app (a snapshot
     of the registry), so simulated clients in other processes know them too.
-    The node's ``client-token`` (node config) goes into its info reply.
+    The node's ``client-token`` (node config) goes into its info reply. A node
+    hosting a shard computes it with the cores other processes leave free, at
+    most the CPUs its worker was given (``threads="auto"``).
     """
-    return make_client_app(node_spec_fn(settings))
+    return make_client_app(node_spec_fn(settings), threads="auto")
 
 
 app = build_client_app()

@@ -412,13 +412,14 @@ def test_scaffold_messages_take_the_per_client_path_with_one_log_line(caplog):
 
 
 # --------------------------------------------------------------------- whole runs
-def _run(engine, **kw):
+def _run(engine, threads=None, **kw):
     from mmfl_flwr.config import Settings
     from mmfl_flwr.runner import run
 
     base = dict(num_clients=6, num_rounds=2, local_epochs=2, lr=0.05, seed=4, output_dir="")
     base.update(kw)
-    return run(Settings(**base), engine=engine)
+    return run(Settings(**base), engine=engine,
+               **({} if threads is None else {"threads": threads}))
 
 
 @pytest.mark.parametrize("strategy", ["mfa-rr", "lvr", "fedvarp", "scaffold"])
@@ -447,8 +448,11 @@ def test_whole_runs_match_the_in_process_engine(strategy):
 
 
 def test_one_seed_fixes_a_vectorized_run():
-    a = _run("vectorized", strategy="lvr", seed=9)
-    b = _run("vectorized", strategy="lvr", seed=9)
+    """Bit for bit with the threads fixed: --threads auto follows the load of the
+    machine, and float32 sums split over another number of threads round
+    differently (within the engines' parity, not bit for bit)."""
+    a = _run("vectorized", threads=2, strategy="lvr", seed=9)
+    b = _run("vectorized", threads=2, strategy="lvr", seed=9)
     strip = [{k: v for k, v in r.items() if k != "seconds"} for r in a.history]
     assert strip == [{k: v for k, v in r.items() if k != "seconds"} for r in b.history]
     assert a.assignments == b.assignments

@@ -104,9 +104,25 @@ def summary(parts: list[str]) -> str:
     return "\n".join(rows) + "\n"
 
 
+def command(name: str, args: argparse.Namespace) -> list[str]:
+    """The command that runs experiment ``name``: its script with the mode and the
+    output folder, and ``--engine`` / ``--workers`` only where given here; else
+    each script keeps its own defaults, the ones its published section used
+    (paper001_group and paper004_ucb run the in-process engine)."""
+    cmd = [sys.executable, str(HERE / f"{name}.py"), f"--{args.mode}"]
+    if args.engine is not None:
+        cmd += ["--engine", args.engine]
+    if args.workers is not None:
+        cmd += ["--workers", str(args.workers)]
+    return cmd + ["--out", str(args.out)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     E.mode_args(parser)
+    # each script's own engine and workers unless given: --full reruns exactly the
+    # commands RESULTS.md shows
+    parser.set_defaults(engine=None, workers=None)
     parser.add_argument("--only", default="", help="comma-separated script names")
     parser.add_argument("--results", default="", help="where RESULTS.md goes")
     parser.add_argument("--assemble", action="store_true",
@@ -126,8 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, _ in EXPERIMENTS:
         if (only and name not in only) or args.assemble:
             continue
-        cmd = [sys.executable, str(HERE / f"{name}.py"), f"--{args.mode}",
-               "--engine", args.engine, "--workers", str(args.workers), "--out", str(out)]
+        cmd = command(name, args)
         print(f"[reproduce] {' '.join(cmd[1:])}", flush=True)
         t1 = time.monotonic()
         proc = subprocess.run(cmd, check=False)
@@ -145,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
             pass
         head = ASSEMBLED.format(out=shown, date=date)
     else:
-        head = HEADER.format(mode=args.mode, engine=args.engine, machine=E.machine(),
+        head = HEADER.format(mode=args.mode, engine=args.engine or "each script's own (its "
+                             "section names it)", machine=E.machine(),
                              date=date, wall=f"{wall / 60:.1f} min")
     parts: list[str] = []
     for name, fragments in EXPERIMENTS:

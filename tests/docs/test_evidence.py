@@ -267,3 +267,25 @@ def test_reproduce_runs_every_experiment_and_writes_results(tmp_path):
         assert list(tmp_path.glob(f"{name.split('_')[0]}*.png")), name
     assert "--smoke" in results and "Failed" not in results
     assert "## Summary" in results and "| section | verdict |" in results
+
+
+def test_reproduce_full_reruns_the_published_commands():
+    """``reproduce.py --full`` passes the mode and the output folder only, so each
+    script runs on its own default engine, the one its published section names
+    (paper001_group and paper004_ucb: in-process); --engine / --workers given to
+    reproduce.py reach every script."""
+    import argparse
+
+    from reproduce import EXPERIMENTS, command
+
+    args = argparse.Namespace(mode="full", engine=None, workers=None, out="docs/results")
+    results = (BENCH.parent / "RESULTS.md").read_text()
+    for name, _ in EXPERIMENTS:
+        cmd = command(name, args)
+        assert cmd[1:] == [str(BENCH / f"{name}.py"), "--full", "--out", "docs/results"]
+        assert f"python benchmarks/{name}.py --full" in results
+        published = re.findall(rf"python benchmarks/{name}\.py --full[^`\n]*", results)
+        assert all("--engine" not in c for c in published), published
+    forced = command("paper001_group", argparse.Namespace(mode="quick", engine="vectorized",
+                                                          workers=2, out="x"))
+    assert forced[2:] == ["--quick", "--engine", "vectorized", "--workers", "2", "--out", "x"]

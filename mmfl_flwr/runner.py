@@ -96,9 +96,12 @@ def run_vectorized(
     from mmfl_flwr.flower_app.server_app import server_main
     from mmfl_flwr.grid import InProcessGrid
 
-    # every core this process may use: --threads auto takes the free ones of them
+    from mmfl_flwr.client.threads import parse_threads
+
+    # every core this process may use (--threads auto takes the free ones of them
+    # on shard nodes), or the fixed number, also for single-client nodes
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    torch.set_num_threads(max(1, int(cores or 1)))
+    torch.set_num_threads(parse_threads(threads) or max(1, int(cores or 1)))
     run_config = settings.to_run_config()
     app = make_client_app(node_spec_fn(settings), chunk=chunk, threads=threads)
     grid = InProcessGrid(app, node_configs(settings, "vectorized"), run_config,

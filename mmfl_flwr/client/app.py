@@ -12,6 +12,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
+import weakref
 from uuid import uuid4
 
 import numpy as np
@@ -145,6 +146,10 @@ def cache_specs(
             cache[k] = spec_fn(ctx)
         return cache[k]
 
+    spec.process_token = token  # type: ignore[attr-defined]
+    # the state goes with the function in the process that made it (a copy
+    # pickled to another process keeps that process's state: no finalizer there)
+    weakref.finalize(spec, _PROCESS_STATE.pop, token, None)
     return spec
 
 
@@ -196,6 +201,7 @@ def make_client_app(
 
     app.shard = shard  # type: ignore[attr-defined]  # its counts, for tests and benchmarks
     spec = spec_fn if cached else cache_specs(spec_fn, cache_key)
+    weakref.finalize(app, _PROCESS_STATE.pop, token, None)
 
     def decode(record: Any) -> Any:
         """The round's weights are the same for every client: decoded once."""

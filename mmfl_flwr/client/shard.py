@@ -69,6 +69,20 @@ def error_record(err: BaseException) -> ConfigRecord:
     return ConfigRecord({"code": 1, "reason": f"{type(err).__name__}: {err}"[:2000]})
 
 
+def _overrides_torch_trainer(tr: Any) -> str:
+    """The first of ``train``/``loss``/``evaluate`` that a TorchTrainer subclass
+    overrides ("" for none, and for trainers of other classes: those that
+    implement the vectorizable contract opted in to plain batched SGD)."""
+    from mmfl_flwr.client.trainer import TorchTrainer
+
+    if not isinstance(tr, TorchTrainer):
+        return ""
+    for name in ("train", "loss", "evaluate"):
+        if getattr(type(tr), name) is not getattr(TorchTrainer, name):
+            return name
+    return ""
+
+
 class ShardComputer:
     """Answers a multi-client node's messages, batching its clients per model.
 
@@ -96,7 +110,7 @@ class ShardComputer:
         self.chunk = None if chunk is None else int(chunk)
         self.vectorize = bool(vectorize)
         self._threads = None if threads is None else ThreadChooser(parse_threads(threads))
-        self._models: dict[str, Any] = {}
+        self._models: dict[tuple[Any, ...], Any] = {}
         self._said: set[str] = set()
         #: client parts served in batches and on the per-client path
         self.counts: dict[str, int] = {"vectorized": 0, "per-client": 0}
@@ -110,10 +124,11 @@ class ShardComputer:
     def _vector_model(self, task: str, trainer: Any) -> Any:
         from mmfl_flwr.client.vectorized import VectorModel
 
-        vm = self._models.get(task)
+        key = (task, trainer.model_fn, str(trainer.device))
+        vm = self._models.get(key)
         if vm is None:
             vm = VectorModel(trainer.model_fn, trainer.device)
-            self._models[task] = vm
+            self._models[key] = vm
         return vm
 
     def _plan(self, spec: Any, tasks: list[str], control: bool, mtype: str) -> dict[str, Any]:
@@ -133,6 +148,10 @@ class ShardComputer:
             if not isinstance(tr, VectorizableTrainer):
                 raise _Fallback(f"task {task!r} has a trainer without the vectorizable "
                                 f"contract ({type(tr).__name__})")
+            overridden = _overrides_torch_trainer(tr)
+            if overridden:
+                raise _Fallback(f"task {task!r}: {type(tr).__name__} overrides TorchTrainer."
+                                f"{overridden} (its own loop runs, not the batched SGD)")
             reason = self._vector_model(task, tr).unsupported
             if reason is not None and mtype == MessageType.TRAIN:
                 raise _Fallback(f"task {task!r}: {reason}")
@@ -186,18 +205,24 @@ class ShardComputer:
             except Exception:  # noqa: BLE001 - the per-client path produces the error
                 fallback.append(cid)
                 continue
-            settings: tuple[Any, ...] = ()
-            seed = rnd = 0
-            if mtype == MessageType.TRAIN:
-                ts = train_settings(SimpleNamespace(  # type: ignore[arg-type]
-                    content=SimpleNamespace(config_records={P.CONFIG_KEY: cfg})))
-                seed, rnd = ts.seed, ts.server_round
-                settings = (ts.epochs, ts.lr, ts.batch_size)
+            try:  # a config that does not parse fails this client alone (per-client path)
+                settings: tuple[Any, ...] = ()
+                seed = rnd = 0
+                if mtype == MessageType.TRAIN:
+                    ts = train_settings(SimpleNamespace(  # type: ignore[arg-type]
+                        content=SimpleNamespace(config_records={P.CONFIG_KEY: cfg})))
+                    seed, rnd = ts.seed, ts.server_round
+                    settings = (ts.epochs, ts.lr, ts.batch_size)
+                mine = [((task, settings,
+                          clipping_norm_for(cfg, task) if mtype == MessageType.TRAIN else None),
+                         tr, training_seed(seed, rnd, s.client_id, task))
+                        for task, tr in plan.items()]
+            except Exception:  # noqa: BLE001
+                fallback.append(cid)
+                continue
             contents[cid] = {}
-            for task, tr in plan.items():
-                clip = clipping_norm_for(cfg, task) if mtype == MessageType.TRAIN else None
-                tseed = training_seed(seed, rnd, s.client_id, task)
-                groups.setdefault((task, settings, clip), []).append((cid, tr, tseed))
+            for key, tr, tseed in mine:
+                groups.setdefault(key, []).append((cid, tr, tseed))
         failed: set[str] = set()
         for key, items in groups.items():
             try:
@@ -207,7 +232,8 @@ class ShardComputer:
                             "running them on the per-client path", mtype, len(items),
                             key[0], type(err).__name__, err)
                 failed.update(cid for cid, *_ in items)
-        fallback.extend(sorted(failed, key=order.index))
+        position = {c: i for i, c in enumerate(order)}
+        fallback.extend(sorted(failed, key=position.__getitem__))
         done = set(fallback)
         self.counts["vectorized"] += sum(1 for c in parts if c not in done)
         for cid in fallback:

@@ -49,8 +49,9 @@ class CoreWatch:
     :meth:`free` compares the busy time of the process's cores (``/proc/stat``)
     with the process's own CPU time since the previous measurement (made when
     at least ``min_span`` seconds have passed; before that the previous answer
-    stands, every core at first). It never waits. Where ``/proc`` is not there,
-    every core counts as free.
+    stands). Only the first answer may wait, to complete one span of
+    ``min_span`` (a fresh process: a SuperNode runs each message in one). Where
+    ``/proc`` is not there, every core counts as free.
     """
 
     def __init__(self, min_span: float = 0.1) -> None:
@@ -59,6 +60,7 @@ class CoreWatch:
         self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         self._last = self._read()
         self._free = len(self.cores)
+        self._measured = False
 
     def _read(self) -> tuple[float, float, float] | None:
         """(wall seconds, busy seconds of our cores, our CPU seconds), or None."""
@@ -87,7 +89,12 @@ class CoreWatch:
             return self._free
         span = now[0] - self._last[0]
         if span < self.min_span:
-            return self._free
+            if self._measured:
+                return self._free
+            time.sleep(self.min_span - span)  # the first answer: one short sample
+            now = self._read() or now
+            span = now[0] - self._last[0]
+        self._measured = True
         others = ((now[1] - self._last[1]) - (now[2] - self._last[2])) / max(span, 1e-9)
         self._last = now
         self._free = max(1, min(len(self.cores), round(len(self.cores) - max(0.0, others))))

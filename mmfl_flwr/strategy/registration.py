@@ -176,11 +176,14 @@ def wait_for_nodes(run_state: RunState, grid: Grid, min_nodes: int, wait_timeout
 
 
 def _register_new(run_state: RunState, grid: Grid, nodes: list[int], server_round: int,
-                  timeout: float, asked: set[int] | None = None) -> int:
+                  timeout: float, asked: set[int] | None = None,
+                  errors: list[str] | None = None) -> int:
     """Ask the nodes not registered yet for their clients (``query.info``);
     returns how many clients the nodes that answered declared (registered or
     refused; a node that answered with an error counts one). Nodes in ``asked``
-    are not asked again; the ones asked now are added to it."""
+    are not asked again; the ones asked now are added to it. With ``errors`` (a
+    list, during the first round's wait) error replies are collected there
+    instead of stopping the run when no client has registered yet."""
     new = [n for n in nodes if n not in run_state.node_to_cid and n not in run_state.shards
            and (asked is None or n not in asked)]
     if asked is not None:
@@ -191,46 +194,60 @@ def _register_new(run_state: RunState, grid: Grid, nodes: list[int], server_roun
             if any(p.startswith(KEY_PIN) for p in run_state.client_pins.values()) else {})
     msgs = [instruction(n, RecordDict(), P.QUERY_INFO, server_round) for n in new]
     answered = set()
-    errors = []
+    failed: list[str] = []
     declared = 0
     for reply in round_trip(grid, msgs, timeout, server_round):
         answered.add(reply.metadata.src_node_id)
         if reply.has_error():
-            errors.append(str(reply.error.reason))
+            failed.append(str(reply.error.reason))
         else:
             declared += max(1, sum(1 for k in reply.content.config_records
                                    if P.split_client_key(k)[0] == P.INFO_KEY
                                    and P.split_client_key(k)[1] is not None))
         register(run_state, reply, keys)
-    if errors and len(errors) == len(answered) and not run_state.table.ids():
-        raise NoClientRegistered(_no_client_message(len(errors), errors[0]))
+    if errors is not None:
+        errors.extend(failed)
+    elif failed and len(failed) == len(answered) and not run_state.table.ids():
+        raise NoClientRegistered(_no_client_message(len(failed), failed[0]))
     for n in new:
         if n not in answered:
             log(WARNING, "Node %d did not answer the info query within %g s; it is "
                 "asked again next round", n, timeout)
-    return declared + len(errors)
+    return declared + len(failed)
 
 
-def wait_for_clients(run_state: RunState, grid: Grid, min_clients: int, wait_timeout: float,
+def _hosted(run_state: RunState) -> int:
+    """Clients registered on the nodes known in this run (not those a resumed
+    run's checkpoint remembers)."""
+    return len(run_state.node_to_cid) + sum(len(c) for c in run_state.shards.values())
+
+
+def wait_for_clients(run_state: RunState, grid: Grid, min_clients: int, deadline: float,
                      server_round: int, timeout: float) -> set[int]:
     """Before the first round, register nodes as they come until their nodes
     have declared ``min_clients`` clients (a node may host many:
-    docs/protocol.md; a refused client counts, it answered), waiting at most
-    ``wait_timeout`` seconds. Returns the nodes it asked (each once)."""
-    deadline = time.monotonic() + wait_timeout
+    docs/protocol.md; a refused client counts, it answered), at most until
+    ``deadline`` (``time.monotonic()``). Returns the nodes it asked (each once).
+    When no client registered and every node that answered failed, the run
+    stops with :class:`NoClientRegistered` (after the wait, not at the first
+    failing node)."""
     declared = 0
     asked: set[int] = set()
+    errors: list[str] = []
     while True:
         declared += _register_new(run_state, grid, sorted(grid.get_node_ids()), server_round,
-                                  timeout, asked)
-        have = len(run_state.table.ids(online_only=False))
+                                  timeout, asked, errors)
+        have = _hosted(run_state)
         if max(have, declared) >= min_clients:
-            return asked
+            break
         if time.monotonic() >= deadline:
-            log(WARNING, "Only %d of the %d requested clients registered after %.0f s; "
-                "continuing with them", have, min_clients, wait_timeout)
-            return asked
+            log(WARNING, "Only %d of the %d requested clients registered after the wait; "
+                "continuing with them", have, min_clients)
+            break
         time.sleep(1.0)
+    if errors and not run_state.table.ids(online_only=False):
+        raise NoClientRegistered(_no_client_message(len(errors), errors[0]))
+    return asked
 
 
 def refresh_clients(
@@ -247,10 +264,11 @@ def refresh_clients(
     (at most ``wait_timeout`` seconds)."""
     run_state.client_pins = check_pins(run_state.client_pins)
     first = not run_state.waited
+    deadline = time.monotonic() + wait_timeout  # one wait for nodes and clients
     nodes = wait_for_nodes(run_state, grid, min_nodes, wait_timeout)
     asked: set[int] = set()
     if first and min_clients > 0:
-        asked = wait_for_clients(run_state, grid, min_clients, wait_timeout, server_round,
+        asked = wait_for_clients(run_state, grid, min_clients, deadline, server_round,
                                  timeout)
         nodes = sorted(grid.get_node_ids())
     # Forget nodes that are gone: a client that reconnects comes back with a

@@ -83,8 +83,8 @@ def send_and_receive(grid: Any, messages: list[Message], timeout: float | None) 
     replies until every one has arrived or ``timeout`` has passed, late replies
     dropped), polling sooner: Flower's grids sleep a fixed 0.1 s (simulation)
     or 3 s (deployment) between pulls, which with one message per shard node
-    is most of a fast round. Here the pause starts at 2 ms and grows by half
-    per empty pull up to 0.2 s. The grids of this package
+    is most of a fast round. Here the pause starts at 2 ms, grows by half per
+    empty pull up to 0.2 s and halves after a pull that brought replies. The grids of this package
     (:class:`~mmfl_flwr.grid.InProcessGrid`), which answer during the push,
     keep their own ``send_and_receive``."""
     from mmfl_flwr.grid import InProcessGrid
@@ -105,7 +105,7 @@ def send_and_receive(grid: Any, messages: list[Message], timeout: float | None) 
         now = time.time()
         if end is not None and now >= end:
             break
-        pause = PULL_FIRST if got else min(PULL_MOST, pause * 1.5)
+        pause = max(PULL_FIRST, pause / 2) if got else min(PULL_MOST, pause * 1.5)
         time.sleep(pause if end is None else max(0.0, min(pause, end - now)))
     return replies
 

@@ -149,3 +149,70 @@ def test_a_batched_shard_holds_no_model_per_client():
     server_main(grid, ctx, s, strategy_from_settings(s))
     trainers = [tr for spec in specs["0-5"] for tr in spec.trainers.values()]
     assert len(trainers) == 12 and all(tr._net is None for tr in trainers)
+
+
+def test_a_torch_trainer_subclass_with_its_own_training_is_not_batched(caplog):
+    """A trainer_fn may return a TorchTrainer subclass that trains its own way:
+    a shard node runs its loop (per-client path, one log line), not plain SGD."""
+    import logging
+
+    from mmfl_flwr.client.shard import _overrides_torch_trainer
+    from mmfl_flwr.client.trainer import TorchTrainer
+
+    class Proximal(TorchTrainer):
+        def train(self, weights, epochs, lr, seed, batch_size=None, correction=None):
+            return super().train(weights, epochs, lr, seed, batch_size, correction)
+
+    class Plain(TorchTrainer):
+        pass
+
+    assert _overrides_torch_trainer(object()) == ""
+    assert _overrides_torch_trainer(Plain.__new__(Plain)) == ""
+    assert _overrides_torch_trainer(Proximal.__new__(Proximal)) == "train"
+    from mmfl_flwr.client.shard import ShardComputer
+
+    from mmfl_flwr.flower_app.data import federation_for
+    from mmfl_flwr.tasks.models import make_model
+
+    s = Settings(**_FED)
+    train, test = federation_for(s).client_data(0, "synthetic")
+    trainer = Proximal(lambda: make_model("synthetic"), train, test, 8)
+    comp = ShardComputer()
+    spec = type("S", (), {"trainers": {"t": trainer}})()
+    with pytest.raises(Exception, match="overrides TorchTrainer.train"):
+        comp._plan(spec, ["t"], False, "train")
+    plain = Plain(lambda: make_model("synthetic"), train, test, 8)
+    assert set(comp._plan(type("S", (), {"trainers": {"t": plain}})(), ["t"], False,
+                          "train")) == {"t"}
+
+
+def test_one_clients_bad_train_config_fails_it_alone():
+    """A clipping norm that makes no sense in one client's config: that client
+    answers error@<id>, the shard's other clients train batched."""
+    from flwr.app import ConfigRecord, Message, MessageType
+
+    from mmfl_flwr import protocol as P
+    from mmfl_flwr.client.app import make_client_app
+    from mmfl_flwr.flower_app.client_app import node_spec_fn
+    from mmfl_flwr.flower_app.server_app import initial_arrays
+    from mmfl_flwr.grid import ensure_task_identity
+
+    ensure_task_identity()
+    s = Settings(**_FED)
+    app = make_client_app(node_spec_fn(s))
+    ctx = Context(run_id=1, node_id=5, node_config={"clients": "0-2"}, state=RecordDict(),
+                  run_config=s.to_run_config())
+    content = RecordDict({P.arrays_key("synthetic"): initial_arrays(s)["synthetic"]})
+    for cid in ("0", "1", "2"):
+        cfg = {P.CFG_TASKS: ["synthetic"], P.CFG_EPOCHS: 1, P.CFG_LR: 0.05,
+               P.CFG_BATCH_SIZE: 8, P.CFG_SEED: 1, P.CFG_ROUND: 1}
+        if cid == "1":
+            cfg["clipping_norm"] = -3.0
+        content[P.client_key(P.CONFIG_KEY, cid)] = ConfigRecord(cfg)
+    msg = Message(content, dst_node_id=5, message_type=MessageType.TRAIN, group_id="1")
+    msg.metadata.__dict__["_message_id"] = "m"
+    reply = app(msg, ctx)
+    keys = set(reply.content.keys())
+    assert P.client_key(P.ERROR_KEY, "1") in keys
+    assert {P.client_key(P.arrays_key("synthetic"), c) for c in ("0", "2")} <= keys
+    assert app.shard().counts["vectorized"] == 2

@@ -122,6 +122,14 @@ def process_state(token: str) -> dict[str, Any]:
     return state
 
 
+def _state_item(token: str, name: str, make: Callable[[], Any]) -> Any:
+    """Item ``name`` of the app's per-process state, made by ``make()`` at first use."""
+    state = process_state(token)
+    if name not in state:
+        state[name] = make()
+    return state[name]
+
+
 def cache_specs(
     spec_fn: SpecFn, cache_key: Callable[[Context], Hashable] | None = None
 ) -> SpecFn:
@@ -140,7 +148,7 @@ def cache_specs(
     key_fn = cache_key or default_key
 
     def spec(ctx: Context) -> ClientSpec:
-        cache = process_state(token).setdefault("specs", {})
+        cache = _state_item(token, "specs", dict)
         k = key_fn(ctx)
         if k not in cache:
             cache[k] = spec_fn(ctx)
@@ -187,17 +195,15 @@ def make_client_app(
         On a multi-client node: torch's threads before every reply (``"auto"``:
         the cores other processes leave free); None (default) leaves them.
     """
-    from mmfl_flwr.client.shard import ShardComputer
+    from mmfl_flwr.client.shard import ShardComputer, check_options
 
+    check_options(chunk, threads)
     app = ClientApp()
     token = uuid4().hex  # finds this app's state in a process that got it pickled
-    ShardComputer(chunk=chunk, vectorize=vectorize, threads=threads)  # checks the arguments
 
     def shard() -> ShardComputer:
-        state = process_state(token)
-        if "shard" not in state:
-            state["shard"] = ShardComputer(chunk=chunk, vectorize=vectorize, threads=threads)
-        return state["shard"]  # type: ignore[no-any-return]
+        return _state_item(token, "shard", lambda: ShardComputer(  # type: ignore[no-any-return]
+            chunk=chunk, vectorize=vectorize, threads=threads))
 
     app.shard = shard  # type: ignore[attr-defined]  # its counts, for tests and benchmarks
     spec = spec_fn if cached else cache_specs(spec_fn, cache_key)
@@ -205,10 +211,7 @@ def make_client_app(
 
     def decode(record: Any) -> Any:
         """The round's weights are the same for every client: decoded once."""
-        state = process_state(token)
-        if "decode" not in state:
-            state["decode"] = DecodeCache()
-        return state["decode"].decode(record)
+        return _state_item(token, "decode", DecodeCache).decode(record)
 
     def trainer(s: ClientSpec, task: str) -> LocalTrainer:
         if task not in s.trainers:

@@ -83,6 +83,17 @@ def _overrides_torch_trainer(tr: Any) -> str:
     return ""
 
 
+def check_options(chunk: int | None, threads: str | int | None) -> None:
+    """ValueError (one line) for a ``chunk`` below 1 or ``threads`` that are
+    neither None, ``"auto"`` nor a whole number >= 1."""
+    from mmfl_flwr.client.threads import parse_threads
+
+    if chunk is not None and int(chunk) < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    if threads is not None:
+        parse_threads(threads)
+
+
 class ShardComputer:
     """Answers a multi-client node's messages, batching its clients per model.
 
@@ -105,8 +116,7 @@ class ShardComputer:
                  threads: str | int | None = None) -> None:
         from mmfl_flwr.client.threads import ThreadChooser, parse_threads
 
-        if chunk is not None and int(chunk) < 1:
-            raise ValueError(f"chunk must be >= 1, got {chunk}")
+        check_options(chunk, threads)
         self.chunk = None if chunk is None else int(chunk)
         self.vectorize = bool(vectorize)
         self._threads = None if threads is None else ThreadChooser(parse_threads(threads))

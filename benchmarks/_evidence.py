@@ -68,6 +68,21 @@ def mode_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+def int_list(parser: argparse.ArgumentParser, name: str, text: str, low: int = 0) -> list[int]:
+    """``"0,1,2"`` -> ``[0, 1, 2]``; anything else is refused through ``parser.error``
+    (one line, exit code 2, before anything is written)."""
+    items = [x.strip() for x in str(text).split(",") if x.strip()]
+    if not items:
+        parser.error(f"{name}: give at least one value; got {text!r}")
+    try:
+        values = [int(x) for x in items]
+    except ValueError:
+        parser.error(f"{name}: expected integers separated by commas; got {text!r}")
+    if any(v < low for v in values):
+        parser.error(f"{name}: every value must be >= {low}; got {text!r}")
+    return values
+
+
 def command(script: str, argv: Sequence[str] | None) -> str:
     """The command line that reproduces a script's results: its arguments without
     ``--cache``, ``--out`` and ``--workers`` (which change where and how fast, not
@@ -303,6 +318,97 @@ def paired_ci(
     m, lo, hi = mean_ci(diffs, level)
     verdict = "better" if lo > 0 else "worse" if hi < 0 else "level"
     return {"mean": m, "lo": lo, "hi": hi, "n": len(seeds), "verdict": verdict}
+
+
+def _diffs(values: Mapping[int, float], reference: Mapping[int, float]) -> list[float]:
+    seeds = sorted(set(values) & set(reference))
+    if not seeds:
+        raise ValueError("no seed in common")
+    return [float(values[s]) - float(reference[s]) for s in seeds]
+
+
+def equivalence(
+    values: Mapping[int, float], reference: Mapping[int, float], margin: float,
+    level: float = 0.95,
+) -> dict[str, Any]:
+    """Paired TOST (two one-sided t tests) of ``values - reference`` against the
+    equivalence margin ``+-margin``, at ``alpha = 1 - level``: ``equivalent`` when
+    both one-sided tests reject, i.e. the ``1 - 2 alpha`` t interval of the mean
+    difference lies inside ``(-margin, margin)``; otherwise ``not shown equivalent``.
+    Assumes the per-seed differences are independent draws of a roughly normal
+    variable (t test). Returns mean, the ``1 - 2 alpha`` interval (lo, hi), the TOST
+    p-value (the larger one-sided p), n, margin and the verdict."""
+    from scipy import stats
+
+    if not margin > 0:
+        raise ValueError(f"margin must be > 0, got {margin}")
+    diffs = _diffs(values, reference)
+    n = len(diffs)
+    m = statistics.fmean(diffs)
+    if n < 2:
+        return {"mean": m, "lo": -math.inf, "hi": math.inf, "p": 1.0, "n": n,
+                "margin": margin, "verdict": "not shown equivalent"}
+    se = statistics.stdev(diffs) / math.sqrt(n)
+    alpha = 1.0 - level
+    q = float(stats.t.ppf(1.0 - alpha, n - 1))
+    if se == 0:
+        p = 0.0 if abs(m) < margin else 1.0
+    else:
+        p_low = float(stats.t.sf((m + margin) / se, n - 1))   # H0: diff <= -margin
+        p_high = float(stats.t.cdf((m - margin) / se, n - 1))  # H0: diff >= +margin
+        p = max(p_low, p_high)
+    lo, hi = m - q * se, m + q * se
+    verdict = "equivalent" if (p < alpha and -margin < lo and hi < margin) else (
+        "not shown equivalent")
+    return {"mean": m, "lo": lo, "hi": hi, "p": p, "n": n, "margin": margin,
+            "verdict": verdict}
+
+
+def size_test(
+    values: Mapping[int, float], reference: Mapping[int, float], size: float,
+    level: float = 0.95,
+) -> dict[str, Any]:
+    """Is the paired difference ``values - reference`` at least ``size``? One-sided
+    t bounds at ``level``: ``size shown`` when the lower bound is above ``size``,
+    ``smaller than claimed`` when the upper bound is below it, ``size not resolved``
+    otherwise. Reported apart from the direction (:func:`paired_ci`): a difference
+    can be clearly positive and still short of the claimed size."""
+    from scipy import stats
+
+    diffs = _diffs(values, reference)
+    n = len(diffs)
+    m = statistics.fmean(diffs)
+    if n < 2:
+        return {"mean": m, "lo": -math.inf, "hi": math.inf, "n": n, "size": size,
+                "verdict": "size not resolved"}
+    half = float(stats.t.ppf(level, n - 1)) * statistics.stdev(diffs) / math.sqrt(n)
+    lo, hi = m - half, m + half
+    verdict = ("size shown" if lo > size else "smaller than claimed" if hi < size
+               else "size not resolved")
+    return {"mean": m, "lo": lo, "hi": hi, "n": n, "size": size, "verdict": verdict}
+
+
+def trend(per_seed: Mapping[int, Mapping[float, float]], level: float = 0.95) -> dict[str, Any]:
+    """A "widening" claim: per seed, the least-squares slope of ``y`` against ``x``
+    (``per_seed[seed] = {x: y}``), then the t interval of the mean slope over seeds:
+    ``widening`` when it lies above 0, ``narrowing`` below, ``no trend shown``
+    otherwise."""
+    slopes = []
+    for points in per_seed.values():
+        xs = [float(x) for x in points]
+        ys = [float(points[x]) for x in points]
+        if len(xs) < 2:
+            continue
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        sxx = math.fsum((x - mx) ** 2 for x in xs)
+        if sxx == 0:
+            continue
+        slopes.append(math.fsum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx)
+    if not slopes:
+        raise ValueError("no seed with two distinct x")
+    m, lo, hi = mean_ci(slopes, level)
+    verdict = "widening" if lo > 0 else "narrowing" if hi < 0 else "no trend shown"
+    return {"mean": m, "lo": lo, "hi": hi, "n": len(slopes), "verdict": verdict}
 
 
 def final_values(

@@ -32,6 +32,9 @@ from mmfl_flwr.core.policy import BUDGET_FRACTION
 from mmfl_flwr.core.random_allocation import RandomAllocation
 
 STORAGE = ("float32", "float16", "disk")
+#: What MIFA counts a (client, model) pair that has never uploaded as
+#: (:class:`MIFAAggregator`'s ``start``).
+MIFA_STARTS = ("zero", "uploaded")
 
 
 def default_shares(
@@ -340,12 +343,65 @@ class FedVARPAggregator(FedStaleAggregator):
 class MIFAAggregator(StaleAggregator):
     """MIFA: ``Delta = sum_{i in N_s} d_i * (G_i if i trained s this round else h_i)``.
 
-    Clients that never uploaded contribute zero. Not unbiased in the paper's
-    sense; it averages the latest update of every eligible client.
+    Not unbiased in the paper's sense; it averages the latest update of every
+    eligible client. ``start`` says what a (client, model) pair that has never
+    uploaded counts as:
+
+    - ``"zero"`` (default): a zero update that keeps its full weight ``d_i``, the
+      rule as stated (memory initialised to zero, as in MIFA's published
+      implementations), so the step is shrunk by the share of data not seen yet;
+    - ``"uploaded"``: nothing; the mean runs over the pairs that have uploaded
+      (fresh this round or stored), ``Delta = sum_{i in U_s} d_i x_i /
+      sum_{i in U_s} d_i``. Once every eligible pair has uploaded the two are
+      the same rule.
+
+    Parameters
+    ----------
+    start : str
+        ``"zero"`` or ``"uploaded"`` (:data:`MIFA_STARTS`).
+    storage, directory :
+        See :class:`StaleStore`.
     """
 
     name = "mifa"
     needs_inclusion_probabilities = False
+
+    def __init__(self, start: str = "zero", storage: str = "float32",
+                 directory: str | None = None) -> None:
+        if start not in MIFA_STARTS:
+            raise ValueError(f"start must be one of {', '.join(MIFA_STARTS)}; got {start!r}")
+        super().__init__(storage, directory)
+        self.start = start
+
+    def config(self) -> dict[str, Any]:
+        return {"start": self.start, **super().config()}
+
+    def _sources(
+        self, task: str, updates: Sequence[Update], shares: Mapping[str, float]
+    ) -> list[tuple[float, Sequence[np.ndarray]]]:
+        """``(d_i, x_i)`` of every eligible pair with an update: the fresh ``G_i``
+        of a pair that trained, else its stored ``h_i``."""
+        trained = {u.cid: u for u in updates}
+        out = []
+        for cid, d in shares.items():
+            if d <= 0:
+                continue
+            if cid in trained:
+                out.append((d, trained[cid].delta))
+            else:
+                h = self.store.get(cid, task)
+                if h is not None:
+                    out.append((d, h))
+        return out
+
+    def _scale(self, task: str, updates: Sequence[Update],
+               shares: Mapping[str, float]) -> float:
+        """1 with the zero start; ``1 / sum_{U_s} d_i`` with ``uploaded`` (0
+        when no pair has uploaded yet)."""
+        if self.start == "zero":
+            return 1.0
+        total = math.fsum(d for d, _ in self._sources(task, updates, shares))
+        return 1.0 / total if total > 0 else 0.0
 
     def coefficient_sum(
         self,
@@ -354,12 +410,14 @@ class MIFAAggregator(StaleAggregator):
         *,
         shares: Mapping[str, float] | None = None,
     ) -> float:
-        """``sum_{i trained s} d_{i,s}``: the coefficients of the round's fresh
-        updates (the other eligible clients' stale ``h`` make up the rest of
-        the weight 1; not divided by probabilities)."""
+        """``sum_{i trained s} d_{i,s}`` (divided by ``sum_{U_s} d`` with the
+        ``uploaded`` start): the coefficients of the round's fresh updates (the
+        other pairs' stale ``h`` make up the rest; not divided by
+        probabilities). Read before :meth:`aggregate` stores the fresh updates."""
         shares = default_shares(shares, updates)
         trained = {u.cid for u in updates}
-        return float(math.fsum(d for cid, d in shares.items() if cid in trained and d > 0))
+        fresh = math.fsum(d for cid, d in shares.items() if cid in trained and d > 0)
+        return float(fresh * self._scale(task, updates, shares))
 
     def aggregate(
         self,
@@ -372,20 +430,11 @@ class MIFAAggregator(StaleAggregator):
         fresh: Mapping[str, Weights] | None = None,
     ) -> Weights:
         shares = default_shares(shares, updates)
-        trained = {u.cid: u for u in updates}
+        scale = self._scale(task, updates, shares)
         delta = _zeros_like(weights)
-        for cid, d in shares.items():
-            if d <= 0:
-                continue
-            if cid in trained:
-                src: list[np.ndarray] | None = [
-                    np.asarray(a, dtype=np.float64) for a in trained[cid].delta
-                ]
-            else:
-                src = self.store.get(cid, task)
-            if src is not None:
-                for acc, a in zip(delta, src):
-                    acc += d * a
+        for d, src in self._sources(task, updates, shares):
+            for acc, a in zip(delta, src):
+                acc += (d * scale) * np.asarray(a, dtype=np.float64)
         self._refresh(task, updates)
         return [
             (w.astype(np.float64) - dl).astype(w.dtype, copy=False)
@@ -422,8 +471,17 @@ CARDS = (
     ),
     AlgorithmCard(
         name="mifa", function="mifa", title="MIFA", paper="003", section="baseline of Section 6",
-        summary="random allocation", rule="mean of every client's latest update",
+        summary="random allocation",
+        rule="d-weighted sum of every client's latest update (zero before its first)",
         policy=RandomAllocation, aggregator=MIFAAggregator, aggregators=(),
-        parameters=(BUDGET_FRACTION, STORAGE_PARAMETER),
+        parameters=(
+            BUDGET_FRACTION,
+            Parameter(name="start", setting="mifa_start", to="aggregator", type=str,
+                      default="zero", choices=lambda: MIFA_STARTS,
+                      help="what mifa counts a client that has not uploaded a model yet "
+                           "as: zero (the rule as stated, default) or uploaded (mean "
+                           "over the clients that have)"),
+            STORAGE_PARAMETER,
+        ),
     ),
 )

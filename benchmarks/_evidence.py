@@ -43,7 +43,8 @@ DEFAULT_OUT = REPO / "docs" / "results"
 
 # ------------------------------------------------------------------------ arguments
 def mode_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add ``--quick`` / ``--full`` / ``--smoke``, ``--engine``, ``--workers`` and ``--out``."""
+    """Add ``--quick`` / ``--full`` / ``--smoke``, ``--engine``, ``--workers``, ``--out``,
+    ``--cache`` and ``--from-csv``."""
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--quick", dest="mode", action="store_const", const="quick",
                        help="small scale, minutes on 2 cores (default)")
@@ -65,6 +66,10 @@ def mode_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="JSON-lines file of finished runs: appended as runs finish, "
                              "and runs already there are not run again (resume a stopped "
                              "--full run)")
+    parser.add_argument("--from-csv", default="", metavar="CSV",
+                        help="run nothing: re-analyse the runs of this configuration from "
+                             "the long CSV a previous invocation wrote (refused if it lacks "
+                             "one of them); the section keeps the machine that ran them")
     return parser
 
 
@@ -97,7 +102,7 @@ def command(script: str, argv: Sequence[str] | None) -> str:
             skip = False
             continue
         name = arg.split("=", 1)[0]
-        if name in ("--cache", "--out", "--workers"):
+        if name in ("--cache", "--out", "--workers", "--from-csv"):
             skip = "=" not in arg
             continue
         kept.append(arg)
@@ -274,6 +279,60 @@ def write_long_csv(path: str | Path, rows: Sequence[Mapping[str, Any]]) -> Path:
             w.writerow({k: ("" if isinstance(v, float) and math.isnan(v) else v)
                         for k, v in r.items()})
     return path
+
+
+def _cell(key: str, text: str) -> Any:
+    if text == "":
+        return ""
+    try:
+        f = float(text)
+    except ValueError:
+        return text
+    if key in ("round", "seed", "K", "k") and f.is_integer():
+        return int(f)
+    return f
+
+
+def rows_from_csv(
+    parser: argparse.ArgumentParser, path: str | Path, keys: Sequence[str],
+    required: Iterable[tuple[Any, ...]],
+) -> list[dict[str, Any]]:
+    """The rows of a long CSV written by :func:`write_long_csv` (numbers read back
+    exactly: a float's text is its repr), for re-analysing published runs without
+    running them again. ``required``: the ``keys`` values of every run the analysis
+    needs (e.g. ``(method, seed)``); a CSV that is missing, does not parse, or lacks
+    one of them (another configuration) is refused through ``parser.error`` (one line,
+    exit code 2, nothing written). Rows of other runs are dropped, not mixed in."""
+    path = Path(path)
+    try:
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            missing_cols = [k for k in keys if k not in (reader.fieldnames or [])]
+            if missing_cols:
+                parser.error(f"--from-csv {path}: no column(s) {missing_cols}")
+            rows = [{k: _cell(k, v) for k, v in r.items()} for r in reader]
+    except (OSError, csv.Error, UnicodeDecodeError) as err:
+        parser.error(f"--from-csv {path}: cannot read it ({err})")
+    want = {tuple(str(v) for v in t) for t in required}
+    have = {tuple(str(r[k]) for k in keys) for r in rows}
+    lacking = sorted(want - have)
+    if lacking:
+        parser.error(f"--from-csv {path}: lacks {len(lacking)} of the {len(want)} runs this "
+                     f"configuration needs (e.g. {dict(zip(keys, lacking[0]))}): it comes "
+                     "from another configuration")
+    return [r for r in rows if tuple(str(r[k]) for k in keys) in want]
+
+
+def fragment_machine(out: str | Path, name: str) -> str:
+    """The ``Machine:`` (or ``machine:``) of the fragment ``<out>/<name>.md`` written
+    by the runs themselves: the provenance kept when their CSV is re-analysed."""
+    path = Path(out) / f"{name}.md"
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            for tag in ("Machine: ", "machine: "):
+                if tag in line:
+                    return line.split(tag, 1)[1].split(" (re-analysed")[0].strip().rstrip(".")
+    return "not recorded"
 
 
 def write_fragment(out: str | Path, name: str, text: str) -> Path:

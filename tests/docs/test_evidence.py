@@ -241,6 +241,14 @@ def test_group_cstep_quality_reads_the_planted_clusters_and_scores_the_csteps(tm
     ("group_cstep_quality.py", ["--scenarios", "nope"], "unknown scenario"),
     ("paper001_group.py", ["--seeds", "x"], "expected integers"),
     ("paper001_group.py", ["--seeds", ","], "give at least one seed"),
+    ("paper003_table1.py", ["--lengths", "80,40"], "--lengths must increase"),
+    ("paper003_table1.py", ["--seeds", "a"], "expected integers"),
+    ("paper003_table1.py", ["--methods", "lvr,nope"], "unknown ['nope']"),
+    ("paper003_table1.py", ["--num-rounds", "-3"], "--num-rounds must be >= 1"),
+    ("paper004_ucb.py", ["--margin", "x"], "--margin: expected a number"),
+    ("paper004_ucb.py", ["--margin", "2"], "--margin: expected a number"),
+    ("paper004_ucb.py", ["--ks", "2,b"], "expected integers"),
+    ("paper004_ucb.py", ["--from-csv", "/nonexistent/x.csv"], "cannot read it"),
 ])
 def test_bad_arguments_are_refused_in_one_line(tmp_path, script, args, message):
     proc = subprocess.run([sys.executable, str(BENCH / script), *args, "--out", str(tmp_path)],
@@ -351,3 +359,43 @@ def test_trend_by_hand():
     assert r["verdict"] == "widening" and r["mean"] == pytest.approx(2.0)
     assert E.trend({0: {1: 5, 2: 3}, 1: {1: 5, 2: 2.9}, 2: {1: 5, 2: 3.1}})["verdict"] == (
         "narrowing")
+
+
+def test_rows_from_csv_reads_back_exactly_and_refuses_another_configuration(tmp_path):
+    import argparse
+
+    rows = [{"method": m, "seed": sd, "round": r, "accuracy": 0.1 + 0.2 * r + sd / 3}
+            for m in ("a", "b") for sd in (0, 1) for r in (0, 1)]
+    path = E.write_long_csv(tmp_path / "x.csv", rows)
+    p = argparse.ArgumentParser(prog="x")
+    back = E.rows_from_csv(p, path, ("method", "seed"), [("a", 0), ("b", 1)])
+    want = [r for r in rows if (r["method"], r["seed"]) in (("a", 0), ("b", 1))]
+    assert back == want  # floats exact, ints back as ints, other runs dropped
+    with pytest.raises(SystemExit) as err:
+        E.rows_from_csv(p, path, ("method", "seed"), [("a", 0), ("c", 0)])
+    assert err.value.code == 2
+    with pytest.raises(SystemExit):
+        E.rows_from_csv(p, path, ("method", "scenario"), [("a", "x")])
+    (tmp_path / "bad.csv").write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(SystemExit):
+        E.rows_from_csv(p, tmp_path / "bad.csv", ("method",), [("a",)])
+
+
+def test_reanalysing_paper004_keeps_the_machine_and_applies_tost(tmp_path):
+    """paper004_ucb.py --from-csv on the published CSV: nothing runs, the section keeps
+    the machine that ran the runs, and "level with" is TOST against the margin."""
+    import shutil
+
+    src = BENCH.parent / "docs" / "results"
+    shutil.copy(src / "paper004_ucb.csv", tmp_path / "paper004_ucb.csv")
+    (tmp_path / "paper004_ucb.md").write_text("x\nMachine: the box that ran it.\n")
+    proc = subprocess.run([sys.executable, str(BENCH / "paper004_ucb.py"), "--full",
+                           "--from-csv", str(tmp_path / "paper004_ucb.csv"), "--margin", "0.5",
+                           "--out", str(tmp_path)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "paper004_ucb.md").read_text()
+    assert "Machine: the box that ran it (re-analysed from" in text
+    assert "within +-0.5" in text and "(90%, TOST)" in text
+    # with a margin of 0.5 accuracy, both "level with" claims are shown equivalent
+    assert text.count("(within +-0.5) | ") == 2 and "| not shown |" not in text

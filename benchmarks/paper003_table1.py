@@ -117,9 +117,9 @@ def data_sizes(sc: dict[str, Any], tasks: str) -> str:
             high += ns[cut:]
     if not low or not high:
         return "client data sizes: too few clients to split 90/10"
-    return (f"each model's low-data holders (90%) have a median of "
-            f"{statistics.median(low):g} training samples (range {low and min(low)}-"
-            f"{max(low)}), its high-data holders (10%) {statistics.median(high):g} "
+    return (f"the 90% of each model's holders with the least data have a median of "
+            f"{statistics.median(low):g} training samples (range {min(low)}-{max(low)}), "
+            f"the other 10% a median of {statistics.median(high):g} "
             f"({min(high)}-{max(high)}), over the {len(sc['seeds'])} seeds' federations; "
             f"paper 003: about 12 and about 120. A model's clients hold "
             f"{(sum(low) + sum(high)) / (len(sc['seeds']) * n_models):.0f} training samples "

@@ -236,6 +236,7 @@ batch 10), gamma 0.9, loss-query initialisation, Synthetic users capped at
 Verdict: {overall} ({n_hold} of {len(vs)} claims hold; the claim tables above give each).
 Found: {found}.
 Paper: figures only, no numbers in the text.
+
 Where a claim does not hold or is not shown, what could be varied: the run length (the
 paper's figures run to 500 rounds; the UCB policies lead early and Multi-FedAvg catches
 up), gamma, the number of clients (paper 004's text does not state it) and the per-user

@@ -109,6 +109,11 @@ class Settings:
         null if a model never reaches); see :mod:`mmfl_flwr.convergence`.
     seed : int
         The one seed of the run (>= 0).
+    data_seed : int
+        Seed of the federation's data (partitions, generated Synthetic users,
+        the server's test sets); -1 (default) = ``seed``. Fixing it while
+        ``seed`` varies varies only the sampling, the initial weights and the
+        local training.
     output_dir : str
         Where ``metrics.csv``, ``summary.json``, ``assignments.csv`` and
         ``accuracy.png`` go; empty to
@@ -180,6 +185,7 @@ class Settings:
     client_pins: str = ""
     target_accuracy: str = ""
     seed: int = 0
+    data_seed: int = -1
     output_dir: str = "results/mmfl"
     overwrite: bool = False
     resume_from: str = ""
@@ -585,6 +591,8 @@ def options() -> dict[str, Option]:
             form='"" (none), one accuracy in (0, 1] for every model (0.8) or '
                  "model:accuracy pairs separated by commas (digits:0.8,synthetic:0.6)"),
         "seed": Option("the one seed of the run", low=0),
+        "data_seed": Option("seed of the clients' data and the server's test sets; -1 = "
+                            "seed (fix it to vary only sampling and training)", low=-1),
         "output_dir": Option("folder of metrics.csv, summary.json, accuracy.png and the "
                              "checkpoint", form='a folder; "" writes nothing'),
         "overwrite": Option("start a new run in an output folder that holds another run's "

@@ -55,7 +55,7 @@ def federation_for(settings: Settings) -> Federation:
     return _federation(
         tuple(settings.task_kinds),
         settings.num_clients,
-        settings.seed,
+        settings.data_seed if settings.data_seed >= 0 else settings.seed,
         settings.labels_per_client,
         settings.synthetic_max_samples,
         settings.profile,

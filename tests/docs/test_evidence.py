@@ -399,3 +399,52 @@ def test_reanalysing_paper004_keeps_the_machine_and_applies_tost(tmp_path):
     assert "within +-0.5" in text and "(90%, TOST)" in text
     # with a margin of 0.5 accuracy, both "level with" claims are shown equivalent
     assert text.count("(within +-0.5) | ") == 2 and "| not shown |" not in text
+
+
+def test_brown_forsythe_by_hand_and_its_error_rate():
+    import numpy as np
+
+    import paper002_gain as G
+
+    # x = 0, 2, 4 (median 2, deviations 2, 0, 2); y = 0, 1, 2 (deviations 1, 0, 1):
+    # Welch t on (2, 0, 2) vs (1, 0, 1): means 4/3 and 2/3, variances 4/3 and 1/3,
+    # t = (2/3) / sqrt((4/3 + 1/3) / 3) = 0.894427, df = (5/9)^2 / ((4/9)^2/2 + (1/9)^2/2)
+    r = G.brown_forsythe_greater([0.0, 2.0, 4.0], [0.0, 1.0, 2.0])
+    assert r["t"] == pytest.approx(0.894427, abs=1e-6)
+    from scipy import stats
+
+    df = (5 / 9) ** 2 / ((4 / 9) ** 2 / 2 + (1 / 9) ** 2 / 2)
+    assert r["p_greater"] == pytest.approx(stats.t.sf(0.894427, df), abs=1e-6)
+    assert math.isnan(G.brown_forsythe_greater([0.0, 1.0], [0.0, 2.0])["p_greater"])
+    # equal spreads: "x spreads more" at 5% in about 5% of the experiments (non-normal
+    # data: exponential), and a doubled spread is found most of the time
+    rng = np.random.default_rng(1)
+    trials = 2000
+    false = sum(G.brown_forsythe_greater(list(rng.exponential(1, 20)),
+                                         list(rng.exponential(1, 20)))["p_greater"] < 0.05
+                for _ in range(trials))
+    assert false / trials < 0.05 + 3 * math.sqrt(0.05 * 0.95 / trials)
+    power = sum(G.brown_forsythe_greater(list(rng.normal(0, 3, 20)),
+                                         list(rng.normal(0, 1, 20)))["p_greater"] < 0.05
+                for _ in range(300))
+    assert power / 300 > 0.8
+
+
+@pytest.mark.slow
+def test_a_longer_runs_first_rounds_are_the_shorter_run():
+    """paper003_table1.py reads Table 1 at 40, 80 and 150 rounds from 150-round runs:
+    valid only if nothing in a run depends on its total length. Every method of the
+    table, at the smallest scale: the first 2 rounds of a 4-round run equal the
+    2-round run."""
+    import paper003_table1 as P
+
+    sc = dict(P.SCALES["smoke"])
+    sc["num_clients"] = 6
+    for method in P.METHODS:
+        hist = {}
+        for n in (2, 4):
+            kw = P.settings_for(method, {**sc, "num_rounds": n}, "digits,synthetic")
+            rows = E.run_many([(method, 0, kw)], engine="vectorized")
+            hist[n] = [(r["round"], r["task"], r["accuracy"], r["loss"], r["uploads"])
+                       for r in rows if int(r["round"]) <= 2]
+        assert hist[2] == hist[4], method

@@ -31,6 +31,7 @@ import math
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -171,22 +172,36 @@ def machines_used() -> str:
     return "; ".join(f"{n} runs on {m}" for m, n in counts.items())
 
 
+def _refuse(message: str) -> None:
+    """One line on stderr and exit code 2 (the scripts' way to refuse bad input)."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def _load_cache(path: Path | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """The cache's finished runs. Only its last line may be cut short (a killed run); a
+    file that is not such a cache is refused in one line (exit code 2)."""
     done: dict[str, Any] = {}
     where: dict[str, str] = {}
     if path is None or not path.exists():
         return done, where
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
+    try:
+        with open(path) as f:
+            lines = [line.strip() for line in f]
+    except (OSError, UnicodeDecodeError) as err:
+        _refuse(f"--cache {path}: cannot read it ({err})")
+    lines = [line for line in lines if line]
+    for k, line in enumerate(lines):
+        try:
+            entry = json.loads(line)
+            key, result = entry["key"], entry["result"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            if k == len(lines) - 1:  # a line cut short by a killed run
                 continue
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:  # a line cut short by a killed run
-                continue
-            done[entry["key"]] = entry["result"]
-            where[entry["key"]] = entry.get("machine", "unknown machine")
+            _refuse(f"--cache {path}: line {k + 1} is not a cached run (not a cache "
+                    "file this script wrote?)")
+        done[key] = result
+        where[key] = entry.get("machine", "unknown machine")
     return done, where
 
 
@@ -230,6 +245,26 @@ def map_cached(
     return [done[_key(j)] for j in jobs]
 
 
+def run_jobs_keys(jobs: Sequence[tuple[str, int, Mapping[str, Any]]],
+                  engine: str) -> list[tuple[Any, ...]]:
+    """The :func:`map_cached` jobs that :func:`run_many` makes of ``jobs``."""
+    return [(m, int(s), dict(kw), engine) for m, s, kw in jobs]
+
+
+def check_cache(cache: str | Path | None, jobs: Sequence[Any]) -> None:
+    """Refuse (one line, exit code 2, before anything runs or is written) a ``--cache``
+    file that is not a cache, or whose runs all belong to another configuration:
+    they would not be mixed in, so the user most likely named the wrong file. ``jobs``:
+    every :func:`map_cached` job of the script's configuration."""
+    if not cache:
+        return
+    done, _ = _load_cache(Path(cache))
+    if done and not any(_key(j) in done for j in jobs):
+        _refuse(f"--cache {cache}: none of its {len(done)} runs belongs to this "
+                "configuration (runs of another configuration are not mixed in; give "
+                "another file)")
+
+
 def run_many(
     jobs: Sequence[tuple[str, int, Mapping[str, Any]]],
     engine: str = "vectorized",
@@ -239,7 +274,7 @@ def run_many(
     """Run every ``(method, seed, settings)``; return all history rows, each tagged
     with ``method`` and ``seed`` (``seconds`` dropped: timings are not evidence), in
     job order. Prints one line per finished run; ``cache`` as in :func:`map_cached`."""
-    full = [(m, int(s), dict(kw), engine) for m, s, kw in jobs]
+    full = run_jobs_keys(jobs, engine)
     results = map_cached(_one, full, workers, cache, label=lambda j: f"{j[0]} seed {j[1]}")
     return [row for rows in results for row in rows]
 
@@ -328,10 +363,17 @@ def fragment_machine(out: str | Path, name: str) -> str:
     by the runs themselves: the provenance kept when their CSV is re-analysed."""
     path = Path(out) / f"{name}.md"
     if path.is_file():
-        for line in path.read_text().splitlines():
+        text = path.read_text()
+        for line in text.splitlines():
             for tag in ("Machine: ", "machine: "):
                 if tag in line:
                     return line.split(tag, 1)[1].split(" (re-analysed")[0].strip().rstrip(".")
+        # older fragments: "...; engine `x`; <machine>; run times ..."
+        flat = " ".join(text.split())
+        if "engine `" in flat:
+            after = flat.split("engine `", 1)[1].split("`; ", 1)
+            if len(after) == 2:
+                return after[1].split("; ")[0].strip().rstrip(".")
     return "not recorded"
 
 

@@ -218,10 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not methods:
         p.error(f"--methods: unknown {unknown}; choose from the presets "
                 f"({', '.join(PRESETS)}) and {', '.join(VARIANTS)}")
+    jobs = [(m, s, settings_for(m, sc, a.tasks)) for s in sc["seeds"] for m in methods]
+    E.check_cache(a.cache, E.run_jobs_keys(jobs, a.engine))
     out = a.out
     os.makedirs(out, exist_ok=True)
     cmd = E.command(NAME, argv)
-    jobs = [(m, s, settings_for(m, sc, a.tasks)) for s in sc["seeds"] for m in methods]
     print(f"{len(jobs)} runs on {a.engine}: {sc}", flush=True)
     t0 = time.monotonic()
     rows = E.run_many(jobs, engine=a.engine, workers=a.workers, cache=a.cache)

@@ -144,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     rows: list[dict[str, Any]] = []
     machine = E.machines_used()
+    if not a.from_csv:
+        E.check_cache(a.cache, [j for d, k in plan
+                                for j in E.run_jobs_keys(jobs_for(d, k, mode), a.engine)])
     if a.from_csv:
         need = [(d, k, m.split("|")[0], s) for d, k in plan
                 for m, s, _ in jobs_for(d, k, mode)]

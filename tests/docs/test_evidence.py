@@ -448,3 +448,24 @@ def test_a_longer_runs_first_rounds_are_the_shorter_run():
             hist[n] = [(r["round"], r["task"], r["accuracy"], r["loss"], r["uploads"])
                        for r in rows if int(r["round"]) <= 2]
         assert hist[2] == hist[4], method
+
+
+@pytest.mark.parametrize("script", ["paper003_table1.py", "paper004_ucb.py",
+                                    "paper001_group.py", "paper002_gain.py"])
+def test_a_cache_of_another_configuration_or_no_cache_is_refused(tmp_path, script):
+    """--cache: a file whose runs all belong to another configuration, or that is not
+    a cache at all, is refused in one line (exit code 2) before anything is written."""
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"key": "[\\"x\\", 0, {}, \\"vectorized\\"]", "result": [], '
+                     '"machine": "m"}\n')
+    junk = tmp_path / "junk.jsonl"
+    junk.write_text("method,seed\nlvr,0\nlvr,1\n")
+    out = tmp_path / "out"
+    for cache, message in ((other, "none of its 1 runs belongs to this configuration"),
+                           (junk, "is not a cached run")):
+        proc = subprocess.run([sys.executable, str(BENCH / script), "--smoke", "--cache",
+                               str(cache), "--out", str(out)], capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 2, (script, proc.stderr[-2000:])
+        assert message in proc.stderr and "Traceback" not in proc.stderr
+        assert not out.exists()

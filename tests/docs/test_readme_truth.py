@@ -55,5 +55,7 @@ def test_algorithm_notes_state_the_deviations():
         "`N_t`",                   # UCB's counting
         "re-sampled every round",  # MFA-RR with K < N
         "(s + τ) mod L",           # pseudo-models rotate
+        "`mifa-start`",            # MIFA's start (zero, the rule as stated, or uploaded)
+        "fdu_no_wait",             # what MIFA's published code does
     ):
         assert phrase in notes, phrase

@@ -257,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--seeds {a.seeds!r}: expected integers separated by commas")
         if not mode["seeds"]:
             p.error("--seeds: give at least one seed")
+    if a.num_rounds < 0:
+        p.error(f"--num-rounds must be >= 1; got {a.num_rounds}")
     if a.num_rounds:
         mode["num_rounds"] = a.num_rounds
     R, seeds = mode["num_rounds"], mode["seeds"]

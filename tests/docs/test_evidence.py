@@ -249,6 +249,11 @@ def test_group_cstep_quality_reads_the_planted_clusters_and_scores_the_csteps(tm
     ("paper004_ucb.py", ["--margin", "2"], "--margin: expected a number"),
     ("paper004_ucb.py", ["--ks", "2,b"], "expected integers"),
     ("paper004_ucb.py", ["--from-csv", "/nonexistent/x.csv"], "cannot read it"),
+    ("paper004_ucb.py", ["--seeds", "1,-2"], "every value must be >= 0"),
+    ("paper001_group.py", ["--num-rounds", "-2"], "--num-rounds must be >= 1"),
+    ("paper002_gain.py", ["--seeds", "-1"], "the number of seeds must be >= 2"),
+    ("paper003_fig5.py", ["--seeds", "x"], "expected integers"),
+    ("paper003_fig5.py", ["--num-rounds", "-1"], "--num-rounds must be >= 1"),
 ])
 def test_bad_arguments_are_refused_in_one_line(tmp_path, script, args, message):
     proc = subprocess.run([sys.executable, str(BENCH / script), *args, "--out", str(tmp_path)],

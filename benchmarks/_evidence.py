@@ -358,23 +358,19 @@ def rows_from_csv(
     return [r for r in rows if tuple(str(r[k]) for k in keys) in want]
 
 
-def fragment_machine(out: str | Path, name: str) -> str:
-    """The ``Machine:`` (or ``machine:``) of the fragment ``<out>/<name>.md`` written
-    by the runs themselves: the provenance kept when their CSV is re-analysed."""
+def reanalysed_machine(out: str | Path, name: str, csv_path: str | Path) -> str:
+    """The machine line of a section re-analysed from ``csv_path``: the machine that ran
+    the runs, read from the ``Machine:`` (or ``machine:``) of the fragment
+    ``<out>/<name>.md`` they wrote, and the machine that re-analysed them."""
+    ran = "not recorded"
     path = Path(out) / f"{name}.md"
     if path.is_file():
-        text = path.read_text()
-        for line in text.splitlines():
-            for tag in ("Machine: ", "machine: "):
-                if tag in line:
-                    return line.split(tag, 1)[1].split(" (re-analysed")[0].strip().rstrip(".")
-        # older fragments: "...; engine `x`; <machine>; run times ..."
-        flat = " ".join(text.split())
-        if "engine `" in flat:
-            after = flat.split("engine `", 1)[1].split("`; ", 1)
-            if len(after) == 2:
-                return after[1].split("; ")[0].strip().rstrip(".")
-    return "not recorded"
+        for line in path.read_text().splitlines():
+            tag = next((t for t in ("Machine: ", "machine: ") if t in line), None)
+            if tag:
+                ran = line.split(tag, 1)[1].split(" (re-analysed")[0].strip().rstrip(".")
+                break
+    return f"{ran} (re-analysed from `{csv_path}` on {machine()})"
 
 
 def write_fragment(out: str | Path, name: str, text: str) -> Path:
@@ -406,26 +402,23 @@ def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float,
     return m, m - half, m + half
 
 
+def _diffs(values: Mapping[int, float], reference: Mapping[int, float]) -> list[float]:
+    seeds = sorted(set(values) & set(reference))
+    if not seeds:
+        raise ValueError("no seed in common")
+    return [float(values[s]) - float(reference[s]) for s in seeds]
+
+
 def paired_ci(
     values: Mapping[int, float], reference: Mapping[int, float], level: float = 0.95
 ) -> dict[str, Any]:
     """Paired difference ``values[seed] - reference[seed]`` over the seeds both have:
     mean, ``level`` t interval, number of pairs and a verdict: ``better`` (the interval
     lies above 0), ``worse`` (below 0) or ``level`` (it covers 0)."""
-    seeds = sorted(set(values) & set(reference))
-    if not seeds:
-        raise ValueError("no seed in common")
-    diffs = [float(values[s]) - float(reference[s]) for s in seeds]
+    diffs = _diffs(values, reference)
     m, lo, hi = mean_ci(diffs, level)
     verdict = "better" if lo > 0 else "worse" if hi < 0 else "level"
-    return {"mean": m, "lo": lo, "hi": hi, "n": len(seeds), "verdict": verdict}
-
-
-def _diffs(values: Mapping[int, float], reference: Mapping[int, float]) -> list[float]:
-    seeds = sorted(set(values) & set(reference))
-    if not seeds:
-        raise ValueError("no seed in common")
-    return [float(values[s]) - float(reference[s]) for s in seeds]
+    return {"mean": m, "lo": lo, "hi": hi, "n": len(diffs), "verdict": verdict}
 
 
 def equivalence(
@@ -459,8 +452,8 @@ def equivalence(
         p_high = float(stats.t.cdf((m - margin) / se, n - 1))  # H0: diff >= +margin
         p = max(p_low, p_high)
     lo, hi = m - q * se, m + q * se
-    verdict = "equivalent" if (p < alpha and -margin < lo and hi < margin) else (
-        "not shown equivalent")
+    # both one-sided tests reject exactly when the 1 - 2 alpha interval is inside
+    verdict = "equivalent" if -margin < lo and hi < margin else "not shown equivalent"
     return {"mean": m, "lo": lo, "hi": hi, "p": p, "n": n, "margin": margin,
             "verdict": verdict}
 
@@ -489,22 +482,20 @@ def size_test(
     return {"mean": m, "lo": lo, "hi": hi, "n": n, "size": size, "verdict": verdict}
 
 
+def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Least-squares slope of ``ys`` against ``xs`` (at least two distinct ``xs``)."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    return (math.fsum((x - mx) * (y - my) for x, y in zip(xs, ys))
+            / math.fsum((x - mx) ** 2 for x in xs))
+
+
 def trend(per_seed: Mapping[int, Mapping[float, float]], level: float = 0.95) -> dict[str, Any]:
     """A "widening" claim: per seed, the least-squares slope of ``y`` against ``x``
     (``per_seed[seed] = {x: y}``), then the t interval of the mean slope over seeds:
     ``widening`` when it lies above 0, ``narrowing`` below, ``no trend shown``
     otherwise."""
-    slopes = []
-    for points in per_seed.values():
-        xs = [float(x) for x in points]
-        ys = [float(points[x]) for x in points]
-        if len(xs) < 2:
-            continue
-        mx, my = statistics.fmean(xs), statistics.fmean(ys)
-        sxx = math.fsum((x - mx) ** 2 for x in xs)
-        if sxx == 0:
-            continue
-        slopes.append(math.fsum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx)
+    slopes = [slope(list(points), list(points.values())) for points in per_seed.values()
+              if len(set(points)) >= 2]
     if not slopes:
         raise ValueError("no seed with two distinct x")
     m, lo, hi = mean_ci(slopes, level)

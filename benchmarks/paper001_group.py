@@ -277,8 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = E.rows_from_csv(p, a.from_csv, ("scenario", "method", "seed"),
                                [(sc, m, sd) for sc, m, sd, _, _ in jobs])
         rows = [r for r in rows if int(r["round"]) <= R]
-        machine = (f"{E.fragment_machine(out, NAME)} (re-analysed from `{a.from_csv}` on "
-                   f"{E.machine()})")
+        machine = E.reanalysed_machine(out, NAME, a.from_csv)
     else:
         rows = run_jobs(jobs, a.workers, a.cache)
         machine = E.machines_used()

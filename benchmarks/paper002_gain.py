@@ -137,12 +137,6 @@ def brown_forsythe_greater(x: list[float], y: list[float]) -> dict[str, float]:
             "p_less": float(stats.t.cdf(t, df))}
 
 
-def slope(ms: list[int], gs: list[float]) -> float:
-    """Least-squares slope of g against M."""
-    mm, mg = statistics.fmean(ms), statistics.fmean(gs)
-    return sum((a - mm) * (b - mg) for a, b in zip(ms, gs)) / sum((a - mm) ** 2 for a in ms)
-
-
 # -------------------------------------------------------------------------------- plots
 def plot_gain(path: Path, table: dict[str, dict[int, dict[int, float]]], ms: list[int],
               title: str) -> None:
@@ -291,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     slope_found: dict[str, str] = {}
     multi = [m for m in ms if m >= 1]
     for algo in ALGOS:
-        per_seed = [slope(multi, [gains[algo][m][s] for m in multi]) for s in seeds]
+        per_seed = [E.slope(multi, [gains[algo][m][s] for m in multi]) for s in seeds]
         mean, lo, hi = E.mean_ci(per_seed)
         slope_lines.append(f"| {algo} | {mean:+.3f} [{lo:+.3f}, {hi:+.3f}] | {len(per_seed)} |")
         slope_found[algo] = f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]"

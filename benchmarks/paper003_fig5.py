@@ -106,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = E.rows_from_csv(p, a.from_csv, ("method", "seed"),
                                [(m, s_) for m, s_, _, _ in jobs])
         rows = [r for r in rows if int(r["round"]) <= sc["num_rounds"]]
-        machine = (f"{E.fragment_machine(out, NAME)} (re-analysed from `{a.from_csv}` on "
-                   f"{E.machine()})")
+        machine = E.reanalysed_machine(out, NAME, a.from_csv)
     else:
         E.check_cache(a.cache, jobs)
         results = E.map_cached(one, jobs, a.workers, a.cache,

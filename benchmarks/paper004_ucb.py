@@ -151,8 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         need = [(d, k, m.split("|")[0], s) for d, k in plan
                 for m, s, _ in jobs_for(d, k, mode)]
         rows = E.rows_from_csv(p, a.from_csv, ("dataset", "K", "method", "seed"), need)
-        machine = (f"{E.fragment_machine(out, NAME)} (re-analysed from `{a.from_csv}` on "
-                   f"{E.machine()})")
+        machine = E.reanalysed_machine(out, NAME, a.from_csv)
     else:
         for d, k in plan:
             for r in E.run_many(jobs_for(d, k, mode), engine=a.engine, workers=a.workers,

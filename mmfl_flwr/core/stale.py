@@ -400,7 +400,10 @@ class MIFAAggregator(StaleAggregator):
         when no pair has uploaded yet)."""
         if self.start == "zero":
             return 1.0
-        total = math.fsum(d for d, _ in self._sources(task, updates, shares))
+        trained = {u.cid for u in updates}
+        # which pairs have an update, read from the store's keys (no array is loaded)
+        total = math.fsum(d for cid, d in shares.items()
+                          if d > 0 and (cid in trained or (cid, task) in self.store))
         return 1.0 / total if total > 0 else 0.0
 
     def coefficient_sum(

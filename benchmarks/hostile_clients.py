@@ -13,6 +13,20 @@ takes an aggregator.
 Accuracy costs are means over seeds; at a few clients and rounds, one missing
 client's update alone moves accuracy by several points (compare the
 "rejected" rows with the honest run).
+
+``--field`` runs instead the attack families of the robust-FL benchmarks
+(ByzFL, FLPoison, Blades) against each defence configuration, per model:
+
+    python benchmarks/hostile_clients.py --field --seeds 0-7 \
+        --markdown docs/results/attack_field.md --json docs/results/attack_field.json
+
+(tasks ``digits,synthetic``, 12 clients, 8 rounds, 5 local epochs, in-process
+engine; attacker id 3, colluders 3, 7 and 9). Each attack's per-model drop is
+paired by seed with the honest run of the same defence and compared with the
+drop of the attacker-absent run (client 3 fails every training): an attack is
+``contained`` when its mean drop is at most the absent run's upper 95% bound
+plus 0.05. The minimum over attacks of each model's accuracy is the defence's
+worst case (ByzFL's way of ranking defences).
 """
 
 from __future__ import annotations
@@ -95,20 +109,211 @@ def _run(preset: str, attack: str | None, seed: int, rounds: int, aggregator: st
     return acc, counts, trained
 
 
+COLLUDERS = ("3", "7", "9")
+#: attack name -> (what it is); "@<task>" aims an attack at one model
+FIELD = {
+    "x50": "honest update x50 (under the 100x rejection bound)",
+    "x90": "honest update x90",
+    "flip1": "sign flip: -1 x its update",
+    "flip10": "sign flip: -10 x its update",
+    "gauss10": "Gaussian noise at 10 x its update's norm",
+    "ipm2": "inner-product manipulation, eps 2 (one attacker: -2 x its update)",
+    "alie2": "ALIE, colluders 3 and 7, z from Baruch et al. for 12 clients",
+    "alie3": "ALIE, colluders 3, 7 and 9",
+    "x50@synthetic": "x50 on the synthetic model only",
+    "flip10@synthetic": "-10 x on the synthetic model only",
+}
+DEFENCES = {"default": {}, "no-clip": {"update_clip_factor": 0.0},
+            "median": {"aggregator": "median"}}
+
+
+def _field_attack(name: str) -> Any:
+    from mmfl_flwr.testing import hostile as H
+
+    if name == "honest":
+        return None
+    if name == "absent":
+        def absent(app: Any) -> Any:
+            def call(msg: Any, ctx: Any) -> Any:
+                if H._is(ctx, HOSTILE) and msg.metadata.message_type == "train":
+                    raise RuntimeError("client 3 is absent")
+                return app(msg, ctx)
+            return call
+        return absent
+    name, _, task = name.partition("@")
+    tasks = {task} if task else None
+    if name.startswith("x"):
+        return H.scaled_update(HOSTILE, float(name[1:]), tasks)
+    if name.startswith("flip"):
+        return H.scaled_update(HOSTILE, -float(name[4:]), tasks)
+    if name == "gauss10":
+        return H.gaussian_update(HOSTILE, 10.0, tasks=tasks)
+    if name == "ipm2":
+        return H.ipm([HOSTILE], 2.0, tasks)
+    if name.startswith("alie"):
+        f = int(name[4:])
+        return H.alie(COLLUDERS[:f], H.alie_z(12, f), tasks)
+    raise KeyError(name)
+
+
+def _field_run(job: tuple[str, str, str, int]) -> dict[str, Any]:
+    preset, defence, attack, seed = job
+    from mmfl_flwr.config import Settings
+    from mmfl_flwr.runner import run_inprocess
+
+    logger = logging.getLogger("flwr")
+    logger.setLevel(logging.WARNING)
+    for h in logger.handlers:  # this worker's console stays quiet; the tap reads the log
+        h.setLevel(logging.ERROR)
+    kw: dict[str, Any] = dict(strategy=preset, tasks="digits,synthetic", num_clients=12,
+                              num_rounds=8, local_epochs=5, output_dir="", seed=seed,
+                              **DEFENCES[defence])
+    tap = _Tap()
+    logging.getLogger("flwr").addHandler(tap)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            result = run_inprocess(Settings(**kw), wrap_client_app=_field_attack(attack))
+    finally:
+        logging.getLogger("flwr").removeHandler(tap)
+    hostile = set(COLLUDERS[:int(attack[4:5])]) if attack.startswith("alie") else {HOSTILE}
+    acted = [m for m in tap.lines if "clipped update" in m or "rejected update" in m]
+    who = [m.split(":", 1)[0].removeprefix("Client ") for m in acted]
+    return {"preset": preset, "defence": defence, "attack": attack, "seed": seed,
+            "accuracy": {t: r["accuracy"] for t, r in result.final().items()},
+            "attacker_named": sum(w in hostile for w in who),
+            "attacker_named_tasks": sorted({m.split("task ", 1)[1].split(":", 1)[0].strip("'")
+                                            for m, w in zip(acted, who) if w in hostile}),
+            "honest_clipped": sum(w not in hostile and "clipped" in m for m, w in zip(acted, who)),
+            "honest_rejected": sum(w not in hostile and "rejected" in m
+                                   for m, w in zip(acted, who))}
+
+
+def field(a: argparse.Namespace) -> int:
+    import json
+    from concurrent.futures import ProcessPoolExecutor
+    from pathlib import Path
+
+    from _evidence import mean_ci, paired_ci
+    from mmfl_flwr.presets import takes_aggregator
+
+    seeds = _seeds(a.seeds)
+    attacks = a.attacks.split(",") if a.attacks else list(FIELD)
+    unknown = [x for x in attacks if x not in FIELD]
+    if unknown:
+        print(f"error: unknown attack(s) {unknown}: expected some of {list(FIELD)}",
+              file=sys.stderr)
+        return 2
+    presets = a.presets.split(",") if a.presets else ["mfa-rr", "lvr", "stalevr"]
+    defences = a.defences.split(",")
+    if any(d not in DEFENCES for d in defences):
+        print(f"error: --defences takes some of {list(DEFENCES)}", file=sys.stderr)
+        return 2
+    jobs = [(p, d, x, s) for p in presets for d in defences
+            if d != "median" or takes_aggregator(p)
+            for x in ["honest", "absent"] + attacks for s in seeds]
+    cache = Path(a.cache) if a.cache else None
+    done: dict[tuple, dict[str, Any]] = {}
+    if cache and cache.exists():
+        for line in cache.read_text().splitlines():
+            r = json.loads(line)
+            done[(r["preset"], r["defence"], r["attack"], r["seed"])] = r
+    todo = [j for j in jobs if j not in done]
+    print(f"{len(jobs)} runs, {len(todo)} to do", flush=True)
+    with ProcessPoolExecutor(a.workers) as ex:
+        for r in ex.map(_field_run, todo):
+            done[(r["preset"], r["defence"], r["attack"], r["seed"])] = r
+            if cache:
+                with cache.open("a") as f:
+                    f.write(json.dumps(r) + "\n")
+            print(f"  {r['preset']} {r['defence']} {r['attack']} seed {r['seed']}: "
+                  + " ".join(f"{t} {v:.3f}" for t, v in r["accuracy"].items()), flush=True)
+    rows, worst = [], []
+    table = ["| preset | defence | attack | model | accuracy | drop vs honest [95% CI] "
+             "| absent's drop [95% CI] | contained | attacker named (models) "
+             "| honest clipped / rejected |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for p in presets:
+        for d in defences:
+            if (p, d, "honest", seeds[0]) not in done:
+                continue
+            runs = {x: {s: done[(p, d, x, s)] for s in seeds} for x in ["honest", "absent"]
+                    + attacks}
+            tasks = sorted(runs["honest"][seeds[0]]["accuracy"])
+            for t in tasks:
+                acc = {x: {s: r["accuracy"][t] for s, r in rs.items()} for x, rs in runs.items()}
+                ab = paired_ci(acc["honest"], acc["absent"])
+                floor_acc = min(mean_ci(list(acc[x].values()))[0] for x in attacks)
+                worst.append({"preset": p, "defence": d, "model": t,
+                              "honest": mean_ci(list(acc["honest"].values()))[0],
+                              "worst": floor_acc})
+                for x in ["absent"] + attacks:
+                    drop = paired_ci(acc["honest"], acc[x])
+                    ok = x == "absent" or drop["mean"] <= ab["hi"] + 0.05
+                    named = sum(r["attacker_named"] for r in runs[x].values())
+                    named_t = sorted({n for r in runs[x].values() for n in r["attacker_named_tasks"]})
+                    hc = sum(r["honest_clipped"] for r in runs[x].values())
+                    hr = sum(r["honest_rejected"] for r in runs[x].values())
+                    row = {"preset": p, "defence": d, "attack": x, "model": t,
+                           "accuracy": mean_ci(list(acc[x].values()))[0], "drop": drop,
+                           "absent_drop": ab, "contained": ok, "attacker_named": named,
+                           "named_models": named_t, "honest_clipped": hc,
+                           "honest_rejected": hr}
+                    rows.append(row)
+                    table.append(
+                        f"| {p} | {d} | {x} | {t} | {row['accuracy']:.3f} | "
+                        f"{drop['mean']:+.3f} [{drop['lo']:+.3f}, {drop['hi']:+.3f}] | "
+                        f"{ab['mean']:+.3f} [{ab['lo']:+.3f}, {ab['hi']:+.3f}] | "
+                        f"{'-' if x == 'absent' else 'yes' if ok else '**no**'} | "
+                        f"{named} ({', '.join(named_t) or '-'}) | {hc} / {hr} |")
+    table += ["", "Worst case over the attacks (mean accuracy over seeds, per model):", "",
+              "| preset | defence | model | honest | minimum over attacks |",
+              "|---|---|---|---|---|"]
+    table += [f"| {w['preset']} | {w['defence']} | {w['model']} | {w['honest']:.3f} | "
+              f"{w['worst']:.3f} |" for w in worst]
+    print("\n".join(table))
+    write_outputs(a.json, a.markdown, {"rows": rows, "worst": worst, "seeds": seeds,
+                                       "attacks": {x: FIELD[x] for x in attacks}},
+                  "\n".join(table))
+    return 0
+
+
+def _seeds(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        first, dash, last = part.partition("-")
+        out += list(range(int(first), int(last) + 1)) if dash else [int(first)]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--presets", default="mfa-rr,lvr,ranklist-ucb,stalevre")
-    p.add_argument("--attacks", default=",".join(ATTACKS))
+    p.add_argument("--field", action="store_true",
+                   help="run the attack families of the robust-FL benchmarks instead")
+    p.add_argument("--defences", default="default,no-clip",
+                   help="--field: defence configurations (default, no-clip, median)")
+    p.add_argument("--workers", type=int, default=2, help="--field: parallel runs")
+    p.add_argument("--cache", default="", help="--field: JSONL file of finished runs (reused)")
+    p.add_argument("--presets", default="")
+    p.add_argument("--attacks", default="")
     p.add_argument("--seeds", default="0,1")
     p.add_argument("--num-rounds", type=int, default=10)
     p.add_argument("--json", default="")
     p.add_argument("--markdown", default="")
     a = p.parse_args(argv)
+    if a.workers < 1:
+        p.error("--workers must be >= 1")
+    try:
+        _seeds(a.seeds)
+    except ValueError:
+        p.error(f"--seeds takes ids and ranges such as 0,1 or 0-7, got {a.seeds!r}")
+    if a.field:
+        return field(a)
+    a.presets = a.presets or "mfa-rr,lvr,ranklist-ucb,stalevre"
+    a.attacks = a.attacks or ",".join(ATTACKS)
     logging.getLogger("flwr").setLevel(logging.WARNING)
     from mmfl_flwr.presets import takes_aggregator
 
-    seeds = [int(s) for s in a.seeds.split(",")]
+    seeds = _seeds(a.seeds)
     rows = []
     for preset in a.presets.split(","):
         honest_runs = [_run(preset, None, s, a.num_rounds) for s in seeds]

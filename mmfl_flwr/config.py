@@ -145,6 +145,9 @@ class Settings:
     count_cap : float
         A client's sample count of a task is used up to this multiple of the
         task's median count (0 = off).
+    update_clip_factor : float
+        Updates above this multiple of the model's reference norm (the same
+        reference) are scaled down to it (0 = off).
     timeout : float
         Seconds to wait for the replies of one round trip.
     clients_per_node : str
@@ -193,6 +196,7 @@ class Settings:
     update_norm_factor: float = 100.0
     loss_cap: float = 10.0
     count_cap: float = 200.0
+    update_clip_factor: float = 3.0
     timeout: float = 600.0
     clients_per_node: str = "auto"
     dp: str = ""
@@ -604,6 +608,8 @@ def options() -> dict[str, Option]:
                                   zero="none"),
         "update_norm_factor": Option("reject updates above this multiple of the model's "
                                      "reference norm", low=1, low_open=True, off="off"),
+        "update_clip_factor": Option("scale updates above this multiple of the model's "
+                                     "reference norm down to it", low=1, off="off"),
         "loss_cap": Option("cap reported losses above this multiple of the task's reference "
                            "loss", low=1, low_open=True, off="off"),
         "count_cap": Option("use a client's sample count up to this multiple of the task's "

@@ -68,7 +68,8 @@ def aggregate_train_replies(
         return l2_norm(run_state.weights[task][k] for k in run_state.split_keys(task)[0])
 
     for task, cid in bound_update_norms(outcome.updates, run_state.norm_history,
-                                        limits.update_norm_factor, model_norm):
+                                        limits.update_norm_factor, model_norm,
+                                        limits.update_clip_factor):
         outcome.rejected[task] += 1
         outcome.rejected_parts.append((cid, task))
         outcome.observed.pop((cid, task), None)

@@ -55,6 +55,10 @@ def _observe(kind: str, task: str, values: list[float], reference: float) -> Non
         observer(kind, task, list(values), reference)
 
 
+#: The default ``update_clip_factor``: see :class:`Limits`.
+UPDATE_CLIP_FACTOR = 3.0
+
+
 @dataclass(frozen=True)
 class Limits:
     """What a reply may contain.
@@ -77,6 +81,11 @@ class Limits:
     count_cap : float or None
         A client's sample count of a task is used up to this multiple of the
         task's median declared count (None: no bound).
+    update_clip_factor : float or None
+        Updates whose norm exceeds this multiple of the model's reference norm
+        (the same reference as ``update_norm_factor``) are scaled down to it:
+        one update then moves its model at most this many honest steps (None:
+        no clipping).
     """
 
     max_loss: float = 1e6
@@ -84,6 +93,7 @@ class Limits:
     max_update_norm: float | None = None
     update_norm_factor: float | None = 100.0
     count_cap: float | None = 200.0
+    update_clip_factor: float | None = UPDATE_CLIP_FACTOR
 
     def __post_init__(self) -> None:
         if self.loss_cap is not None and not self.loss_cap > 1:
@@ -93,6 +103,9 @@ class Limits:
         if self.update_norm_factor is not None and not self.update_norm_factor > 1:
             raise ValueError("update_norm_factor must be > 1 (a multiple of the reference norm) "
                              "or None")
+        if self.update_clip_factor is not None and not self.update_clip_factor >= 1:
+            raise ValueError("update_clip_factor must be >= 1 (a multiple of the reference "
+                             "norm) or None")
         if self.count_cap is not None and not self.count_cap >= 1:
             raise ValueError("count_cap must be >= 1 (a multiple of the median) or None")
 
@@ -164,46 +177,61 @@ def bound_update_norms(
     history: dict[str, list[float]],
     factor: float | None,
     model_norm: Callable[[str], float] | None = None,
+    clip_factor: float | None = None,
 ) -> list[tuple[str, str]]:
     """Reject every update whose norm exceeds ``factor`` times its model's
-    reference norm: it is removed from ``updates`` (in place), logged with the
-    client id, and returned as a ``(task, client id)`` pair.
+    reference norm, and scale every remaining update whose norm exceeds
+    ``clip_factor`` times it down to that norm. A rejected update is removed
+    from ``updates`` (in place), logged with the client id and the model, and
+    returned as a ``(task, client id)`` pair; a clipped one is replaced (in
+    place) by the same direction at the bound, and logged with the client id
+    and the model.
 
     The reference is the lower median of this round's update norms (an
     observed honest norm while fewer than half of the updates are hostile, even
     with two updates); with a single update this round, the model's last
-    :data:`NORM_HISTORY` accepted norms (``history``, updated here) join it, so
-    a lone huge update cannot set its own bound. A lone update with no history
-    yet (a model's first round with one trainer) is measured against the norm
-    of the model it started from (``model_norm(task)``, over the trainable
-    entries): no honest local training moves a model by ``factor`` times its
-    own size (a model initialised at zero has no such reference, and its first
-    lone update is accepted). Taking the current round first lets honest
-    clients correct a perturbed model at full size.
-    Scale-free: only ratios of norms matter. Rejecting rather than clipping
-    keeps such an update's direction out of the model altogether: a clipped
-    update of garbage still moves a FedAvg model by up to ``factor`` times an
-    honest step.
+    :data:`NORM_HISTORY` accepted norms (``history``, updated here with the
+    norms after clipping) join it, so a lone huge update cannot set its own
+    bound. A lone update with no history yet (a model's first round with one
+    trainer) is measured against the norm of the model it started from
+    (``model_norm(task)``, over the trainable entries): no honest local
+    training moves a model by ``factor`` times its own size (a model
+    initialised at zero has no such reference, and its first lone update is
+    accepted as it is). Taking the current round first lets honest clients
+    correct a perturbed model at full size. Scale-free: only ratios of norms
+    matter.
+
+    Rejecting keeps a garbage direction out of the model altogether; clipping
+    bounds what a scaled or flipped honest-looking update can do: one update
+    moves its model at most ``clip_factor`` reference steps (times its
+    coefficient in the aggregate), instead of the ``factor`` times that
+    rejection alone allows.
     """
     rejected: list[tuple[str, str]] = []
     for task, us in updates.items():
         norms = [l2_norm(u.delta) for u in us]
         pool = norms if len(norms) >= 2 else norms + history.get(task, [])
-        if factor is None or not pool:
+        if (factor is None and clip_factor is None) or not pool:
             continue
         if len(pool) == 1 and model_norm is not None:
             ref, what = model_norm(task), "the norm of the model it started from"
         else:
             ref, what = float(np.percentile(pool, 50, method="lower")), "the reference norm"
         _observe("update-norm", task, norms, ref)
-        bound = factor * ref
         kept, kept_norms = [], []
         for u, norm in zip(us, norms):
-            if ref > 0 and not norm <= bound:
+            if factor is not None and ref > 0 and not norm <= factor * ref:
                 log(WARNING, "Client %s: rejected update for task %r: update norm %.4g exceeds "
-                    "%.4g (%g x %s, %.4g)", u.cid, task, norm, bound, factor, what, ref)
+                    "%.4g (%g x %s, %.4g)", u.cid, task, norm, factor * ref, factor, what, ref)
                 rejected.append((task, u.cid))
                 continue
+            if clip_factor is not None and ref > 0 and norm > clip_factor * ref:
+                bound = clip_factor * ref
+                log(WARNING, "Client %s: clipped update for task %r: update norm %.4g exceeds "
+                    "%.4g (%g x %s, %.4g); scaled to it", u.cid, task, norm, bound,
+                    clip_factor, what, ref)
+                u.delta = [d * (bound / norm) for d in u.delta]
+                norm = bound
             kept.append(u)
             kept_norms.append(norm)
         updates[task] = kept

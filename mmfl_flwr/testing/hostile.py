@@ -13,7 +13,7 @@ numpy and flwr only; the honest client does all the training.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 
 import numpy as np
 from flwr.app import Array, Context, Message
@@ -22,11 +22,17 @@ from mmfl_flwr import protocol as P
 
 ClientCall = Callable[[Message, Context], Message]
 Attack = Callable[[ClientCall], ClientCall]
+#: ``fn(task, update, message, context) -> new update`` of :func:`rewrite_update`
+UpdateRewrite = Callable[[str, dict[str, np.ndarray], Message, Context], dict[str, np.ndarray]]
+
+
+def _cid(ctx: Context) -> str:
+    cfg = ctx.node_config
+    return str(cfg.get("cid", cfg.get("client-id", cfg.get("partition-id"))))
 
 
 def _is(ctx: Context, who: str) -> bool:
-    cfg = ctx.node_config
-    return str(cfg.get("cid", cfg.get("client-id", cfg.get("partition-id")))) == str(who)
+    return _cid(ctx) == str(who)
 
 
 def _on(kind: str, who: str, rewrite: Callable[[Message, Message, Context], None]) -> Attack:
@@ -59,23 +65,123 @@ def huge_weights(who: str, value: float = 1e30) -> Attack:
     return _on("train", who, rewrite)
 
 
-def scaled_update(who: str, factor: float) -> Attack:
+def _who(who: str | Collection[str]) -> list[str]:
+    return [str(who)] if isinstance(who, (str, int)) else [str(w) for w in who]
+
+
+def rewrite_update(who: str | Collection[str], fn: UpdateRewrite,
+                   tasks: Collection[str] | None = None) -> Attack:
+    """``who`` (one id, or several colluders) replaces its honest update of
+    every model it trains (or of ``tasks`` only) by ``fn(task, update, msg, ctx)``;
+    ``update`` maps each floating-point entry name to ``w_local - w_global``
+    (float64), and ``fn`` returns the new one (same names and shapes). The
+    other entries of the reply are left as trained."""
+    names = set(_who(who))
+
+    def attack(app: ClientCall) -> ClientCall:
+        def call(msg: Message, ctx: Context) -> Message:
+            reply = app(msg, ctx)
+            if not (any(_is(ctx, w) for w in names) and msg.metadata.message_type == "train"
+                    and reply.has_content()):
+                return reply
+            for key, rec in reply.content.array_records.items():
+                task = P.task_of(key, P.ARRAYS_PREFIX)
+                if task is None or (tasks is not None and task not in tasks):
+                    continue
+                glob = msg.content.array_records[key]
+                floats = [n for n in rec.keys() if rec[n].numpy().dtype.kind == "f"]
+                update = {n: rec[n].numpy().astype(np.float64) - glob[n].numpy().astype(np.float64)
+                          for n in floats}
+                new = fn(task, update, msg, ctx)
+                for n in floats:
+                    g = glob[n].numpy()
+                    rec[n] = Array((g.astype(np.float64) + new[n]).astype(g.dtype))
+            return reply
+
+        return call
+
+    return attack
+
+
+def _norm(update: Mapping[str, np.ndarray]) -> float:
+    return float(np.sqrt(sum(float(np.square(a).sum()) for a in update.values())))
+
+
+def scaled_update(who: str, factor: float, tasks: Collection[str] | None = None) -> Attack:
     """``who`` returns ``w_global + factor * (w_local - w_global)``: its honest
-    update ``factor`` times larger (or reversed, with a negative factor)."""
+    update ``factor`` times larger (or reversed, with a negative factor: a sign
+    flip), for every model it trains or for ``tasks`` only."""
+    return rewrite_update(who, lambda task, u, msg, ctx: {n: factor * a for n, a in u.items()}, tasks)
 
-    def rewrite(msg: Message, reply: Message, ctx: Context) -> None:
-        for key, rec in reply.content.array_records.items():
-            task = P.task_of(key, P.ARRAYS_PREFIX)
-            if task is None:
-                continue
-            glob = msg.content.array_records[key]
-            for name in list(rec.keys()):
-                local, g = rec[name].numpy(), glob[name].numpy()
-                if local.dtype.kind == "f":
-                    out = g.astype(np.float64) + factor * (local.astype(np.float64) - g)
-                    rec[name] = Array(out.astype(local.dtype))
 
-    return _on("train", who, rewrite)
+def gaussian_update(who: str, scale: float = 10.0, seed: int = 0,
+                    tasks: Collection[str] | None = None) -> Attack:
+    """``who`` returns Gaussian noise as its update, with ``scale`` times the
+    norm of its honest update (the Gaussian attack of the robust-FL
+    benchmarks); ``seed`` fixes the noise."""
+    rng = np.random.default_rng(seed)
+
+    def fn(task: str, u: dict[str, np.ndarray], msg: Message,
+           ctx: Context) -> dict[str, np.ndarray]:
+        noise = {n: rng.standard_normal(a.shape) for n, a in u.items()}
+        size = _norm(noise)
+        return {n: a * (scale * _norm(u) / size) if size else a for n, a in noise.items()}
+
+    return rewrite_update(who, fn, tasks)
+
+
+def alie_z(num_clients: int, num_attackers: int) -> float:
+    """``z_max`` of "A Little Is Enough" (Baruch et al., 2019): with ``n``
+    clients of which ``f`` collude, ``s = floor(n / 2 + 1) - f`` honest clients
+    must be swayed and ``z = Phi^{-1}((n - s) / n)``."""
+    from statistics import NormalDist
+
+    if not 0 < num_attackers < num_clients:
+        raise ValueError("need 0 < num_attackers < num_clients")
+    s = num_clients // 2 + 1 - num_attackers
+    return float(NormalDist().inv_cdf((num_clients - s) / num_clients))
+
+
+def alie(colluders: Collection[str], z: float, tasks: Collection[str] | None = None) -> Attack:
+    """"A Little Is Enough" (Baruch et al., 2019): every colluder sends
+    ``mean - z * std`` (coordinate-wise) of the honest updates it knows. The
+    colluders share what they trained: the mean is over their updates of the
+    model this round so far (the first to reply knows only its own) and the
+    standard deviation over their latest update each and the current one (zero
+    until two are known), an estimate of the honest spread from their own data
+    (the attack's paper assumes the honest updates are known)."""
+    latest: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+    current: dict[tuple[str, str], list[dict[str, np.ndarray]]] = {}
+
+    def fn(task: str, u: dict[str, np.ndarray], msg: Message,
+           ctx: Context) -> dict[str, np.ndarray]:
+        now = current.setdefault((task, msg.metadata.group_id), [])
+        now.append(u)
+        latest[(task, _cid(ctx))] = u
+        known = [v for (t, _), v in latest.items() if t == task]
+        out = {}
+        for n in u:
+            mean = np.mean([v[n] for v in now], axis=0)
+            std = np.std([v[n] for v in known], axis=0) if len(known) >= 2 else 0.0
+            out[n] = mean - z * std
+        return out
+
+    return rewrite_update(colluders, fn, tasks)
+
+
+def ipm(colluders: Collection[str], eps: float, tasks: Collection[str] | None = None) -> Attack:
+    """Inner-product manipulation (Xie et al., 2020): every colluder sends
+    ``-eps`` times the mean of the colluders' honest updates of the model this
+    round so far (with one attacker, ``-eps`` times its own update)."""
+    seen: dict[tuple[str, str], list[dict[str, np.ndarray]]] = {}
+
+    def fn(task: str, u: dict[str, np.ndarray], msg: Message,
+           ctx: Context) -> dict[str, np.ndarray]:
+        now = seen.setdefault((task, msg.metadata.group_id), [])
+        now.append(u)
+        return {n: -eps * np.mean([v[n] for v in now], axis=0) for n in u}
+
+    return rewrite_update(colluders, fn, tasks)
 
 
 def inflated_count(who: str, count: int = 10**9, at_registration: bool = True) -> Attack:
@@ -188,6 +294,7 @@ def chain(*attacks: Attack) -> Attack:
 
 
 __all__ = [
-    "Attack", "chain", "huge_weights", "impersonate", "inflated_count", "late_registration",
-    "lying_loss", "replay", "scaled_update", "with_token",
+    "Attack", "alie", "alie_z", "chain", "gaussian_update", "huge_weights", "impersonate",
+    "inflated_count", "ipm", "late_registration", "lying_loss", "replay", "rewrite_update",
+    "scaled_update", "with_token",
 ]

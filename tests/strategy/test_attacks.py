@@ -49,9 +49,12 @@ def assert_sane(result):
 def test_huge_updates_are_rejected_and_named(attack, words):
     result, warnings = run_attack(attack)
     # MFA-RR with every client in every round: the hostile update is rejected in
-    # each of the 3 rounds, and no honest update is
+    # each of the 3 rounds, and no honest update is (the default clip may trim
+    # an honest one at the edge of the spread: here a synthetic user at 4.0 x
+    # its reference; tests/strategy/test_update_clipping.py)
     assert len(mine(warnings, *words)) == 3
-    assert [m for m in warnings if "update norm" in m and not m.startswith(f"Client {HOSTILE}:")] == []
+    assert [m for m in warnings if "rejected update" in m
+            and not m.startswith(f"Client {HOSTILE}:")] == []
     assert sum(r["rejected"] for r in result.history) == 3
     assert_sane(result)
 

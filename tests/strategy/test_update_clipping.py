@@ -1,0 +1,102 @@
+"""The default update clip (``update_clip_factor``): an update whose norm exceeds
+the factor times its model's reference norm is scaled down to that norm, keeps
+its direction, and is logged with the client id and the model every time."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from conftest import LogTap
+from mmfl_flwr.core.aggregators import Update
+from mmfl_flwr.strategy.validation import (
+    UPDATE_CLIP_FACTOR,
+    Limits,
+    bound_update_norms,
+    l2_norm,
+)
+
+
+def upd(cid: str, values: list[float]) -> Update:
+    return Update(cid=cid, delta=[np.array(values, dtype=np.float64)], num_examples=10,
+                  data_share=0.25)
+
+
+def bound(updates, history=None, factor=100.0, clip=3.0, model_norm=None):
+    tap = LogTap()
+    logger = logging.getLogger("flwr")
+    logger.addHandler(tap)
+    try:
+        history = {} if history is None else history
+        rejected = bound_update_norms(updates, history, factor, model_norm, clip)
+    finally:
+        logger.removeHandler(tap)
+    return rejected, history, [m for lvl, m in tap.records if lvl == logging.WARNING]
+
+
+def test_an_update_above_the_clip_is_scaled_to_it_and_named():
+    """Norms 1, 2, 3 and 30 (3-4-5 triangles and a 1-D one): the lower median
+    is 2, the bound 3 x 2 = 6, so c3's (18, 24) becomes (3.6, 4.8): the same
+    direction at norm 6. The others are untouched; nothing is rejected (100 x 2
+    = 200 > 30); the history holds the norms after clipping."""
+    us = {"a": [upd("c0", [0.6, 0.8]), upd("c1", [1.2, 1.6]), upd("c2", [1.8, 2.4]),
+                upd("c3", [18.0, 24.0])]}
+    rejected, history, warnings = bound(us)
+    assert rejected == []
+    np.testing.assert_allclose(us["a"][3].delta[0], [3.6, 4.8])
+    for u, v in zip(us["a"][:3], ([0.6, 0.8], [1.2, 1.6], [1.8, 2.4])):
+        np.testing.assert_array_equal(u.delta[0], v)
+    assert history["a"] == pytest.approx([1.0, 2.0, 3.0, 6.0])
+    assert warnings == ["Client c3: clipped update for task 'a': update norm 30 exceeds 6 "
+                        "(3 x the reference norm, 2); scaled to it"]
+
+
+def test_rejection_comes_first_and_a_rejected_update_is_not_clipped():
+    """Norms 1, 2 and 500: reference 2, rejection bound 200 -> c2 is rejected
+    (and not also clipped); c0 and c1 are within 3 x 2."""
+    us = {"a": [upd("c0", [1.0]), upd("c1", [2.0]), upd("c2", [500.0])]}
+    rejected, history, warnings = bound(us)
+    assert rejected == [("a", "c2")]
+    assert [u.cid for u in us["a"]] == ["c0", "c1"]
+    assert len(warnings) == 1 and warnings[0].startswith("Client c2: rejected update")
+    assert history["a"] == [1.0, 2.0]
+
+
+def test_a_lone_update_is_clipped_against_the_models_history():
+    """One update this round (norm 40): the pool is it plus the history
+    [4, 5, 6, 7] -> lower median 6, bound 18 -> scaled to 18."""
+    us = {"a": [upd("c3", [40.0])]}
+    rejected, history, warnings = bound(us, {"a": [4.0, 5.0, 6.0, 7.0]})
+    assert rejected == []
+    np.testing.assert_allclose(us["a"][0].delta[0], [18.0])
+    assert warnings[0].startswith("Client c3: clipped update for task 'a': update norm 40 "
+                                  "exceeds 18 (3 x the reference norm, 6)")
+
+
+def test_each_model_has_its_own_reference():
+    """The clip of one model never looks at another's norms: "b"'s norms are
+    100x "a"'s and nothing is clipped in either."""
+    us = {"a": [upd("c0", [1.0]), upd("c1", [2.0])],
+          "b": [upd("c0", [100.0]), upd("c1", [150.0])]}
+    rejected, _, warnings = bound(us, clip=3.0)
+    assert rejected == [] and warnings == []
+    us["b"].append(upd("c2", [1000.0]))  # b's lower median is now 150: clipped to 450
+    _, _, warnings = bound(us, clip=3.0)
+    assert warnings == ["Client c2: clipped update for task 'b': update norm 1000 exceeds 450 "
+                        "(3 x the reference norm, 150); scaled to it"]
+    assert l2_norm(us["b"][2].delta) == pytest.approx(450.0)
+
+
+def test_no_clip_without_a_factor():
+    us = {"a": [upd("c0", [1.0]), upd("c1", [2.0]), upd("c2", [50.0])]}
+    _, _, warnings = bound(us, clip=None)
+    assert warnings == [] and us["a"][2].delta[0][0] == 50.0
+
+
+def test_the_default_factor_and_its_check():
+    assert Limits().update_clip_factor == UPDATE_CLIP_FACTOR
+    Limits(update_clip_factor=None)
+    with pytest.raises(ValueError, match="update_clip_factor must be >= 1"):
+        Limits(update_clip_factor=0.5)

@@ -90,3 +90,41 @@ def test_ucb_training_losses_are_capped_and_named():
                                   clients_per_round=3)
     assert mine(warnings, "training loss", "capped")
     assert_sane(result)
+
+
+def test_a_scaled_update_is_clipped_and_named_with_its_model_and_no_honest_client_is_rejected():
+    """x50 under the 100x rejection bound: every part client 3 trains is
+    clipped (3 x the reference norm) and the log names it with the model; no
+    honest client is rejected (the attack is contained without blaming them)."""
+    result, warnings = run_attack(H.scaled_update(HOSTILE, 50.0))
+    parts = [(rnd, task) for rnd, picks in result.assignments.items()
+             for cid, task, _ in picks if cid == HOSTILE]
+    clipped = mine(warnings, "clipped update", "3 x the reference norm")
+    assert len(parts) == 3 and len(clipped) == len(parts)
+    assert sorted(m.split("'")[1] for m in clipped) == sorted(t for _, t in parts)
+    assert [m for m in warnings if "rejected" in m] == []
+    assert_sane(result)
+
+
+def test_an_attack_on_one_model_leaves_the_other_models_run_unchanged():
+    """Isolation under MFA-RR: client 3 scales only its synthetic updates (x50,
+    then -10x); the digits model's history is the honest run's, round by round."""
+    honest, _ = run_attack(None)
+    for attack in (H.scaled_update(HOSTILE, 50.0, {"synthetic"}),
+                   H.scaled_update(HOSTILE, -10.0, {"synthetic"})):
+        attacked, warnings = run_attack(attack)
+        assert mine(warnings, "clipped update for task 'synthetic'")
+        assert mine(warnings, "'digits'") == []
+        rows = [(r["round"], r["accuracy"], r["loss"]) for r in honest.history
+                if r["task"] == "digits"]
+        assert rows == [(r["round"], r["accuracy"], r["loss"]) for r in attacked.history
+                        if r["task"] == "digits"]
+
+
+def test_attack_helpers_by_hand():
+    """ALIE's z of Baruch et al. for 12 clients: s = 7 - f, z = Phi^-1((12 - s) / 12):
+    f = 1 -> Phi^-1(0.5) = 0; f = 3 -> Phi^-1(8/12) = 0.4307."""
+    assert H.alie_z(12, 1) == pytest.approx(0.0, abs=1e-12)
+    assert H.alie_z(12, 3) == pytest.approx(0.430727, abs=1e-6)
+    with pytest.raises(ValueError):
+        H.alie_z(12, 12)

@@ -75,15 +75,20 @@ def mode_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def int_list(parser: argparse.ArgumentParser, name: str, text: str, low: int = 0) -> list[int]:
-    """``"0,1,2"`` -> ``[0, 1, 2]``; anything else is refused through ``parser.error``
-    (one line, exit code 2, before anything is written)."""
+    """``"0,1,2"`` -> ``[0, 1, 2]``, with ranges: ``"0-3,7"`` -> ``[0, 1, 2, 3, 7]``;
+    anything else is refused through ``parser.error`` (one line, exit code 2,
+    before anything is written)."""
     items = [x.strip() for x in str(text).split(",") if x.strip()]
     if not items:
         parser.error(f"{name}: give at least one value; got {text!r}")
+    values: list[int] = []
     try:
-        values = [int(x) for x in items]
+        for x in items:
+            first, dash, last = x.partition("-")
+            values += list(range(int(first), int(last) + 1)) if first and dash else [int(x)]
     except ValueError:
-        parser.error(f"{name}: expected integers separated by commas; got {text!r}")
+        parser.error(f"{name}: expected integers or ranges (0-7) separated by commas; "
+                     f"got {text!r}")
     if any(v < low for v in values):
         parser.error(f"{name}: every value must be >= {low}; got {text!r}")
     return values

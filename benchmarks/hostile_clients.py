@@ -40,7 +40,7 @@ import sys
 from typing import Any
 
 
-from _evidence import write_outputs
+from _evidence import int_list, write_outputs
 
 HOSTILE = "3"
 ATTACKS = ("huge-weights", "scaled-x1000", "count-registration", "count-train", "lying-loss",
@@ -169,12 +169,12 @@ def _field_run(job: tuple[str, str, str, int]) -> dict[str, Any]:
                               num_rounds=8, local_epochs=5, output_dir="", seed=seed,
                               **DEFENCES[defence])
     tap = _Tap()
-    logging.getLogger("flwr").addHandler(tap)
+    logger.addHandler(tap)
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             result = run_inprocess(Settings(**kw), wrap_client_app=_field_attack(attack))
     finally:
-        logging.getLogger("flwr").removeHandler(tap)
+        logger.removeHandler(tap)
     hostile = set(COLLUDERS[:int(attack[4:5])]) if attack.startswith("alie") else {HOSTILE}
     acted = [m for m in tap.lines if "clipped update" in m or "rejected update" in m]
     who = [m.split(":", 1)[0].removeprefix("Client ") for m in acted]
@@ -196,7 +196,7 @@ def field(a: argparse.Namespace) -> int:
     from _evidence import mean_ci, paired_ci
     from mmfl_flwr.presets import takes_aggregator
 
-    seeds = _seeds(a.seeds)
+    seeds = a.seed_list
     attacks = a.attacks.split(",") if a.attacks else list(FIELD)
     unknown = [x for x in attacks if x not in FIELD]
     if unknown:
@@ -204,10 +204,18 @@ def field(a: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     presets = a.presets.split(",") if a.presets else ["mfa-rr", "lvr", "stalevr"]
+    from mmfl_flwr.presets import PRESETS
+
+    if any(p not in PRESETS for p in presets):
+        print(f"error: --presets takes some of {list(PRESETS)}", file=sys.stderr)
+        return 2
     defences = a.defences.split(",")
     if any(d not in DEFENCES for d in defences):
         print(f"error: --defences takes some of {list(DEFENCES)}", file=sys.stderr)
         return 2
+    for p in presets:
+        if "median" in defences and not takes_aggregator(p):
+            print(f"note: {p} has its own aggregator; the median defence is not run for it")
     jobs = [(p, d, x, s) for p in presets for d in defences
             if d != "median" or takes_aggregator(p)
             for x in ["honest", "absent"] + attacks for s in seeds]
@@ -276,14 +284,6 @@ def field(a: argparse.Namespace) -> int:
     return 0
 
 
-def _seeds(text: str) -> list[int]:
-    out: list[int] = []
-    for part in text.split(","):
-        first, dash, last = part.partition("-")
-        out += list(range(int(first), int(last) + 1)) if dash else [int(first)]
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -302,10 +302,13 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.workers < 1:
         p.error("--workers must be >= 1")
-    try:
-        _seeds(a.seeds)
-    except ValueError:
-        p.error(f"--seeds takes ids and ranges such as 0,1 or 0-7, got {a.seeds!r}")
+    a.seed_list = int_list(p, "--seeds", a.seeds, low=0)
+    given = {opt for opt in (argv if argv is not None else sys.argv[1:])}
+    only = (["--defences", "--workers", "--cache"] if not a.field else ["--num-rounds"])
+    used = [o for o in only if any(g == o or g.startswith(o + "=") for g in given)]
+    if used:
+        p.error(f"{used[0]} {'needs' if not a.field else 'does not apply to'} --field"
+                + ("" if not a.field else " (its runs have 8 rounds)"))
     if a.field:
         return field(a)
     a.presets = a.presets or "mfa-rr,lvr,ranklist-ucb,stalevre"
@@ -313,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("flwr").setLevel(logging.WARNING)
     from mmfl_flwr.presets import takes_aggregator
 
-    seeds = _seeds(a.seeds)
+    seeds = a.seed_list
     rows = []
     for preset in a.presets.split(","):
         honest_runs = [_run(preset, None, s, a.num_rounds) for s in seeds]

@@ -23,6 +23,10 @@ __all__ = ["MIN_UPLOADS_PER_MODEL", "RESUME_MAY_CHANGE", "Option", "Settings", "
 #: Settings that a resumed run may change: they do not alter what the rounds
 #: compute (``num_rounds`` extends or finishes the run).
 RESUME_MAY_CHANGE = ("num_rounds", "timeout", "clients_per_node")
+#: Settings added after runs were saved without them, with the value such a
+#: run's ``config.json`` implies (what the run computed), where that differs
+#: from today's default: :meth:`Settings.load` fills a missing key with it.
+ADDED_LATER = {"update-clip-factor": 0.0}
 #: Settings that say where a run is written, not what it computes.
 _LOCATION = ("output_dir", "resume_from", "overwrite")
 #: Settings that name a folder: equal when they name the same one.
@@ -362,7 +366,9 @@ class Settings:
     @classmethod
     def load(cls, path: str) -> Settings:
         """Read settings written by :meth:`save`; a file that is not valid JSON
-        or holds invalid settings raises a ValueError naming it."""
+        or holds invalid settings raises a ValueError naming it. A setting the
+        file predates takes the value of :data:`ADDED_LATER` (what that run
+        computed), else the default."""
         import json
 
         with open(path) as f:
@@ -371,6 +377,7 @@ class Settings:
                 if isinstance(data, dict):
                     data.pop(EFFECTIVE_KEY, None)  # what the run used, not a setting
                     data.pop(ENGINE_KEY, None)
+                    data = {**ADDED_LATER, **data}
                 return cls.from_run_config(data)
             except ValueError as err:  # json.JSONDecodeError is one too
                 raise ValueError(f"{path}: {err}") from err

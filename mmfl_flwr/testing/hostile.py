@@ -88,14 +88,14 @@ def rewrite_update(who: str | Collection[str], fn: UpdateRewrite,
                 task = P.task_of(key, P.ARRAYS_PREFIX)
                 if task is None or (tasks is not None and task not in tasks):
                     continue
-                glob = msg.content.array_records[key]
-                floats = [n for n in rec.keys() if rec[n].numpy().dtype.kind == "f"]
-                update = {n: rec[n].numpy().astype(np.float64) - glob[n].numpy().astype(np.float64)
-                          for n in floats}
+                glob = {n: glob_arr.numpy()
+                        for n, glob_arr in msg.content.array_records[key].items()}
+                local = {n: arr.numpy() for n, arr in rec.items()}
+                update = {n: a.astype(np.float64) - glob[n].astype(np.float64)
+                          for n, a in local.items() if a.dtype.kind == "f"}
                 new = fn(task, update, msg, ctx)
-                for n in floats:
-                    g = glob[n].numpy()
-                    rec[n] = Array((g.astype(np.float64) + new[n]).astype(g.dtype))
+                for n in update:
+                    rec[n] = Array((glob[n].astype(np.float64) + new[n]).astype(glob[n].dtype))
             return reply
 
         return call
@@ -130,6 +130,16 @@ def gaussian_update(who: str, scale: float = 10.0, seed: int = 0,
     return rewrite_update(who, fn, tasks)
 
 
+def _this_round(store: dict[str, tuple[str, list[dict[str, np.ndarray]]]], task: str,
+                msg: Message) -> list[dict[str, np.ndarray]]:
+    """The colluders' updates of ``task`` in the round of ``msg`` (its group id),
+    forgetting earlier rounds."""
+    rnd = msg.metadata.group_id
+    if task not in store or store[task][0] != rnd:
+        store[task] = (rnd, [])
+    return store[task][1]
+
+
 def alie_z(num_clients: int, num_attackers: int) -> float:
     """``z_max`` of "A Little Is Enough" (Baruch et al., 2019): with ``n``
     clients of which ``f`` collude, ``s = floor(n / 2 + 1) - f`` honest clients
@@ -151,11 +161,11 @@ def alie(colluders: Collection[str], z: float, tasks: Collection[str] | None = N
     until two are known), an estimate of the honest spread from their own data
     (the attack's paper assumes the honest updates are known)."""
     latest: dict[tuple[str, str], dict[str, np.ndarray]] = {}
-    current: dict[tuple[str, str], list[dict[str, np.ndarray]]] = {}
+    current: dict[str, tuple[str, list[dict[str, np.ndarray]]]] = {}
 
     def fn(task: str, u: dict[str, np.ndarray], msg: Message,
            ctx: Context) -> dict[str, np.ndarray]:
-        now = current.setdefault((task, msg.metadata.group_id), [])
+        now = _this_round(current, task, msg)
         now.append(u)
         latest[(task, _cid(ctx))] = u
         known = [v for (t, _), v in latest.items() if t == task]
@@ -173,11 +183,11 @@ def ipm(colluders: Collection[str], eps: float, tasks: Collection[str] | None = 
     """Inner-product manipulation (Xie et al., 2020): every colluder sends
     ``-eps`` times the mean of the colluders' honest updates of the model this
     round so far (with one attacker, ``-eps`` times its own update)."""
-    seen: dict[tuple[str, str], list[dict[str, np.ndarray]]] = {}
+    seen: dict[str, tuple[str, list[dict[str, np.ndarray]]]] = {}
 
     def fn(task: str, u: dict[str, np.ndarray], msg: Message,
            ctx: Context) -> dict[str, np.ndarray]:
-        now = seen.setdefault((task, msg.metadata.group_id), [])
+        now = _this_round(seen, task, msg)
         now.append(u)
         return {n: -eps * np.mean([v[n] for v in now], axis=0) for n in u}
 

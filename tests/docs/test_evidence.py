@@ -263,6 +263,34 @@ def test_bad_arguments_are_refused_in_one_line(tmp_path, script, args, message):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--workers", "3"], "--workers needs --field"),
+    (["--field", "--num-rounds", "4"], "--num-rounds does not apply to --field"),
+    (["--field", "--presets", "nope"], "--presets takes some of"),
+    (["--field", "--defences", "zz"], "--defences takes some of"),
+    (["--field", "--attacks", "x50,zz"], "unknown attack(s) ['zz']"),
+    (["--field", "--workers", "0"], "--workers must be >= 1"),
+    (["--seeds", "0-x"], "expected integers or ranges"),
+])
+def test_hostile_clients_refuses_bad_arguments_in_one_line(tmp_path, args, message):
+    out = tmp_path / "t.md"
+    proc = subprocess.run([sys.executable, str(BENCH / "hostile_clients.py"), *args,
+                           "--markdown", str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+def test_int_list_takes_ranges():
+    import argparse
+
+    p = argparse.ArgumentParser()
+    assert E.int_list(p, "--seeds", "0-3,7") == [0, 1, 2, 3, 7]
+    assert E.int_list(p, "--seeds", "5") == [5]
+    with pytest.raises(SystemExit):
+        E.int_list(p, "--seeds", "-2", low=0)
+
+
 @pytest.mark.slow
 def test_reproduce_runs_every_experiment_and_writes_results(tmp_path):
     """The wiring of every evidence script and of RESULTS.md, at ``--smoke`` scale

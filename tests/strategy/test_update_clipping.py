@@ -100,3 +100,21 @@ def test_the_default_factor_and_its_check():
     Limits(update_clip_factor=None)
     with pytest.raises(ValueError, match="update_clip_factor must be >= 1"):
         Limits(update_clip_factor=0.5)
+
+
+def test_a_run_saved_before_the_clip_existed_resumes_without_it(tmp_path):
+    """A config.json written before ``update-clip-factor`` existed describes a run
+    without the clip: loading it gives 0 (off), not today's default, so
+    ``mmfl run --resume`` continues that run as it was computed."""
+    import json
+
+    from mmfl_flwr.config import Settings
+
+    path = tmp_path / "config.json"
+    Settings(num_rounds=2).save(str(path))
+    data = json.loads(path.read_text())
+    assert data.pop("update-clip-factor") == 3.0
+    path.write_text(json.dumps(data))
+    assert Settings.load(str(path)).update_clip_factor == 0.0
+    path.write_text(json.dumps({**data, "update-clip-factor": 5.0}))
+    assert Settings.load(str(path)).update_clip_factor == 5.0

@@ -118,3 +118,29 @@ def test_a_run_saved_before_the_clip_existed_resumes_without_it(tmp_path):
     assert Settings.load(str(path)).update_clip_factor == 0.0
     path.write_text(json.dumps({**data, "update-clip-factor": 5.0}))
     assert Settings.load(str(path)).update_clip_factor == 5.0
+
+
+@pytest.mark.parametrize("value,expected", [(3.0, 3.0), (0.0, None), (5.0, 5.0)])
+def test_the_setting_reaches_the_strategy(value, expected):
+    """``update-clip-factor`` (run config, CLI flag) is the strategy's clip; 0 is off."""
+    from mmfl_flwr.config import Settings
+    from mmfl_flwr.flower_app.server_app import strategy_from_settings
+
+    for preset in ("mfa-rr", "lvr", "stalevr"):
+        s = Settings(strategy=preset, update_clip_factor=value)
+        assert strategy_from_settings(s).limits.update_clip_factor == expected
+    assert Settings().update_clip_factor == UPDATE_CLIP_FACTOR
+
+
+def test_huge_finite_updates_are_clipped_without_overflow_or_nan():
+    """Without the rejection bound: entries of 1e300 have a norm of 1.41e300,
+    computed without overflow, and are scaled to the bound 6 along (1, 1);
+    entries of 1.5e308 have a norm beyond the float range (inf): scaled by
+    bound / inf = 0, the update adds nothing and no NaN. Both are named."""
+    us = {"a": [upd("c0", [1.0, 0.0]), upd("c1", [2.0, 0.0]), upd("c2", [1e300, 1e300]),
+                upd("c3", [1.5e308, 1.5e308])]}
+    _, _, warnings = bound(us, factor=None)
+    np.testing.assert_allclose(us["a"][2].delta[0], [6 / np.sqrt(2)] * 2)
+    np.testing.assert_array_equal(us["a"][3].delta[0], [0.0, 0.0])
+    assert warnings[0].startswith("Client c2: clipped update for task 'a': update norm 1.414e+300")
+    assert warnings[1].startswith("Client c3: clipped update for task 'a': update norm inf")

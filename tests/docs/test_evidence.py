@@ -281,6 +281,25 @@ def test_hostile_clients_refuses_bad_arguments_in_one_line(tmp_path, args, messa
     assert not out.exists()
 
 
+@pytest.mark.slow
+def test_hostile_field_smoke(tmp_path):
+    """One attack, one seed: the per-model rows name the attacker's clips with
+    their models and no honest client is rejected."""
+    import json
+
+    out = tmp_path / "f.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "hostile_clients.py"), "--field",
+                           "--presets", "mfa-rr", "--attacks", "x50", "--seeds", "0",
+                           "--defences", "default", "--workers", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    x50 = [r for r in rows if r["attack"] == "x50"]
+    assert sorted(r["model"] for r in x50) == ["digits", "synthetic"]
+    assert all(r["attacker_named"] > 0 and r["honest_rejected"] == 0 for r in x50)
+    assert x50[0]["named_models"] == ["digits", "synthetic"]
+
+
 def test_int_list_takes_ranges():
     import argparse
 

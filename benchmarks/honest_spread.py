@@ -52,6 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     short = {"update-norm": "norm", "query-loss": "query", "train-loss": "train"}
 
     def record(kind: str, task: str, values: list[float], reference: float) -> None:
+        if kind == "direction":  # the lowest honest mean cosine, and how far below the median
+            if values:
+                stats["dir-low"] = min(stats.get("dir-low", 1.0), min(values))
+                stats["dir-gap"] = max(stats["dir-gap"], reference - min(values))
+            return
         # the largest ratio of an honest report to the reference its bound uses
         if reference > 0 and values:
             stats[short[kind]] = max(stats[short[kind]], max(values) / reference)

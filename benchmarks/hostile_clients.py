@@ -123,8 +123,25 @@ FIELD = {
     "x50@synthetic": "x50 on the synthetic model only",
     "flip10@synthetic": "-10 x on the synthetic model only",
 }
-DEFENCES = {"default": {}, "no-clip": {"update_clip_factor": 0.0},
-            "median": {"aggregator": "median"}}
+#: "no-direction": the clip without the direction check; "no-clip": neither
+#: (only the rejection bounds)
+DEFENCES = {"default": {}, "no-direction": {"direction_factor": 0.0},
+            "no-clip": {"update_clip_factor": 0.0, "direction_factor": 0.0},
+            "median": {"aggregator": "median"},
+            "centered-clip": {"aggregator": "centered-clip"}}
+
+
+def _defence(preset: str, defence: str) -> dict[str, Any]:
+    """The settings of a defence for a preset: centered clipping keeps the
+    preset's weights (the unbiased rule's d/(Bp) for a policy whose picks carry
+    inclusion probabilities, FedAvg's otherwise)."""
+    kw = dict(DEFENCES[defence])
+    if defence == "centered-clip":
+        from mmfl_flwr.presets import make_strategy
+
+        if make_strategy(preset).aggregator.needs_inclusion_probabilities:
+            kw["aggregator"] = "unbiased-centered-clip"
+    return kw
 
 
 def _field_attack(name: str) -> Any:
@@ -167,7 +184,7 @@ def _field_run(job: tuple[str, str, str, int]) -> dict[str, Any]:
         h.setLevel(logging.ERROR)
     kw: dict[str, Any] = dict(strategy=preset, tasks="digits,synthetic", num_clients=12,
                               num_rounds=8, local_epochs=5, output_dir="", seed=seed,
-                              **DEFENCES[defence])
+                              **_defence(preset, defence))
     tap = _Tap()
     logger.addHandler(tap)
     try:
@@ -214,10 +231,11 @@ def field(a: argparse.Namespace) -> int:
         print(f"error: --defences takes some of {list(DEFENCES)}", file=sys.stderr)
         return 2
     for p in presets:
-        if "median" in defences and not takes_aggregator(p):
-            print(f"note: {p} has its own aggregator; the median defence is not run for it")
+        for d in ("median", "centered-clip"):
+            if d in defences and not takes_aggregator(p):
+                print(f"note: {p} has its own aggregator; the {d} defence is not run for it")
     jobs = [(p, d, x, s) for p in presets for d in defences
-            if d != "median" or takes_aggregator(p)
+            if d not in ("median", "centered-clip") or takes_aggregator(p)
             for x in ["honest", "absent"] + attacks for s in seeds]
     cache = Path(a.cache) if a.cache else None
     done: dict[tuple, dict[str, Any]] = {}
@@ -295,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--field", action="store_true",
                    help="run the attack families of the robust-FL benchmarks instead")
     p.add_argument("--defences", default="default,no-clip",
-                   help="--field: defence configurations (default, no-clip, median)")
+                   help="--field: defence configurations (default, no-direction, no-clip, median, "
+                        "centered-clip)")
     p.add_argument("--workers", type=int, default=2, help="--field: parallel runs")
     p.add_argument("--cache", default="", help="--field: JSONL file of finished runs (reused)")
     p.add_argument("--presets", default="")

@@ -67,6 +67,8 @@ _EXPORTS = {
     "StaleVRSampling": "mmfl_flwr.core.stalevr",
     "MeanAggregator": "mmfl_flwr.core.aggregators",
     "MedianAggregator": "mmfl_flwr.core.robust",
+    "CenteredClipAggregator": "mmfl_flwr.core.robust",
+    "UnbiasedCenteredClipAggregator": "mmfl_flwr.core.robust",
     "TrimmedMeanAggregator": "mmfl_flwr.core.robust",
     "optimal_stale_beta": "mmfl_flwr.core.stalevr",
     "StaleStore": "mmfl_flwr.core.stale",

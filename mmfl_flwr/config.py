@@ -26,7 +26,7 @@ RESUME_MAY_CHANGE = ("num_rounds", "timeout", "clients_per_node")
 #: Settings added after runs were saved without them, with the value such a
 #: run's ``config.json`` implies (what the run computed), where that differs
 #: from today's default: :meth:`Settings.load` fills a missing key with it.
-ADDED_LATER = {"update-clip-factor": 0.0}
+ADDED_LATER = {"update-clip-factor": 0.0, "direction-factor": 0.0}
 #: Settings that say where a run is written, not what it computes.
 _LOCATION = ("output_dir", "resume_from", "overwrite")
 #: Settings that name a folder: equal when they name the same one.
@@ -152,6 +152,12 @@ class Settings:
     update_clip_factor : float
         Updates above this multiple of the model's reference norm (the same
         reference) are scaled down to it (0 = off).
+    direction_factor : float
+        A client whose updates of a model point against the other clients'
+        (mean cosine over its recent rounds) has its updates of that model
+        scaled down to the round's reference norm when that mean is negative
+        and lies this many robust deviations below the clients' median, while
+        the clients agree on a direction (0 = off).
     timeout : float
         Seconds to wait for the replies of one round trip.
     clients_per_node : str
@@ -201,6 +207,7 @@ class Settings:
     loss_cap: float = 10.0
     count_cap: float = 200.0
     update_clip_factor: float = 3.0
+    direction_factor: float = 3.0
     timeout: float = 600.0
     clients_per_node: str = "auto"
     dp: str = ""
@@ -617,6 +624,10 @@ def options() -> dict[str, Option]:
                                      "reference norm", low=1, low_open=True, off="off"),
         "update_clip_factor": Option("scale updates above this multiple of the model's "
                                      "reference norm down to it", low=1, off="off"),
+        "direction_factor": Option("scale a client's updates of a model down to the "
+                                   "reference norm when they point against the other "
+                                   "clients' by more than this many robust deviations",
+                                   low=0, low_open=True, off="off"),
         "loss_cap": Option("cap reported losses above this multiple of the task's reference "
                            "loss", low=1, low_open=True, off="off"),
         "count_cap": Option("use a client's sample count up to this multiple of the task's "

@@ -43,7 +43,12 @@ from mmfl_flwr.core.aggregators import (
     UnbiasedAggregator,
 )
 from mmfl_flwr.core.pairing import check_pairing
-from mmfl_flwr.core.robust import MedianAggregator, TrimmedMeanAggregator
+from mmfl_flwr.core.robust import (
+    CenteredClipAggregator,
+    MedianAggregator,
+    TrimmedMeanAggregator,
+    UnbiasedCenteredClipAggregator,
+)
 
 if TYPE_CHECKING:
     from mmfl_flwr.core.policy import Policy
@@ -55,6 +60,8 @@ AGGREGATORS: dict[str, Callable[[], Aggregator]] = {
     "mean": MeanAggregator,
     "median": MedianAggregator,
     "trimmed-mean": TrimmedMeanAggregator,
+    "centered-clip": CenteredClipAggregator,
+    "unbiased-centered-clip": UnbiasedCenteredClipAggregator,
 }
 
 

@@ -1,4 +1,5 @@
-"""Robust aggregators: coordinate-wise median and trimmed mean, per model.
+"""Robust aggregators, per model: coordinate-wise median and trimmed mean, and
+centered clipping (with FedAvg's or the unbiased rule's weights).
 
 Framework-free (numpy only). Both are the coordinate-wise statistics of Yin et
 al. 2018 ("Byzantine-Robust Distributed Learning: Towards Optimal Statistical
@@ -23,7 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from mmfl_flwr.core.aggregators import Aggregator, Update, Weights, apply_step
+from mmfl_flwr.core.aggregators import (
+    Aggregator,
+    UnbiasedAggregator,
+    Update,
+    Weights,
+    apply_step,
+)
 
 
 def _check_shapes(weights: Weights, updates: Sequence[Update]) -> None:
@@ -135,3 +142,100 @@ class TrimmedMeanAggregator(_CoordinateWise):
             return stacked.mean(axis=0)
         ordered = np.sort(stacked, axis=0)
         return ordered[cut : k - cut].mean(axis=0)
+
+
+class CenteredClipAggregator(Aggregator):
+    """Centered clipping (Karimireddy, He and Jaggi 2021, "Learning from History
+    for Byzantine Robust Optimization", ICML), one clipping pass per round, per
+    model, keeping the weights of a base rule.
+
+    The center ``v`` is the model's previous step (0 in its first round). Each
+    update ``G_k`` is moved to ``v + (G_k - v) min(1, tau / ||G_k - v||)``, with
+    ``tau`` the lower median of the round's distances ``||G_k - v||``: an
+    honest distance while fewer than half of the updates are hostile, even with
+    two updates (where the median of two is their mean and protects nothing).
+    The step is the base rule's weighted sum of the moved updates: FedAvg's
+    ``n_k / sum n`` here, paper 003's ``d / (B p)`` in
+    :class:`UnbiasedCenteredClipAggregator`, so an update within ``tau`` of the
+    center counts exactly as under the base rule, and with nothing clipped the
+    step is the base rule's.
+
+    Robustness: one update moves the step at most ``c_k (||v|| + tau)`` away
+    from the center, whatever its norm or direction; a scaled, flipped or noisy
+    update counts as one at an honest distance. Not unbiased once something is
+    clipped (with heterogeneous data, honest updates far from the consensus are
+    clipped too), and not part of the MMFL papers. Covers the trainable entries
+    (the strategy averages the state entries). Keeps the previous step of each
+    model (checkpointed).
+    """
+
+    name = "centered-clip"
+
+    def __init__(self) -> None:
+        self._center: dict[str, list[np.ndarray]] = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"center": {t: [a.copy() for a in v] for t, v in self._center.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._center = {str(t): [np.asarray(a, dtype=np.float64).copy() for a in v]
+                        for t, v in state.get("center", {}).items()}
+
+    def base_coefficients(self, updates: Sequence[Update]) -> list[float]:
+        total = float(sum(u.num_examples for u in updates))
+        return [u.num_examples / total for u in updates]
+
+    def coefficients(self, updates: Sequence[Update]) -> list[float]:
+        """The base rule's weights (applied to the clipped updates)."""
+        return self.base_coefficients(updates)
+
+    def clipped(self, task: str, weights: Weights, updates: Sequence[Update]) -> list[Weights]:
+        """Each update moved to within ``tau`` of the center (float64)."""
+        center = self._center.get(task)
+        if center is None or len(center) != len(weights) or any(
+                c.shape != w.shape for c, w in zip(center, weights)):
+            center = [np.zeros(w.shape, dtype=np.float64) for w in weights]
+        diffs = [[np.asarray(d, dtype=np.float64) - c for d, c in zip(u.delta, center)]
+                 for u in updates]
+        dist = [float(np.sqrt(sum(float(np.square(x).sum()) for x in d))) for d in diffs]
+        tau = float(np.percentile(dist, 50, method="lower"))
+        out = []
+        for d, r in zip(diffs, dist):
+            scale = min(1.0, tau / r) if r > 0 else 1.0
+            out.append([c + scale * x for c, x in zip(center, d)])
+        return out
+
+    def aggregate(
+        self,
+        task: str,
+        weights: Weights,
+        updates: Sequence[Update],
+        server_round: int,
+        *,
+        shares: Mapping[str, float] | None = None,
+        fresh: Mapping[str, Weights] | None = None,
+    ) -> Weights:
+        """``w - sum_k c_k (v + clip(G_k - v, tau))``; the step becomes the next
+        center. Unchanged copies (and the center kept) without updates."""
+        if not updates:
+            return [w.copy() for w in weights]
+        _check_shapes(weights, updates)
+        moved = self.clipped(task, weights, updates)
+        coeffs = self.coefficients(updates)
+        step = [sum(c * m[j] for c, m in zip(coeffs, moved)) for j in range(len(weights))]
+        if all(np.isfinite(s).all() for s in step):
+            self._center[task] = [np.asarray(s, dtype=np.float64) for s in step]
+        return apply_step(weights, [step], [1.0])
+
+
+class UnbiasedCenteredClipAggregator(CenteredClipAggregator):
+    """:class:`CenteredClipAggregator` with paper 003's weights ``d_{i,s} l /
+    (B_i p_{s|(i,b)})`` (:class:`~mmfl_flwr.core.aggregators.UnbiasedAggregator`):
+    the robust rule for LVR-style policies, whose picks carry inclusion
+    probabilities; with nothing clipped it is the unbiased step."""
+
+    name = "unbiased-centered-clip"
+    needs_inclusion_probabilities = True
+
+    def base_coefficients(self, updates: Sequence[Update]) -> list[float]:
+        return UnbiasedAggregator().coefficients(updates)

@@ -53,6 +53,7 @@ def strategy_from_settings(
         "max_update_norm": s.max_update_norm or None,
         "update_norm_factor": s.update_norm_factor or None,
         "update_clip_factor": s.update_clip_factor or None,
+        "direction_factor": s.direction_factor or None,
         "loss_cap": s.loss_cap or None,
         "count_cap": s.count_cap or None,
     }

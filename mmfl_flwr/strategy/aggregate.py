@@ -21,6 +21,7 @@ from mmfl_flwr.strategy.validation import (
     Limits,
     TrainOutcome,
     bound_update_norms,
+    check_directions,
     cap_train_losses,
     collect_updates,
     l2_norm,
@@ -67,9 +68,10 @@ def aggregate_train_replies(
     def model_norm(task: str) -> float:
         return l2_norm(run_state.weights[task][k] for k in run_state.split_keys(task)[0])
 
-    for task, cid in bound_update_norms(outcome.updates, run_state.norm_history,
-                                        limits.update_norm_factor, model_norm,
-                                        limits.update_clip_factor):
+    rejected = bound_update_norms(outcome.updates, run_state.norm_history,
+                                  limits.update_norm_factor, model_norm, limits.update_clip_factor)
+    check_directions(outcome.updates, run_state.direction_history, limits.direction_factor)
+    for task, cid in rejected:
         outcome.rejected[task] += 1
         outcome.rejected_parts.append((cid, task))
         outcome.observed.pop((cid, task), None)

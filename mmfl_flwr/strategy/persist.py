@@ -44,6 +44,8 @@ def run_state_dict(
         "history": [dict(r) for r in result.history],
         "trainable": {t: list(k) for t, k in run_state.trainable.items()},
         "norm_history": {t: list(v) for t, v in run_state.norm_history.items()},
+        "direction_history": {t: {c: list(v) for c, v in per.items()}
+                              for t, per in run_state.direction_history.items()},
         "loss_reference": dict(run_state.loss_reference),
         "bound_at_first_use": dict(run_state.bound_at_first_use),
         "assignments": dict(result.assignments),
@@ -91,6 +93,8 @@ def restore(
     run_state.table.load_state_dict(state["table"])
     run_state.trainable = {**state.get("trainable", {}), **run_state.pinned_trainable}
     run_state.norm_history = {t: list(v) for t, v in state.get("norm_history", {}).items()}
+    run_state.direction_history = {t: {c: list(v) for c, v in per.items()}
+                                   for t, per in state.get("direction_history", {}).items()}
     run_state.loss_reference = dict(state.get("loss_reference", {}))
     for cid, pin in state.get("bound_at_first_use", {}).items():
         if run_state.client_pins.get(cid, run_state.client_pins.get("*")) == "key:first-use":

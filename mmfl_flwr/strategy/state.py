@@ -93,6 +93,8 @@ class RunState:
     bound_at_first_use: dict[str, str] = field(default_factory=dict)
     #: task -> recent accepted update norms (the reference of the norm bound)
     norm_history: dict[str, list[float]] = field(default_factory=dict)
+    #: task -> client id -> its recent direction cosines (:func:`~.validation.check_directions`)
+    direction_history: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     #: task -> largest median reported loss so far (the reference of the loss cap)
     loss_reference: dict[str, float] = field(default_factory=dict)
     #: client id -> the message type its ClientApp has no handler for (left out)

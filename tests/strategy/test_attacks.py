@@ -128,3 +128,24 @@ def test_attack_helpers_by_hand():
     assert H.alie_z(12, 3) == pytest.approx(0.430727, abs=1e-6)
     with pytest.raises(ValueError):
         H.alie_z(12, 12)
+
+
+@pytest.mark.slow
+def test_a_flipper_is_shrunk_by_the_direction_check_and_named_and_no_honest_client_is():
+    """StaleVR, the attack-family benchmark's federation (12 clients, 5 local
+    epochs): client 3 sends -10 x its update every round. The norm clip takes
+    it to 3 x the reference norm; from the round its mean cosine with the
+    others' median is an outlier, the direction check shrinks its digits
+    updates to the reference norm and names it with the model. No honest
+    client is shrunk or rejected; synthetic (whose clients do not agree on a
+    direction) is never judged."""
+    s = Settings(strategy="stalevr", tasks="digits,synthetic", num_clients=12, num_rounds=5,
+                 local_epochs=5, output_dir="", seed=1)
+    with LogTap.on_flwr() as tap:
+        result = run_inprocess(s, wrap_client_app=H.scaled_update(HOSTILE, -10.0))
+    warnings = tap.warnings()
+    turned = [m for m in warnings if "its updates point against" in m]
+    assert turned and all(m.startswith(f"Client {HOSTILE}: clipped update for task 'digits'")
+                          for m in turned)
+    assert [m for m in warnings if "rejected" in m] == []
+    assert_sane(result)

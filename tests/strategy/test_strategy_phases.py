@@ -230,6 +230,8 @@ def test_run_state_round_trip_and_identity(tmp_path):
     run.table.upsert(ClientInfo(cid="a", num_examples={"t": 4}))
     run.trainable["t"] = ["w"]
     run.rng.random(7)
+    run.norm_history["t"] = [1.5, 2.0]
+    run.direction_history["t"] = {"a": [0.25, -0.5]}
     result = MultiModelResult(history=[{"round": 1, "task": "t"}], assignments={1: []})
     pol, agg = RandomAllocation(0.3), FedAvgAggregator()
     save_checkpoint(tmp_path, run_state_dict(run, pol, agg, 1, result))
@@ -239,6 +241,8 @@ def test_run_state_round_trip_and_identity(tmp_path):
     assert restore(fresh, RandomAllocation(0.3), FedAvgAggregator(), state, back) == 1
     assert fresh.weights["t"]["w"].tolist() == [0.0, 1.0, 2.0]
     assert fresh.table.ids() == ["a"] and fresh.trainable == {"t": ["w"]}
+    assert fresh.norm_history == {"t": [1.5, 2.0]}
+    assert fresh.direction_history == {"t": {"a": [0.25, -0.5]}}
     assert fresh.rng.random() == run.rng.random()
     assert back.history == result.history
     with pytest.raises(ValueError, match="seed"):

@@ -210,18 +210,22 @@ def inflated_count(who: str, count: int = 10**9, at_registration: bool = True) -
     return _on(P.QUERY_INFO, who, info) if at_registration else _on("train", who, train)
 
 
-def lying_loss(who: str, factor: float = 1e5, train_too: bool = True) -> Attack:
+def lying_loss(who: str, factor: float = 1e5, train_too: bool = True,
+               tasks: Collection[str] | None = None) -> Attack:
     """``who`` reports ``factor`` times its true loss in loss queries (and, with
-    ``train_too``, as its training loss), to be sampled more often."""
+    ``train_too``, as its training loss), to be sampled more often; only for
+    ``tasks`` when given (an attack aimed at some models)."""
 
     def query(msg: Message, reply: Message, ctx: Context) -> None:
         rec = reply.content.metric_records[P.LOSSES_KEY]
         for task in list(rec.keys()):
-            rec[task] = float(rec[task]) * factor  # type: ignore[arg-type]
+            if tasks is None or task in tasks:
+                rec[task] = float(rec[task]) * factor  # type: ignore[arg-type]
 
     def train(msg: Message, reply: Message, ctx: Context) -> None:
         for key, rec in reply.content.metric_records.items():
-            if P.task_of(key, P.METRICS_PREFIX) is not None and P.TRAIN_LOSS in rec:
+            task = P.task_of(key, P.METRICS_PREFIX)
+            if task is not None and (tasks is None or task in tasks) and P.TRAIN_LOSS in rec:
                 rec[P.TRAIN_LOSS] = float(rec[P.TRAIN_LOSS]) * factor  # type: ignore[arg-type]
 
     attacks = [_on(P.QUERY_LOSSES, who, query)] + ([_on("train", who, train)] if train_too else [])

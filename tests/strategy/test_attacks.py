@@ -20,8 +20,9 @@ HOSTILE = "3"
 
 
 def run_attack(attack, strategy="mfa-rr", **kw):
-    s = Settings(strategy=strategy, tasks="digits,synthetic", num_clients=8, num_rounds=3,
-                 local_epochs=1, output_dir="", seed=2, **kw)
+    kw = dict(dict(num_rounds=3), **kw)
+    s = Settings(strategy=strategy, tasks="digits,synthetic", num_clients=8, local_epochs=1,
+                 output_dir="", seed=2, **kw)
     with LogTap.on_flwr() as tap:
         result = run_inprocess(s, wrap_client_app=attack)
     return result, tap.warnings()
@@ -119,6 +120,46 @@ def test_an_attack_on_one_model_leaves_the_other_models_run_unchanged():
                 if r["task"] == "digits"]
         assert rows == [(r["round"], r["accuracy"], r["loss"]) for r in attacked.history
                         if r["task"] == "digits"]
+
+
+def test_a_loss_liar_on_one_model_takes_at_most_its_processors_from_the_other_under_lvr(
+        monkeypatch):
+    """Isolation under LVR, in a real run: client 3 reports 1e5 x its synthetic
+    losses (capped by the loss cap). In every round, the digits model's expected
+    uploads under the probabilities the policy used are at least those it
+    would have had with client 3's synthetic loss at 0 or at the others'
+    median, minus client 3's processor count and the stated 0.15
+    (tests/core/test_model_isolation.py holds the property on random
+    federations)."""
+    from mmfl_flwr.core import lvr
+    from mmfl_flwr.core.policy import data_shares, eligibility_view, resolve_budget
+
+    calls = []
+    original = lvr.LVR.probabilities
+
+    def recording(self, table, tasks):
+        ids, p, procs = original(self, table, tasks)
+        _, n, _, losses = eligibility_view(table, tasks)
+        m = resolve_budget(self.budget, self.budget_fraction, int(procs.sum()))
+        calls.append((ids, list(tasks), losses, data_shares(n), procs, m, self.floor, p))
+        return ids, p, procs
+
+    monkeypatch.setattr(lvr.LVR, "probabilities", recording)
+    result, warnings = run_attack(H.lying_loss(HOSTILE, 1e5, tasks={"synthetic"}),
+                                  strategy="lvr", num_rounds=4)
+    assert mine(warnings, "'synthetic' capped")
+    assert mine(warnings, "'digits'") == []
+    assert_sane(result)
+    assert len(calls) >= 4
+    for ids, tasks, losses, d, procs, m, floor, p in calls:
+        j, s, t = ids.index(HOSTILE), tasks.index("synthetic"), tasks.index("digits")
+        digits = float((p[t] * procs).sum())
+        others = np.delete(losses[s], j)
+        for v in (0.0, float(np.nanmedian(others))):
+            honest = losses.copy()
+            honest[s, j] = v
+            q = lvr.lvr_probabilities(honest, d, procs, m, floor)
+            assert digits >= float((q[t] * procs).sum()) - procs[j] - 0.15
 
 
 def test_attack_helpers_by_hand():

@@ -17,11 +17,14 @@ client's update alone moves accuracy by several points (compare the
 ``--field`` runs instead the attack families of the robust-FL benchmarks
 (ByzFL, FLPoison, Blades) against each defence configuration, per model:
 
-    python benchmarks/hostile_clients.py --field --seeds 0-7 \
+    python benchmarks/hostile_clients.py --field --seeds 0-5 \
+        --defences default,no-direction,no-clip,median,centered-clip \
+        --cache docs/results/attack_field_runs.jsonl \
         --markdown docs/results/attack_field.md --json docs/results/attack_field.json
 
 (tasks ``digits,synthetic``, 12 clients, 8 rounds, 5 local epochs, in-process
-engine; attacker id 3, colluders 3, 7 and 9). Each attack's per-model drop is
+engine; attacker id 3, colluders 3, 7 and 9 for ALIE and label flipping, which
+poisons the clients' data through ``run_inprocess``'s ``client_hook``). Each attack's per-model drop is
 paired by seed with the honest run of the same defence and compared with the
 drop of the attacker-absent run (client 3 fails every training): an attack is
 ``contained`` when its mean drop is at most the absent run's upper 95% bound
@@ -120,6 +123,8 @@ FIELD = {
     "ipm2": "inner-product manipulation, eps 2 (one attacker: -2 x its update)",
     "alie2": "ALIE, colluders 3 and 7, z from Baruch et al. for 12 clients",
     "alie3": "ALIE, colluders 3, 7 and 9",
+    "lflip1": "label flipping (y -> C-1-y) by client 3, on every model",
+    "lflip3": "label flipping by clients 3, 7 and 9",
     "x50@synthetic": "x50 on the synthetic model only",
     "flip10@synthetic": "-10 x on the synthetic model only",
 }
@@ -170,7 +175,27 @@ def _field_attack(name: str) -> Any:
     if name.startswith("alie"):
         f = int(name[4:])
         return H.alie(COLLUDERS[:f], H.alie_z(12, f), tasks)
+    if name.startswith("lflip"):
+        return None  # data poisoning: a client hook (_field_hook), not a wrapper
     raise KeyError(name)
+
+
+def _attackers(name: str) -> set[str]:
+    """The hostile clients of a field attack."""
+    for family in ("alie", "lflip"):
+        if name.startswith(family):
+            return set(COLLUDERS[:int(name[len(family):].partition("@")[0])])
+    return {HOSTILE}
+
+
+def _field_hook(name: str) -> Any:
+    """The client hook of a data-poisoning attack, or None."""
+    from mmfl_flwr.testing import hostile as H
+
+    name, _, task = name.partition("@")
+    if not name.startswith("lflip"):
+        return None
+    return H.label_flipping(sorted(_attackers(name)), {task} if task else None)
 
 
 def _field_run(job: tuple[str, str, str, int]) -> dict[str, Any]:
@@ -189,10 +214,11 @@ def _field_run(job: tuple[str, str, str, int]) -> dict[str, Any]:
     logger.addHandler(tap)
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            result = run_inprocess(Settings(**kw), wrap_client_app=_field_attack(attack))
+            result = run_inprocess(Settings(**kw), wrap_client_app=_field_attack(attack),
+                                   client_hook=_field_hook(attack))
     finally:
         logger.removeHandler(tap)
-    hostile = set(COLLUDERS[:int(attack[4:5])]) if attack.startswith("alie") else {HOSTILE}
+    hostile = _attackers(attack)
     acted = [m for m in tap.lines if "clipped update" in m or "rejected update" in m]
     who = [m.split(":", 1)[0].removeprefix("Client ") for m in acted]
     return {"preset": preset, "defence": defence, "attack": attack, "seed": seed,

@@ -50,6 +50,7 @@ def run_inprocess(
     settings: Settings,
     strategy: MultiModelStrategy | None = None,
     wrap_client_app: Callable[[Any], Any] | None = None,
+    client_hook: Callable[[Any], Any] | None = None,
 ) -> MultiModelResult:
     """Run on :class:`~mmfl_flwr.grid.InProcessGrid` (no Ray, no SuperLink), one
     node per client (with ``clients_per_node`` K > 1: ``ceil(N / K)`` shard nodes).
@@ -57,14 +58,27 @@ def run_inprocess(
     ``strategy`` replaces the preset named by the settings (for custom pairings
     of policy and aggregator on the embedded tasks); ``wrap_client_app(app)``
     replaces the ClientApp callable (fault injection, hostile clients:
-    :mod:`mmfl_flwr.testing.hostile`)."""
-    from mmfl_flwr.flower_app.client_app import build_client_app
+    :mod:`mmfl_flwr.testing.hostile`); ``client_hook(spec)`` returns the
+    :class:`~mmfl_flwr.client.app.ClientSpec` a client runs with, given the one
+    built from the settings (poisoned data:
+    :func:`~mmfl_flwr.testing.hostile.label_flipping`)."""
+    from mmfl_flwr.client.app import make_client_app
+    from mmfl_flwr.flower_app.client_app import build_client_app, node_spec_fn
     from mmfl_flwr.flower_app.server_app import server_main
     from mmfl_flwr.grid import InProcessGrid
 
     _single_thread_torch()
     run_config = settings.to_run_config()
-    app = build_client_app(settings)
+    if client_hook is None:
+        app = build_client_app(settings)
+    else:
+        specs = node_spec_fn(settings)
+
+        def hooked(ctx: Context) -> Any:
+            got = specs(ctx)
+            return [client_hook(c) for c in got] if isinstance(got, list) else client_hook(got)
+
+        app = make_client_app(hooked, threads="auto")
     grid = InProcessGrid(
         wrap_client_app(app) if wrap_client_app else app, node_configs(settings, "inprocess"),
         run_config, seed=settings.seed,

@@ -251,6 +251,16 @@ class TorchTrainer:
         """Number of local training examples."""
         return self.num_train
 
+    def map_train_labels(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Replace the local training labels by ``fn(labels)`` (a new tensor of
+        the same shape; the old one, which may share the federation's arrays,
+        is not modified). Loss queries and training then use the new labels:
+        how :func:`mmfl_flwr.testing.hostile.label_flipping` poisons a client."""
+        y = fn(self._y_train)
+        if not isinstance(y, torch.Tensor) or y.shape != self._y_train.shape:
+            raise ValueError("map_train_labels: fn must return a tensor of the labels' shape")
+        self._y_train = y.to(device=self.device, dtype=self._y_train.dtype)
+
     def train_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The local training inputs and labels as tensors on :attr:`device` (shared,
         not copies: do not modify). Used by the vectorised engine."""

@@ -8,12 +8,13 @@ wrapper of one). Pass it to :func:`mmfl_flwr.runner.run_inprocess`
 :class:`~mmfl_flwr.grid.InProcessGrid`. The hostile client is chosen by its
 partition id (the ``partition-id`` of its node config) or by ``cid``.
 
-numpy and flwr only; the honest client does all the training.
+numpy and flwr only (torch for label flipping); the honest client does all the training.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, Context, Message
@@ -296,6 +297,35 @@ def replay(who: str) -> Attack:
     return attack
 
 
+def label_flipping(who: str | Collection[str], tasks: Collection[str] | None = None
+                   ) -> Callable[[Any], Any]:
+    """Data poisoning: the clients ``who`` train (and answer loss queries) on
+    their own data with every label ``y`` replaced by ``C - 1 - y`` (``C``: the
+    model's number of outputs), for ``tasks`` when given, as the label-flipping
+    attacks of the robust-FL benchmarks do. Unlike the other attacks this is
+    not a wrapper of the ClientApp but a hook on the clients it builds: pass it
+    as :func:`mmfl_flwr.runner.run_inprocess`'s ``client_hook``. The replies are
+    honest computations on poisoned data, so every shape and norm check passes.
+    Needs the trainers' :meth:`~mmfl_flwr.client.trainer.TorchTrainer.map_train_labels`."""
+    import torch
+
+    liars = set(_who(who))
+
+    def hook(spec: Any) -> Any:
+        if spec.client_id not in liars:
+            return spec
+        for task, trainer in spec.trainers.items():
+            if tasks is not None and task not in tasks:
+                continue
+            x, _ = trainer.train_tensors()
+            with torch.random.fork_rng(devices=[]), torch.no_grad():
+                classes = int(trainer.model_fn().to(x.device)(x[:1]).shape[-1])
+            trainer.map_train_labels(lambda y, c=classes: (c - 1) - y)
+        return spec
+
+    return hook
+
+
 def chain(*attacks: Attack) -> Attack:
     """Several attacks at once (applied in order)."""
 
@@ -309,6 +339,7 @@ def chain(*attacks: Attack) -> Attack:
 
 __all__ = [
     "Attack", "alie", "alie_z", "chain", "gaussian_update", "huge_weights", "impersonate",
-    "inflated_count", "ipm", "late_registration", "lying_loss", "replay", "rewrite_update",
+    "inflated_count", "ipm", "label_flipping", "late_registration", "lying_loss", "replay",
+    "rewrite_update",
     "scaled_update", "with_token",
 ]

@@ -19,12 +19,12 @@ from mmfl_flwr.testing import hostile as H
 HOSTILE = "3"
 
 
-def run_attack(attack, strategy="mfa-rr", **kw):
+def run_attack(attack, strategy="mfa-rr", client_hook=None, **kw):
     kw = dict(dict(num_rounds=3), **kw)
     s = Settings(strategy=strategy, tasks="digits,synthetic", num_clients=8, local_epochs=1,
                  output_dir="", seed=2, **kw)
     with LogTap.on_flwr() as tap:
-        result = run_inprocess(s, wrap_client_app=attack)
+        result = run_inprocess(s, wrap_client_app=attack, client_hook=client_hook)
     return result, tap.warnings()
 
 
@@ -160,6 +160,22 @@ def test_a_loss_liar_on_one_model_takes_at_most_its_processors_from_the_other_un
             honest[s, j] = v
             q = lvr.lvr_probabilities(honest, d, procs, m, floor)
             assert digits >= float((q[t] * procs).sum()) - procs[j] - 0.15
+
+
+def test_label_flipping_reaches_the_run_through_client_hook():
+    """run_inprocess(client_hook=label_flipping(...)): client 3 trains digits on
+    flipped labels; the digits model's run differs from the honest one, the
+    synthetic model's does not (MFA-RR reads no losses), nothing is NaN."""
+    honest, _ = run_attack(None)
+    flipped, _ = run_attack(None, client_hook=H.label_flipping(HOSTILE, tasks={"digits"}))
+    assert_sane(flipped)
+
+    def rows(result, task):
+        return [(r["round"], r["accuracy"], r["loss"]) for r in result.history
+                if r["task"] == task]
+
+    assert rows(flipped, "digits") != rows(honest, "digits")
+    assert rows(flipped, "synthetic") == rows(honest, "synthetic")
 
 
 def test_attack_helpers_by_hand():

@@ -78,3 +78,34 @@ def test_alie_sends_mean_minus_z_std_of_what_the_colluders_know():
     np.testing.assert_allclose(train(app, "7")["a"],
                                np.array([0.2, 0.1, 0.2]) - 1.5 * np.array([0.1, 0.1, 0.2]),
                                rtol=1e-5, atol=1e-7)
+
+
+def test_label_flipping_by_hand():
+    """The hook gives client 3 the labels C - 1 - y on the tasks named (C from the
+    model's outputs: 10 for digits, 5 for synthetic), leaves another client and
+    the other task as they were, and does not touch the federation's arrays."""
+    from flwr.app import Context, RecordDict
+
+    from mmfl_flwr.config import Settings
+    from mmfl_flwr.flower_app.client_app import client_spec
+
+    s = Settings(tasks="digits,synthetic", num_clients=6, seed=1)
+
+    def spec(pid: int):
+        return client_spec(Context(run_id=1, node_id=pid, node_config={"partition-id": pid},
+                                   state=RecordDict(), run_config={}), s)
+
+    before = {pid: {t: tr.train_tensors()[1].clone() for t, tr in spec(pid).trainers.items()}
+              for pid in (3, 4)}
+    hook = H.label_flipping("3", tasks={"digits"})
+    flipped, other = hook(spec(3)), hook(spec(4))
+    assert "digits" in flipped.trainers and "synthetic" in flipped.trainers
+    y0 = before[3]["digits"]
+    assert (flipped.trainers["digits"].train_tensors()[1] == 9 - y0).all()
+    assert (flipped.trainers["synthetic"].train_tensors()[1] == before[3]["synthetic"]).all()
+    for t, tr in other.trainers.items():
+        assert (tr.train_tensors()[1] == before[4][t]).all()
+    # a new spec of client 3 (the federation's arrays) still has the true labels
+    assert (spec(3).trainers["digits"].train_tensors()[1] == y0).all()
+    both = H.label_flipping(["3"])(spec(3))
+    assert (both.trainers["synthetic"].train_tensors()[1] == 4 - before[3]["synthetic"]).all()

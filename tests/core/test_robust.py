@@ -116,6 +116,21 @@ def test_trimmed_mean_equals_scipy_on_local_models(k, beta):
     assert_matches(out, w, expected)
 
 
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
+def test_median_and_trimmed_mean_equal_flowers_own_on_local_models(k):
+    """Flower's FedMedian / FedTrimmedAvg functions (flwr.server.strategy.aggregate)
+    applied to the local models give what the per-model aggregators step to."""
+    from flwr.server.strategy.aggregate import aggregate_median, aggregate_trimmed_avg
+
+    w, locals_, updates = random_case(k, seed=200 + k)
+    results = [([a.astype(np.float64) for a in loc], u.num_examples)
+               for loc, u in zip(locals_, updates)]
+    assert_matches(MedianAggregator().aggregate("t", w, updates, 1), w,
+                   aggregate_median(results))
+    assert_matches(TrimmedMeanAggregator(0.2).aggregate("t", w, updates, 1), w,
+                   aggregate_trimmed_avg(results, 0.2))
+
+
 @pytest.mark.parametrize("k", [2, 3, 5, 8])
 def test_beta_zero_is_the_plain_mean(k):
     w, locals_, updates = random_case(k, seed=200 + k)

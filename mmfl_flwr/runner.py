@@ -62,23 +62,13 @@ def run_inprocess(
     :class:`~mmfl_flwr.client.app.ClientSpec` a client runs with, given the one
     built from the settings (poisoned data:
     :func:`~mmfl_flwr.testing.hostile.label_flipping`)."""
-    from mmfl_flwr.client.app import make_client_app
-    from mmfl_flwr.flower_app.client_app import build_client_app, node_spec_fn
+    from mmfl_flwr.flower_app.client_app import build_client_app
     from mmfl_flwr.flower_app.server_app import server_main
     from mmfl_flwr.grid import InProcessGrid
 
     _single_thread_torch()
     run_config = settings.to_run_config()
-    if client_hook is None:
-        app = build_client_app(settings)
-    else:
-        specs = node_spec_fn(settings)
-
-        def hooked(ctx: Context) -> Any:
-            got = specs(ctx)
-            return [client_hook(c) for c in got] if isinstance(got, list) else client_hook(got)
-
-        app = make_client_app(hooked, threads="auto")
+    app = build_client_app(settings, client_hook)
     grid = InProcessGrid(
         wrap_client_app(app) if wrap_client_app else app, node_configs(settings, "inprocess"),
         run_config, seed=settings.seed,

@@ -146,7 +146,7 @@ def lvr_probabilities(
         u = eligible.astype(np.float64)  # all-zero signal: uniform over eligible pairs
     elif floor > 0:
         ref = u[eligible].mean()
-        cap = FLOOR_MEAN_CAP * float(np.median(u[eligible & (u > 0)]))
+        cap = FLOOR_MEAN_CAP * float(np.median(u[u > 0]))  # u is 0 off eligible pairs
         u = np.where(eligible, u + floor * min(ref, cap), 0.0)
     u_max = u.max() if u.size else 0.0
     if u_max > 0:

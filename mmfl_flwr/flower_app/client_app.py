@@ -206,16 +206,28 @@ def node_spec_fn(settings: Settings | None = None
     return spec
 
 
-def build_client_app(settings: Settings | None = None) -> ClientApp:
+def build_client_app(settings: Settings | None = None,
+                     client_hook: Callable[[ClientSpec], ClientSpec] | None = None
+                     ) -> ClientApp:
     """The ClientApp; with ``settings`` given, ``run_config`` is not read.
 
     The user tasks registered in this process travel with the app (a snapshot
     of the registry), so simulated clients in other processes know them too.
     The node's ``client-token`` (node config) goes into its info reply. A node
     hosting a shard computes it with the cores other processes leave free, at
-    most the CPUs its worker was given (``threads="auto"``).
+    most the CPUs its worker was given (``threads="auto"``). ``client_hook(spec)``
+    gives the ClientSpec each client runs with, from the one built here
+    (poisoned data in tests: :func:`mmfl_flwr.testing.hostile.label_flipping`).
     """
-    return make_client_app(node_spec_fn(settings), threads="auto")
+    specs = node_spec_fn(settings)
+    if client_hook is None:
+        return make_client_app(specs, threads="auto")
+
+    def hooked(ctx: Context) -> ClientSpec | list[ClientSpec]:
+        got = specs(ctx)
+        return [client_hook(c) for c in got] if isinstance(got, list) else client_hook(got)
+
+    return make_client_app(hooked, threads="auto")
 
 
 app = build_client_app()

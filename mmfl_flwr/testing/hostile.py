@@ -317,6 +317,9 @@ def label_flipping(who: str | Collection[str], tasks: Collection[str] | None = N
         for task, trainer in spec.trainers.items():
             if tasks is not None and task not in tasks:
                 continue
+            if not hasattr(trainer, "map_train_labels"):
+                raise TypeError(f"label_flipping: client {spec.client_id}'s trainer for "
+                                f"{task!r} ({type(trainer).__name__}) has no map_train_labels")
             x, _ = trainer.train_tensors()
             with torch.random.fork_rng(devices=[]), torch.no_grad():
                 classes = int(trainer.model_fn().to(x.device)(x[:1]).shape[-1])

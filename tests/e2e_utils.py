@@ -1,4 +1,4 @@
-"""Helpers for the slow end-to-end tests (``tests/engines/test_e2e_slow.py`` and the other slow tests).
+"""Helpers for the slow end-to-end tests (the tests marked ``slow``).
 
 Everything here serves three goals:
 

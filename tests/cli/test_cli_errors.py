@@ -120,7 +120,7 @@ def test_an_output_dir_that_is_a_file_is_one_line_before_anything_starts(engine,
 
 def test_logs_written_to_a_file_carry_no_colour_codes(tmp_path):
     """ANSI colours only on a terminal: a warning of a run whose stderr is a file
-    (or a pipe) is plain text (the simulation engine's: tests/engines/test_e2e_slow.py)."""
+    (or a pipe) is plain text (the simulation engine's: tests/docs/test_readme_main_job.py)."""
     proc = subprocess.run(
         [sys.executable, "-m", "mmfl_flwr.cli", "run", *SMALL, "--strategy", "lvr",
          "--output-dir", str(tmp_path / "out")],

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from e2e_utils import REPO_ROOT, run_isolated
+from e2e_utils import REPO_ROOT, check_outputs, default_model_names, run_isolated
 
 pytestmark = [
     pytest.mark.ray,
@@ -58,3 +58,14 @@ def test_the_main_job_runs_verbatim(tmp_path: Path) -> None:
     assert (out / "metrics.csv").is_file() and (out / "assignments.csv").is_file()
     assert "on Flower's simulation engine (Ray)" in output
     assert "DEPRECATED" not in output  # Flower's supported simulation path
+    # every output file, a row per round and model (the default tasks)
+    check_outputs(out, default_model_names(), num_rounds=rounds)
+    # written to a pipe, not a terminal: no ANSI colour codes (issue 25)
+    assert "\x1b[" not in output, [ln for ln in output.splitlines() if "\x1b[" in ln][:5]
+    # the run records the engine that ran it (mmfl compare lists it when it differs)
+    config = json.loads((out / "config.json").read_text())
+    assert summary["engine"] == config["engine"] == "simulation", (summary["engine"], config)
+    # `mmfl run` hosts the clients on shard nodes (clients-per-node auto: one node per
+    # CPU Ray sees), each training its clients batched; that they give the
+    # in-process engine's run is tests/engines/test_parity_matrix.py's
+    assert int(config["clients-per-node"]) > 1, config["clients-per-node"]

@@ -1,7 +1,7 @@
 """``mmfl run``'s path onto Flower's simulation runtime (flower_app/launch.py):
 the Flower App it writes carries every setting, and the log filter keeps the
 progress lines. The whole path runs in the slow tests (``mmfl run`` in
-test_e2e_slow.py and test_readme_main_job.py, the user-task example in
+test_readme_main_job.py and test_sim_strategies_slow.py, the user-task example in
 test_sim_strategies_slow.py)."""
 
 from __future__ import annotations

@@ -1,0 +1,19 @@
+"""The repository as a Flower App: what ``flwr run .`` packages.
+
+The app's ``pyproject.toml`` declares what Flower needs (``check_app_pyproject``),
+and the FAB that ``flwr run`` builds from the repository stays small (results,
+caches and virtual environments are left out). Running it: the README's ``flwr
+run`` commands (tests/docs/test_flwr_run_readme.py, the local SuperLink's
+simulation, streamed) and the loopback deployments (tests/deploy/, detached runs
+polled to ``finished:completed``).
+"""
+
+from __future__ import annotations
+
+from e2e_utils import FAB_MAX_BYTES, REPO_ROOT, check_app_pyproject, fab_size_report
+
+
+def test_the_repository_is_a_flower_app_whose_fab_stays_small() -> None:
+    check_app_pyproject(REPO_ROOT)
+    size, largest = fab_size_report(REPO_ROOT)
+    assert size < FAB_MAX_BYTES, f"the FAB would be {size} bytes; largest files {largest}"

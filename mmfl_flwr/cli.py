@@ -114,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument(
         "--threads", default=None, metavar="K",
         help="torch threads of the vectorized engine: auto (default) uses the cores "
-             "other processes leave free, checked before every round trip; K fixes them",
+             "other processes leave free (at most OMP_NUM_THREADS where it is set), "
+             "checked before every round trip; K fixes them",
     )
     p_run.add_argument(
         "--config", metavar="FILE", default=None,

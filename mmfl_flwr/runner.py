@@ -90,9 +90,8 @@ def run_vectorized(
     Flower's engines without a transport. ``chunk`` bounds the clients trained
     in one batched call. ``threads``: torch's threads, ``"auto"`` the cores
     other processes leave free, checked before every round trip
-    (:class:`~mmfl_flwr.client.threads.CoreWatch`), or a number."""
-    import os
-
+    (:class:`~mmfl_flwr.client.threads.CoreWatch`; at most ``OMP_NUM_THREADS``
+    where it is set), or a number."""
     import torch
 
     from mmfl_flwr.client.app import make_client_app
@@ -100,12 +99,12 @@ def run_vectorized(
     from mmfl_flwr.flower_app.server_app import server_main
     from mmfl_flwr.grid import InProcessGrid
 
-    from mmfl_flwr.client.threads import parse_threads
+    from mmfl_flwr.client.threads import cpu_budget, parse_threads
 
-    # every core this process may use (--threads auto takes the free ones of them
-    # on shard nodes), or the fixed number, also for single-client nodes
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    torch.set_num_threads(parse_threads(threads) or max(1, int(cores or 1)))
+    # every core this process may use, at most OMP_NUM_THREADS where it is set
+    # (--threads auto takes the free ones of them on shard nodes), or the fixed
+    # number, also for single-client nodes
+    torch.set_num_threads(parse_threads(threads) or cpu_budget())
     run_config = settings.to_run_config()
     app = make_client_app(node_spec_fn(settings), chunk=chunk, threads=threads)
     grid = InProcessGrid(app, node_configs(settings, "vectorized"), run_config,

@@ -15,6 +15,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+
+# One torch (OpenMP) thread per process, set before anything imports torch: the
+# suite already runs one pytest-xdist worker per core, so a second thread per
+# process only makes the workers and their Flower/Ray children wait on each other
+# (the engines cap their threads at OMP_NUM_THREADS, as Ray's workers do). A
+# value the user exported is kept; the thread tests set their own.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any

@@ -37,6 +37,18 @@ def parse_threads(value: object) -> int | None:
     return n
 
 
+def cpu_budget() -> int:
+    """The CPU threads this process may use: the cores it may run on, at most
+    ``OMP_NUM_THREADS`` where that is set to a whole number >= 1 (the variable
+    torch, OpenMP and Ray use to cap a process's threads; anything else in it is
+    ignored, as torch ignores it)."""
+    n = len(_cores())
+    text = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if text.isdigit() and int(text) >= 1:
+        n = min(n, int(text))
+    return max(1, n)
+
+
 def _cores() -> list[int]:
     if hasattr(os, "sched_getaffinity"):
         return sorted(os.sched_getaffinity(0))

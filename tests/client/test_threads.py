@@ -10,7 +10,7 @@ import time
 import pytest
 
 from mmfl_flwr.cli import main as cli_main
-from mmfl_flwr.client.threads import CoreWatch, ThreadChooser, parse_threads
+from mmfl_flwr.client.threads import CoreWatch, ThreadChooser, _cores, cpu_budget, parse_threads
 
 
 def test_parse_threads():
@@ -50,6 +50,40 @@ def test_a_busy_core_is_not_counted_as_free():
     finally:
         spin.kill()
         spin.wait()
+
+
+def test_the_cpu_budget_is_the_cores_at_most_omp_num_threads(monkeypatch):
+    cores = len(_cores())
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert cpu_budget() == cores
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert cpu_budget() == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", str(cores + 5))  # never above the cores
+    assert cpu_budget() == cores
+    for ignored in ("0", "x", "", "-2"):  # not a whole number >= 1: the cores
+        monkeypatch.setenv("OMP_NUM_THREADS", ignored)
+        assert cpu_budget() == cores
+
+
+def test_the_vectorized_engine_takes_at_most_omp_num_threads(monkeypatch):
+    """A user's OMP_NUM_THREADS caps the vectorized engine's torch threads, as it
+    caps torch's own and Ray's."""
+    import torch
+
+    from mmfl_flwr.config import Settings
+    from mmfl_flwr.runner import run
+
+    before = torch.get_num_threads()
+    seen = []
+    real = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (seen.append(n), real(n)))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    try:
+        run(Settings(strategy="mfa-rr", tasks="synthetic", num_clients=3, num_rounds=1,
+                     local_epochs=1, output_dir=""), engine="vectorized")
+    finally:
+        real(before)
+    assert seen and set(seen) == {1}, seen
 
 
 def test_a_fixed_thread_count_is_set():

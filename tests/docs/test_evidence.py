@@ -195,6 +195,26 @@ def test_paper001_arrivals_keep_the_papers_shape_at_any_length():
     assert P.VARIATIONS["clients-static-p12"]["participation"] == pytest.approx(1 / 12)
 
 
+def test_paper001_scenarios_take_mnist_5k_models():
+    """``--task mnist-5k``: every model of every scenario (the arriving ones too) is
+    an mnist-5k model; the digits runs keep their settings and their cache keys."""
+    import paper001_group as P
+
+    for sc in ("consistent", "inconsistent", "clients", "tasks"):
+        digits, variant = P.scenario_settings(sc, 90)
+        mnist, variant2 = P.scenario_settings(sc, 90, "mnist-5k")
+        assert variant == variant2
+        assert set(digits["tasks"].split(",")) == {"digits"}
+        assert mnist["tasks"] == digits["tasks"].replace("digits", "mnist-5k")
+        assert {k: v for k, v in mnist.items() if k not in ("tasks", "task_arrivals")} == \
+            {k: v for k, v in digits.items() if k not in ("tasks", "task_arrivals")}
+    assert P.scenario_settings("tasks", 90, "mnist-5k")[0]["task_arrivals"] == \
+        "mnist-5k_4:30,mnist-5k_5:60"
+    s, _, _ = P.build("tasks", "group", 0, 9, "mnist-5k")
+    assert s.tasks == "mnist-5k,mnist-5k,mnist-5k,mnist-5k,mnist-5k"
+    assert s.task_arrival_rounds() == {"mnist-5k_4": 3, "mnist-5k_5": 6}
+
+
 def test_paper001_random_allocation_trains_a_sixth_of_the_clients_online():
     """The papers' random allocation takes 1/6 of the clients present in the round,
     not of the final federation: with 24 of 60 online, 4 trainers, not 10."""

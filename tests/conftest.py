@@ -22,6 +22,11 @@ import os
 # (the engines cap their threads at OMP_NUM_THREADS, as Ray's workers do). A
 # value the user exported is kept; the thread tests set their own.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The digits splits' cache (mmfl_flwr.tasks.data.cache_dir) of the test processes and
+# of the Flower processes they start: kept in the checkout's .pytest_cache, not the
+# user's ~/.cache.
+os.environ.setdefault("MMFL_CACHE_DIR", os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".pytest_cache", "mmfl-cache"))
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any

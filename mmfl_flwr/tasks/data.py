@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -87,32 +88,135 @@ def concat_datasets(parts: list[Dataset]) -> Dataset:
     )
 
 
+#: The digits data file inside scikit-learn's package (what ``load_digits`` reads).
+_DIGITS_FILE = ("datasets", "data", "digits.csv.gz")
+
+
+def _sklearn_digits_file() -> str | None:
+    """The path of scikit-learn's ``digits.csv.gz``, found without importing
+    scikit-learn (None when the installed version keeps it elsewhere)."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("sklearn")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(root, *_DIGITS_FILE)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
 @functools.lru_cache(maxsize=1)
 def _raw_digits() -> tuple[np.ndarray, np.ndarray]:
-    """Load the sklearn digits once, scaled to [0, 1] and shaped (n, 1, 8, 8)."""
-    # Imported lazily: scikit-learn is slow to import and only digits needs it.
-    from sklearn.datasets import load_digits
+    """Load the sklearn digits once, scaled to [0, 1] and shaped (n, 1, 8, 8).
 
-    bunch = load_digits()
-    x = (np.asarray(bunch.data, dtype=np.float32) / np.float32(16.0)).reshape(-1, 1, 8, 8)
-    y = np.asarray(bunch.target, dtype=np.int64)
+    The file scikit-learn ships (1,797 rows of 64 pixel values 0-16 and the
+    label) is read directly: importing scikit-learn costs about 3 s of CPU per
+    process, paid by every Ray actor and SuperNode process that holds digits
+    clients. Falls back to ``sklearn.datasets.load_digits`` where the file is
+    not found; ``tests/tasks/test_data.py`` checks both give the same arrays."""
+    path = _sklearn_digits_file()
+    if path is not None:
+        table = np.loadtxt(path, delimiter=",", dtype=np.float64)
+        data, target = table[:, :-1], table[:, -1]
+    else:
+        from sklearn.datasets import load_digits
+
+        bunch = load_digits()
+        data, target = bunch.data, bunch.target
+    x = (np.asarray(data, dtype=np.float32) / np.float32(16.0)).reshape(-1, 1, 8, 8)
+    y = np.asarray(target, dtype=np.int64)
     x.setflags(write=False)
     y.setflags(write=False)
     return x, y
 
 
-@functools.lru_cache(maxsize=32)
-def _digits_split_indices(seed: int, test_fraction: float) -> tuple[np.ndarray, np.ndarray]:
-    """Stratified train/test indices of the digits data for ``seed`` (cached)."""
+def cache_dir() -> Path | None:
+    """Where mmfl-flwr keeps files it can recompute (the digits splits):
+    ``$MMFL_CACHE_DIR``, else ``$XDG_CACHE_HOME/mmfl-flwr``, else
+    ``~/.cache/mmfl-flwr``. ``MMFL_CACHE_DIR=""`` (empty) turns the cache off
+    (returns None). Nothing in it changes a result: deleting it only costs time."""
+    import os
+
+    env = os.environ.get("MMFL_CACHE_DIR")
+    if env is not None:
+        return Path(env) if env.strip() else None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "mmfl-flwr"
+
+
+def _valid_split(train: np.ndarray, test: np.ndarray, y: np.ndarray, n_test: int) -> bool:
+    """A cached split is used only if it is a stratified-size partition of the
+    examples: every index once, ``n_test`` of them in the test part."""
+    if train.ndim != 1 or test.ndim != 1 or test.shape[0] != n_test:
+        return False
+    both = np.concatenate([train, test])
+    return both.shape[0] == y.shape[0] and bool(
+        np.array_equal(np.sort(both), np.arange(y.shape[0]))
+    )
+
+
+def _sklearn_split(y: np.ndarray, seed: int, test_fraction: float):
     from sklearn.model_selection import train_test_split
 
-    _, y = _raw_digits()
     idx = np.arange(y.shape[0])
     train_idx, test_idx = train_test_split(
         idx, test_size=test_fraction, random_state=seed, stratify=y, shuffle=True
     )
-    train_idx = np.asarray(train_idx, dtype=np.int64)
-    test_idx = np.asarray(test_idx, dtype=np.int64)
+    return np.asarray(train_idx, dtype=np.int64), np.asarray(test_idx, dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=32)
+def _digits_split_indices(seed: int, test_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """Stratified train/test indices of the digits data for ``seed``: scikit-learn's
+    ``train_test_split`` (stratified, shuffled, ``random_state=seed``), computed
+    once per (scikit-learn version, seed, fraction) and kept in :func:`cache_dir`
+    so that other processes need not import scikit-learn (cached per process
+    too). A cache file that cannot be read or is not a partition of the
+    examples is ignored and rewritten; one that cannot be written is skipped."""
+    import math
+    import os
+    import tempfile
+    from importlib.metadata import PackageNotFoundError, version
+
+    _, y = _raw_digits()
+    n_test = math.ceil(test_fraction * y.shape[0])
+    try:
+        sk_version = version("scikit-learn")
+    except PackageNotFoundError:  # pragma: no cover - sklearn is a dependency
+        sk_version = "unknown"
+    root = cache_dir()
+    path = None if root is None else root / (
+        f"digits-split-sklearn{sk_version}-seed{seed}-test{test_fraction!r}.npz")
+    split = None
+    if path is not None and path.is_file():
+        try:
+            with np.load(path) as f:
+                train_idx = np.asarray(f["train"], dtype=np.int64)
+                test_idx = np.asarray(f["test"], dtype=np.int64)
+            if _valid_split(train_idx, test_idx, y, n_test):
+                split = train_idx, test_idx
+        except Exception:  # unreadable: recomputed and rewritten below
+            split = None
+    if split is None:
+        split = _sklearn_split(y, seed, test_fraction)
+        if path is not None:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npz")
+            except OSError:
+                tmp = None
+            if tmp is not None:
+                try:
+                    with os.fdopen(fd, "wb") as f:
+                        np.savez(f, train=split[0], test=split[1])
+                    os.replace(tmp, path)  # atomic: a reader sees all of it or none
+                except OSError:
+                    try:
+                        os.unlink(tmp)
+                    except OSError:
+                        pass
+    train_idx, test_idx = split
     train_idx.setflags(write=False)
     test_idx.setflags(write=False)
     return train_idx, test_idx

@@ -53,6 +53,87 @@ def test_digits_deterministic_and_seed_dependent() -> None:
     assert not _same(d_train, b_train)
 
 
+def test_digits_are_scikit_learns_read_without_importing_it() -> None:
+    """The file read directly gives load_digits' arrays exactly."""
+    from sklearn.datasets import load_digits
+
+    from mmfl_flwr.tasks import data as D
+
+    assert D._sklearn_digits_file() is not None  # else the fallback would hide the test
+    x, y = D._raw_digits()
+    bunch = load_digits()
+    assert np.array_equal(x, (bunch.data.astype(np.float32) / np.float32(16)).reshape(-1, 1, 8, 8))
+    assert np.array_equal(y, bunch.target)
+
+
+def _fresh_split(monkeypatch, tmp_path, seed, fraction, cache="cache"):
+    from mmfl_flwr.tasks import data as D
+
+    monkeypatch.setenv("MMFL_CACHE_DIR", str(tmp_path / cache) if cache else "")
+    D._digits_split_indices.cache_clear()
+    try:
+        return D._digits_split_indices(seed, fraction)
+    finally:
+        D._digits_split_indices.cache_clear()
+
+
+@pytest.mark.parametrize("seed,fraction", [(0, 0.2), (7, 0.2), (3, 0.35)])
+def test_digits_split_is_train_test_splits_and_the_cache_gives_it_back(
+        monkeypatch, tmp_path, seed, fraction) -> None:
+    from sklearn.model_selection import train_test_split
+
+    from mmfl_flwr.tasks import data as D
+
+    _, y = D._raw_digits()
+    want = train_test_split(np.arange(y.shape[0]), test_size=fraction, random_state=seed,
+                            stratify=y, shuffle=True)
+    first = _fresh_split(monkeypatch, tmp_path, seed, fraction)
+    assert [np.array_equal(a, b) for a, b in zip(first, want)] == [True, True]
+    assert len(list((tmp_path / "cache").glob("digits-split-*.npz"))) == 1
+    # read back from the file: scikit-learn's split is not computed again
+    def no_sklearn(*a):
+        raise AssertionError("recomputed")
+    monkeypatch.setattr(D, "_sklearn_split", no_sklearn)
+    again = _fresh_split(monkeypatch, tmp_path, seed, fraction)
+    assert [np.array_equal(a, b) for a, b in zip(again, want)] == [True, True]
+
+
+def test_a_bad_digits_cache_file_is_ignored_and_rewritten(monkeypatch, tmp_path) -> None:
+    from mmfl_flwr.tasks import data as D
+
+    want = _fresh_split(monkeypatch, tmp_path, 1, 0.2)
+    (path,) = (tmp_path / "cache").glob("digits-split-*.npz")
+    # not a partition of the examples (an index twice, one missing)
+    np.savez(path, train=np.r_[want[0][:-1], want[0][0]], test=want[1])
+    got = _fresh_split(monkeypatch, tmp_path, 1, 0.2)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    path.write_bytes(b"not a numpy file")
+    got = _fresh_split(monkeypatch, tmp_path, 1, 0.2)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    with np.load(path) as f:  # rewritten
+        assert np.array_equal(f["train"], want[0]) and np.array_equal(f["test"], want[1])
+
+
+def test_an_empty_cache_dir_setting_writes_nothing(monkeypatch, tmp_path) -> None:
+    from mmfl_flwr.tasks import data as D
+
+    monkeypatch.chdir(tmp_path)
+    got = _fresh_split(monkeypatch, tmp_path, 2, 0.2, cache="")
+    assert D.cache_dir() is None and list(tmp_path.iterdir()) == []
+    assert len(got[1]) == 360
+
+
+def test_loading_digits_with_a_warm_cache_does_not_import_scikit_learn(tmp_path) -> None:
+    code = ("import sys; from mmfl_flwr.tasks.data import load_digits_data; "
+            "load_digits_data(0); print('sklearn' in sys.modules)")
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "MMFL_CACHE_DIR": str(tmp_path)}
+    runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, check=True).stdout.strip() for _ in range(2)]
+    assert runs == ["True", "False"]  # the first computes the split, the second reads it
+
+
 def test_data_modules_do_not_import_torch() -> None:
     code = (
         "import sys, mmfl_flwr.tasks, mmfl_flwr.tasks.data, mmfl_flwr.tasks.federation; "

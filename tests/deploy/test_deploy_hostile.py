@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(
 APP = REPO_ROOT / "tests" / "hostile_app"
 HOSTILE = 1
 NUM_NODES = 3
-ROUNDS = 2
+ROUNDS = 1
 TASKS = "digits,synthetic"
 
 

@@ -53,15 +53,16 @@ def assert_same_run(ref, got, s: Settings) -> None:
     assert len(gaps) == 2 and max(gaps.values()) <= TOL, gaps
 
 
-_REFERENCE: dict[str, object] = {}
+_REFERENCE: dict[tuple[str, str], object] = {}
 
 
-def reference(strategy: str):
+def reference(strategy: str, profile: str = "uniform"):
     from mmfl_flwr.runner import run
 
-    if strategy not in _REFERENCE:
-        _REFERENCE[strategy] = run(settings(strategy, clients_per_node="1"), engine="inprocess")
-    return _REFERENCE[strategy]
+    if (strategy, profile) not in _REFERENCE:
+        _REFERENCE[strategy, profile] = run(
+            settings(strategy, clients_per_node="1", profile=profile), engine="inprocess")
+    return _REFERENCE[strategy, profile]
 
 
 def test_the_gap_measure():
@@ -86,6 +87,21 @@ def test_shard_nodes_give_the_reference_run(strategy, engine, k):
     assert_same_run(reference(strategy), run(s, engine=engine), s)
 
 
+@pytest.mark.parametrize("engine,k", [("inprocess", str(N // 2)), ("vectorized", "auto")])
+def test_multi_processor_clients_give_the_reference_run(engine, k):
+    """Paper 003's profile: clients with several processors train several models
+    in one round (one node computes every pair of its clients), and some hold
+    only some of the tasks."""
+    from mmfl_flwr.runner import run
+
+    s = settings("lvr", clients_per_node=k, profile="paper003")
+    ref = reference("lvr", "paper003")
+    models_per_client = [len({t for c2, t, _ in picks if c2 == c})
+                         for picks in ref.assignments.values() for c, _, _ in picks]
+    assert max(models_per_client) >= 2  # the case is exercised
+    assert_same_run(ref, run(s, engine=engine), s)
+
+
 def test_one_seed_fixes_a_sharded_run_and_another_seed_changes_it():
     from mmfl_flwr.runner import run
 
@@ -97,19 +113,22 @@ def test_one_seed_fixes_a_sharded_run_and_another_seed_changes_it():
     assert c.assignments != a.assignments
 
 
-#: The suite runs four (strategy, K) pairs on Flower's simulation engine (about 20 s
-#: each); ``MMFL_FULL_PARITY=1`` runs all 18 (every strategy with K = 1, N/2, N).
-SIM_CASES = ([(st, k) for st in STRATEGIES for k in (1, N // 2, N)]
+#: The suite runs four (strategy, K, profile) cases on Flower's simulation engine
+#: (about 20 s each; lvr with paper 003's multi-processor clients);
+#: ``MMFL_FULL_PARITY=1`` runs all 18 (every strategy with K = 1, N/2, N) and lvr's.
+SIM_CASES = ([(st, k, "uniform") for st in STRATEGIES for k in (1, N // 2, N)]
+             + [("lvr", N, "paper003")]
              if os.environ.get("MMFL_FULL_PARITY") == "1"
-             else [("scaffold", N // 2), ("lvr", N), ("group", 1), ("ranklist-ucb", N // 2)])
+             else [("scaffold", N // 2, "uniform"), ("lvr", N, "paper003"),
+                   ("group", 1, "uniform"), ("ranklist-ucb", N // 2, "uniform")])
 
 
 @pytest.mark.slow
 @pytest.mark.ray
-@pytest.mark.parametrize("strategy,k", SIM_CASES)
-def test_flower_simulation_with_shard_nodes_gives_the_reference_run(strategy, k):
+@pytest.mark.parametrize("strategy,k,profile", SIM_CASES)
+def test_flower_simulation_with_shard_nodes_gives_the_reference_run(strategy, k, profile):
     """Flower's Ray engine, ``ceil(N / K)`` virtual nodes of K clients."""
     from mmfl_flwr.runner import run
 
-    s = settings(strategy, clients_per_node=str(k))
-    assert_same_run(reference(strategy), run(s, engine="simulation", num_cpus=2), s)
+    s = settings(strategy, clients_per_node=str(k), profile=profile)
+    assert_same_run(reference(strategy, profile), run(s, engine="simulation", num_cpus=2), s)

@@ -1,17 +1,18 @@
-"""Strategies complete on Flower's simulation engine (Ray) through ``mmfl run`` and
-make the same assignments as on the in-process engine for the same seed; a run
-killed mid-way resumes on the simulation engine.
+"""A run on Flower's simulation engine (Ray) through ``mmfl run``, interrupted,
+killed mid-way and resumed, makes the uninterrupted in-process run's
+assignments; the user-task example runs there as its README says.
 
 Every kind of client work a strategy asks of Ray's ClientApp actors, and every
 signal an assignment can depend on, runs on Ray somewhere in the suite, at the
 smallest size that can fail:
 
-- here: every pair training on multi-processor clients with the selection on
-  the update norms (gvr), and a loss query every round with the selection on the
-  losses and stale updates (stalevr); stalevre in the interrupt-and-resume test;
+- here: a loss query every round with the selection on the losses and stale
+  updates (stalevre), interrupted, killed and resumed, and still making the
+  uninterrupted in-process run's assignments;
 - tests/engines/test_parity_matrix.py (Ray, shard nodes of K clients, the
   models equal to the in-process reference's, not only the assignments): a loss
-  query every round (lvr), SCAFFOLD's control variates kept in the nodes'
+  query every round with paper 003's multi-processor clients training several
+  models in one round (lvr), SCAFFOLD's control variates kept in the nodes'
   ``context.state`` (scaffold), loss queries of a subset and selection on the
   training losses (ranklist-ucb), and the C-step on label clusters (group);
 - tests/docs/test_readme_main_job.py: the default job (mfa-rr), ``mmfl run``'s
@@ -45,53 +46,9 @@ from e2e_utils import describe, flower_env, new_marker, pids_with_marker, run_cm
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
-CASES = {
-    "gvr": ["--strategy", "gvr", "--profile", "paper003", "--budget-fraction", "0.3"],
-    "stalevr": ["--strategy", "stalevr", "--profile", "paper003", "--budget-fraction", "0.3"],
-}
-
-
-_COMMON = ["--num-clients", "6", "--num-rounds", "3", "--local-epochs", "1"]
-
-
-def _mmfl(args: list[str], out: Path, env: dict[str, str], timeout: float = 900):
-    cmd = [sys.executable, "-m", "mmfl_flwr.cli", "run", *_COMMON, "--output-dir", str(out),
-           *args]
-    return run_cmd(cmd, env=env, timeout=timeout)
-
-
 def _rows(path: Path) -> list[dict[str, str]]:
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_strategy_completes_on_the_simulation_engine(case: str, tmp_path: Path) -> None:
-    marker = new_marker()
-    env = flower_env(tmp_path / "home", marker)
-    try:
-        sim = _mmfl(CASES[case], tmp_path / "sim", env)
-        assert sim.returncode == 0, describe(sim)
-        # the reference: the same command on the in-process engine, in this process
-        # (no second interpreter to start)
-        assert cli.main(["run", *_COMMON, "--output-dir", str(tmp_path / "inp"), *CASES[case],
-                         "--engine", "inprocess"]) == 0
-    finally:
-        for pid in pids_with_marker(marker):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    rows = _rows(tmp_path / "sim" / "metrics.csv")
-    assert rows and max(int(r["round"]) for r in rows) == 3
-    for r in rows:
-        if r["accuracy"]:
-            assert math.isfinite(float(r["accuracy"])), r
-    assert any(int(r["uploads"]) > 0 for r in rows), "nothing was aggregated"
-    # same seed, same assignments on both engines
-    assert (tmp_path / "sim" / "assignments.csv").read_text() == (
-        tmp_path / "inp" / "assignments.csv"
-    ).read_text()
 
 
 def _wait_for_round(proc: subprocess.Popen, out: Path, at_least: int) -> None:
@@ -112,15 +69,17 @@ def test_interrupted_and_killed_runs_resume_on_the_simulation_engine(tmp_path: P
     """On Flower's simulation engine: Ctrl-C (SIGINT) after round 1 ends the run
     with exit code 130 and one line naming the round and the resume command; that
     command, killed hard (SIGKILL of its process group) after a later round,
-    resumes again to the end."""
+    resumes again to the end, with the assignments of the same command run
+    without interruption on the in-process engine (stalevre: a loss query every
+    round, the selection on the losses, stale updates kept across the restarts)."""
     from mmfl_flwr.checkpoint import load_checkpoint
 
     marker = new_marker()
     env = flower_env(tmp_path / "home", marker)
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "mmfl_flwr.cli", "run", "--num-clients", "4",
-           "--num-rounds", "5", "--local-epochs", "1", "--strategy", "stalevre",
-           "--budget-fraction", "0.5", "--output-dir", str(out)]
+    args = ["--num-clients", "4", "--num-rounds", "5", "--local-epochs", "1",
+            "--strategy", "stalevre", "--budget-fraction", "0.5"]
+    cmd = [sys.executable, "-m", "mmfl_flwr.cli", "run", *args, "--output-dir", str(out)]
     try:
         # 1. Ctrl-C after round 1's checkpoint
         # SIGINT handled as a terminal's Ctrl-C is (pytest-xdist's workers ignore it,
@@ -162,6 +121,13 @@ def test_interrupted_and_killed_runs_resume_on_the_simulation_engine(tmp_path: P
     rows = _rows(out / "metrics.csv")
     assert sorted({int(r["round"]) for r in rows}) == [0, 1, 2, 3, 4, 5]
     assert all(math.isfinite(float(r["accuracy"])) for r in rows)
+    # the uninterrupted reference, in this process
+    assert cli.main(["run", *args, "--output-dir", str(tmp_path / "inp"),
+                     "--engine", "inprocess"]) == 0
+    assert (out / "assignments.csv").read_text() == (
+        tmp_path / "inp" / "assignments.csv").read_text()
+    assert [(r["round"], r["task"], r["uploads"]) for r in rows] == [
+        (r["round"], r["task"], r["uploads"]) for r in _rows(tmp_path / "inp" / "metrics.csv")]
 
 
 def test_user_task_example_runs_on_the_simulation_engine(tmp_path: Path) -> None:

@@ -526,6 +526,10 @@ def run_on_superlink(
                # the app's code is this environment's mmfl_flwr: nothing to install
                FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
                RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0", RAY_DEDUP_LOGS="0", **ray_env)
+    # Ray starts one idle worker process per CPU for the first driver by default; the
+    # simulation creates its ClientApp actors in processes of their own, so those
+    # workers only cost CPU (4-6 s per run on 2 cores). A value the user exported wins.
+    env.setdefault("RAY_prestart_worker_first_driver", "0")
     env["MMFL_ENGINE"] = "simulation"  # recorded in config.json / summary.json
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     if plan.address or plan.num_gpus_per_client > 0:

@@ -13,8 +13,8 @@ smallest size that can fail:
   models equal to the in-process reference's, not only the assignments): a loss
   query every round with paper 003's multi-processor clients training several
   models in one round (lvr), SCAFFOLD's control variates kept in the nodes'
-  ``context.state`` (scaffold), loss queries of a subset and selection on the
-  training losses (ranklist-ucb), and the C-step on label clusters (group);
+  ``context.state`` (scaffold), and the C-step on label clusters with one client
+  per node (group);
 - tests/docs/test_readme_main_job.py: the default job (mfa-rr), ``mmfl run``'s
   own outputs and its shard nodes.
 

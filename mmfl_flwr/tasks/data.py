@@ -114,7 +114,7 @@ def _raw_digits() -> tuple[np.ndarray, np.ndarray]:
     label) is read directly: importing scikit-learn costs about 3 s of CPU per
     process, paid by every Ray actor and SuperNode process that holds digits
     clients. Falls back to ``sklearn.datasets.load_digits`` where the file is
-    not found; ``tests/tasks/test_data.py`` checks both give the same arrays."""
+    not found; ``tests/tasks/test_tasks_data.py`` checks both give the same arrays."""
     path = _sklearn_digits_file()
     if path is not None:
         table = np.loadtxt(path, delimiter=",", dtype=np.float64)
@@ -166,6 +166,25 @@ def _sklearn_split(y: np.ndarray, seed: int, test_fraction: float):
     return np.asarray(train_idx, dtype=np.int64), np.asarray(test_idx, dtype=np.int64)
 
 
+def _write_split(path: Path, train: np.ndarray, test: np.ndarray) -> None:
+    """Write a split beside ``path`` under a unique name and rename it over
+    ``path`` (several processes may write the same file at once; a reader sees
+    a whole file or none). A cache that cannot be written is skipped."""
+    import os
+    import tempfile
+
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npz")
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, train=train, test=test)
+        os.replace(tmp, path)
+    except OSError:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+
+
 @functools.lru_cache(maxsize=32)
 def _digits_split_indices(seed: int, test_fraction: float) -> tuple[np.ndarray, np.ndarray]:
     """Stratified train/test indices of the digits data for ``seed``: scikit-learn's
@@ -175,8 +194,6 @@ def _digits_split_indices(seed: int, test_fraction: float) -> tuple[np.ndarray, 
     too). A cache file that cannot be read or is not a partition of the
     examples is ignored and rewritten; one that cannot be written is skipped."""
     import math
-    import os
-    import tempfile
     from importlib.metadata import PackageNotFoundError, version
 
     _, y = _raw_digits()
@@ -201,21 +218,7 @@ def _digits_split_indices(seed: int, test_fraction: float) -> tuple[np.ndarray, 
     if split is None:
         split = _sklearn_split(y, seed, test_fraction)
         if path is not None:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npz")
-            except OSError:
-                tmp = None
-            if tmp is not None:
-                try:
-                    with os.fdopen(fd, "wb") as f:
-                        np.savez(f, train=split[0], test=split[1])
-                    os.replace(tmp, path)  # atomic: a reader sees all of it or none
-                except OSError:
-                    try:
-                        os.unlink(tmp)
-                    except OSError:
-                        pass
+            _write_split(path, *split)
     train_idx, test_idx = split
     train_idx.setflags(write=False)
     test_idx.setflags(write=False)

@@ -37,6 +37,7 @@ import contextlib
 import io
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -298,6 +299,11 @@ def main(argv: list[str] | None = None) -> int:
         rows = E.rows_from_csv(p, a.from_csv, ("scenario", "method", "seed"),
                                [j[:3] for j in jobs])
         rows = [r for r in rows if int(r["round"]) <= R]
+        # a model's name is its kind, with _2, _3, ... for repeats
+        kinds = sorted({re.sub(r"_\d+$", "", str(r["task"])) for r in rows})
+        if kinds != [a.task]:
+            p.error(f"--from-csv {a.from_csv}: its runs train models of kind "
+                    f"{', '.join(repr(k) for k in kinds)}, not {a.task!r} (--task)")
         machine = E.reanalysed_machine(out, NAME, a.from_csv)
     else:
         rows = run_jobs(jobs, a.workers, a.cache)

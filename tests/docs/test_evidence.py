@@ -550,3 +550,18 @@ def test_a_cache_of_another_configuration_or_no_cache_is_refused(tmp_path, scrip
         assert proc.returncode == 2, (script, proc.stderr[-2000:])
         assert message in proc.stderr and "Traceback" not in proc.stderr
         assert not out.exists()
+
+
+def test_paper001_refuses_a_csv_of_another_task_kind(tmp_path):
+    """--task mnist-5k --from-csv on the published digits runs: the keys (scenario,
+    method, seed) all match, but the models are digits; refused in one line, not
+    re-analysed under the mnist-5k label."""
+    csv_path = Path(__file__).resolve().parents[2] / "docs" / "results" / "paper001_group.csv"
+    proc = subprocess.run([sys.executable, str(BENCH / "paper001_group.py"), "--full",
+                           "--scenarios", "consistent", "--task", "mnist-5k",
+                           "--from-csv", str(csv_path), "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert "models of kind 'digits'" in proc.stderr.strip().splitlines()[-1], proc.stderr
+    assert not list(tmp_path.iterdir())

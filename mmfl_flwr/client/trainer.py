@@ -323,7 +323,12 @@ class TorchTrainer:
             generator = torch.Generator().manual_seed(int(seed))
             model = self._model(weights)
             model.train()
-            optimizer = torch.optim.SGD(model.parameters(), lr=float(lr))
+            # plain SGD written out: p <- p - lr * grad, the same operation
+            # torch.optim.SGD performs without momentum or weight decay, whose
+            # constructor imports torch._dynamo (~2 CPU-s in every fresh process:
+            # each Ray worker and each deployed ClientApp message)
+            params = [p for p in model.parameters() if p.requires_grad]
+            step = -float(lr)
             corr = []
             if correction is not None:
                 for name, param in model.named_parameters():
@@ -345,12 +350,16 @@ class TorchTrainer:
                 total = 0.0
                 for start in range(0, n, bs):
                     idx = order[start : start + bs]
-                    optimizer.zero_grad(set_to_none=True)
+                    for param in params:
+                        param.grad = None
                     loss = F.cross_entropy(model(self._x_train[idx]), self._y_train[idx])
                     loss.backward()
                     for param, c in corr:
                         param.grad.add_(c)
-                    optimizer.step()
+                    with torch.no_grad():
+                        for param in params:
+                            if param.grad is not None:
+                                param.add_(param.grad, alpha=step)
                     total += float(loss.detach()) * int(idx.shape[0])
                 last_loss = total / n
         return model_to_arrays(model), n, last_loss

@@ -3,8 +3,9 @@ training with ``torch.func`` (framework-free: torch and numpy only, no Flower).
 
 The per-client path (:class:`~mmfl_flwr.client.trainer.TorchTrainer`) trains one
 client at a time. Here the clients that train the same model in a round train
-together: their weights are stacked along a leading client axis and one
-``vmap(grad(loss))`` call computes every client's gradient of its own mini-batch.
+together: their weights are stacked along a leading client axis, one ``vmap``
+forward computes every client's loss on its own mini-batch, and one backward pass
+of their sum gives every client's own gradient.
 What each client computes is exactly what :meth:`TorchTrainer.train` computes:
 
 * the same mini-batch order: a ``torch.Generator`` seeded with the client's
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call, vmap
 from torch.nn import functional as F
 
 __all__ = [
@@ -323,10 +324,24 @@ def _train_chunk(
         logits = functional_call(base, (p, b), (xb,))
         per = F.cross_entropy(logits, yb, reduction="none")
         total = (per * mb).sum()
-        loss = total / mb.sum().clamp(min=1.0)
-        return loss, loss.detach()
+        return total / mb.sum().clamp(min=1.0)
 
-    step_fn = vmap(grad(loss_fn, has_aux=True), in_dims=(0, 0, 0, 0, 0), randomness="same")
+    batched_loss = vmap(loss_fn, in_dims=(0, 0, 0, 0, 0), randomness="same")
+
+    def step_fn(p, b, xb, yb, mb):
+        # Client c's loss depends only on its own slice of the stacked weights,
+        # so the gradient of the sum of the clients' losses is every client's own
+        # gradient. Plain autograd through the vmapped forward gives the same
+        # numbers as vmap(grad(...)) without functorch's grad transform, whose
+        # first call imports torch._dynamo (~2 CPU-s in every fresh process: each
+        # Ray worker and each deployed ClientApp message).
+        leaves = {k: v.detach().requires_grad_(True) for k, v in p.items()}
+        losses = batched_loss(leaves, b, xb, yb, mb)
+        found = torch.autograd.grad(losses.sum(), list(leaves.values()), allow_unused=True)
+        grads = {k: torch.zeros_like(leaves[k]) if g is None else g
+                 for k, g in zip(leaves, found)}
+        return grads, losses.detach()
+
     last_total = torch.zeros(c, dtype=torch.float64, device=device)
     for e in range(epochs):
         for s in range(steps):

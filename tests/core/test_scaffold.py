@@ -104,24 +104,28 @@ class TestTrainerCorrection:
 
 
 class _CountSteps:
-    def __init__(self, monkeypatch):
+    """Builds the model and counts its gradient steps: one backward pass per
+    SGD step reaches the weight's gradient hook."""
+
+    def __init__(self):
         self.n = 0
-        orig = torch.optim.SGD.step
 
-        def step(opt, *a, **k):
-            self.n += 1
-            return orig(opt, *a, **k)
+    def model_fn(self):
+        m = _lin()
+        m.weight.register_hook(self._count)
+        return m
 
-        monkeypatch.setattr(torch.optim.SGD, "step", step)
+    def _count(self, grad):
+        self.n += 1
 
 
 def _lin():
     return nn.Linear(3, 2)
 
 
-def test_scaffold_train_control_variate_update(monkeypatch):
-    counter = _CountSteps(monkeypatch)
-    tr = TorchTrainer(_lin, _data(5, 3, 2, 0), _data(2, 3, 2, 1))
+def test_scaffold_train_control_variate_update():
+    counter = _CountSteps()
+    tr = TorchTrainer(counter.model_fn, _data(5, 3, 2, 0), _data(2, 3, 2, 1))
     rng = np.random.default_rng(0)
     w1 = initial_weights(_lin, 1)
     c_s1 = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in w1.items()}

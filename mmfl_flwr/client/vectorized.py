@@ -117,6 +117,9 @@ class VectorModel:
         #: kernel cannot be batched; on the CPU PyTorch's fallback for the fused
         #: kernel is faster)
         self.step_by_step = device.type == "cuda"
+        #: fused recurrent layers (nn.LSTM/GRU/RNN), batched by PyTorch's fallback
+        #: loop unless they run step by step
+        self.fused_recurrence = any(isinstance(m, nn.RNNBase) for m in self.base.modules())
         #: why this model cannot be trained batched here (None: it can)
         self.unsupported = unsupported_reason(self.base, device.type)
         self.dtypes = {k: v.dtype for k, v in state.items()}
@@ -328,7 +331,7 @@ def _train_chunk(
 
     batched_loss = vmap(loss_fn, in_dims=(0, 0, 0, 0, 0), randomness="same")
 
-    def step_fn(p, b, xb, yb, mb):
+    def autograd_step(p, b, xb, yb, mb):
         # Client c's loss depends only on its own slice of the stacked weights,
         # so the gradient of the sum of the clients' losses is every client's own
         # gradient. Plain autograd through the vmapped forward gives the same
@@ -341,6 +344,21 @@ def _train_chunk(
         grads = {k: torch.zeros_like(leaves[k]) if g is None else g
                  for k, g in zip(leaves, found)}
         return grads, losses.detach()
+
+    if vm.fused_recurrence and not vm.step_by_step:
+        # a fused nn.LSTM/GRU/RNN kernel: PyTorch loops over the clients inside
+        # vmap only under functorch's grad transform (plain autograd has no
+        # batching rule for it)
+        from torch.func import grad
+
+        def with_loss(p, b, xb, yb, mb):
+            loss = loss_fn(p, b, xb, yb, mb)
+            return loss, loss.detach()
+
+        step_fn = vmap(grad(with_loss, has_aux=True), in_dims=(0, 0, 0, 0, 0),
+                       randomness="same")
+    else:
+        step_fn = autograd_step
 
     last_total = torch.zeros(c, dtype=torch.float64, device=device)
     for e in range(epochs):

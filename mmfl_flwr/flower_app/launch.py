@@ -9,16 +9,19 @@ What :func:`run_on_superlink` does, step by step (each a plain Flower command):
 2. starts ``flower-superlink --simulation`` on a free port of 127.0.0.1, with a
    private ``FLWR_HOME`` (nothing of the user's Flower configuration is read
    or changed) and the app's dependencies taken from this environment;
-3. submits the app with ``flwr run APP mmfl --federation-config
+3. submits the app with ``flwr run APP mmfl --stream --federation-config
    "num-supernodes=M client-resources-num-cpus=C ..."``: M = ceil(N / K) virtual
    SuperNodes on Ray, each hosting K = ``clients-per-node`` clients and computing
    them per model at once (``auto``: one node per CPU Ray sees, or per GPU share
    with ``num_gpus_per_node``; K = 1 is one node per client), C the CPUs each
    node's torch may use;
-4. streams the run's log with ``flwr log RUN --stream`` (the ``[mmfl]``
-   progress lines, warnings and errors; everything with ``verbose``);
-5. checks the run's final status with ``flwr ls``, stops the SuperLink and
-   its children, and reads the result back from the run's output folder.
+4. shows the run's log that this ``flwr run --stream`` streams (the ``[mmfl]``
+   progress lines, warnings and errors; everything with ``verbose``), in the
+   same process (each Flower CLI process costs 2-4 s of CPU to start);
+5. when the log ends without the ServerApp's last line (its results written),
+   asks ``flwr ls`` for the run's status and reports it; then stops the
+   SuperLink and its children, and reads the result back from the run's
+   output folder.
 
 Bigger experiments (:func:`plan_ray`, checked before anything starts):
 
@@ -51,6 +54,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -62,6 +66,11 @@ from mmfl_flwr.tasks.registry import TASK_SNAPSHOT_KEY, registered_tasks, save_s
 
 #: Name of the SuperLink connection in the private Flower configuration.
 CONNECTION = "mmfl"
+#: how ``flwr run`` names the run it started (its default output format)
+_STARTED = re.compile(r"Successfully started run (\d+)")
+#: the ServerApp's last line, printed once its results are written
+#: (:func:`mmfl_flwr.flower_app.server_app.server_main`)
+RESULTS_LINE = "[mmfl] results written to "
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -160,7 +169,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 #: Lines of Flower's own chatter that say nothing about this run: the
-#: connection ``flwr log`` uses, the app install into the private Flower home,
+#: connection ``flwr run`` uses, the app install into the private Flower home,
 #: and a notice about the default number of SuperNodes (we always set it).
 _CHATTER = ("Using SuperLink:", "Successfully installed ", "default simulated SuperNodes")
 
@@ -548,31 +557,25 @@ def run_on_superlink(
     try:
         _wait_healthy(port, link, link_log, timeout=60)
         flwr = _exe("flwr")
-        sub = subprocess.run(
-            [flwr, "run", str(app), CONNECTION, "--format", "json",
-             "--federation-config", federation],
-            env=env, cwd=work, capture_output=True, text=True, timeout=300, check=False,
-        )
-        payload = _json_out(sub.stdout)
-        run_id = str(payload.get("run-id", ""))
-        if not payload.get("success") or not run_id:
-            reason = payload.get("error-message") or (sub.stderr or sub.stdout).strip()
-            raise SimulationError(f"flwr run did not start the run: {str(reason).splitlines()[-1:]}")
+        # one Flower CLI process submits the app and streams its log (each
+        # ``flwr`` process costs 2-4 s of CPU to start on 2 cores)
         stream = subprocess.Popen(
-            [flwr, "log", run_id, CONNECTION, "--stream"], env=env, cwd=work,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+            [flwr, "run", str(app), CONNECTION, "--stream", "--federation-config", federation],
+            env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            errors="replace",
         )
         assert stream.stdout is not None
-        started = time.monotonic()
-        for line in stream.stdout:
-            if _show(line, verbose):
-                _echo(line)
-            if timeout is not None and time.monotonic() - started > timeout:
-                stream.kill()
-                raise SimulationError(f"the run did not finish within {timeout:.0f} s")
+        try:
+            run_id, finished, before = follow_run_log(stream.stdout, verbose, timeout)
+        except SimulationError:
+            stream.kill()
+            raise
         stream.wait(timeout=60)
-        status, details = _status(flwr, run_id, env, work)
-        if status != "finished:completed":
+        if not run_id:
+            reason = before[-1] if before else f"exit code {stream.returncode}"
+            raise SimulationError(f"flwr run did not start the run: {reason}")
+        if not finished:  # the ServerApp did not write its results: ask Flower why
+            status, details = _status(flwr, run_id, env, work)
             raise SimulationError(
                 f"the run ended as {status!r} ({details}); run with --verbose to see "
                 f"Flower's and Ray's logs (SuperLink: {_last_line(link_log)})"
@@ -587,6 +590,37 @@ def run_on_superlink(
             if not any(work.iterdir()):
                 work.rmdir()
     return out
+
+
+def follow_run_log(
+    lines: Iterable[str], verbose: bool, timeout: float | None
+) -> tuple[str, bool, list[str]]:
+    """Read what ``flwr run ... --stream`` prints: until it names the run it
+    started, Flower's own lines (kept, without box drawing, for an error
+    message); then the run's log, shown as :func:`_show` / :func:`_echo` say.
+
+    Returns ``(run_id, finished, before)``: the run id ("" if none was started),
+    whether the ServerApp's last line (:data:`RESULTS_LINE`) came, and the
+    non-empty lines before the run id. Raises :class:`SimulationError` after
+    ``timeout`` seconds.
+    """
+    started = time.monotonic()
+    run_id, finished, before = "", False, []
+    for line in lines:
+        plain = _ANSI.sub("", line)
+        if not run_id:
+            found = _STARTED.search(plain)
+            if found:
+                run_id = found.group(1)
+            elif plain.strip(" \n─│╭╮╰╯"):
+                before.append(plain.strip(" \n│"))
+            continue
+        finished = finished or plain.startswith(RESULTS_LINE)
+        if _show(line, verbose):
+            _echo(line)
+        if timeout is not None and time.monotonic() - started > timeout:
+            raise SimulationError(f"the run did not finish within {timeout:.0f} s")
+    return run_id, finished, before
 
 
 def _status(flwr: str, run_id: str, env: dict[str, str], cwd: Path) -> tuple[str, str]:

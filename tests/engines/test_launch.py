@@ -53,3 +53,54 @@ def test_streamed_log_lines_go_where_the_in_process_engines_put_them(capsys):
     assert out == "[mmfl] round   1/2 | acc digits=0.300 | uploads 4 | elapsed   30.7s\n"
     assert err == ("WARNING :   strategy lvr: budget-fraction=0.1 gives m = 2\n"
                    "ERROR :     boom\n")
+
+
+def test_the_run_log_names_the_run_shows_progress_and_sees_the_results_line(capsys):
+    """``mmfl run`` reads one ``flwr run --stream`` process: the run id from
+    Flower's own line, then the run's log, filtered as above, and whether the
+    ServerApp's last line (results written) came."""
+    from mmfl_flwr.flower_app.launch import RESULTS_LINE, follow_run_log
+
+    lines = [
+        "Loading project configuration... \n",
+        "\x1b[32mSuccessfully started run 8052306127553436162\x1b[0m\n",
+        "\x1b[92mINFO \x1b[0m:      Starting logstream for run_id `8052306127553436162`\n",
+        "\x1b[92mINFO \x1b[0m:      [ROUND 1/1]\n",
+        "[mmfl] round   1/1 | acc digits=0.300 | uploads 4 | elapsed   30.7s\n",
+        "\x1b[93mWARNING \x1b[0m:   Client 3: rejected update\n",
+        f"{RESULTS_LINE}/tmp/out\n",
+    ]
+    assert follow_run_log(iter(lines), verbose=False, timeout=None) == (
+        "8052306127553436162", True, ["Loading project configuration..."])
+    out, err = capsys.readouterr()
+    assert out == ("[mmfl] round   1/1 | acc digits=0.300 | uploads 4 | elapsed   30.7s\n"
+                   f"{RESULTS_LINE}/tmp/out\n")
+    assert err == "WARNING :   Client 3: rejected update\n"
+    # a log that ends without the results line: the run did not finish its work
+    run_id, finished, _ = follow_run_log(iter(lines[:-1]), verbose=False, timeout=None)
+    assert run_id == "8052306127553436162" and not finished
+    # the results line printed by something else than the ServerApp's last print
+    run_id, finished, _ = follow_run_log(iter(lines[:1] + [f"x {RESULTS_LINE}\n"]),
+                                         verbose=False, timeout=None)
+    assert (run_id, finished) == ("", False)
+
+
+def test_a_run_that_was_not_started_keeps_flowers_reason():
+    from mmfl_flwr.flower_app.launch import follow_run_log
+
+    lines = ["╭─ Error ──────────────────────────╮\n",
+             "│ Failed to start run: the FAB is too large │\n",
+             "╰──────────────────────────────────╯\n", "\n"]
+    assert follow_run_log(iter(lines), verbose=False, timeout=None) == (
+        "", False, ["╭─ Error ──────────────────────────╮",
+                    "Failed to start run: the FAB is too large"])
+
+
+def test_the_servers_last_line_is_the_one_mmfl_run_waits_for():
+    """launch.RESULTS_LINE is what server_main prints after writing the results."""
+    import inspect
+
+    from mmfl_flwr.flower_app import launch, server_app
+
+    src = inspect.getsource(server_app.server_main)
+    assert 'print(f"' + launch.RESULTS_LINE + '{' in src

@@ -120,6 +120,10 @@ class VectorModel:
         #: fused recurrent layers (nn.LSTM/GRU/RNN), batched by PyTorch's fallback
         #: loop unless they run step by step
         self.fused_recurrence = any(isinstance(m, nn.RNNBase) for m in self.base.modules())
+        #: how training takes the clients' gradients: "autograd" (of the sum of
+        #: their losses through the vmapped forward) or "functorch" (vmap(grad)),
+        #: found at the first training step (None: not yet)
+        self.grad_mode: str | None = None
         #: why this model cannot be trained batched here (None: it can)
         self.unsupported = unsupported_reason(self.base, device.type)
         self.dtypes = {k: v.dtype for k, v in state.items()}
@@ -335,30 +339,55 @@ def _train_chunk(
         # Client c's loss depends only on its own slice of the stacked weights,
         # so the gradient of the sum of the clients' losses is every client's own
         # gradient. Plain autograd through the vmapped forward gives the same
-        # numbers as vmap(grad(...)) without functorch's grad transform, whose
-        # first call imports torch._dynamo (~2 CPU-s in every fresh process: each
-        # Ray worker and each deployed ClientApp message).
-        leaves = {k: v.detach().requires_grad_(True) for k, v in p.items()}
-        losses = batched_loss(leaves, b, xb, yb, mb)
-        found = torch.autograd.grad(losses.sum(), list(leaves.values()), allow_unused=True)
+        # numbers as vmap(grad(...)) up to float rounding, without functorch's
+        # grad transform, whose first call imports torch._dynamo (~2 CPU-s in
+        # every fresh process: each Ray worker and each deployed ClientApp message).
+        with torch.enable_grad():  # as functorch's grad, also under an outer no_grad
+            leaves = {k: v.detach().requires_grad_(True) for k, v in p.items()}
+            losses = batched_loss(leaves, b, xb, yb, mb)
+            if not leaves:  # nothing trainable
+                return {}, losses.detach()
+            found = torch.autograd.grad(losses.sum(), list(leaves.values()),
+                                        allow_unused=True)
         grads = {k: torch.zeros_like(leaves[k]) if g is None else g
                  for k, g in zip(leaves, found)}
         return grads, losses.detach()
 
-    if vm.fused_recurrence and not vm.step_by_step:
-        # a fused nn.LSTM/GRU/RNN kernel: PyTorch loops over the clients inside
-        # vmap only under functorch's grad transform (plain autograd has no
-        # batching rule for it)
+    def functorch_step(p, b, xb, yb, mb):
         from torch.func import grad
 
         def with_loss(p, b, xb, yb, mb):
             loss = loss_fn(p, b, xb, yb, mb)
             return loss, loss.detach()
 
-        step_fn = vmap(grad(with_loss, has_aux=True), in_dims=(0, 0, 0, 0, 0),
-                       randomness="same")
-    else:
-        step_fn = autograd_step
+        return vmap(grad(with_loss, has_aux=True), in_dims=(0, 0, 0, 0, 0),
+                    randomness="same")(p, b, xb, yb, mb)
+
+    def step_fn(p, b, xb, yb, mb):
+        if vm.grad_mode is None and vm.fused_recurrence and not vm.step_by_step:
+            # a fused nn.LSTM/GRU/RNN kernel: PyTorch loops over the clients
+            # inside vmap only under functorch's grad transform
+            vm.grad_mode = "functorch"
+        if vm.grad_mode == "functorch":
+            return functorch_step(p, b, xb, yb, mb)
+        if vm.grad_mode == "autograd":
+            return autograd_step(p, b, xb, yb, mb)
+        # first step of this model: an op without a batching rule under plain
+        # autograd (e.g. nn.LSTMCell's fused kernel) takes functorch's grad; the
+        # attempt runs on copies of the buffers, which the forward updates in place
+        trial = {k: v.clone() for k, v in b.items()}
+        try:
+            out = autograd_step(p, trial, xb, yb, mb)
+        except RuntimeError as err:
+            if "Batching rule not implemented" not in str(err):
+                raise
+            vm.grad_mode = "functorch"
+            return functorch_step(p, b, xb, yb, mb)
+        vm.grad_mode = "autograd"
+        with torch.no_grad():
+            for k, v in trial.items():
+                b[k].copy_(v)
+        return out
 
     last_total = torch.zeros(c, dtype=torch.float64, device=device)
     for e in range(epochs):

@@ -51,10 +51,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -71,6 +72,8 @@ _STARTED = re.compile(r"Successfully started run (\d+)")
 #: the ServerApp's last line, printed once its results are written
 #: (:func:`mmfl_flwr.flower_app.server_app.server_main`)
 RESULTS_LINE = "[mmfl] results written to "
+#: seconds ``flwr run`` may take to submit the app and name the run
+SUBMIT_TIMEOUT = 300.0
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -554,6 +557,7 @@ def run_on_superlink(
              "--port", str(port), "--database", ":flwr-in-memory:"],
             env=env, cwd=work, stdout=log_f, stderr=subprocess.STDOUT, start_new_session=True,
         )
+    stream: subprocess.Popen[str] | None = None
     try:
         _wait_healthy(port, link, link_log, timeout=60)
         flwr = _exe("flwr")
@@ -565,22 +569,32 @@ def run_on_superlink(
             errors="replace",
         )
         assert stream.stdout is not None
+        # submitting is limited as a plain ``flwr run`` call was (SUBMIT_TIMEOUT)
+        fired: list[bool] = []
+        guard = threading.Timer(SUBMIT_TIMEOUT, lambda: (fired.append(True), stream.kill()))
+        guard.daemon = True
+        guard.start()
         try:
-            run_id, finished, before = follow_run_log(stream.stdout, verbose, timeout)
-        except SimulationError:
-            stream.kill()
-            raise
+            run_id, finished, before = follow_run_log(stream.stdout, verbose, timeout,
+                                                      on_started=guard.cancel)
+        finally:
+            guard.cancel()
         stream.wait(timeout=60)
         if not run_id:
-            reason = before[-1] if before else f"exit code {stream.returncode}"
+            reason = (f"no run after {SUBMIT_TIMEOUT:.0f} s" if fired
+                      else flwr_reason(before) or f"exit code {stream.returncode}")
             raise SimulationError(f"flwr run did not start the run: {reason}")
-        if not finished:  # the ServerApp did not write its results: ask Flower why
+        if not finished:  # the ServerApp's last line did not come: ask Flower
             status, details = _status(flwr, run_id, env, work)
-            raise SimulationError(
-                f"the run ended as {status!r} ({details}); run with --verbose to see "
-                f"Flower's and Ray's logs (SuperLink: {_last_line(link_log)})"
-            )
+            if status != "finished:completed":
+                raise SimulationError(
+                    f"the run ended as {status!r} ({details}); run with --verbose to see "
+                    f"Flower's and Ray's logs (SuperLink: {_last_line(link_log)})"
+                )
     finally:
+        if stream is not None and stream.poll() is None:  # interrupted: not left behind
+            stream.kill()
+            stream.wait(timeout=30)
         _stop(link)
         if not verbose:  # keep the app, Flower home and logs for inspection
             for leftover in ("app", "flwr-home", "tasks.pkl", "superlink.log"):
@@ -592,8 +606,19 @@ def run_on_superlink(
     return out
 
 
+def flwr_reason(before: list[str]) -> str:
+    """Flower's error from what ``flwr run`` printed before a run id: the text of
+    its last boxed panel (rich wraps it at 80 columns on a pipe) joined into one
+    line, else its last line."""
+    tops = [i for i, line in enumerate(before) if line.startswith("╭")]
+    if tops:
+        return " ".join(line for line in before[tops[-1] + 1:] if line)
+    return before[-1] if before else ""
+
+
 def follow_run_log(
-    lines: Iterable[str], verbose: bool, timeout: float | None
+    lines: Iterable[str], verbose: bool, timeout: float | None,
+    on_started: Callable[[], None] | None = None,
 ) -> tuple[str, bool, list[str]]:
     """Read what ``flwr run ... --stream`` prints: until it names the run it
     started, Flower's own lines (kept, without box drawing, for an error
@@ -601,7 +626,8 @@ def follow_run_log(
 
     Returns ``(run_id, finished, before)``: the run id ("" if none was started),
     whether the ServerApp's last line (:data:`RESULTS_LINE`) came, and the
-    non-empty lines before the run id. Raises :class:`SimulationError` after
+    non-empty lines before the run id; ``on_started()`` is called once the run id
+    came. Raises :class:`SimulationError` after
     ``timeout`` seconds.
     """
     started = time.monotonic()
@@ -612,6 +638,8 @@ def follow_run_log(
             found = _STARTED.search(plain)
             if found:
                 run_id = found.group(1)
+                if on_started is not None:
+                    on_started()
             elif plain.strip(" \n─│╭╮╰╯"):
                 before.append(plain.strip(" \n│"))
             continue

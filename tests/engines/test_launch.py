@@ -85,15 +85,35 @@ def test_the_run_log_names_the_run_shows_progress_and_sees_the_results_line(caps
     assert (run_id, finished) == ("", False)
 
 
-def test_a_run_that_was_not_started_keeps_flowers_reason():
+def test_a_run_that_was_not_started_keeps_flowers_whole_reason():
+    """rich wraps Flower's error panel at 80 columns on a pipe: the reason is
+    the panel's text joined into one line."""
+    from mmfl_flwr.flower_app.launch import flwr_reason, follow_run_log
+
+    lines = ["Loading project configuration...\n",
+             "╭─ Error ──────────────────────────────────────────────────────────────╮\n",
+             "│ Connection to the SuperLink is unavailable. Please check your         │\n",
+             "│ connection and 'address' in the SuperLink connection configuration.   │\n",
+             "╰───────────────────────────────────────────────────────────────────────╯\n",
+             "\n"]
+    run_id, finished, before = follow_run_log(iter(lines), verbose=False, timeout=None)
+    assert (run_id, finished) == ("", False)
+    assert flwr_reason(before) == (
+        "Connection to the SuperLink is unavailable. Please check your connection and "
+        "'address' in the SuperLink connection configuration.")
+    assert flwr_reason(["Loading project configuration...", "Error: no such app"]) == (
+        "Error: no such app")
+    assert flwr_reason([]) == ""
+
+
+def test_the_run_id_line_is_reported_once():
     from mmfl_flwr.flower_app.launch import follow_run_log
 
-    lines = ["╭─ Error ──────────────────────────╮\n",
-             "│ Failed to start run: the FAB is too large │\n",
-             "╰──────────────────────────────────╯\n", "\n"]
-    assert follow_run_log(iter(lines), verbose=False, timeout=None) == (
-        "", False, ["╭─ Error ──────────────────────────╮",
-                    "Failed to start run: the FAB is too large"])
+    seen = []
+    lines = ["Successfully started run 7\n", "[mmfl] round   1/1\n",
+             "Successfully started run 7\n"]
+    assert follow_run_log(iter(lines), False, None, on_started=lambda: seen.append(1))[0] == "7"
+    assert seen == [1]
 
 
 def test_the_servers_last_line_is_the_one_mmfl_run_waits_for():

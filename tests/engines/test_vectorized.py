@@ -558,3 +558,72 @@ def test_scaffold_with_a_trainer_that_takes_no_correction_is_an_error_reply():
         {P.CFG_EPOCHS: 1, P.CFG_LR: 0.05, P.CFG_BATCH_SIZE: 16}, zeros)))
     assert replies and all(r.has_error() for r in replies)
     assert "correction=" in replies[0].error.reason
+
+
+class _CellNet(torch.nn.Module):
+    """An nn.LSTMCell over the 4 features of each of 3 steps: plain autograd has no
+    batching rule for its fused kernel under vmap, functorch's grad loops."""
+
+    def __init__(self):
+        super().__init__()
+        self.cell = torch.nn.LSTMCell(4, 6)
+        self.out = torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = c = x.new_zeros(x.shape[0], 6)
+        for t in range(x.shape[1]):
+            h, c = self.cell(x[:, t], (h, c))
+        return self.out(h)
+
+
+def test_a_model_without_a_batching_rule_under_autograd_trains_with_functorch():
+    _check_parity(_CellNet, _datasets((3, 4), 3, [5, 9]), epochs=2, lr=0.1, batch=4, tol=1e-5)
+    vm = V.VectorModel(_CellNet, DEV)
+    data = _datasets((3, 4), 3, [5, 9])
+    V.batched_train(vm, initial_weights(_CellNet, 0),
+                    [V.TrainJob(V.ClientData(torch.as_tensor(d.x, device=DEV),
+                                             torch.as_tensor(d.y, device=DEV)), i)
+                     for i, d in enumerate(data)], 1, 0.1, 4)
+    assert vm.grad_mode == "functorch"
+    cnn = V.VectorModel(lambda: make_model("synthetic"), DEV)
+    d = _datasets((60,), 5, [7])[0]
+    V.batched_train(cnn, initial_weights(lambda: make_model("synthetic"), 0),
+                    [V.TrainJob(V.ClientData(torch.as_tensor(d.x, device=DEV),
+                                             torch.as_tensor(d.y, device=DEV)), 0)], 1, 0.1, 4)
+    assert cnn.grad_mode == "autograd"
+
+
+def test_batched_training_trains_under_an_outer_no_grad():
+    model_fn = lambda: make_model("synthetic")  # noqa: E731
+    data = _datasets((60,), 5, [12, 7])
+    start = initial_weights(model_fn, 3)
+    jobs = [V.TrainJob(V.ClientData(torch.as_tensor(d.x, device=DEV),
+                                    torch.as_tensor(d.y, device=DEV)), 40 + i)
+            for i, d in enumerate(data)]
+    free = V.batched_train(V.VectorModel(model_fn, DEV), start, jobs, 2, 0.1, 4)
+    with torch.no_grad():
+        held = V.batched_train(V.VectorModel(model_fn, DEV), start, jobs, 2, 0.1, 4)
+    for (fw, _, fl), (hw, _, hl) in zip(free, held):
+        assert fl == hl
+        for k in fw:
+            assert np.array_equal(fw[k], hw[k]), k
+            assert not np.array_equal(fw[k], start[k]), k
+
+
+def test_a_model_with_nothing_trainable_keeps_its_weights():
+    def frozen():
+        m = make_model("synthetic")
+        for p in m.parameters():
+            p.requires_grad_(False)
+        return m
+
+    data = _datasets((60,), 5, [6, 9])
+    start = initial_weights(frozen, 1)
+    got = V.batched_train(V.VectorModel(frozen, DEV), start,
+                          [V.TrainJob(V.ClientData(torch.as_tensor(d.x, device=DEV),
+                                                   torch.as_tensor(d.y, device=DEV)), i)
+                           for i, d in enumerate(data)], 1, 0.1, 4)
+    for (w, n, loss), d in zip(got, data):
+        assert n == len(d.y) and math.isfinite(loss)
+        for k in start:
+            assert np.array_equal(w[k], start[k]), k

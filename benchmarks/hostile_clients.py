@@ -127,6 +127,7 @@ FIELD = {
     "lflip3": "label flipping by clients 3, 7 and 9",
     "x50@synthetic": "x50 on the synthetic model only",
     "flip10@synthetic": "-10 x on the synthetic model only",
+    "lflip3@synthetic": "label flipping by clients 3, 7 and 9 on the synthetic model only",
 }
 #: "no-direction": the clip without the direction check; "no-clip": neither
 #: (only the rejection bounds)

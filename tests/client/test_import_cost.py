@@ -16,6 +16,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 import torch
 
 from mmfl_flwr.client.trainer import TorchTrainer, initial_weights
@@ -34,6 +35,9 @@ SCRIPT = textwrap.dedent(
     from mmfl_flwr.tasks.data import Dataset
     from mmfl_flwr.tasks.models import make_model
 
+    if "torch._dynamo" in sys.modules:
+        print("preloaded")  # this torch imports it on import: nothing to check
+        raise SystemExit(0)
     rng = np.random.default_rng(0)
     data = [Dataset(rng.normal(size=(n, 1, 8, 8)).astype(np.float32),
                     rng.integers(0, 10, size=n)) for n in (7, 12, 5)]
@@ -57,7 +61,10 @@ def test_local_training_does_not_import_torch_dynamo():
         [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "clean"
+    last = out.stdout.strip().splitlines()[-1]
+    if last == "preloaded":
+        pytest.skip(f"torch {torch.__version__} imports torch._dynamo on import")
+    assert last == "clean"
 
 
 def _sgd_reference(model_fn, weights, data, epochs, lr, seed, batch):

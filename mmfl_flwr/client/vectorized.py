@@ -34,6 +34,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -117,13 +118,10 @@ class VectorModel:
         #: kernel cannot be batched; on the CPU PyTorch's fallback for the fused
         #: kernel is faster)
         self.step_by_step = device.type == "cuda"
-        #: fused recurrent layers (nn.LSTM/GRU/RNN), batched by PyTorch's fallback
-        #: loop unless they run step by step
-        self.fused_recurrence = any(isinstance(m, nn.RNNBase) for m in self.base.modules())
-        #: how training takes the clients' gradients: "autograd" (of the sum of
-        #: their losses through the vmapped forward) or "functorch" (vmap(grad)),
-        #: found at the first training step (None: not yet)
-        self.grad_mode: str | None = None
+        #: how training takes the clients' gradients, per ``step_by_step`` value:
+        #: "autograd" (of the sum of their losses through the vmapped forward) or
+        #: "functorch" (vmap(grad)), found at the first training step
+        self.grad_modes: dict[bool, str] = {}
         #: why this model cannot be trained batched here (None: it can)
         self.unsupported = unsupported_reason(self.base, device.type)
         self.dtypes = {k: v.dtype for k, v in state.items()}
@@ -353,37 +351,40 @@ def _train_chunk(
                  for k, g in zip(leaves, found)}
         return grads, losses.detach()
 
+    def with_loss(p, b, xb, yb, mb):
+        loss = loss_fn(p, b, xb, yb, mb)
+        return loss, loss.detach()
+
+    functorch_steps: list[Callable[..., Any]] = []
+
     def functorch_step(p, b, xb, yb, mb):
-        from torch.func import grad
+        if not functorch_steps:  # built once per chunk, on first use
+            from torch.func import grad
 
-        def with_loss(p, b, xb, yb, mb):
-            loss = loss_fn(p, b, xb, yb, mb)
-            return loss, loss.detach()
-
-        return vmap(grad(with_loss, has_aux=True), in_dims=(0, 0, 0, 0, 0),
-                    randomness="same")(p, b, xb, yb, mb)
+            functorch_steps.append(vmap(grad(with_loss, has_aux=True),
+                                        in_dims=(0, 0, 0, 0, 0), randomness="same"))
+        return functorch_steps[0](p, b, xb, yb, mb)
 
     def step_fn(p, b, xb, yb, mb):
-        if vm.grad_mode is None and vm.fused_recurrence and not vm.step_by_step:
-            # a fused nn.LSTM/GRU/RNN kernel: PyTorch loops over the clients
-            # inside vmap only under functorch's grad transform
-            vm.grad_mode = "functorch"
-        if vm.grad_mode == "functorch":
+        mode = vm.grad_modes.get(vm.step_by_step)
+        if mode == "functorch":
             return functorch_step(p, b, xb, yb, mb)
-        if vm.grad_mode == "autograd":
+        if mode == "autograd":
             return autograd_step(p, b, xb, yb, mb)
         # first step of this model: an op without a batching rule under plain
-        # autograd (e.g. nn.LSTMCell's fused kernel) takes functorch's grad; the
-        # attempt runs on copies of the buffers, which the forward updates in place
+        # autograd (the fused kernels of nn.LSTM/GRU/RNN and nn.LSTMCell, which
+        # PyTorch loops over inside vmap only under functorch's grad) takes
+        # functorch's grad; the attempt runs on copies of the buffers, which the
+        # forward updates in place
         trial = {k: v.clone() for k, v in b.items()}
         try:
             out = autograd_step(p, trial, xb, yb, mb)
         except RuntimeError as err:
             if "Batching rule not implemented" not in str(err):
                 raise
-            vm.grad_mode = "functorch"
+            vm.grad_modes[vm.step_by_step] = "functorch"
             return functorch_step(p, b, xb, yb, mb)
-        vm.grad_mode = "autograd"
+        vm.grad_modes[vm.step_by_step] = "autograd"
         with torch.no_grad():
             for k, v in trial.items():
                 b[k].copy_(v)

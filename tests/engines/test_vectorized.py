@@ -584,13 +584,13 @@ def test_a_model_without_a_batching_rule_under_autograd_trains_with_functorch():
                     [V.TrainJob(V.ClientData(torch.as_tensor(d.x, device=DEV),
                                              torch.as_tensor(d.y, device=DEV)), i)
                      for i, d in enumerate(data)], 1, 0.1, 4)
-    assert vm.grad_mode == "functorch"
+    assert vm.grad_modes == {vm.step_by_step: "functorch"}
     cnn = V.VectorModel(lambda: make_model("synthetic"), DEV)
     d = _datasets((60,), 5, [7])[0]
     V.batched_train(cnn, initial_weights(lambda: make_model("synthetic"), 0),
                     [V.TrainJob(V.ClientData(torch.as_tensor(d.x, device=DEV),
                                              torch.as_tensor(d.y, device=DEV)), 0)], 1, 0.1, 4)
-    assert cnn.grad_mode == "autograd"
+    assert cnn.grad_modes == {cnn.step_by_step: "autograd"}
 
 
 def test_batched_training_trains_under_an_outer_no_grad():

@@ -226,7 +226,9 @@ def check_before_run(settings: Settings) -> None:
     check_output_folder(settings)
     if settings.resume_from:
         check_resume(settings, strategy_from_settings(settings))
-    federation_for(settings)  # loads the data (cached for the run)
+    # loads the real datasets (refused here when missing); generates no synthetic
+    # client, which an engine in this process builds with the rest
+    federation_for(settings, clients=(), server_tests=False)
 
 
 def check_ray_options(args: argparse.Namespace,

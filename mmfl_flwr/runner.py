@@ -63,10 +63,12 @@ def run_inprocess(
     built from the settings (poisoned data:
     :func:`~mmfl_flwr.testing.hostile.label_flipping`)."""
     from mmfl_flwr.flower_app.client_app import build_client_app
+    from mmfl_flwr.flower_app.data import federation_for
     from mmfl_flwr.flower_app.server_app import server_main
     from mmfl_flwr.grid import InProcessGrid
 
     _single_thread_torch()
+    federation_for(settings)  # the whole federation: the server and every node share it
     run_config = settings.to_run_config()
     app = build_client_app(settings, client_hook)
     grid = InProcessGrid(
@@ -96,6 +98,7 @@ def run_vectorized(
 
     from mmfl_flwr.client.app import make_client_app
     from mmfl_flwr.flower_app.client_app import node_spec_fn
+    from mmfl_flwr.flower_app.data import federation_for
     from mmfl_flwr.flower_app.server_app import server_main
     from mmfl_flwr.grid import InProcessGrid
 
@@ -105,6 +108,7 @@ def run_vectorized(
     # (--threads auto takes the free ones of them on shard nodes), or the fixed
     # number, also for single-client nodes
     torch.set_num_threads(parse_threads(threads) or cpu_budget())
+    federation_for(settings)  # the whole federation: the server and every node share it
     run_config = settings.to_run_config()
     app = make_client_app(node_spec_fn(settings), chunk=chunk, threads=threads)
     grid = InProcessGrid(app, node_configs(settings, "vectorized"), run_config,

@@ -103,11 +103,37 @@ def _tensors(
     (int64), sharing the dataset's memory where its arrays already have those
     types (a node hosting 100,000 clients holds their data once, not twice);
     neither side modifies them."""
-    x = torch.from_numpy(np.ascontiguousarray(np.asarray(dataset.x, dtype=np.float32)))
+    x = _rows_tensor(np.asarray(dataset.x, dtype=np.float32))
     if x.dtype != dtype:
         x = x.to(dtype)
-    y = torch.from_numpy(np.ascontiguousarray(np.asarray(dataset.y, dtype=np.int64)))
+    y = _rows_tensor(np.asarray(dataset.y, dtype=np.int64))
     return x, y
+
+
+#: id of a packed array -> the tensor over all of it (while some view of it lives)
+_BASE_TENSORS: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+
+
+def _rows_tensor(a: np.ndarray) -> torch.Tensor:
+    """``a`` as a tensor sharing its memory. Where ``a`` is a run of consecutive
+    rows of a larger contiguous array (the packed federation data of many
+    clients), the tensor is that run of rows of one tensor over the whole array,
+    so that clients stored one after another stay one after another for torch
+    (:func:`mmfl_flwr.client.vectorized` then reads them without a copy)."""
+    base = a.base
+    if (isinstance(base, np.ndarray) and a.ndim >= 1 and base.ndim == a.ndim
+            and base.dtype == a.dtype and base.shape[1:] == a.shape[1:]
+            and base.flags.c_contiguous and a.flags.c_contiguous and base.shape[0] > 0):
+        row = base.strides[0]
+        first, rest = divmod(a.__array_interface__["data"][0]
+                             - base.__array_interface__["data"][0], row) if row else (0, 1)
+        if rest == 0 and 0 <= first and first + a.shape[0] <= base.shape[0]:
+            whole = _BASE_TENSORS.get(id(base))
+            if whole is None or whole.data_ptr() != base.__array_interface__["data"][0]:
+                whole = torch.from_numpy(base)
+                _BASE_TENSORS[id(base)] = whole
+            return whole[first:first + a.shape[0]]
+    return torch.from_numpy(np.ascontiguousarray(a))
 
 
 @torch.no_grad()

@@ -171,8 +171,26 @@ def _concat(
     counts = torch.tensor([d.n for d in datasets], dtype=torch.long, device=device)
     owner = torch.repeat_interleave(torch.arange(len(datasets), device=device), counts)
     offsets = torch.cumsum(counts, 0) - counts
-    return (torch.cat([d.x for d in datasets]), torch.cat([d.y for d in datasets]), owner,
+    return (_joined([d.x for d in datasets]), _joined([d.y for d in datasets]), owner,
             offsets)
+
+
+def _joined(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(parts)``, without the copy where the parts already lie one
+    after another in one storage (the packed data of a shard's clients, in
+    their order): then a view of those rows."""
+    first = parts[0]
+    storage = first.untyped_storage().data_ptr()
+    end = first.storage_offset()
+    for p in parts:
+        if (p.untyped_storage().data_ptr() != storage or p.storage_offset() != end
+                or not p.is_contiguous() or p.dtype != first.dtype
+                or p.shape[1:] != first.shape[1:]):
+            return torch.cat(list(parts))
+        end += p.numel()
+    rows = sum(int(p.shape[0]) for p in parts)
+    return first.new_empty(0).set_(first.untyped_storage(), first.storage_offset(),
+                                   (rows, *first.shape[1:]))
 
 
 class _ConcatCache:

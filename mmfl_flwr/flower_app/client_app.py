@@ -85,9 +85,9 @@ def client_spec(context: Context, settings: Settings | None = None
                 raise ValueError(f"node_config has both 'clients' and {key!r}: a node hosting "
                                  "a shard names its clients by 'clients' only (their ids are "
                                  "their partition ids; pin them with key pins)")
-        fed = federation_for(s)
-        return [_one_client(s, fed, pid, cfg, str(pid), None)
-                for pid in parse_clients(cfg["clients"], s.num_clients)]
+        ids = parse_clients(cfg["clients"], s.num_clients)
+        fed = federation_for(s, clients=ids, server_tests=False)  # this shard's data only
+        return [_one_client(s, fed, pid, cfg, str(pid), None) for pid in ids]
     if "partition-id" not in cfg:
         raise ValueError(
             "node_config has no 'partition-id'; start the SuperNode with "
@@ -136,9 +136,9 @@ def _partition_shard(s: Settings, cfg: Mapping[str, Any], pid: int, k: int) -> l
             f"partition-id={pid} hosts no client: with clients-per-node={k} the federation "
             f"of num-clients={s.num_clients} needs partition ids 0 to {nodes - 1} "
             f"(num-supernodes={nodes})")
-    fed = federation_for(s)
-    return [_one_client(s, fed, q, cfg, str(q), None)
-            for q in range(pid * k, min(s.num_clients, (pid + 1) * k))]
+    ids = range(pid * k, min(s.num_clients, (pid + 1) * k))
+    fed = federation_for(s, clients=ids, server_tests=False)  # this shard's data only
+    return [_one_client(s, fed, q, cfg, str(q), None) for q in ids]
 
 
 #: task kind -> (its registered definition, its model builder)

@@ -1,14 +1,16 @@
 """The federation a run's settings describe, built once per process and shared by
 the ServerApp (initial weights, server-side test sets), the ClientApp (each
-node's data) and the CLI (which loads the data before writing anything); and the
+node's data) and the CLI (which loads the data before writing anything), each
+building only the part it needs where it runs alone (a shard node its clients'
+data, the server the test sets); and the
 upload budget computed from it (``budget-fraction`` 0 = auto, the warning for a
 budget that leaves a model too few uploads)."""
 
 from __future__ import annotations
 
 import dataclasses
-from functools import lru_cache
-from typing import Any
+from collections import OrderedDict
+from typing import Any, Iterable
 from logging import WARNING
 
 from flwr.common.logger import log
@@ -17,42 +19,34 @@ from mmfl_flwr.config import Settings
 from mmfl_flwr.core.card import presets_taking
 from mmfl_flwr.core.policy import MIN_UPLOADS_PER_MODEL
 from mmfl_flwr.tasks.federation import Federation, build_federation
-from mmfl_flwr.tasks.registry import TaskDefinition, get_task
+from mmfl_flwr.tasks.registry import get_task
 
 
-@lru_cache(maxsize=8)
-def _federation(
-    kinds: tuple[str, ...],
-    num_clients: int,
-    seed: int,
-    labels: float,
-    max_synth: int,
-    profile: str,
-    data_root: str,
-    definitions: tuple[TaskDefinition | None, ...],
-) -> Federation:
-    # ``definitions`` (the registered definition of each kind, None for a
-    # built-in one) is part of the cache key only: re-registering a user task
-    # with replace=True must not serve the old task's data.
-    return build_federation(
-        list(kinds),
-        num_clients,
-        seed,
-        labels_per_client=labels,
-        max_synthetic_samples=max_synth or None,
-        profile=profile,
-        data_root=data_root,
-    )
+#: settings key -> {part: federation}; part None is the whole federation, else
+#: (the clients whose data is built, whether the server test sets are)
+_FEDERATIONS: OrderedDict[tuple[Any, ...], dict[Any, Federation]] = OrderedDict()
+#: federations of this many settings are kept (the least recently used go first)
+_KEEP = 8
 
 
-def federation_for(settings: Settings) -> Federation:
+def federation_for(settings: Settings, clients: Iterable[int] | None = None,
+                   server_tests: bool = True) -> Federation:
     """The (cached) federation described by ``settings`` (with ``download``, the
-    missing real datasets are fetched first)."""
+    missing real datasets are fetched first).
+
+    ``clients`` and ``server_tests`` say what this process needs (see
+    :func:`~mmfl_flwr.tasks.federation.build_federation`): a node hosting a
+    shard asks for its clients without the test sets, the server for none of
+    the clients' data (``clients=()``) with the test sets. Where the whole
+    federation is already built in this process (the in-process engines build
+    it first), it serves every request. Of the shards' parts, the last one
+    built is kept (the ClientApp keeps each node's clients, and so their data,
+    once built)."""
     if settings.download:
         from mmfl_flwr.tasks.real import download_datasets
 
         download_datasets(list(settings.task_kinds), settings.data_root)
-    return _federation(
+    key = (
         tuple(settings.task_kinds),
         settings.num_clients,
         settings.data_seed if settings.data_seed >= 0 else settings.seed,
@@ -60,8 +54,40 @@ def federation_for(settings: Settings) -> Federation:
         settings.synthetic_max_samples,
         settings.profile,
         settings.data_root,
+        # the registered definition of each kind (None for a built-in one):
+        # re-registering a user task with replace=True must not serve the old
+        # task's data
         tuple(get_task(k) for k in settings.task_kinds),
     )
+    part = None
+    if clients is not None:
+        ids = frozenset(int(k) for k in clients)
+        if len(ids) < settings.num_clients or not server_tests:
+            part = (ids, bool(server_tests))
+    variants = _FEDERATIONS.get(key)
+    if variants is not None:
+        _FEDERATIONS.move_to_end(key)
+        if None in variants:
+            return variants[None]
+        if part in variants:
+            return variants[part]
+    else:
+        variants = _FEDERATIONS[key] = {}
+        while len(_FEDERATIONS) > _KEEP:
+            _FEDERATIONS.popitem(last=False)
+    if part is not None and part[0]:  # one shard's part at a time
+        for other in [p for p in variants if p is not None and p[0]]:
+            del variants[other]
+    fed = build_federation(
+        list(key[0]), key[1], key[2], labels_per_client=key[3],
+        max_synthetic_samples=key[4] or None, profile=key[5], data_root=key[6],
+        clients=None if part is None else part[0],
+        server_tests=True if part is None else part[1],
+    )
+    if part is None:
+        variants.clear()  # the whole federation serves every request from now on
+    variants[part] = fed
+    return fed
 
 
 def upload_budget(
@@ -76,7 +102,7 @@ def upload_budget(
     from mmfl_flwr.core.policy import resolve_budget
 
     if federation is None:
-        federation = federation_for(settings)
+        federation = federation_for(settings, clients=(), server_tests=True)
     holds = sum(federation.eligible[t].astype(int) for t in federation.tasks) > 0
     v = int(federation.processors[holds].sum())
     m = resolve_budget(None, settings.budget_fraction, v)

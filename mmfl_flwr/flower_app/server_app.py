@@ -131,7 +131,7 @@ def initial_arrays(s: Settings) -> dict[str, ArrayRecord]:
     from mmfl_flwr.seeding import task_seed
     from mmfl_flwr.tasks.models import make_model
 
-    fed = federation_for(s)
+    fed = federation_for(s, clients=(), server_tests=True)  # the server holds no client's data
     out = {}
     for task in fed.tasks:
         kind = fed.kinds[task]
@@ -147,7 +147,7 @@ def central_evaluator(s: Settings) -> Callable[[int, str, ArrayRecord], MetricRe
     from mmfl_flwr.flower_app.data import federation_for
     from mmfl_flwr.tasks.models import make_model
 
-    fed = federation_for(s)
+    fed = federation_for(s, clients=(), server_tests=True)  # the server holds no client's data
 
     def evaluate(server_round: int, task: str, arrays: ArrayRecord) -> MetricRecord:
         kind = fed.kinds[task]

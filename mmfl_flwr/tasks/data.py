@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 
@@ -277,6 +278,7 @@ def synthetic_users(
     seed: int = 0,
     iid: bool = False,
     max_samples: int | None = None,
+    ids: Iterable[int] | None = None,
 ) -> list[tuple[Dataset, Dataset]]:
     """Generate the FedProx ``Synthetic(alpha, beta)`` users.
 
@@ -315,12 +317,16 @@ def synthetic_users(
         Generate Synthetic-IID instead of Synthetic(alpha, beta).
     max_samples : int or None, default None
         Upper bound on the samples per user (before the train/test split).
+    ids : iterable of int or None, default None
+        Generate only these users (each exactly as in the whole population, in
+        the order given; a node hosting a shard of a big federation builds its
+        own clients only); ``None``: users ``0 .. num_users - 1``.
 
     Returns
     -------
     list of tuple of Dataset
-        ``[(train_k, test_k) for k in range(num_users)]``; ``x`` float32 ``(n, dim)``,
-        ``y`` int64.
+        ``[(train_k, test_k) for k in ids]`` (``ids`` defaults to ``range(num_users)``);
+        ``x`` float32 ``(n, dim)``, ``y`` int64.
     """
     if num_users < 0:
         raise ValueError(f"num_users must be >= 0, got {num_users}")
@@ -339,7 +345,10 @@ def synthetic_users(
         shared_b = shared_rng.normal(0.0, 1.0, size=num_classes)
 
     users: list[tuple[Dataset, Dataset]] = []
-    for k in range(num_users):
+    for k in (range(num_users) if ids is None else ids):
+        k = int(k)
+        if not 0 <= k < num_users:
+            raise ValueError(f"user id {k} is outside [0, {num_users})")
         rng = np.random.default_rng([seed, k])
         if iid:
             assert shared_w is not None and shared_b is not None

@@ -7,6 +7,7 @@ simulated client process can rebuild the same federation cheaply.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Iterable
 
 import numpy as np
 
@@ -326,6 +327,11 @@ class Federation:
         allowed for eligible clients.
     server_tests : dict of str to Dataset
         Task name -> held-out server-side test set.
+    hosted : frozenset of int or None
+        The clients whose data was built (``build_federation(clients=...)``: a
+        node hosting a shard, or the server, which holds none); None: all.
+    has_server_tests : bool
+        Whether the server-side test sets were built.
     """
 
     seed: int
@@ -336,6 +342,8 @@ class Federation:
     eligible: dict[str, np.ndarray]
     data: dict[str, list[tuple[Dataset, Dataset]]] = field(default_factory=dict, repr=False)
     server_tests: dict[str, Dataset] = field(default_factory=dict, repr=False)
+    hosted: frozenset[int] | None = None
+    has_server_tests: bool = True
 
     def _check_cid(self, cid: int) -> int:
         cid = int(cid)
@@ -370,6 +378,10 @@ class Federation:
             raise KeyError(f"unknown task {task!r}")
         if not bool(self.eligible[task][cid]):
             raise KeyError(f"client {cid} is not eligible for task {task!r}")
+        if self.hosted is not None and cid not in self.hosted:
+            raise KeyError(f"client {cid}'s data was not built here: this federation holds "
+                           f"the data of {len(self.hosted)} of its {self.num_clients} clients "
+                           "(build_federation(clients=...))")
         return self.data[task][cid]
 
     def client_tasks(self, cid: int) -> list[str]:
@@ -417,8 +429,11 @@ class Federation:
             Digits: the global test split. Synthetic: the union of all users' test
             splits.
         """
-        if task not in self.server_tests:
+        if task not in self.eligible:
             raise KeyError(f"unknown task {task!r}")
+        if not self.has_server_tests:
+            raise KeyError(f"the server-side test set of {task!r} was not built here "
+                           "(build_federation(server_tests=False))")
         return self.server_tests[task]
 
 
@@ -581,6 +596,29 @@ def _fds_partition(
     return parts, [np.unique(labels[ix]).astype(np.int64) for ix in parts]
 
 
+def _packed(users: list[tuple[Dataset, Dataset]]) -> list[tuple[Dataset, Dataset]]:
+    """The same users with their arrays moved into four contiguous arrays (train
+    inputs, train labels, test inputs, test labels), each user's datasets views
+    of consecutive rows: one allocation per array instead of four per user
+    (100,000 small arrays fragment the heap), and a node that evaluates its
+    users one after another reads them without a copy
+    (:func:`mmfl_flwr.client.trainer` shares the rows)."""
+    if not users:
+        return users
+    out: list[tuple[Dataset, Dataset]] = []
+    parts = []
+    for side in (0, 1):
+        xs = np.concatenate([u[side].x for u in users])
+        ys = np.concatenate([u[side].y for u in users])
+        ends = np.cumsum([len(u[side]) for u in users])
+        parts.append((xs, ys, ends - [len(u[side]) for u in users], ends))
+    for i in range(len(users)):
+        (xa, ya, sa, ea), (xb, yb, sb, eb) = parts
+        out.append((Dataset(xa[sa[i]:ea[i]], ya[sa[i]:ea[i]]),
+                    Dataset(xb[sb[i]:eb[i]], yb[sb[i]:eb[i]])))
+    return out
+
+
 def _build_synthetic(
     kind: str,
     num_clients: int,
@@ -590,34 +628,91 @@ def _build_synthetic(
     eligible: np.ndarray,
     high: np.ndarray | None,
     ratio: float,
+    keep: frozenset[int] | None = None,
+    server: bool = True,
 ) -> tuple[list[tuple[Dataset, Dataset]], Dataset]:
     """Per-client data and server test set for one copy of the synthetic task.
     With ``high`` given, the other (low-data) users keep ``1 / ratio`` of their
-    training samples."""
+    training samples.
+
+    ``keep`` (client ids, None for all) and ``server`` choose what is built: the
+    other clients get the shared empty dataset, and without ``server`` the
+    server test set is empty. Every user depends only on ``(seed, k)``, so a
+    shard generates its own users only; the server's test set (every user's
+    test split) and the low-data subsets (one stream drawn user after user) take
+    a pass over all users that keeps only what is asked for."""
     spec = KINDS[kind]
     stream = _stream_seed(seed, kind, copy)
     gen_seed = int(stream.generate_state(1, dtype=np.uint32)[0])
-    users = synthetic_users(
-        SYNTHETIC_ALPHA,
-        SYNTHETIC_BETA,
-        num_clients,
-        dim=spec.input_shape[0],
-        num_classes=spec.num_classes,
-        seed=gen_seed,
-        iid=kind.startswith("synthetic-iid"),
-        max_samples=max_samples,
-    )
-    server = concat_datasets([te for _, te in users])
-    if high is not None:
+    options = dict(dim=spec.input_shape[0], num_classes=spec.num_classes, seed=gen_seed,
+                   iid=kind.startswith("synthetic-iid"), max_samples=max_samples)
+    empty = _empty(kind)
+    if keep is None:
+        users = synthetic_users(SYNTHETIC_ALPHA, SYNTHETIC_BETA, num_clients, **options)
+        server_test = concat_datasets([te for _, te in users])
+    elif not server and (high is None or not keep):  # no pass over the others needed
+        ids = sorted(k for k in keep if eligible[k])
+        users = [(empty, empty)] * num_clients
+        for k, u in zip(ids, synthetic_users(SYNTHETIC_ALPHA, SYNTHETIC_BETA, num_clients,
+                                             ids=ids, **options)):
+            users[k] = u
+        server_test = empty
+    else:  # one pass over every user, keeping what is asked for
+        users = [(empty, empty)] * num_clients
+        tests: list[Dataset] = []
+        for k in range(num_clients):
+            (tr, te), = synthetic_users(SYNTHETIC_ALPHA, SYNTHETIC_BETA, num_clients,
+                                        ids=[k], **options)
+            if server:
+                tests.append(Dataset(te.x.copy(), te.y.copy()))
+            if high is not None or k in keep:
+                users[k] = (tr, te)
+            if high is not None and k not in keep:
+                users[k] = (_Sized(len(tr)), empty)
+        server_test = concat_datasets(tests) if server else empty
+    if high is not None and (keep is None or keep):
         rng = np.random.default_rng(stream.spawn(1)[0])
         for k in range(num_clients):
             if not high[k]:
                 tr, te = users[k]
-                keep = max(1, int(np.ceil(len(tr) / ratio)))
-                users[k] = (tr.subset(np.sort(rng.permutation(len(tr))[:keep])), te)
-    users = [u if eligible[k] else (_empty(kind), _empty(kind))
-             for k, u in enumerate(users)]
-    return users, server
+                keep_n = max(1, int(np.ceil(len(tr) / ratio)))
+                order = np.sort(rng.permutation(len(tr))[:keep_n])
+                if keep is None or k in keep:
+                    users[k] = (tr.subset(order), te)
+    if keep is not None:
+        held = [k for k in sorted(keep) if eligible[k]]
+        users = [users[k] if k in keep and eligible[k] else (empty, empty)
+                 for k in range(num_clients)]
+    else:
+        held = [k for k in range(num_clients) if eligible[k]]
+        users = [u if eligible[k] else (_empty(kind), _empty(kind))
+                 for k, u in enumerate(users)]
+    for k, u in zip(held, _packed([users[k] for k in held])):
+        users[k] = u
+    return users, server_test
+
+
+def _trim_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc's ``malloc_trim``;
+    nothing elsewhere): the small arrays a federation is generated in are freed
+    once packed, between long-lived ones, where the heap cannot shrink alone."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+class _Sized:
+    """A user's training-set size, standing in for data a shard does not keep
+    (the low-data subsets' stream needs every user's size)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
 
 
 def _heterogeneity(
@@ -657,6 +752,8 @@ def build_federation(
     max_synthetic_samples: int | None = 500,
     profile: str | Profile = "uniform",
     data_root: str = "data",
+    clients: Iterable[int] | None = None,
+    server_tests: bool = True,
 ) -> Federation:
     """Build the simulated federation deterministically from ``seed``.
 
@@ -696,6 +793,17 @@ def build_federation(
         Client heterogeneity: a :data:`PROFILES` name or a :class:`Profile`
         (``"uniform"``: all clients hold all tasks with one processor and
         label-skewed but equal-weight data; ``"paper003"``: paper 003's setting).
+    clients : iterable of int or None, default None
+        The clients whose data this process needs (a node hosting a shard of a
+        big federation; ``()`` for the server, which needs the test sets and
+        the clients' eligibility and processors only):
+        :meth:`Federation.client_data` refuses the others, and the synthetic
+        tasks keep no data for them (they generate only these users, unless the
+        server's test sets or the low-data subsets need a pass over all of
+        them). What is built is exactly what the whole federation holds. None:
+        every client.
+    server_tests : bool, default True
+        Build the server-side test sets.
 
     Returns
     -------
@@ -731,9 +839,12 @@ def build_federation(
                 for _ in range(len(names))
             )
         ]
+    keep = None if clients is None else frozenset(int(k) for k in clients)
+    if keep is not None and any(not 0 <= k < num_clients for k in keep):
+        raise ValueError(f"clients must be ids in [0, {num_clients})")
     copies: dict[str, int] = {}
     data: dict[str, list[tuple[Dataset, Dataset]]] = {}
-    server_tests: dict[str, Dataset] = {}
+    tests: dict[str, Dataset] = {}
     for s, (name, kind) in enumerate(zip(names, kinds)):
         copy = copies.get(kind, 0)
         copies[kind] = copy + 1
@@ -741,13 +852,13 @@ def build_federation(
             weights = (
                 np.where(high[s], profile.high_data_ratio, 1.0) if heterogeneous_data else None
             )
-            data[name], server_tests[name] = _build_digits(
+            data[name], tests[name] = _build_digits(
                 num_clients, seed, copy, labels_per_client, eligible[s], weights,
                 maps[0 if profile.consistent else s] if profile.clusters else None,
                 profile.clusters, partition=profile.partition, alpha=profile.dirichlet_alpha,
             )
         elif kind in SYNTHETIC_KINDS:
-            data[name], server_tests[name] = _build_synthetic(
+            data[name], tests[name] = _build_synthetic(
                 kind,
                 num_clients,
                 seed,
@@ -756,18 +867,20 @@ def build_federation(
                 eligible[s],
                 high[s] if heterogeneous_data else None,
                 profile.high_data_ratio,
+                keep=keep,
+                server=server_tests,
             )
         elif kind == "shakespeare":
             from mmfl_flwr.tasks.real import build_shakespeare
 
-            data[name], server_tests[name] = build_shakespeare(
+            data[name], tests[name] = build_shakespeare(
                 num_clients, seed, data_root, eligible[s]
             )
         elif kind.startswith("celeba-"):
             from mmfl_flwr.tasks.real import build_iid, load_split
 
             train, test = load_split(kind, data_root)
-            data[name], server_tests[name] = build_iid(
+            data[name], tests[name] = build_iid(
                 train, test, num_clients, seed, copy, eligible[s]
             )
         elif kind in REAL_KINDS:
@@ -776,19 +889,21 @@ def build_federation(
             weights = (
                 np.where(high[s], profile.high_data_ratio, 1.0) if heterogeneous_data else None
             )
-            data[name], server_tests[name] = _build_digits(
+            data[name], tests[name] = _build_digits(
                 num_clients, seed, copy, labels_per_client, eligible[s], weights,
                 maps[0 if profile.consistent else s] if profile.clusters else None,
                 profile.clusters, kind=kind, data=load_split(kind, data_root),
                 partition=profile.partition, alpha=profile.dirichlet_alpha,
             )
         elif get_task(kind) is not None:
-            data[name], server_tests[name], user_eligible = _build_registered(
+            data[name], tests[name], user_eligible = _build_registered(
                 kind, num_clients, seed, copy
             )
             eligible[s] &= user_eligible
         else:  # pragma: no cover - task_names already validated the kinds
             raise ValueError(f"unknown task kind {kind!r}")
+    if any(kind in SYNTHETIC_KINDS for kind in kinds):
+        _trim_heap()
     return Federation(
         seed=int(seed),
         num_clients=int(num_clients),
@@ -797,5 +912,7 @@ def build_federation(
         processors=processors,
         eligible={name: eligible[s].copy() for s, name in enumerate(names)},
         data=data,
-        server_tests=server_tests,
+        server_tests=tests if server_tests else {},
+        hosted=keep,
+        has_server_tests=server_tests,
     )

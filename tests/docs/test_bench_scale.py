@@ -23,6 +23,7 @@ def test_bench_scale_prints_seconds_and_peak_memory(tmp_path):
     [rep] = json.loads(out.read_text())
     assert rep["n"] == 30 and rep["maxrss"] > 10**7 and set(rep["seconds"]) == {"1", "2"}
     assert rep["uploads"] > 0
+    assert rep["peak_pss"] > 10**7  # the process tree's proportional set size, sampled
 
 
 def test_bench_scale_refuses_a_bad_engine():
@@ -30,3 +31,11 @@ def test_bench_scale_refuses_a_bad_engine():
         [sys.executable, str(REPO_ROOT / "benchmarks" / "bench_scale.py"), "--engines", "ray"],
         capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 2 and "engines from" in res.stderr
+
+
+def test_bench_scale_refuses_a_bad_clients_per_node():
+    res = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "bench_scale.py"),
+         "--clients-per-node", "0"],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 2 and "--clients-per-node '0'" in res.stderr

@@ -1,0 +1,140 @@
+"""A process builds only the part of the federation it needs (issue 24, item 7):
+a shard node its clients' data, the server the test sets. What is built must be
+exactly what the whole federation holds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mmfl_flwr.config import Settings
+from mmfl_flwr.flower_app import data as D
+from mmfl_flwr.tasks.federation import build_federation
+
+
+def _same(a, b) -> None:
+    assert a.x.shape == b.x.shape and a.y.shape == b.y.shape
+    np.testing.assert_array_equal(a.x, b.x)
+    np.testing.assert_array_equal(a.y, b.y)
+
+
+@pytest.mark.parametrize("profile", ["uniform", "paper003"])
+@pytest.mark.parametrize("kinds", [["synthetic", "synthetic"], ["digits", "synthetic-b"],
+                                   ["synthetic-iid", "synthetic"]])
+def test_a_shard_builds_exactly_its_clients_data(kinds, profile):
+    full = build_federation(kinds, 23, 4, profile=profile, max_synthetic_samples=60)
+    ids = [2, 3, 4, 5, 17]
+    part = build_federation(kinds, 23, 4, profile=profile, max_synthetic_samples=60,
+                            clients=ids, server_tests=False)
+    assert part.hosted == frozenset(ids) and not part.has_server_tests
+    np.testing.assert_array_equal(part.processors, full.processors)
+    for task in full.tasks:
+        np.testing.assert_array_equal(part.eligible[task], full.eligible[task])
+        for k in ids:
+            if full.eligible[task][k]:
+                for a, b in zip(part.client_data(k, task), full.client_data(k, task)):
+                    _same(a, b)
+        held = [k for k in range(23) if k not in ids and full.eligible[task][k]]
+        with pytest.raises(KeyError, match="not built here"):
+            part.client_data(held[0], task)
+        with pytest.raises(KeyError, match="not built here"):
+            part.server_test(task)
+        if full.kinds[task].startswith("synthetic"):  # nothing kept for the others
+            assert all(len(part.data[task][k][0]) == 0 for k in held)
+
+
+@pytest.mark.parametrize("profile", ["uniform", "paper003"])
+def test_the_server_part_holds_the_test_sets_and_no_client_data(profile):
+    kinds = ["synthetic", "digits", "synthetic-b"]
+    full = build_federation(kinds, 15, 1, profile=profile, max_synthetic_samples=40)
+    server = build_federation(kinds, 15, 1, profile=profile, max_synthetic_samples=40,
+                              clients=())
+    for task in full.tasks:
+        _same(server.server_test(task), full.server_test(task))
+        if full.kinds[task].startswith("synthetic"):
+            assert sum(len(tr) + len(te) for tr, te in server.data[task]) == 0
+        with pytest.raises(KeyError, match="not built here"):
+            server.client_data(int(np.flatnonzero(full.eligible[task])[0]), task)
+
+
+def test_build_federation_refuses_client_ids_outside_the_federation():
+    with pytest.raises(ValueError, match=r"\[0, 5\)"):
+        build_federation(["synthetic"], 5, 0, clients=[5])
+
+
+def test_federation_for_serves_every_part_from_the_whole_federation_once_built(monkeypatch):
+    built = []
+    real = D.build_federation
+
+    def counting(*a, **kw):
+        built.append(kw.get("clients"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(D, "build_federation", counting)
+    monkeypatch.setattr(D, "_FEDERATIONS", type(D._FEDERATIONS)())
+    s = Settings(tasks="synthetic", num_clients=9, seed=123)
+    shard = D.federation_for(s, clients=range(3, 6), server_tests=False)
+    assert shard.hosted == frozenset({3, 4, 5})
+    assert D.federation_for(s, clients=[5, 4, 3], server_tests=False) is shard  # cached
+    server = D.federation_for(s, clients=(), server_tests=True)
+    assert server.hosted == frozenset() and server.has_server_tests
+    assert len(built) == 2
+    other = D.federation_for(s, clients=range(6, 9), server_tests=False)
+    assert other.hosted == frozenset({6, 7, 8}) and len(built) == 3
+    # one shard part at a time: the first one is built again; the server part stays
+    assert D.federation_for(s, clients=range(3, 6), server_tests=False) is not shard
+    assert D.federation_for(s, clients=(), server_tests=True) is server
+    assert len(built) == 4
+    whole = D.federation_for(s)
+    assert whole.hosted is None and len(built) == 5
+    # from now on the whole federation answers every request, without a build
+    assert D.federation_for(s, clients=[1], server_tests=False) is whole
+    assert D.federation_for(s, clients=(), server_tests=True) is whole
+    assert D.federation_for(s, clients=range(9)) is whole
+    assert len(built) == 5
+
+
+def test_a_shards_clients_are_packed_and_read_without_a_copy():
+    """Each synthetic task's client data lies in one array, client after client;
+    the batched kernels read the clients of a node in that order without copying
+    them, and in any other order with a copy of the same values."""
+    import torch
+
+    from mmfl_flwr.client import vectorized as V
+    from mmfl_flwr.client.trainer import TorchTrainer
+    from mmfl_flwr.tasks.models import make_model
+
+    fed = build_federation(["synthetic"], 12, 3, clients=range(2, 9), server_tests=False)
+    task = fed.tasks[0]
+    trainers = [TorchTrainer(lambda: make_model("synthetic"), *fed.client_data(k, task), 4)
+                for k in range(2, 9)]
+    data = [V.ClientData(*t.train_tensors()) for t in trainers]
+    x_all, y_all, owner, offsets = V._concat(data)
+    assert x_all.data_ptr() == data[0].x.data_ptr()  # a view: no copy
+    assert torch.equal(x_all, torch.cat([d.x for d in data]))
+    assert torch.equal(y_all, torch.cat([d.y for d in data]))
+    assert owner.tolist() == [i for i, d in enumerate(data) for _ in range(d.n)]
+    shuffled = data[::-1]
+    x_rev, *_ = V._concat(shuffled)
+    assert x_rev.data_ptr() != data[-1].x.data_ptr()
+    assert torch.equal(x_rev, torch.cat([d.x for d in shuffled]))
+    # the whole federation's values are unchanged by the packing
+    whole = build_federation(["synthetic"], 12, 3)
+    for k in range(2, 9):
+        for a, b in zip(fed.client_data(k, task), whole.client_data(k, task)):
+            _same(a, b)
+
+
+def test_the_clis_check_generates_no_synthetic_user(monkeypatch):
+    """``mmfl run`` checks the data before it writes anything: that loads the
+    real datasets, but generates none of a synthetic task's users (the engine
+    builds what it needs), also under a profile with low-data subsets."""
+    from mmfl_flwr.tasks import federation as F
+
+    calls = []
+    real = F.synthetic_users
+    monkeypatch.setattr(F, "synthetic_users", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    fed = build_federation(["synthetic", "digits"], 40, 0, profile="paper003", clients=(),
+                           server_tests=False)
+    assert calls == [] or all(list(kw.get("ids", [None])) == [] for kw in calls)
+    assert len(fed.data[fed.tasks[1]]) == 40  # the digits task is built as before

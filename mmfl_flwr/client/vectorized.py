@@ -219,11 +219,16 @@ def _forward_rows(
     no-grad forward over the concatenated data, ``rows`` samples at a time."""
     model.eval()
     x_all, y_all, owner, _ = cache.get(datasets) if cache is not None else _concat(datasets)
+    # the clients' own memory where _joined made no copy: a model that writes into
+    # its input (an in-place first activation) gets a copy of each batch instead
+    shared = x_all.data_ptr() == datasets[0].x.data_ptr()
     c = len(datasets)
     loss_sum = torch.zeros(c, dtype=torch.float64, device=x_all.device)
     correct = torch.zeros(c, dtype=torch.float64, device=x_all.device)
     for start in range(0, int(y_all.shape[0]), rows):
         xb = x_all[start : start + rows]
+        if shared:
+            xb = xb.clone()
         yb = y_all[start : start + rows]
         ob = owner[start : start + rows]
         logits = model(xb)

@@ -700,7 +700,7 @@ def _trim_heap() -> None:
         import ctypes
 
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
+    except (ImportError, OSError, AttributeError):
         pass
 
 

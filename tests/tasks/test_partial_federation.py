@@ -138,3 +138,26 @@ def test_the_clis_check_generates_no_synthetic_user(monkeypatch):
                            server_tests=False)
     assert calls == [] or all(list(kw.get("ids", [None])) == [] for kw in calls)
     assert len(fed.data[fed.tasks[1]]) == 40  # the digits task is built as before
+
+
+def test_a_model_that_writes_into_its_input_does_not_change_the_clients_data():
+    """Where the batched kernels read the clients' own memory (no copy), a model
+    whose first operation is in place gets a copy of each batch."""
+    import torch
+    from torch import nn
+
+    from mmfl_flwr.client import vectorized as V
+
+    def model_fn():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.ReLU(inplace=True), nn.Linear(6, 3))
+
+    base = torch.randn(10, 6)
+    labels = torch.arange(10) % 3
+    before = base.clone()
+    data = [V.ClientData(base[a:b], labels[a:b]) for a, b in ((0, 3), (3, 7), (7, 10))]
+    vm = V.VectorModel(model_fn, torch.device("cpu"))
+    weights = {k: v.detach().numpy() for k, v in model_fn().state_dict().items()}
+    first = V.batched_losses(vm, weights, data)
+    assert torch.equal(base, before)  # negative inputs not zeroed in the clients' data
+    assert V.batched_losses(vm, weights, data) == first

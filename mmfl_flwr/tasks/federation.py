@@ -605,18 +605,13 @@ def _packed(users: list[tuple[Dataset, Dataset]]) -> list[tuple[Dataset, Dataset
     (:func:`mmfl_flwr.client.trainer` shares the rows)."""
     if not users:
         return users
-    out: list[tuple[Dataset, Dataset]] = []
-    parts = []
-    for side in (0, 1):
+    sides = []
+    for side in (0, 1):  # train, test
         xs = np.concatenate([u[side].x for u in users])
         ys = np.concatenate([u[side].y for u in users])
         ends = np.cumsum([len(u[side]) for u in users])
-        parts.append((xs, ys, ends - [len(u[side]) for u in users], ends))
-    for i in range(len(users)):
-        (xa, ya, sa, ea), (xb, yb, sb, eb) = parts
-        out.append((Dataset(xa[sa[i]:ea[i]], ya[sa[i]:ea[i]]),
-                    Dataset(xb[sb[i]:eb[i]], yb[sb[i]:eb[i]])))
-    return out
+        sides.append([Dataset(xs[a:b], ys[a:b]) for a, b in zip(np.r_[0, ends[:-1]], ends)])
+    return list(zip(*sides))
 
 
 def _build_synthetic(
@@ -647,9 +642,11 @@ def _build_synthetic(
     options = dict(dim=spec.input_shape[0], num_classes=spec.num_classes, seed=gen_seed,
                    iid=kind.startswith("synthetic-iid"), max_samples=max_samples)
     empty = _empty(kind)
+    sizes: list[int] = []  # every user's training-set size, for the low-data subsets
     if keep is None:
         users = synthetic_users(SYNTHETIC_ALPHA, SYNTHETIC_BETA, num_clients, **options)
         server_test = concat_datasets([te for _, te in users])
+        sizes = [len(tr) for tr, _ in users]
     elif not server and (high is None or not keep):  # no pass over the others needed
         ids = sorted(k for k in keep if eligible[k])
         users = [(empty, empty)] * num_clients
@@ -665,19 +662,18 @@ def _build_synthetic(
                                         ids=[k], **options)
             if server:
                 tests.append(Dataset(te.x.copy(), te.y.copy()))
-            if high is not None or k in keep:
+            if k in keep:
                 users[k] = (tr, te)
-            if high is not None and k not in keep:
-                users[k] = (_Sized(len(tr)), empty)
+            sizes.append(len(tr))
         server_test = concat_datasets(tests) if server else empty
     if high is not None and (keep is None or keep):
         rng = np.random.default_rng(stream.spawn(1)[0])
         for k in range(num_clients):
             if not high[k]:
-                tr, te = users[k]
-                keep_n = max(1, int(np.ceil(len(tr) / ratio)))
-                order = np.sort(rng.permutation(len(tr))[:keep_n])
+                keep_n = max(1, int(np.ceil(sizes[k] / ratio)))
+                order = np.sort(rng.permutation(sizes[k])[:keep_n])
                 if keep is None or k in keep:
+                    tr, te = users[k]
                     users[k] = (tr.subset(order), te)
     if keep is not None:
         held = [k for k in sorted(keep) if eligible[k]]
@@ -702,17 +698,6 @@ def _trim_heap() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (ImportError, OSError, AttributeError):
         pass
-
-
-class _Sized:
-    """A user's training-set size, standing in for data a shard does not keep
-    (the low-data subsets' stream needs every user's size)."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
 
 
 def _heterogeneity(

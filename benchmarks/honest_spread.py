@@ -10,6 +10,9 @@ largest ratio, over its rounds, of
 - ``query``: a loss-query report to the task's loss reference (the largest 90th
   percentile of the reports so far), which ``loss-cap`` (default 10) bounds;
 - ``train``: a training loss to the same reference (UCB presets);
+- ``influence``: an update's influence (its weight in the aggregate times its
+  norm) to the round's lower median influence, which ``influence-clip-factor``
+  (default 4) bounds by scaling down (an honest client above it is trimmed);
 
 read through the bounds' own hook (``mmfl_flwr.strategy.validation.BOUND_OBSERVERS``:
 the references are the ones the server uses, nothing is patched), so the defaults
@@ -49,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     from mmfl_flwr.strategy.validation import BOUND_OBSERVERS
 
     stats: dict[str, float] = collections.defaultdict(float)
-    short = {"update-norm": "norm", "query-loss": "query", "train-loss": "train"}
+    short = {"update-norm": "norm", "query-loss": "query", "train-loss": "train",
+             "influence": "influence"}
 
     def record(kind: str, task: str, values: list[float], reference: float) -> None:
         if kind == "direction":  # the lowest honest mean cosine, and how far below the median

@@ -129,9 +129,11 @@ FIELD = {
     "flip10@synthetic": "-10 x on the synthetic model only",
     "lflip3@synthetic": "label flipping by clients 3, 7 and 9 on the synthetic model only",
 }
-#: "no-direction": the clip without the direction check; "no-clip": neither
-#: (only the rejection bounds)
-DEFENCES = {"default": {}, "no-direction": {"direction_factor": 0.0},
+#: "influence-clip": the defaults plus the influence bound at its measured
+#: factor (off by default); "no-direction": the clip without the direction
+#: check; "no-clip": neither (only the rejection bounds)
+DEFENCES = {"default": {}, "influence-clip": {"influence_clip_factor": 4.0},
+            "no-direction": {"direction_factor": 0.0},
             "no-clip": {"update_clip_factor": 0.0, "direction_factor": 0.0},
             "median": {"aggregator": "median"},
             "centered-clip": {"aggregator": "centered-clip"}}

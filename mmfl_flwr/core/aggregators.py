@@ -120,6 +120,18 @@ class Aggregator(Component, ABC):
     def coefficients(self, updates: Sequence[Update]) -> list[float]:
         """Weight of each update in the global step ``sum_k c_k G_k``."""
 
+    def step_weights(self, updates: Sequence[Update]) -> list[float] | None:
+        """Each fresh update's weight in this round's step of its model, for the
+        influence bound (:func:`~mmfl_flwr.strategy.validation.bound_influence`):
+        :meth:`coefficients` for a weighted sum; None where the rule is no
+        weighted sum of the fresh updates (a coordinate-wise statistic) or the
+        weights are not known yet (an unbiased rule before a select-after-training
+        policy has drawn its picks)."""
+        try:
+            return [float(c) for c in self.coefficients(updates)]
+        except (NotImplementedError, ValueError, ZeroDivisionError):
+            return None
+
     def coefficient_sum(
         self,
         task: str,

@@ -193,6 +193,15 @@ class StaleAggregator(Aggregator):
         """Not used: stale rules are not a weighted sum of the fresh updates."""
         raise NotImplementedError
 
+    def step_weights(self, updates: Sequence[Update]) -> list[float] | None:
+        """The fresh updates' weights ``d_{i,s} l / (B_i p_{s|(i,b)})`` in Eq. 17 /
+        18 (what a fresh update, stored, also carries into later rounds is
+        bounded by its clipped value); None while a pick's probability is not
+        positive."""
+        if any(not u.prob > 0 or u.processors < 1 for u in updates):
+            return None
+        return [self._fresh_coefficient(u) for u in updates]
+
     @staticmethod
     def _fresh_coefficient(u: Update) -> float:
         """``d_{i,s} l / (B_i p_{s|(i,b)})``: the weight of a sampled pair's

@@ -324,6 +324,10 @@ class RanklistMultiUCB(_UCBBase):
         return picks
 
 
+#: What Pareto-UCB does when the front holds fewer than ``K`` clients.
+SHORTFALLS = ("front", "next-fronts")
+
+
 class ParetoMultiUCB(_UCBBase):
     """Pareto-Multi-UCB (paper 004, Algorithm 4).
 
@@ -331,30 +335,63 @@ class ParetoMultiUCB(_UCBBase):
     if there are more than ``K``, ``K`` of them uniformly at random without
     replacement. Each picked client trains the model where its rank is best
     (ties: the lower model index).
+
+    ``shortfall`` says what happens when the front holds fewer than ``K``
+    clients: ``"front"`` (the paper's Algorithm 4, the default) trains the front
+    only, so one client whose index dominates others can shrink a round to a
+    few trainers; ``"next-fronts"`` (an extension, not in the paper) fills the
+    round to ``K`` from the next Pareto fronts (non-dominated sorting: the
+    front of the clients left, and so on), sampling uniformly in the front that
+    overflows, so that one client's index cannot starve the round.
     """
 
     name = "pareto-ucb"
+
+    def __init__(self, clients_per_round: int = 2, gamma: float = 0.9,
+                 init: str = "loss-query", shortfall: str = "front") -> None:
+        super().__init__(clients_per_round, gamma, init)
+        if shortfall not in SHORTFALLS:
+            raise ValueError(f"shortfall must be one of {SHORTFALLS}, got {shortfall!r}")
+        self.shortfall = shortfall
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "shortfall": self.shortfall}
+
+    def _chosen(self, scores: np.ndarray, rng: np.random.Generator) -> list[tuple[int, float]]:
+        """The picked rows and each one's probability given this round's scores:
+        the front (``K`` of it at random when larger, each with ``K / |front|``),
+        then under ``next-fronts`` the following fronts while the round has
+        fewer than ``K`` (the front that overflows sampled, ``need / |front|``)."""
+        k = self.clients_per_round
+        left = np.arange(scores.shape[0])
+        chosen: list[tuple[int, float]] = []
+        while left.size and len(chosen) < k:
+            front = left[pareto_front(scores[left])]
+            need = k - len(chosen)
+            prob = min(1.0, need / front.size)
+            if front.size > need:
+                front = np.sort(rng.choice(front, size=need, replace=False))
+            chosen += [(int(r), prob) for r in front]
+            if self.shortfall == "front":
+                break
+            left = np.setdiff1d(left, front, assume_unique=True)
+        return chosen
 
     def _select(self, ids, a, tasks, server_round, rng):  # type: ignore[no-untyped-def]
         if not ids:
             return []
         # clients that hold data for some model but not others: -inf is a valid
         # "worst" score for the front
-        front = pareto_front(np.where(np.isfinite(a), a, -1e300))
-        # each front member is picked with probability K / |front| (1 when the
-        # whole front fits), given this round's scores
-        prob = min(1.0, self.clients_per_round / front.size) if front.size else 1.0
-        if front.size > self.clients_per_round:
-            front = np.sort(rng.choice(front, size=self.clients_per_round, replace=False))
+        chosen = self._chosen(np.where(np.isfinite(a), a, -1e300), rng)
         lists = _rank_lists(a)
         ranks = np.full(a.shape, np.inf)
         for i, lst in enumerate(lists):
             ranks[lst, i] = np.arange(len(lst))
         picks = []
-        for k in front:
+        for k, prob in chosen:
             i = int(np.argmin(ranks[k]))
             if np.isfinite(ranks[k, i]):
-                picks.append(Pick(ids[int(k)], tasks[i], 1, prob))
+                picks.append(Pick(ids[k], tasks[i], 1, prob))
         return picks
 
 
@@ -398,6 +435,13 @@ _RANKLIST = AlgorithmCard(
     parameters=(UCB_CLIENTS, UCB_GAMMA, UCB_INIT),
 )
 
+PARETO_SHORTFALL = Parameter(
+    name="shortfall", setting="pareto_shortfall", type=str, default="front",
+    help="when the Pareto front holds fewer than K clients: front (the paper: only the "
+         "front trains) or next-fronts (fill to K from the next fronts; an extension "
+         "that keeps one client's index from shrinking the round)",
+    choices=lambda: SHORTFALLS)
+
 CARDS = (
     _RANKLIST,
     dataclasses.replace(
@@ -405,5 +449,6 @@ CARDS = (
         section="Algorithm 4 (Eqs. 1-5)", policy=ParetoMultiUCB,
         summary="Pareto front of the UCB score vectors (K sampled if larger), best-rank "
                 "model each",
+        parameters=(UCB_CLIENTS, UCB_GAMMA, UCB_INIT, PARETO_SHORTFALL),
     ),
 )

@@ -20,6 +20,7 @@ from mmfl_flwr.strategy.state import HookError, RoundPlan, RunState
 from mmfl_flwr.strategy.validation import (
     Limits,
     TrainOutcome,
+    bound_influence,
     bound_update_norms,
     check_directions,
     cap_train_losses,
@@ -71,6 +72,7 @@ def aggregate_train_replies(
     rejected = bound_update_norms(outcome.updates, run_state.norm_history,
                                   limits.update_norm_factor, model_norm, limits.update_clip_factor)
     check_directions(outcome.updates, run_state.direction_history, limits.direction_factor)
+    bound_influence(outcome.updates, aggregator.step_weights, limits.influence_clip_factor)
     for task, cid in rejected:
         outcome.rejected[task] += 1
         outcome.rejected_parts.append((cid, task))

@@ -90,7 +90,7 @@ class MultiModelStrategy(Strategy):
         this many clients are registered: a node hosting a shard of clients
         counts each of them (default 0: no wait for clients).
     max_loss, loss_cap, max_update_norm, update_norm_factor, count_cap, update_clip_factor,
-    direction_factor
+    direction_factor, influence_clip_factor
         Bounds on what clients report (:class:`~.validation.Limits` documents
         them), each logged with the client id when it acts.
     on_round_end : callable, optional
@@ -136,6 +136,7 @@ class MultiModelStrategy(Strategy):
         count_cap: float | None = 200.0,
         update_clip_factor: float | None = UPDATE_CLIP_FACTOR,
         direction_factor: float | None = DIRECTION_FACTOR,
+        influence_clip_factor: float | None = None,
         client_arrivals: Mapping[str, int] | None = None,
         task_arrivals: Mapping[str, int] | None = None,
         trainable_keys: Mapping[str, Sequence[str]] | None = None,
@@ -160,7 +161,8 @@ class MultiModelStrategy(Strategy):
             raise ValueError("min_available_nodes and min_available_clients must be >= 0")
         self.node_wait_timeout = float(node_wait_timeout)
         self.limits = Limits(float(max_loss), loss_cap, max_update_norm, update_norm_factor,
-                             count_cap, update_clip_factor, direction_factor)  # checks them
+                             count_cap, update_clip_factor, direction_factor,
+                             influence_clip_factor)  # checks them
         self.on_round_end = on_round_end
         self.checkpoint_path = checkpoint_path
         self._arrivals = (

@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from logging import WARNING
 
@@ -59,6 +59,9 @@ def _observe(kind: str, task: str, values: list[float], reference: float) -> Non
 
 #: The default ``update_clip_factor``: see :class:`Limits`.
 UPDATE_CLIP_FACTOR = 3.0
+#: The factor ``influence_clip_factor`` is measured at (README, *Hostile clients*):
+#: the bound is off by default (:func:`bound_influence` says why).
+INFLUENCE_CLIP_FACTOR = 4.0
 #: The default ``direction_factor``: see :class:`Limits` and :func:`check_directions`.
 DIRECTION_FACTOR = 3.0
 #: :func:`check_directions` judges a client of a model once it has this many cosines ...
@@ -107,6 +110,12 @@ class Limits:
         this many robust deviations below the clients' median, while the
         clients agree on a direction (:func:`check_directions`; None: no
         direction check).
+    influence_clip_factor : float or None
+        An update whose influence on its model's step (its weight in the
+        aggregate times its norm) exceeds this multiple of the round's
+        reference influence (the lower median over the model's updates) is
+        scaled down to it (:func:`bound_influence`; None, the default: no
+        influence bound; :data:`INFLUENCE_CLIP_FACTOR`, 4, is the measured one).
     """
 
     max_loss: float = 1e6
@@ -116,6 +125,7 @@ class Limits:
     count_cap: float | None = 200.0
     update_clip_factor: float | None = UPDATE_CLIP_FACTOR
     direction_factor: float | None = DIRECTION_FACTOR
+    influence_clip_factor: float | None = None
 
     def __post_init__(self) -> None:
         if self.loss_cap is not None and not self.loss_cap > 1:
@@ -131,6 +141,9 @@ class Limits:
         if self.direction_factor is not None and not self.direction_factor > 0:
             raise ValueError("direction_factor must be > 0 (a multiple of the robust deviation) "
                              "or None")
+        if self.influence_clip_factor is not None and not self.influence_clip_factor >= 1:
+            raise ValueError("influence_clip_factor must be >= 1 (a multiple of the reference "
+                             "influence) or None")
         if self.count_cap is not None and not self.count_cap >= 1:
             raise ValueError("count_cap must be >= 1 (a multiple of the median) or None")
 
@@ -348,6 +361,63 @@ def check_directions(
                 bound, factor, s, norm, ref_norm)
             u.delta = [d * (ref_norm / norm) for d in u.delta]
     return []
+
+
+def bound_influence(
+    updates: dict[str, list[Update]],
+    step_weights: Callable[[Sequence[Update]], list[float] | None],
+    factor: float | None,
+) -> None:
+    """Scale down every update whose influence on its model's step exceeds
+    ``factor`` times the round's reference influence, in place, logging the
+    client id, the model and the numbers; nothing is rejected.
+
+    A client's influence is ``|c_k| ||G_k||``: its weight in the aggregate
+    (``step_weights``, the aggregator's own: ``n_k / sum n`` for FedAvg, ``d /
+    (B p)`` for the unbiased and stale rules) times its update's norm, i.e. how
+    far its update alone moves the model. The reference is the lower median of
+    the influences of the model's updates this round (at least two; an
+    observed honest influence while fewer than half are hostile). Runs after
+    the norm bounds and the direction check.
+
+    Why: the norm clip bounds an update's size, not its weight. A client that
+    holds a large share of a round's data (0.4 of a round's examples on
+    Synthetic(1,1), seed 5 of ``benchmarks/hostile_clients.py --field``) sends
+    an honest update 4x the reference norm; flipped, and clipped to 3x, it
+    still outweighs the other clients together, and where the clients disagree
+    on a direction nothing tells it from an honest one. Bounding influence
+    makes one update move its model at most ``factor`` typical clients' worth.
+    The cost: an honest client with much more data than the others (or, under
+    the unbiased rule, a rare pick with a large ``d / (B p)``) counts for less
+    than its weight when its influence exceeds the bound (the step is then no
+    longer unbiased); README, *Hostile clients*, has the measured cost, which is
+    why the bound is off unless ``influence_clip_factor`` is given.
+    """
+    if factor is None:
+        return
+    for task, us in updates.items():
+        if len(us) < 2:
+            continue
+        weights = step_weights(us)
+        if weights is None or len(weights) != len(us):
+            continue
+        norms = [l2_norm(u.delta) for u in us]
+        influence = [abs(w) * n for w, n in zip(weights, norms)]
+        if not all(math.isfinite(x) for x in influence):
+            continue
+        ref = float(np.percentile(influence, 50, method="lower"))
+        _observe("influence", task, influence, ref)
+        if not ref > 0:
+            continue
+        bound = factor * ref
+        for u, w, norm, x in zip(us, weights, norms, influence):
+            if x > bound:
+                scale = bound / x
+                log(WARNING, "Client %s: clipped update for task %r: its influence on the step "
+                    "(weight %.4g x update norm %.4g = %.4g) exceeds %.4g (%g x the round's "
+                    "reference influence, %.4g); update norm scaled to %.4g", u.cid, task,
+                    abs(w), norm, x, bound, factor, ref, norm * scale)
+                u.delta = [d * scale for d in u.delta]
 
 
 def apply_count_cap(table: ClientTable, factor: float | None) -> None:

@@ -154,7 +154,7 @@ CHOICE_SETTINGS = [n for n, o in options().items() if o.choices is not None]
 def test_the_choice_settings_are_the_expected_ones():
     assert set(CHOICE_SETTINGS) == {
         "strategy", "aggregator", "tasks", "profile", "stale_storage", "stalevr_signal",
-        "ucb_init", "group_variant", "dp", "mifa_start",
+        "ucb_init", "pareto_shortfall", "group_variant", "dp", "mifa_start",
     }
 
 

@@ -165,3 +165,74 @@ def test_pareto_front_is_not_isolated():
         after = _counts(policy, ids, b, tasks, 0)
         worst = max(worst, max(before[t] - after[t] for j, t in enumerate(tasks) if j != i))
     assert worst >= 2
+
+
+@pytest.mark.parametrize("full", [True, False])
+def test_pareto_next_fronts_keeps_the_round_full_whatever_one_clients_index(full):
+    """``shortfall="next-fronts"``: however one client sets its index on one
+    model (0, twice its value, 1e9), the round keeps min(K, clients with a
+    model) trainers, where the paper's front-only rule lost up to 6 in these
+    cases; raising its index takes at most 2 trainers from another model
+    (1 with K = N). Lowering it moves other clients between models through the
+    best-rank choice of Algorithm 4 (the README states the measured 4)."""
+    lost = {"front": 0, "next-fronts": 0}
+    raised = {"N": 0, "K": 0}
+    for ids, a, tasks, k, i, kk, _ in _ucb_cases(4, 1500, full):
+        holders = int(np.isfinite(a).any(axis=1).sum())
+        for which, kk_ in (("N", len(ids)), ("K", kk)):
+            for shortfall in lost:
+                policy = ParetoMultiUCB(clients_per_round=kk_, shortfall=shortfall)
+                before = _counts(policy, ids, a, tasks, 0)
+                if shortfall == "next-fronts":
+                    assert sum(before.values()) == min(kk_, holders)
+                for v in (0.0, 2 * a[k, i], 1e9):
+                    b = a.copy()
+                    b[k, i] = v
+                    after = _counts(policy, ids, b, tasks, 0)
+                    lost[shortfall] = max(lost[shortfall],
+                                          sum(before.values()) - sum(after.values()))
+                    if shortfall == "next-fronts" and v > a[k, i]:
+                        raised[which] = max(raised[which], max(
+                            before[t] - after[t] for j, t in enumerate(tasks) if j != i))
+    assert lost["next-fronts"] == 0 and lost["front"] >= 2
+    assert raised["N"] <= 1 and raised["K"] <= 2
+
+
+def test_pareto_next_fronts_by_hand():
+    """Scores (2 models): c0 (5, 5) dominates every other client; c1 (4, 1),
+    c2 (1, 4) form the next front; c3 (0.5, 0.5) the one after. K = 3: the
+    paper's rule trains c0 only; next-fronts trains c0 and both of the second
+    front (probability 1 each). K = 2: c0, and one of c1/c2 with probability
+    1/2 each."""
+    ids, tasks = ["c0", "c1", "c2", "c3"], ["t0", "t1"]
+    a = np.array([[5.0, 5.0], [4.0, 1.0], [1.0, 4.0], [0.5, 0.5]])
+    rng = np.random.default_rng(0)
+    paper = ParetoMultiUCB(clients_per_round=3)._select(ids, a, tasks, 0, rng)
+    assert [(p.cid, p.prob) for p in paper] == [("c0", 1.0)]
+    fill = ParetoMultiUCB(clients_per_round=3, shortfall="next-fronts")
+    picks = fill._select(ids, a, tasks, 0, rng)
+    # best ranks: c0 first in both (t0, the lower index), c1 second in t0, c2 second in t1
+    assert [(p.cid, p.task, p.prob) for p in picks] == [
+        ("c0", "t0", 1.0), ("c1", "t0", 1.0), ("c2", "t1", 1.0)]
+    two = ParetoMultiUCB(clients_per_round=2, shortfall="next-fronts")
+    seen = {"c1": 0, "c2": 0}
+    for seed in range(400):
+        picks = two._select(ids, a, tasks, 0, np.random.default_rng(seed))
+        assert picks[0].cid == "c0" and picks[0].prob == 1.0
+        assert len(picks) == 2 and picks[1].prob == 0.5
+        seen[picks[1].cid] += 1
+    assert 150 < seen["c1"] < 250
+    with pytest.raises(ValueError, match="shortfall must be one of"):
+        ParetoMultiUCB(clients_per_round=2, shortfall="fill")
+
+
+def test_the_shortfall_setting_reaches_pareto_ucb_only():
+    from mmfl_flwr.config import Settings
+    from mmfl_flwr.flower_app.server_app import strategy_from_settings
+
+    assert Settings().pareto_shortfall == "front"
+    s = Settings(strategy="pareto-ucb", pareto_shortfall="next-fronts")
+    assert strategy_from_settings(s).policy.shortfall == "next-fronts"
+    assert strategy_from_settings(Settings(strategy="pareto-ucb")).policy.shortfall == "front"
+    with pytest.raises(ValueError, match="not used by strategy 'mfa-rr'"):
+        strategy_from_settings(Settings(strategy="mfa-rr", pareto_shortfall="next-fronts"))

@@ -1,0 +1,192 @@
+"""The influence bound (``influence_clip_factor``): an update whose weight in its
+model's aggregate times its norm exceeds the factor times the round's lower
+median of those products is scaled down to it, keeps its direction, and is
+logged with the client id and the model every time (issue 26: a large-data
+client's flipped update, already at the norm clip, still outweighed the others).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from conftest import LogTap
+from mmfl_flwr.config import Settings
+from mmfl_flwr.core.aggregators import FedAvgAggregator, UnbiasedAggregator, Update
+from mmfl_flwr.core.robust import MedianAggregator
+from mmfl_flwr.core.stalevr import StaleVRAggregator
+from mmfl_flwr.strategy.validation import (
+    INFLUENCE_CLIP_FACTOR,
+    Limits,
+    bound_influence,
+    l2_norm,
+)
+
+
+def upd(cid: str, values: list[float], n: int, share: float = 0.25, prob: float = 1.0) -> Update:
+    return Update(cid=cid, delta=[np.array(values, dtype=np.float64)], num_examples=n,
+                  data_share=share, prob=prob)
+
+
+def bound(updates, weights=None, factor=3.0):
+    tap = LogTap()
+    logger = logging.getLogger("flwr")
+    logger.addHandler(tap)
+    try:
+        bound_influence(updates, weights or FedAvgAggregator().step_weights, factor)
+    finally:
+        logger.removeHandler(tap)
+    return [m for lvl, m in tap.records if lvl == logging.WARNING]
+
+
+def test_a_heavy_update_is_scaled_to_the_bound_and_named():
+    """FedAvg weights from 10, 10, 20 and 60 examples: 0.1, 0.1, 0.2, 0.6.
+    Norms 1, 2, 1 and 5 (c3's (3, 4)). Influences 0.1, 0.2, 0.2, 3.0: lower
+    median 0.2, bound 3 x 0.2 = 0.6, so c3's update is scaled by 0.6 / 3 = 0.2
+    to (0.6, 0.8), norm 1; the others are untouched."""
+    us = {"a": [upd("c0", [1.0, 0.0], 10), upd("c1", [0.0, 2.0], 10),
+                upd("c2", [1.0, 0.0], 20), upd("c3", [3.0, 4.0], 60)]}
+    warnings = bound(us)
+    np.testing.assert_allclose(us["a"][3].delta[0], [0.6, 0.8])
+    for u, v in zip(us["a"][:3], ([1.0, 0.0], [0.0, 2.0], [1.0, 0.0])):
+        np.testing.assert_array_equal(u.delta[0], v)
+    assert warnings == [
+        "Client c3: clipped update for task 'a': its influence on the step (weight 0.6 x "
+        "update norm 5 = 3) exceeds 0.6 (3 x the round's reference influence, 0.2); "
+        "update norm scaled to 1"]
+
+
+def test_the_bound_reads_weights_not_norms_alone():
+    """The same norms with equal weights: influences 0.25 x (1, 2, 1, 5) =
+    0.25, 0.5, 0.25, 1.25; lower median 0.25, bound 0.75 -> c3 (1.25) is
+    scaled by 0.6 and c1 (0.5) is not. With c3 holding most of the data (the
+    first test) the same update is cut five times harder."""
+    us = {"a": [upd("c0", [1.0, 0.0], 10), upd("c1", [0.0, 2.0], 10),
+                upd("c2", [1.0, 0.0], 10), upd("c3", [3.0, 4.0], 10)]}
+    warnings = bound(us)
+    assert l2_norm(us["a"][3].delta) == pytest.approx(3.0)
+    np.testing.assert_array_equal(us["a"][1].delta[0], [0.0, 2.0])
+    assert len(warnings) == 1 and warnings[0].startswith("Client c3: clipped update for task 'a'")
+
+
+def test_the_unbiased_rule_bounds_by_d_over_bp():
+    """Paper 003's weights d / (B p): shares 0.1, 0.1, 0.1 with probabilities
+    1, 1 and 0.05 -> weights 0.1, 0.1, 2; norms 1, 1, 1 -> influences 0.1, 0.1,
+    2; lower median 0.1, bound 0.3 -> the rare pick's update is scaled by 0.15.
+    The same norms under FedAvg's weights (equal counts) are not touched."""
+    def three():
+        return {"a": [upd("c0", [1.0], 10, 0.1, 1.0), upd("c1", [1.0], 10, 0.1, 1.0),
+                      upd("c2", [1.0], 10, 0.1, 0.05)]}
+    us = three()
+    bound(us, UnbiasedAggregator().step_weights)
+    assert us["a"][2].delta[0][0] == pytest.approx(0.15)
+    us = three()
+    assert bound(us) == [] and us["a"][2].delta[0][0] == 1.0
+
+
+def test_stale_rules_bound_the_fresh_weight():
+    """StaleVR's fresh-update weight is d l / (B p) (Eq. 17/18); an update whose
+    pick has no positive probability yet leaves the model unbounded (no weight
+    is known)."""
+    agg = StaleVRAggregator()
+    us = [upd("c0", [1.0], 10, 0.2, 0.5), upd("c1", [1.0], 10, 0.3, 1.0)]
+    assert agg.step_weights(us) == pytest.approx([0.4, 0.3])
+    assert agg.step_weights([upd("c0", [1.0], 10, 0.2, 0.0), us[1]]) is None
+
+
+def test_no_weights_no_single_update_no_factor_leave_updates_as_they_are():
+    """A coordinate-wise rule has no weights; a lone update has no reference;
+    None switches the bound off."""
+    def heavy():
+        return {"a": [upd("c0", [1.0], 1), upd("c1", [1.0], 1), upd("c2", [50.0], 100)]}
+    for us, weights, factor in ((heavy(), MedianAggregator().step_weights, 3.0),
+                                ({"a": [upd("c0", [50.0], 100)]}, None, 3.0),
+                                (heavy(), None, None)):
+        before = [u.delta[0].copy() for u in us["a"]]
+        assert bound(us, weights, factor) == []
+        for u, b in zip(us["a"], before):
+            np.testing.assert_array_equal(u.delta[0], b)
+
+
+def test_each_model_has_its_own_reference():
+    """A client heavy on one model is bounded there only."""
+    us = {"a": [upd("c0", [1.0], 10), upd("c1", [1.0], 10), upd("c2", [1.0], 80)],
+          "b": [upd("c0", [1.0], 40), upd("c1", [1.0], 40), upd("c2", [1.0], 20)]}
+    warnings = bound(us)
+    assert len(warnings) == 1 and "task 'a'" in warnings[0]
+    assert us["a"][2].delta[0][0] == pytest.approx(3 * 0.1 / 0.8)
+    assert [u.delta[0][0] for u in us["b"]] == [1.0, 1.0, 1.0]
+
+
+def test_off_by_default_and_its_check():
+    """Off unless asked for (it trims honest high-data clients: README, *Hostile
+    clients*); the measured factor is 4."""
+    assert Limits().influence_clip_factor is None
+    assert Settings().influence_clip_factor == 0.0
+    assert INFLUENCE_CLIP_FACTOR == 4.0
+    Limits(influence_clip_factor=INFLUENCE_CLIP_FACTOR)
+    with pytest.raises(ValueError, match="influence_clip_factor must be >= 1"):
+        Limits(influence_clip_factor=0.5)
+
+
+def test_settings_reach_the_strategy_and_zero_is_off():
+    from mmfl_flwr.flower_app.server_app import strategy_from_settings
+
+    for preset in ("mfa-rr", "lvr", "stalevr"):
+        for value, expected in ((0.0, None), (4.0, 4.0)):
+            s = Settings(strategy=preset, influence_clip_factor=value)
+            assert strategy_from_settings(s).limits.influence_clip_factor == expected
+
+
+def test_a_run_saved_before_the_bound_existed_resumes_as_it_was(tmp_path):
+    """A config.json written before ``influence-clip-factor`` existed describes
+    a run without the bound, which is today's default: it loads as 0 (off); a
+    saved factor is kept."""
+    path = tmp_path / "config.json"
+    Settings(influence_clip_factor=4.0).save(str(path))
+    data = json.loads(path.read_text())
+    assert data.pop("influence-clip-factor") == 4.0
+    assert Settings.load(str(path)).influence_clip_factor == 4.0
+    path.write_text(json.dumps(data))
+    assert Settings.load(str(path)).influence_clip_factor == 0.0
+
+
+def test_in_a_run_the_bound_names_a_heavy_flipper_and_changes_nothing_when_off():
+    """A real in-process run (MFA-RR, digits and synthetic, 12 clients, seed 5,
+    where client 3 holds the most synthetic data): client 3 sends -1 x its
+    updates. With ``influence-clip-factor 4`` its synthetic updates are scaled
+    by the influence bound and the log names client 3 and the model; with the
+    default (off) no line of the bound appears and the run is the same as one
+    with the factor 0 given explicitly."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import hostile_clients as HC
+
+    from mmfl_flwr.runner import run_inprocess
+
+    def run(**kw):
+        tap = LogTap()
+        logger = logging.getLogger("flwr")
+        logger.addHandler(tap)
+        try:
+            s = Settings(strategy="mfa-rr", tasks="digits,synthetic", num_clients=12,
+                         num_rounds=4, local_epochs=5, output_dir="", seed=5, **kw)
+            result = run_inprocess(s, wrap_client_app=HC._field_attack("flip1"))
+        finally:
+            logger.removeHandler(tap)
+        lines = [m for _, m in tap.records if "its influence on the step" in m]
+        return result, lines
+
+    on, lines = run(influence_clip_factor=4.0)
+    assert any(m.startswith("Client 3: clipped update for task 'synthetic': its influence")
+               for m in lines), lines
+    off, none = run()
+    assert none == []
+    zero, _ = run(influence_clip_factor=0.0)
+    assert [r["accuracy"] for r in off.history] == [r["accuracy"] for r in zero.history]
+    assert [r["accuracy"] for r in on.history] != [r["accuracy"] for r in off.history]

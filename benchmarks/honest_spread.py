@@ -12,7 +12,8 @@ largest ratio, over its rounds, of
 - ``train``: a training loss to the same reference (UCB presets);
 - ``influence``: an update's influence (its weight in the aggregate times its
   norm) to the round's lower median influence, which ``influence-clip-factor``
-  (default 4) bounds by scaling down (an honest client above it is trimmed);
+  bounds by scaling down (an honest client above it is trimmed): measured only
+  with ``--influence-clip-factor`` (the bound is off by default);
 
 read through the bounds' own hook (``mmfl_flwr.strategy.validation.BOUND_OBSERVERS``:
 the references are the ones the server uses, nothing is patched), so the defaults
@@ -43,7 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-rounds", type=int, default=6)
     p.add_argument("--local-epochs", type=int, default=3)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--influence-clip-factor", type=float, default=0.0,
+                   help="run with the influence bound at this factor (0: off, the default), "
+                        "so that ``influence`` is measured")
     a = p.parse_args(argv)
+    if a.influence_clip_factor != 0 and not a.influence_clip_factor >= 1:
+        p.error(f"--influence-clip-factor must be 0 (off) or >= 1; got {a.influence_clip_factor}")
     logging.getLogger("flwr").setLevel(logging.ERROR)
 
     from mmfl_flwr import runner
@@ -72,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         stats.clear()
         kw = dict(strategy=name, profile=a.profile, num_rounds=a.num_rounds, output_dir="",
-                  num_clients=a.num_clients, local_epochs=a.local_epochs, seed=a.seed)
+                  num_clients=a.num_clients, local_epochs=a.local_epochs, seed=a.seed,
+                  influence_clip_factor=a.influence_clip_factor)
         if name == "group" and a.profile == "uniform":
             kw["profile"] = "clusters-consistent"
         with contextlib.redirect_stdout(io.StringIO()):

@@ -636,8 +636,8 @@ def options() -> dict[str, Option]:
                                    low=0, low_open=True, off="off"),
         "influence_clip_factor": Option("scale updates whose influence on the step (weight "
                                         "in the aggregate x norm) exceeds this multiple of "
-                                        "the round's median influence down to it", low=1,
-                                        off="off"),
+                                        "the round's lower median influence down to it",
+                                        low=1, off="off"),
         "loss_cap": Option("cap reported losses above this multiple of the task's reference "
                            "loss", low=1, low_open=True, off="off"),
         "count_cap": Option("use a client's sample count up to this multiple of the task's "

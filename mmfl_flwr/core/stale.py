@@ -385,6 +385,12 @@ class MIFAAggregator(StaleAggregator):
     def config(self) -> dict[str, Any]:
         return {"start": self.start, **super().config()}
 
+    def step_weights(self, updates: Sequence[Update]) -> list[float] | None:
+        """``d_i`` of each fresh update (the ``uploaded`` start's common factor
+        ``1 / sum_{U_s} d`` does not change how the updates compare): MIFA
+        divides by no probability."""
+        return [float(u.data_share) for u in updates]
+
     def _sources(
         self, task: str, updates: Sequence[Update], shares: Mapping[str, float]
     ) -> list[tuple[float, Sequence[np.ndarray]]]:

@@ -355,7 +355,10 @@ class ParetoMultiUCB(_UCBBase):
         self.shortfall = shortfall
 
     def config(self) -> dict[str, Any]:
-        return {**super().config(), "shortfall": self.shortfall}
+        # "front" (the paper) is left out: checkpoints written before the option
+        # existed compare equal to today's default configuration
+        out = super().config()
+        return out if self.shortfall == "front" else {**out, "shortfall": self.shortfall}
 
     def _chosen(self, scores: np.ndarray, rng: np.random.Generator) -> list[tuple[int, float]]:
         """The picked rows and each one's probability given this round's scores:

@@ -72,7 +72,6 @@ def aggregate_train_replies(
     rejected = bound_update_norms(outcome.updates, run_state.norm_history,
                                   limits.update_norm_factor, model_norm, limits.update_clip_factor)
     check_directions(outcome.updates, run_state.direction_history, limits.direction_factor)
-    bound_influence(outcome.updates, aggregator.step_weights, limits.influence_clip_factor)
     for task, cid in rejected:
         outcome.rejected[task] += 1
         outcome.rejected_parts.append((cid, task))
@@ -84,6 +83,8 @@ def aggregate_train_replies(
     updates = outcome.updates
     if policy.selects_after_training:
         updates = select_after_training(run_state, policy, aggregator, plan.server_round, updates)
+    # after any selection: the weights are the ones the aggregate applies
+    bound_influence(updates, aggregator.step_weights, limits.influence_clip_factor)
     return aggregate_round(run_state, aggregator, plan, outcome, updates, shares)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from logging import WARNING
+from logging import INFO, WARNING
 
 import numpy as np
 from flwr.app import Message, RecordDict
@@ -44,8 +44,9 @@ def l2_norm(arrays: Iterable[np.ndarray]) -> float:
 
 #: ``f(kind, task, values, reference)``, called at every bound check with what
 #: was measured against the reference (``kind``: ``"update-norm"``,
-#: ``"query-loss"``, ``"train-loss"``, or ``"direction"``: this round's clients'
-#: mean cosines against the median of all scores): a hook for measurements
+#: ``"query-loss"``, ``"train-loss"``, ``"influence"`` (each update's weight x
+#: norm, when the influence bound is on), or ``"direction"``: this round's
+#: clients' mean cosines against the median of all scores): a hook for measurements
 #: (``benchmarks/honest_spread.py`` records how close honest clients come to
 #: each bound). Observers must not
 #: change what they are given; none are registered by default.
@@ -376,9 +377,14 @@ def bound_influence(
     (``step_weights``, the aggregator's own: ``n_k / sum n`` for FedAvg, ``d /
     (B p)`` for the unbiased and stale rules) times its update's norm, i.e. how
     far its update alone moves the model. The reference is the lower median of
-    the influences of the model's updates this round (at least two; an
-    observed honest influence while fewer than half are hostile). Runs after
-    the norm bounds and the direction check.
+    the positive influences of the model's updates this round (at least two;
+    an observed honest influence while fewer than half are hostile). Runs after
+    the norm bounds and the direction check, and after a select-after-training
+    policy (GVR, StaleVR) has drawn which updates count, so the weights are the
+    ones the aggregate applies (``d l / (B p)`` with the drawn ``p``). A model
+    whose weights are unknown (``step_weights`` returns None) or not finite,
+    or with fewer than two positive influences, is left as it is, logged once
+    per round when it has updates to bound.
 
     Why: the norm clip bounds an update's size, not its weight. A client that
     holds a large share of a round's data (0.4 of a round's examples on
@@ -399,16 +405,20 @@ def bound_influence(
         if len(us) < 2:
             continue
         weights = step_weights(us)
-        if weights is None or len(weights) != len(us):
-            continue
         norms = [l2_norm(u.delta) for u in us]
-        influence = [abs(w) * n for w, n in zip(weights, norms)]
-        if not all(math.isfinite(x) for x in influence):
+        influence = ([abs(w) * n for w, n in zip(weights, norms)]
+                     if weights is not None and len(weights) == len(us) else [])
+        positive = [x for x in influence if x > 0]
+        why = ("its aggregator gives no weights" if not influence
+               else "a weight or norm is not finite"
+               if not all(math.isfinite(x) for x in influence)
+               else "fewer than two updates with a positive influence"
+               if len(positive) < 2 else "")
+        if why:
+            log(INFO, "Influence bound: task %r not bounded this round (%s)", task, why)
             continue
-        ref = float(np.percentile(influence, 50, method="lower"))
+        ref = float(np.percentile(positive, 50, method="lower"))
         _observe("influence", task, influence, ref)
-        if not ref > 0:
-            continue
         bound = factor * ref
         for u, w, norm, x in zip(us, weights, norms, influence):
             if x > bound:

@@ -132,7 +132,7 @@ FIELD = {
 #: "influence-clip": the defaults plus the influence bound at its measured
 #: factor (off by default); "no-direction": the clip without the direction
 #: check; "no-clip": neither (only the rejection bounds)
-DEFENCES = {"default": {}, "influence-clip": {"influence_clip_factor": 4.0},
+DEFENCES = {"default": {}, "influence-clip": {"influence_clip_factor": 4.0},  # INFLUENCE_CLIP_FACTOR
             "no-direction": {"direction_factor": 0.0},
             "no-clip": {"update_clip_factor": 0.0, "direction_factor": 0.0},
             "median": {"aggregator": "median"},

@@ -124,9 +124,9 @@ class Aggregator(Component, ABC):
         """Each fresh update's weight in this round's step of its model, for the
         influence bound (:func:`~mmfl_flwr.strategy.validation.bound_influence`):
         :meth:`coefficients` for a weighted sum; None where the rule is no
-        weighted sum of the fresh updates (a coordinate-wise statistic) or the
-        weights are not known yet (an unbiased rule before a select-after-training
-        policy has drawn its picks)."""
+        weighted sum of the fresh updates (a coordinate-wise statistic) or its
+        coefficients cannot be formed (the unbiased rule with a probability that
+        is not positive)."""
         try:
             return [float(c) for c in self.coefficients(updates)]
         except (NotImplementedError, ValueError, ZeroDivisionError):

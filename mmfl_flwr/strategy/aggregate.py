@@ -20,6 +20,7 @@ from mmfl_flwr.strategy.state import HookError, RoundPlan, RunState
 from mmfl_flwr.strategy.validation import (
     Limits,
     TrainOutcome,
+    bound_fresh_influence,
     bound_influence,
     bound_update_norms,
     check_directions,
@@ -84,8 +85,10 @@ def aggregate_train_replies(
     if policy.selects_after_training:
         updates = select_after_training(run_state, policy, aggregator, plan.server_round, updates)
     # after any selection: the weights are the ones the aggregate applies
-    bound_influence(updates, aggregator.step_weights, limits.influence_clip_factor)
-    return aggregate_round(run_state, aggregator, plan, outcome, updates, shares)
+    bounds = bound_influence(updates, aggregator.step_weights, limits.influence_clip_factor)
+    fresh = (bound_fresh_influence(outcome.updates, updates, bounds)
+             if aggregator.needs_fresh else None)
+    return aggregate_round(run_state, aggregator, plan, outcome, updates, shares, fresh)
 
 
 def select_after_training(
@@ -132,11 +135,14 @@ def aggregate_round(
     outcome: TrainOutcome,
     updates: dict[str, list[Update]],
     shares: dict[str, dict[str, float]],
+    fresh: Mapping[str, Mapping[str, NumpyWeights | list[np.ndarray]]] | None = None,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, NumpyWeights]]:
     """Aggregate every active model: its metrics row of the round and its new
     global weights (not installed: :func:`install_models` does that).
 
-    ``updates`` are the updates to aggregate (after any selection); the
+    ``updates`` are the updates to aggregate (after any selection); ``fresh``
+    (per task, client id -> delta), for an aggregator that reads every fresh
+    update, overrides the validated ones (:func:`bound_fresh_influence`); the
     trainable entries go through the aggregator, the state entries are
     averaged (:func:`average_state`). A non-finite result leaves the model
     unchanged (logged).
@@ -158,8 +164,9 @@ def aggregate_round(
             plan.server_round,
             shares=shares[task],
             fresh=(
-                {u.cid: u.delta for u in outcome.updates[task]} if aggregator.needs_fresh
-                else None
+                (fresh[task] if fresh is not None and task in fresh
+                 else {u.cid: u.delta for u in outcome.updates[task]})
+                if aggregator.needs_fresh else None
             ),
         )
         coef_sum = aggregator.coefficient_sum(task, updates[task], shares=shares[task])

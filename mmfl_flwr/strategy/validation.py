@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 
@@ -368,10 +368,13 @@ def bound_influence(
     updates: dict[str, list[Update]],
     step_weights: Callable[[Sequence[Update]], list[float] | None],
     factor: float | None,
-) -> None:
+) -> dict[str, float]:
     """Scale down every update whose influence on its model's step exceeds
     ``factor`` times the round's reference influence, in place, logging the
-    client id, the model and the numbers; nothing is rejected.
+    client id, the model and the numbers; nothing is rejected. Returns each
+    bounded model's bound (``factor`` times its reference influence), which
+    :func:`bound_fresh_influence` applies to the fresh updates the oracle
+    StaleVR reads.
 
     A client's influence is ``|c_k| ||G_k||``: its weight in the aggregate
     (``step_weights``, the aggregator's own: ``n_k / sum n`` for FedAvg, ``d /
@@ -399,8 +402,9 @@ def bound_influence(
     longer unbiased); README, *Hostile clients*, has the measured cost, which is
     why the bound is off unless ``influence_clip_factor`` is given.
     """
+    bounds: dict[str, float] = {}
     if factor is None:
-        return
+        return bounds
     for task, us in updates.items():
         if len(us) < 2:
             continue
@@ -419,7 +423,7 @@ def bound_influence(
             continue
         ref = float(np.percentile(positive, 50, method="lower"))
         _observe("influence", task, influence, ref)
-        bound = factor * ref
+        bound = bounds[task] = factor * ref
         for u, w, norm, x in zip(us, weights, norms, influence):
             if x > bound:
                 scale = bound / x
@@ -428,6 +432,49 @@ def bound_influence(
                     "reference influence, %.4g); update norm scaled to %.4g", u.cid, task,
                     abs(w), norm, x, bound, factor, ref, norm * scale)
                 u.delta = [d * scale for d in u.delta]
+    return bounds
+
+
+def bound_fresh_influence(
+    fresh: dict[str, list[Update]],
+    counted: dict[str, list[Update]],
+    bounds: Mapping[str, float],
+) -> dict[str, dict[str, list[np.ndarray]]]:
+    """The fresh updates an aggregator that reads every eligible client's fresh
+    update (the oracle StaleVR's Eq. 20 ``beta = <G, h> / ||h||^2``) gets, with
+    the influence bound of :func:`bound_influence` applied to them too: an
+    update that counts this round is read as bounded; one that does not count
+    enters the step only through ``z = beta h``, the projection of ``G`` on the
+    stale ``h``, with the weight ``d_{i,s}``, so ``d ||G||`` is held to the
+    model's bound (scaled down, logged with client and model). Without this, a
+    client whose update was bounded when it counted moves its model through
+    ``beta`` by its full unbounded norm in every later round. Models without a
+    bound are read as they came."""
+    out: dict[str, dict[str, list[np.ndarray]]] = {}
+    for task, us in fresh.items():
+        kept = {u.cid: u.delta for u in counted.get(task, [])}
+        bound = bounds.get(task)
+        got: dict[str, list[np.ndarray]] = {}
+        for u in us:
+            if bound is None:
+                got[u.cid] = u.delta
+            elif u.cid in kept:
+                got[u.cid] = kept[u.cid]
+            else:
+                norm = l2_norm(u.delta)
+                x = abs(u.data_share) * norm
+                if x > bound:
+                    scale = bound / x
+                    log(WARNING, "Client %s: clipped update for task %r: the fresh update its "
+                        "stale update's weight is read from (data share %.4g x update norm "
+                        "%.4g = %.4g) exceeds the round's influence bound %.4g; update norm "
+                        "scaled to %.4g", u.cid, task, abs(u.data_share), norm, x, bound,
+                        norm * scale)
+                    got[u.cid] = [d * scale for d in u.delta]
+                else:
+                    got[u.cid] = u.delta
+        out[task] = got
+    return out
 
 
 def apply_count_cap(table: ClientTable, factor: float | None) -> None:

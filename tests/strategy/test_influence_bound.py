@@ -21,6 +21,7 @@ from mmfl_flwr.core.stalevr import StaleVRAggregator
 from mmfl_flwr.strategy.validation import (
     INFLUENCE_CLIP_FACTOR,
     Limits,
+    bound_fresh_influence,
     bound_influence,
     l2_norm,
 )
@@ -156,6 +157,84 @@ def test_after_a_select_after_training_policy_the_weights_are_the_drawn_ones(mon
                         influence_clip_factor=4.0), engine="inprocess")
     assert seen and seen == drawn
     assert any(p < 1.0 for _, _, p in seen)
+
+
+def test_the_oracle_stalevr_reads_bounded_fresh_updates():
+    """The oracle StaleVR reads every eligible client's fresh update G for its
+    stale weight beta = <G, h> / ||h||^2: z = beta h is G's projection on h, in
+    the step with weight d. A pair that counted this round is read as bounded;
+    one that did not is scaled so d ||G|| is at most the model's bound. Here the
+    bound is 0.6 (from :func:`bound_influence`); c4 (d 0.5, G = (3, 4), norm 5:
+    2.5) is scaled by 0.6 / 2.5 to (0.72, 0.96); c5 (d 0.1, norm 5: 0.5) is not."""
+    counted = {"a": [upd("c0", [1.0, 0.0], 10), upd("c1", [0.0, 2.0], 10),
+                     upd("c2", [1.0, 0.0], 20), upd("c3", [3.0, 4.0], 60)]}
+    fresh = {"a": [upd("c0", [1.0, 0.0], 10), upd("c1", [0.0, 2.0], 10),
+                   upd("c2", [1.0, 0.0], 20), upd("c3", [3.0, 4.0], 60),
+                   upd("c4", [3.0, 4.0], 60, share=0.5), upd("c5", [0.0, 5.0], 10, share=0.1)],
+             "b": [upd("c0", [30.0], 10, share=0.9)]}
+    warnings = bound(counted)  # c3 -> (0.6, 0.8); bound 0.6 (first test)
+    tap = LogTap()
+    logger = logging.getLogger("flwr")
+    logger.addHandler(tap)
+    try:
+        got = bound_fresh_influence(fresh, counted, {"a": 0.6})
+    finally:
+        logger.removeHandler(tap)
+    assert len(warnings) == 1
+    np.testing.assert_allclose(got["a"]["c3"][0], [0.6, 0.8])  # read as counted
+    np.testing.assert_allclose(got["a"]["c4"][0], [0.72, 0.96])
+    np.testing.assert_array_equal(got["a"]["c5"][0], [0.0, 5.0])
+    np.testing.assert_array_equal(got["a"]["c0"][0], [1.0, 0.0])
+    np.testing.assert_array_equal(got["b"]["c0"][0], [30.0])  # no bound on b
+    np.testing.assert_array_equal(fresh["a"][4].delta[0], [3.0, 4.0])  # inputs untouched
+    assert [m for lvl, m in tap.records if lvl == logging.WARNING] == [
+        "Client c4: clipped update for task 'a': the fresh update its stale update's weight "
+        "is read from (data share 0.5 x update norm 5 = 2.5) exceeds the round's influence "
+        "bound 0.6; update norm scaled to 1.2"]
+
+
+def test_in_a_stalevr_run_beta_reads_the_bounded_updates(monkeypatch):
+    """In a real StaleVR run with the bound on, the fresh updates the aggregator
+    reads are the bounded ones: every counted pair's fresh update is its
+    aggregated (bounded) delta, and no pair's ``d ||G||`` exceeds its model's
+    bound. Without the bound, the fresh updates are the validated ones."""
+    import mmfl_flwr.strategy.aggregate as A
+    from mmfl_flwr import runner
+    from mmfl_flwr.testing import hostile as H
+
+    checked = []
+    original_bound, original_round = A.bound_influence, A.aggregate_round
+    bounds_seen: list[dict] = []
+
+    def bound_spy(updates, weights, factor):
+        out = original_bound(updates, weights, factor)
+        bounds_seen.append(out)
+        return out
+
+    def round_spy(run_state, aggregator, plan, outcome, updates, shares, fresh=None):
+        bounds = bounds_seen[-1]
+        for task, us in outcome.updates.items():
+            if task not in bounds:
+                continue
+            assert fresh is not None
+            counted = {u.cid: u.delta for u in updates[task]}
+            for u in us:
+                got = fresh[task][u.cid]
+                if u.cid in counted:
+                    assert got is counted[u.cid]
+                else:
+                    assert u.data_share * l2_norm(got) <= bounds[task] * (1 + 1e-9)
+                checked.append((task, u.cid, u.cid in counted))
+        return original_round(run_state, aggregator, plan, outcome, updates, shares, fresh)
+
+    monkeypatch.setattr(A, "bound_influence", bound_spy)
+    monkeypatch.setattr(A, "aggregate_round", round_spy)
+    runner.run_inprocess(
+        Settings(strategy="stalevr", tasks="digits,synthetic", num_clients=12, num_rounds=3,
+                 local_epochs=1, budget_fraction=0.8, output_dir="", seed=1,
+                 influence_clip_factor=1.0),
+        wrap_client_app=H.scaled_update("3", -10.0))
+    assert {c for _, _, c in checked} == {True, False}  # counted and uncounted pairs read
 
 
 def test_no_weights_no_single_update_no_factor_leave_updates_as_they_are():

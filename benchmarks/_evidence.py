@@ -94,6 +94,18 @@ def int_list(parser: argparse.ArgumentParser, name: str, text: str, low: int = 0
     return values
 
 
+def margin_arg(parser: argparse.ArgumentParser, text: str) -> float:
+    """An equivalence margin in (0, 1) (accuracy), or refused through
+    ``parser.error`` (one line, exit code 2, before anything is written)."""
+    try:
+        margin = float(text)
+    except ValueError:
+        margin = math.nan
+    if not 0 < margin < 1:
+        parser.error(f"--margin: expected a number in (0, 1); got {text!r}")
+    return margin
+
+
 def command(script: str, argv: Sequence[str] | None) -> str:
     """The command line that reproduces a script's results: its arguments without
     ``--cache``, ``--out`` and ``--workers`` (which change where and how fast, not
@@ -116,7 +128,11 @@ def command(script: str, argv: Sequence[str] | None) -> str:
 
 
 def machine() -> str:
-    """One line naming the machine (CPU model, cores, torch, GPU if any)."""
+    """One line naming the machine (CPU model and the vector kernels torch runs on
+    it, cores, torch, GPU if any). The kernels matter: two CPUs of the same model
+    name with and without AVX-512 round float32 sums differently, and a chaotic
+    run (label-clustered CNN training) then ends elsewhere from the same seed
+    (docs/results/investigations.md, mnist-5k)."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -131,9 +147,10 @@ def machine() -> str:
 
         gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
         tv = torch.__version__
-    except ImportError:  # pragma: no cover
-        gpu, tv = "no GPU", "none"
-    return f"{cpu}, {os.cpu_count()} cores, {gpu}, torch {tv}"
+        kernels = f" ({torch.backends.cpu.get_cpu_capability()} kernels)"
+    except (ImportError, AttributeError):  # pragma: no cover
+        gpu, tv, kernels = "no GPU", "none", ""
+    return f"{cpu}{kernels}, {os.cpu_count()} cores, {gpu}, torch {tv}"
 
 
 # ---------------------------------------------------------------------------- runs

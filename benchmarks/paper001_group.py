@@ -117,8 +117,10 @@ def scenario_settings(scenario: str, num_rounds: int,
 
 
 def build(scenario: str, method: str, seed: int, num_rounds: int,
-          task: str = "digits") -> tuple[Any, Any, Any]:
-    """The ``Settings``, the strategy and its policy of one run."""
+          task: str = "digits", limits: dict[str, Any] | None = None) -> tuple[Any, Any, Any]:
+    """The ``Settings``, the strategy and its policy of one run; ``limits``: the
+    strategy's bounds other than the defaults (``update_clip_factor=None``, ...;
+    ``benchmarks/honest_defence_cost.py``)."""
     from mmfl_flwr.config import Settings
     from mmfl_flwr.core.aggregators import MeanAggregator
     from mmfl_flwr.core.group import GroupSampling
@@ -143,7 +145,7 @@ def build(scenario: str, method: str, seed: int, num_rounds: int,
         policy = random_allocation(part)
     else:
         raise ValueError(method)
-    return s, MultiModelStrategy(policy, MeanAggregator(), **skw), policy
+    return s, MultiModelStrategy(policy, MeanAggregator(), **skw, **(limits or {})), policy
 
 
 def quiet_run(s: Any, strategy: Any, engine: str) -> Any:

@@ -112,12 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="equivalence margin of the 'level with' claims, in accuracy "
                         "(default 0.02: TOST, the 90%% interval inside +-margin)")
     a = p.parse_args(argv)
-    try:
-        margin = float(a.margin)
-    except ValueError:
-        p.error(f"--margin: expected a number in (0, 1); got {a.margin!r}")
-    if not 0 < margin < 1:
-        p.error(f"--margin: expected a number in (0, 1); got {a.margin!r}")
+    margin = E.margin_arg(p, a.margin)
     mode = dict(MODES[a.mode])
     if a.datasets:
         chosen = [x.strip() for x in a.datasets.split(",") if x.strip()]

@@ -283,18 +283,28 @@ def test_bad_arguments_are_refused_in_one_line(tmp_path, script, args, message):
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--workers", "3"], "--workers needs --field"),
-    (["--field", "--num-rounds", "4"], "--num-rounds does not apply to --field"),
-    (["--field", "--presets", "nope"], "--presets takes some of"),
-    (["--field", "--defences", "zz"], "--defences takes some of"),
-    (["--field", "--attacks", "x50,zz"], "unknown attack(s) ['zz']"),
-    (["--field", "--workers", "0"], "--workers must be >= 1"),
-    (["--seeds", "0-x"], "expected integers or ranges"),
+@pytest.mark.parametrize("script,args,message", [
+    ("hostile_clients.py", ["--workers", "3"], "--workers needs --field"),
+    ("hostile_clients.py", ["--field", "--num-rounds", "4"],
+     "--num-rounds does not apply to --field"),
+    ("hostile_clients.py", ["--field", "--presets", "nope"], "--presets takes some of"),
+    ("hostile_clients.py", ["--field", "--defences", "zz"], "--defences takes some of"),
+    ("hostile_clients.py", ["--field", "--attacks", "x50,zz"], "unknown attack(s) ['zz']"),
+    ("hostile_clients.py", ["--field", "--workers", "0"], "--workers must be >= 1"),
+    ("hostile_clients.py", ["--seeds", "0-x"], "expected integers or ranges"),
+    ("honest_defence_cost.py", ["--seeds", "x"], "expected integers"),
+    ("honest_defence_cost.py", ["--num-rounds", "0"], "every value must be >= 1"),
+    ("honest_defence_cost.py", ["--num-rounds", "3,4"], "give one value"),
+    ("honest_defence_cost.py", ["--margin", "abc"], "--margin: expected a number in (0, 1)"),
+    ("honest_defence_cost.py", ["--margin", "2"], "--margin: expected a number in (0, 1)"),
+    ("honest_defence_cost.py", ["--scenarios", "nope"], "--scenarios: choose from"),
+    ("honest_defence_cost.py", ["--defences", "no-clip,zz"], "--defences: choose from"),
+    ("honest_defence_cost.py", ["--workers", "0"], "--workers must be >= 1"),
 ])
-def test_hostile_clients_refuses_bad_arguments_in_one_line(tmp_path, args, message):
+def test_markdown_scripts_refuse_bad_arguments_in_one_line(tmp_path, script, args, message):
+    """hostile_clients.py and honest_defence_cost.py: one line, exit code 2, no file."""
     out = tmp_path / "t.md"
-    proc = subprocess.run([sys.executable, str(BENCH / "hostile_clients.py"), *args,
+    proc = subprocess.run([sys.executable, str(BENCH / script), *args,
                            "--markdown", str(out)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
@@ -565,3 +575,32 @@ def test_paper001_refuses_a_csv_of_another_task_kind(tmp_path):
     assert "Traceback" not in proc.stderr
     assert "models of kind 'digits'" in proc.stderr.strip().splitlines()[-1], proc.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_honest_defence_cost_builds_the_configuration_and_pairs_by_seed():
+    """``benchmarks/honest_defence_cost.py``: a configuration's runs get its bounds
+    (the defaults' runs have paper001_group's keys and settings); the table pairs
+    each method's final accuracy (mean of the last 5 rounds) by seed, by hand:
+    defaults 0.5 / 0.7, no-clip 0.6 / 0.6 -> +0.1 and -0.1, mean 0.000."""
+    import honest_defence_cost as H
+    import paper001_group as P
+
+    _, default, _ = P.build("consistent", "group", 0, 4)
+    _, no_clip, _ = H.G.build("consistent", "group", 0, 4, "digits", H.DEFENCES["no-clip"])
+    assert default.limits.update_clip_factor == 3.0 and default.limits.direction_factor == 3.0
+    assert no_clip.limits.update_clip_factor is None and no_clip.limits.direction_factor is None
+    assert no_clip.limits.update_norm_factor == default.limits.update_norm_factor
+
+    def rows(acc: dict[tuple[str, int], float]) -> list[dict]:
+        return [{"scenario": "consistent", "method": m, "seed": sd, "round": r,
+                 "task": "digits", "accuracy": a}
+                for (m, sd), a in acc.items() for r in range(1, 7)]
+
+    base = {(m, sd): (0.5 if sd == 0 else 0.7) for m in P.METHODS for sd in (0, 1)}
+    other = {(m, sd): 0.6 for m in P.METHODS for sd in (0, 1)}
+    lines = H.table({"default": rows(base), "no-clip": rows(other)}, "consistent",
+                    "no-clip", 0.05)
+    assert len(lines) == 2 + len(P.METHODS) + 1
+    assert lines[2].startswith("| group | 0.600 | 0.600 | +0.000 [")
+    assert "not shown equivalent" in lines[2]
+    assert lines[-1].startswith(f"| all methods ({2 * len(P.METHODS)} pairs) | 0.600 | 0.600 |")

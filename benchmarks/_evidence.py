@@ -91,6 +91,8 @@ def int_list(parser: argparse.ArgumentParser, name: str, text: str, low: int = 0
                      f"got {text!r}")
     if any(v < low for v in values):
         parser.error(f"{name}: every value must be >= {low}; got {text!r}")
+    if not values:
+        parser.error(f"{name}: the range gives no value (write 2-5, not 5-2); got {text!r}")
     return values
 
 
@@ -129,10 +131,11 @@ def command(script: str, argv: Sequence[str] | None) -> str:
 
 def machine() -> str:
     """One line naming the machine (CPU model and the vector kernels torch runs on
-    it, cores, torch, GPU if any). The kernels matter: two CPUs of the same model
-    name with and without AVX-512 round float32 sums differently, and a chaotic
-    run (label-clustered CNN training) then ends elsewhere from the same seed
-    (docs/results/investigations.md, mnist-5k)."""
+    it, cores, torch, GPU if any). The kernels are named because the model name
+    alone does not fix float32 rounding: the same code and seed on two machines
+    named "AMD EPYC, 2 cores" trained differently from round 1, and a chaotic run
+    (label-clustered CNN training) then ends elsewhere (docs/results/investigations.md,
+    mnist-5k; which library or kernel difference caused it was not determined)."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -147,8 +150,11 @@ def machine() -> str:
 
         gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
         tv = torch.__version__
-        kernels = f" ({torch.backends.cpu.get_cpu_capability()} kernels)"
-    except (ImportError, AttributeError):  # pragma: no cover
+        try:
+            kernels = f" ({torch.backends.cpu.get_cpu_capability()} kernels)"
+        except AttributeError:  # pragma: no cover - a torch without it
+            kernels = ""
+    except ImportError:  # pragma: no cover
         gpu, tv, kernels = "no GPU", "none", ""
     return f"{cpu}{kernels}, {os.cpu_count()} cores, {gpu}, torch {tv}"
 

@@ -5,11 +5,11 @@ bounds and once with a defence configuration changed, paired by seed.
 
 On real MNIST (``mnist-5k``) with label clusters, the default update clip
 (3 x the round's reference norm) acts on honest clients: 35 times over the 9
-runs of scenario (a), some at 6x the bound. This measures whether those clips
-cost accuracy::
+published runs of scenario (a) (3 seeds), some at 6x the bound. This measures
+whether those clips cost accuracy::
 
     python benchmarks/honest_defence_cost.py --task mnist-5k --scenarios consistent \\
-        --seeds 0,1,2 --num-rounds 20 --defences no-clip \\
+        --seeds 0-8 --num-rounds 20 --defences no-clip \\
         --cache docs/results/mnist5k/defence_cost_runs.jsonl \\
         --markdown docs/results/mnist5k/defence_cost.md
 
@@ -24,8 +24,9 @@ Per scenario and method: final accuracy (mean of the last 5 rounds, over the
 models) with the defaults and with the configuration, the paired difference
 (configuration - defaults) with its 95% t interval over seeds, and a paired
 TOST at +-``--margin`` (default 0.05, the issue's tolerance: equivalent when
-the 90% interval lies inside the margin). The row ``all methods`` pairs every
-(method, seed).
+the 90% interval lies inside the margin). The row ``all methods`` averages the
+methods within each seed first (the methods of one seed share its federation
+and initial weights, so their pairs are not independent) and pairs the seeds.
 """
 
 from __future__ import annotations
@@ -77,22 +78,34 @@ def _row(name: str, base: dict[int, float], other: dict[int, float], margin: flo
 
 def table(rows_by: dict[str, list[dict[str, Any]]], scenario: str, defence: str,
           margin: float) -> list[str]:
-    """Per method, and over every (method, seed): final accuracy with the
-    defaults and with ``defence``, their paired difference and TOST."""
+    """Per method, and for the methods averaged within each seed: final
+    accuracy with the defaults and with ``defence``, their paired difference
+    and TOST."""
     base = E.final_values([r for r in rows_by["default"] if r["scenario"] == scenario],
                           last=G.LAST)
     other = E.final_values([r for r in rows_by[defence] if r["scenario"] == scenario],
                            last=G.LAST)
     out = [f"| method | defaults | {defence} | {defence} - defaults [95% CI] | "
            f"TOST +-{margin:g} (90% CI) |", "|---|---|---|---|---|"]
-    pooled_b: dict[int, float] = {}
-    pooled_o: dict[int, float] = {}
-    for i, m in enumerate(G.METHODS):
+    for m in G.METHODS:
         out.append(_row(m, base[m], other[m], margin))
-        for sd in base[m]:  # one key per (method, seed)
-            pooled_b[i * 100000 + sd], pooled_o[i * 100000 + sd] = base[m][sd], other[m][sd]
-    out.append(_row(f"all methods ({len(pooled_b)} pairs)", pooled_b, pooled_o, margin))
+    seeds = sorted(set.intersection(*(set(base[m]) & set(other[m]) for m in G.METHODS)))
+    per_seed = [{sd: sum(v[m][sd] for m in G.METHODS) / len(G.METHODS) for sd in seeds}
+                for v in (base, other)]
+    out.append(_row(f"all methods (averaged per seed, {len(seeds)} seeds)", *per_seed, margin))
     return out
+
+
+def jobs_for(task: str, scenarios: list[str], seeds: list[int], rounds: int, engine: str,
+             defences: list[str]) -> dict[str, list[tuple[Any, ...]]]:
+    """The runs of each configuration: the defaults' keys are
+    ``paper001_group.py``'s own (its caches serve them), a changed
+    configuration's add the task kind and the configuration's name."""
+    extra = _key(task)
+    return {d: [(sc, m, sd, rounds, engine, *extra) if d == "default"
+                else (sc, m, sd, rounds, engine, task, d)
+                for sd in seeds for sc in scenarios for m in G.METHODS]
+            for d in ["default", *defences]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,24 +137,32 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--defences: choose from {list(DEFENCES)}; got {a.defences!r}")
     if a.workers < 1:
         p.error(f"--workers must be >= 1; got {a.workers}")
+    if a.markdown and Path(a.markdown).is_dir():
+        p.error(f"--markdown {a.markdown}: a folder; give a file name")
+    if a.task == "mnist-5k":
+        from mmfl_flwr.tasks.datasets import DatasetNotFound, mnist_5k_path
+
+        try:
+            mnist_5k_path()
+        except DatasetNotFound as err:
+            p.error(f"--task mnist-5k: {err}".splitlines()[0])
     R = rounds[0]
-    extra = _key(a.task)
-    jobs = {d: [(sc, m, sd, R, a.engine, *extra) if d == "default"
-                else (sc, m, sd, R, a.engine, a.task, d)
-                for sd in seeds for sc in scenarios for m in G.METHODS]
-            for d in ["default", *defences]}
+    jobs = jobs_for(a.task, scenarios, seeds, R, a.engine, defences)
     every = [j for js in jobs.values() for j in js]
     E.check_cache(a.cache, every)
     print(f"{NAME}: {len(every)} runs ({R} rounds, seeds {seeds}, task {a.task}, "
           f"{a.workers} workers)", flush=True)
+    before = set(E._load_cache(Path(a.cache) if a.cache else None)[0])
     t0 = time.monotonic()
     results = E.map_cached(_one, every, a.workers, a.cache,
                            label=lambda j: f"{j[0]} {j[1]} seed {j[2]} "
                                            f"{j[6] if len(j) > 6 else 'default'}")
     by_job = dict(zip(map(E._key, every), results))
     rows_by = {d: [r for j in js for r in by_job[E._key(j)]] for d, js in jobs.items()}
-    lines = [f"Command: `{E.command(NAME, argv)}` ({E.machines_used()}; "
-             f"{time.monotonic() - t0:.0f} s here).", ""]
+    cached = sum(1 for j in every if E._key(j) in before)
+    lines = [f"Command: `{E.command(NAME, argv)}` (runs: {E.machines_used()}; this "
+             f"invocation ran {len(every) - cached} of the {len(every)} runs in "
+             f"{time.monotonic() - t0:.0f} s, the others came from its cache).", ""]
     for sc in scenarios:
         for d in defences:
             lines += [f"**{G.LABELS[sc]}, {a.task}, {R} rounds, seeds "

@@ -442,37 +442,38 @@ def bound_fresh_influence(
 ) -> dict[str, dict[str, list[np.ndarray]]]:
     """The fresh updates an aggregator that reads every eligible client's fresh
     update (the oracle StaleVR's Eq. 20 ``beta = <G, h> / ||h||^2``) gets, with
-    the influence bound of :func:`bound_influence` applied to them too: an
-    update that counts this round is read as bounded; one that does not count
-    enters the step only through ``z = beta h``, the projection of ``G`` on the
-    stale ``h``, with the weight ``d_{i,s}``, so ``d ||G||`` is held to the
-    model's bound (scaled down, logged with client and model). Without this, a
-    client whose update was bounded when it counted moves its model through
-    ``beta`` by its full unbounded norm in every later round. Models without a
-    bound are read as they came."""
+    the influence bound of :func:`bound_influence` applied to them too. A
+    pair's stale term ``z = beta h`` is the projection of ``G`` on the stale
+    ``h`` and enters the step with the weight ``d_{i,s}`` (Eq. 18), so ``d ||G||``
+    bounds its influence: an update that counts this round is read as bounded
+    (and, where its ``d`` exceeds its weight ``d l / (B p)``, held to
+    ``d ||G|| <= bound`` as well); one that does not count is held to
+    ``d ||G|| <= bound``. Each scaling is logged with client and model. Without
+    this, a client whose update was bounded when it counted moves its model
+    through ``beta`` by its full unbounded norm in every later round. A model
+    without a bound this round (:func:`bound_influence` logged why) is read as
+    its updates came."""
     out: dict[str, dict[str, list[np.ndarray]]] = {}
     for task, us in fresh.items():
         kept = {u.cid: u.delta for u in counted.get(task, [])}
         bound = bounds.get(task)
         got: dict[str, list[np.ndarray]] = {}
         for u in us:
+            delta = kept.get(u.cid, u.delta)
             if bound is None:
-                got[u.cid] = u.delta
-            elif u.cid in kept:
-                got[u.cid] = kept[u.cid]
-            else:
-                norm = l2_norm(u.delta)
-                x = abs(u.data_share) * norm
-                if x > bound:
-                    scale = bound / x
-                    log(WARNING, "Client %s: clipped update for task %r: the fresh update its "
-                        "stale update's weight is read from (data share %.4g x update norm "
-                        "%.4g = %.4g) exceeds the round's influence bound %.4g; update norm "
-                        "scaled to %.4g", u.cid, task, abs(u.data_share), norm, x, bound,
-                        norm * scale)
-                    got[u.cid] = [d * scale for d in u.delta]
-                else:
-                    got[u.cid] = u.delta
+                got[u.cid] = delta
+                continue
+            norm = l2_norm(delta)
+            x = abs(u.data_share) * norm
+            if x > bound:
+                scale = bound / x
+                log(WARNING, "Client %s: clipped update for task %r: the fresh update its "
+                    "stale update's weight is read from (data share %.4g x update norm "
+                    "%.4g = %.4g) exceeds the round's influence bound %.4g; update norm "
+                    "scaled to %.4g", u.cid, task, abs(u.data_share), norm, x, bound,
+                    norm * scale)
+                delta = [d * scale for d in delta]
+            got[u.cid] = delta
         out[task] = got
     return out
 

@@ -300,6 +300,7 @@ def test_bad_arguments_are_refused_in_one_line(tmp_path, script, args, message):
     ("honest_defence_cost.py", ["--scenarios", "nope"], "--scenarios: choose from"),
     ("honest_defence_cost.py", ["--defences", "no-clip,zz"], "--defences: choose from"),
     ("honest_defence_cost.py", ["--workers", "0"], "--workers must be >= 1"),
+    ("honest_defence_cost.py", ["--seeds", "5-2"], "the range gives no value"),
 ])
 def test_markdown_scripts_refuse_bad_arguments_in_one_line(tmp_path, script, args, message):
     """hostile_clients.py and honest_defence_cost.py: one line, exit code 2, no file."""
@@ -578,10 +579,14 @@ def test_paper001_refuses_a_csv_of_another_task_kind(tmp_path):
 
 
 def test_honest_defence_cost_builds_the_configuration_and_pairs_by_seed():
-    """``benchmarks/honest_defence_cost.py``: a configuration's runs get its bounds
-    (the defaults' runs have paper001_group's keys and settings); the table pairs
-    each method's final accuracy (mean of the last 5 rounds) by seed, by hand:
-    defaults 0.5 / 0.7, no-clip 0.6 / 0.6 -> +0.1 and -0.1, mean 0.000."""
+    """``benchmarks/honest_defence_cost.py``: a configuration's runs get its bounds;
+    the defaults' runs have paper001_group's keys (its caches serve them) for both
+    task kinds; the table pairs each method's final accuracy (mean of the last 5
+    rounds) with the same method's by seed, and the last row averages the methods
+    within each seed first. By hand, defaults (seed 0, seed 1): group 0.5 / 0.7,
+    rr 0.4 / 0.4, random 0.3 / 0.5; no-clip: group 0.6 / 0.6, rr 0.5 / 0.5,
+    random 0.3 / 0.5 -> group +0.1 / -0.1 (mean 0), rr +0.1 / +0.1, random 0 / 0;
+    per seed the methods' means 0.4 / 0.533 and 0.467 / 0.533 -> +0.033 mean."""
     import honest_defence_cost as H
     import paper001_group as P
 
@@ -591,16 +596,32 @@ def test_honest_defence_cost_builds_the_configuration_and_pairs_by_seed():
     assert no_clip.limits.update_clip_factor is None and no_clip.limits.direction_factor is None
     assert no_clip.limits.update_norm_factor == default.limits.update_norm_factor
 
+    jobs = H.jobs_for("digits", ["consistent"], [0, 1], 20, "inprocess", ["no-clip"])
+    assert jobs["default"] == [("consistent", m, sd, 20, "inprocess")
+                               for sd in (0, 1) for m in P.METHODS]
+    assert jobs["no-clip"] == [("consistent", m, sd, 20, "inprocess", "digits", "no-clip")
+                               for sd in (0, 1) for m in P.METHODS]
+    jobs = H.jobs_for("mnist-5k", ["consistent"], [0], 20, "inprocess", ["no-clip"])
+    assert jobs["default"] == [("consistent", m, 0, 20, "inprocess", "mnist-5k")
+                               for m in P.METHODS]
+
     def rows(acc: dict[tuple[str, int], float]) -> list[dict]:
         return [{"scenario": "consistent", "method": m, "seed": sd, "round": r,
                  "task": "digits", "accuracy": a}
                 for (m, sd), a in acc.items() for r in range(1, 7)]
 
-    base = {(m, sd): (0.5 if sd == 0 else 0.7) for m in P.METHODS for sd in (0, 1)}
-    other = {(m, sd): 0.6 for m in P.METHODS for sd in (0, 1)}
+    assert list(P.METHODS) == ["group", "rr-random-groups", "random"]
+    base = {("group", 0): 0.5, ("group", 1): 0.7, ("rr-random-groups", 0): 0.4,
+            ("rr-random-groups", 1): 0.4, ("random", 0): 0.3, ("random", 1): 0.5}
+    other = {("group", 0): 0.6, ("group", 1): 0.6, ("rr-random-groups", 0): 0.5,
+             ("rr-random-groups", 1): 0.5, ("random", 0): 0.3, ("random", 1): 0.5}
     lines = H.table({"default": rows(base), "no-clip": rows(other)}, "consistent",
                     "no-clip", 0.05)
     assert len(lines) == 2 + len(P.METHODS) + 1
     assert lines[2].startswith("| group | 0.600 | 0.600 | +0.000 [")
-    assert "not shown equivalent" in lines[2]
-    assert lines[-1].startswith(f"| all methods ({2 * len(P.METHODS)} pairs) | 0.600 | 0.600 |")
+    assert lines[3].startswith("| rr-random-groups | 0.400 | 0.500 | +0.100 [+0.100, +0.100]")
+    assert lines[4].startswith("| random | 0.400 | 0.400 | +0.000 [+0.000, +0.000]")
+    assert lines[-1].startswith("| all methods (averaged per seed, 2 seeds) | 0.467 | 0.500 | "
+                                "+0.033 [")
+
+

@@ -172,15 +172,15 @@ def test_the_oracle_stalevr_reads_bounded_fresh_updates():
                    upd("c2", [1.0, 0.0], 20), upd("c3", [3.0, 4.0], 60),
                    upd("c4", [3.0, 4.0], 60, share=0.5), upd("c5", [0.0, 5.0], 10, share=0.1)],
              "b": [upd("c0", [30.0], 10, share=0.9)]}
-    warnings = bound(counted)  # c3 -> (0.6, 0.8); bound 0.6 (first test)
+    bounds = bound_influence(counted, FedAvgAggregator().step_weights, 3.0)  # c3 -> (0.6, 0.8)
+    assert bounds == {"a": pytest.approx(0.6)}
     tap = LogTap()
     logger = logging.getLogger("flwr")
     logger.addHandler(tap)
     try:
-        got = bound_fresh_influence(fresh, counted, {"a": 0.6})
+        got = bound_fresh_influence(fresh, counted, bounds)
     finally:
         logger.removeHandler(tap)
-    assert len(warnings) == 1
     np.testing.assert_allclose(got["a"]["c3"][0], [0.6, 0.8])  # read as counted
     np.testing.assert_allclose(got["a"]["c4"][0], [0.72, 0.96])
     np.testing.assert_array_equal(got["a"]["c5"][0], [0.0, 5.0])
@@ -193,11 +193,26 @@ def test_the_oracle_stalevr_reads_bounded_fresh_updates():
         "bound 0.6; update norm scaled to 1.2"]
 
 
+def test_a_counted_update_whose_share_exceeds_its_weight_is_held_for_beta_too():
+    """A counted pair adds ``c (G - z) + d z``; with ``c = d l / (B p) < d`` (a
+    client of 3 processors, p 0.6, one upload: c = d / 1.8) its ``z`` part can
+    exceed the bound although ``c ||G||`` does not: the copy beta reads is held
+    to ``d ||G|| <= bound`` too. d 0.9, G (3, 4): c ||G|| = 2.5 <= 3, d ||G|| =
+    4.5 > 3, so beta reads G x 3 / 4.5 = (2, 2.667); the aggregated delta is
+    the counted one."""
+    u = Update(cid="c0", delta=[np.array([3.0, 4.0])], num_examples=10, data_share=0.9,
+               processors=3, prob=0.6)
+    got = bound_fresh_influence({"a": [u]}, {"a": [u]}, {"a": 3.0})
+    np.testing.assert_allclose(got["a"]["c0"][0], [2.0, 8.0 / 3.0])
+    np.testing.assert_array_equal(u.delta[0], [3.0, 4.0])
+
+
 def test_in_a_stalevr_run_beta_reads_the_bounded_updates(monkeypatch):
     """In a real StaleVR run with the bound on, the fresh updates the aggregator
-    reads are the bounded ones: every counted pair's fresh update is its
-    aggregated (bounded) delta, and no pair's ``d ||G||`` exceeds its model's
-    bound. Without the bound, the fresh updates are the validated ones."""
+    reads are the bounded ones: no pair's ``d ||G||`` exceeds its model's bound,
+    and a counted pair is read as its aggregated (bounded) delta or a scaled
+    copy of it. With the bound off, the aggregator reads the validated updates
+    themselves (the same arrays as before the bound existed)."""
     import mmfl_flwr.strategy.aggregate as A
     from mmfl_flwr import runner
     from mmfl_flwr.testing import hostile as H
@@ -220,11 +235,11 @@ def test_in_a_stalevr_run_beta_reads_the_bounded_updates(monkeypatch):
             counted = {u.cid: u.delta for u in updates[task]}
             for u in us:
                 got = fresh[task][u.cid]
+                assert u.data_share * l2_norm(got) <= bounds[task] * (1 + 1e-9)
                 if u.cid in counted:
-                    assert got is counted[u.cid]
-                else:
-                    assert u.data_share * l2_norm(got) <= bounds[task] * (1 + 1e-9)
-                checked.append((task, u.cid, u.cid in counted))
+                    ratio = l2_norm(got) / l2_norm(counted[u.cid])
+                    assert got is counted[u.cid] or ratio < 1
+                checked.append((task, u.cid, u.cid in counted, got is not u.delta))
         return original_round(run_state, aggregator, plan, outcome, updates, shares, fresh)
 
     monkeypatch.setattr(A, "bound_influence", bound_spy)
@@ -234,7 +249,22 @@ def test_in_a_stalevr_run_beta_reads_the_bounded_updates(monkeypatch):
                  local_epochs=1, budget_fraction=0.8, output_dir="", seed=1,
                  influence_clip_factor=1.0),
         wrap_client_app=H.scaled_update("3", -10.0))
-    assert {c for _, _, c in checked} == {True, False}  # counted and uncounted pairs read
+    assert {c for _, _, c, _ in checked} == {True, False}  # counted and uncounted pairs read
+    assert any(not c and scaled for _, _, c, scaled in checked)  # an uncounted one held
+
+    seen_off: list[bool] = []
+
+    def round_off(run_state, aggregator, plan, outcome, updates, shares, fresh=None):
+        for task, us in outcome.updates.items():
+            seen_off.extend(fresh[task][u.cid] is u.delta for u in us)
+        return original_round(run_state, aggregator, plan, outcome, updates, shares, fresh)
+
+    monkeypatch.setattr(A, "aggregate_round", round_off)
+    runner.run_inprocess(
+        Settings(strategy="stalevr", tasks="digits,synthetic", num_clients=12, num_rounds=2,
+                 local_epochs=1, budget_fraction=0.8, output_dir="", seed=1),
+        wrap_client_app=H.scaled_update("3", -10.0))
+    assert seen_off and all(seen_off)
 
 
 def test_no_weights_no_single_update_no_factor_leave_updates_as_they_are():

@@ -186,6 +186,45 @@ def test_a_torch_trainer_subclass_with_its_own_training_is_not_batched(caplog):
                           "train")) == {"t"}
 
 
+def test_the_contract_is_checked_once_per_trainer(monkeypatch):
+    """The batched-path checks (the runtime Protocol's isinstance, the TorchTrainer
+    overrides) run once per trainer object, not once per client part of every
+    message; the answer is the same every time, with the task's name in it; a
+    trainer that cannot be weakly referenced is checked every time and still
+    answered."""
+    import mmfl_flwr.client.shard as S
+    from mmfl_flwr.client.trainer import TorchTrainer
+    from mmfl_flwr.flower_app.data import federation_for
+    from mmfl_flwr.tasks.models import make_model
+
+    calls = []
+    original = S._overrides_torch_trainer
+    monkeypatch.setattr(S, "_overrides_torch_trainer",
+                        lambda tr: calls.append(tr) or original(tr))
+
+    class Proximal(TorchTrainer):
+        def loss(self, weights):
+            return super().loss(weights)
+
+    train, test = federation_for(Settings(**_FED)).client_data(0, "synthetic")
+    plain = TorchTrainer(lambda: make_model("synthetic"), train, test, 8)
+    prox = Proximal(lambda: make_model("synthetic"), train, test, 8)
+    comp = S.ShardComputer()
+    for _ in range(3):
+        assert comp._why_not_batched(plain) == ""
+        why = comp._why_not_batched(prox)
+        assert why.format(task=repr("t")) == ("task 't': Proximal overrides TorchTrainer.loss "
+                                              "(its own loop runs, not the batched SGD)")
+    assert calls == [plain, prox]
+
+    class Slotted:  # no __weakref__: not cached, still answered
+        __slots__ = ()
+
+    for _ in range(2):
+        assert comp._why_not_batched(Slotted()).format(task="'t'") == (
+            "task 't' has a trainer without the vectorizable contract (Slotted)")
+
+
 def test_one_clients_bad_train_config_fails_it_alone():
     """A clipping norm that makes no sense in one client's config: that client
     answers error@<id>, the shard's other clients train batched."""

@@ -63,7 +63,8 @@ def _one(job: tuple[Any, ...]) -> list[dict[str, Any]]:
             for r in result.history]
 
 
-def _key(task: str) -> tuple[str, ...]:
+def _task_suffix(task: str) -> tuple[str, ...]:
+    """What paper001_group.py appends to a job's key for a task kind (none for digits)."""
     return () if task == "digits" else (task,)
 
 
@@ -101,7 +102,7 @@ def jobs_for(task: str, scenarios: list[str], seeds: list[int], rounds: int, eng
     """The runs of each configuration: the defaults' keys are
     ``paper001_group.py``'s own (its caches serve them), a changed
     configuration's add the task kind and the configuration's name."""
-    extra = _key(task)
+    extra = _task_suffix(task)
     return {d: [(sc, m, sd, rounds, engine, *extra) if d == "default"
                 else (sc, m, sd, rounds, engine, task, d)
                 for sd in seeds for sc in scenarios for m in G.METHODS]

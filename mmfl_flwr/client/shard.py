@@ -124,8 +124,8 @@ class ShardComputer:
         self._models: dict[tuple[Any, ...], Any] = {}
         #: trainer -> why it cannot take the batched path ("" if it can), with
         #: ``{task}`` for the task's name: checked once per trainer (the
-        #: contract is a runtime Protocol, whose isinstance check costs about
-        #: 40 us, for every client part of every message)
+        #: contract is a runtime Protocol: with the override check, 11.8 us a
+        #: client part of every message uncached, 0.19 us cached)
         self._contract: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._said: set[str] = set()
         #: client parts served in batches and on the per-client path

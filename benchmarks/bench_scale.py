@@ -13,8 +13,9 @@ every (client, model) pair and trains the picked pairs.
   shard nodes (``clients-per-node auto``: one node per CPU Ray sees; ``K``: K
   clients per node, ``K = N`` one node with every CPU). The ServerApp builds the
   test sets and none of the clients' data; each node builds its own clients'
-  data (a worker keeps the data of every node it has served: Flower's Ray
-  backend hands a message to any idle worker).
+  data (a worker keeps the clients of every node it has served: Flower's Ray
+  backend hands a message to any idle worker; their packed data is mapped from
+  one file per shard, ``MMFL_SHARED_DATA``, so it is in memory once).
 - ``inprocess``: one node per client (the reference; slow beyond 10,000).
 
 Each (engine, N) runs in a fresh subprocess. Memory is the peak resident set

@@ -64,6 +64,7 @@ from typing import Any
 from mmfl_flwr.config import Settings
 from mmfl_flwr.flower_app.supervise import end_tree
 from mmfl_flwr.tasks.registry import TASK_SNAPSHOT_KEY, registered_tasks, save_snapshot
+from mmfl_flwr.tasks.federation import SHARED_DATA_ENV
 
 #: Name of the SuperLink connection in the private Flower configuration.
 CONNECTION = "mmfl"
@@ -543,6 +544,12 @@ def run_on_superlink(
     # workers only cost CPU (4-6 s per run on 2 cores). A value the user exported wins.
     env.setdefault("RAY_prestart_worker_first_driver", "0")
     env["MMFL_ENGINE"] = "simulation"  # recorded in config.json / summary.json
+    shared = work / "shared-data"
+    if plan.address is None and SHARED_DATA_ENV not in env:
+        # the nodes' workers on this machine map one copy of each shard's data
+        # (a worker keeps every node it has served); removed with the run
+        shared.mkdir()
+        env[SHARED_DATA_ENV] = str(shared)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     if plan.address or plan.num_gpus_per_client > 0:
         ignored = " (--num-cpus does not apply to a cluster)" if plan.address and num_cpus else ""
@@ -596,6 +603,7 @@ def run_on_superlink(
             stream.kill()
             stream.wait(timeout=30)
         _stop(link)
+        shutil.rmtree(shared, ignore_errors=True)
         if not verbose:  # keep the app, Flower home and logs for inspection
             for leftover in ("app", "flwr-home", "tasks.pkl", "superlink.log"):
                 path = work / leftover

@@ -6,6 +6,11 @@ simulated client process can rebuild the same federation cheaply.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import os
+import tempfile
+import warnings
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -607,11 +612,60 @@ def _packed(users: list[tuple[Dataset, Dataset]]) -> list[tuple[Dataset, Dataset
         return users
     sides = []
     for side in (0, 1):  # train, test
-        xs = np.concatenate([u[side].x for u in users])
-        ys = np.concatenate([u[side].y for u in users])
+        xs = shared_array(np.concatenate([u[side].x for u in users]))
+        ys = shared_array(np.concatenate([u[side].y for u in users]))
         ends = np.cumsum([len(u[side]) for u in users])
         sides.append([Dataset(xs[a:b], ys[a:b]) for a, b in zip(np.r_[0, ends[:-1]], ends)])
     return list(zip(*sides))
+
+
+#: Environment variable naming a directory through which the processes of one
+#: machine share the packed data of the clients they host (set by ``mmfl run
+#: --engine simulation``): see :func:`shared_array`.
+SHARED_DATA_ENV = "MMFL_SHARED_DATA"
+_SHARE_FAILED: set[str] = set()
+
+
+def shared_array(a: np.ndarray) -> np.ndarray:
+    """``a``, or, where :data:`SHARED_DATA_ENV` names a directory, an array of
+    the same values mapped (copy-on-write) from a file there named by its
+    content, so that processes building the same clients' data map one copy of
+    it. A Flower Ray worker keeps the clients of every node it has served, and
+    Flower hands a message to any idle worker, so with two shard nodes each of
+    two workers may come to hold both shards: mapped, their data is in memory
+    once (a page read by two processes is one page). The file is written once
+    (to a temporary name, then renamed: processes building the same data at the
+    same time agree); where the directory cannot be used, ``a`` itself is
+    returned (one warning per directory)."""
+    where = os.environ.get(SHARED_DATA_ENV, "").strip()
+    if not where or a.nbytes < (1 << 20) or where in _SHARE_FAILED:
+        return a
+    a = np.ascontiguousarray(a)
+    digest = hashlib.blake2b(memoryview(a).cast("B"), digest_size=16).hexdigest()
+    shape = "x".join(str(d) for d in a.shape)
+    path = os.path.join(where, f"{digest}-{a.dtype.str.strip('<>|=')}-{shape}.npy")
+    try:
+        if not os.path.exists(path):
+            fd, tmp = tempfile.mkstemp(dir=where, suffix=".part")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    np.save(f, a)
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        mapped = np.asarray(np.load(path, mmap_mode="c"))  # views of it have it as base
+    except (OSError, ValueError) as err:
+        _SHARE_FAILED.add(where)
+        warnings.warn(f"{SHARED_DATA_ENV}={where}: clients' data not shared ({err})",
+                      RuntimeWarning, stacklevel=2)
+        return a
+    # the name says the content; the content is checked all the same (a file
+    # changed by someone else is not read as the clients' data)
+    if mapped.shape != a.shape or mapped.dtype != a.dtype or not np.array_equal(mapped, a):
+        return a
+    return mapped
 
 
 def _build_synthetic(

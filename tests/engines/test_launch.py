@@ -7,7 +7,10 @@ test_sim_strategies_slow.py)."""
 from __future__ import annotations
 
 import math
+import os
 import tomllib
+
+import pytest
 
 from mmfl_flwr.config import Settings
 from mmfl_flwr.flower_app.launch import _show, app_pyproject
@@ -124,3 +127,50 @@ def test_the_servers_last_line_is_the_one_mmfl_run_waits_for():
 
     src = inspect.getsource(server_app.server_main)
     assert 'print(f"' + launch.RESULTS_LINE + '{' in src
+
+
+@pytest.mark.parametrize("exported", [False, True])
+def test_a_local_simulation_shares_its_nodes_data_through_a_directory_removed_after(
+        tmp_path, monkeypatch, exported):
+    """`mmfl run --engine simulation` on this machine gives the SuperLink's tree
+    (and so the Ray workers) MMFL_SHARED_DATA, a directory of its own that is gone
+    once the run ends, however it ends; a directory the user exported is used as
+    it is and kept."""
+    from mmfl_flwr.config import Settings
+    from mmfl_flwr.flower_app import launch as L
+    from mmfl_flwr.tasks.federation import SHARED_DATA_ENV
+
+    if exported:
+        monkeypatch.setenv(SHARED_DATA_ENV, str(tmp_path))
+    else:
+        monkeypatch.delenv(SHARED_DATA_ENV, raising=False)
+    seen: dict[str, object] = {}
+
+    class FakeProc:
+        returncode = 0
+
+        def poll(self):
+            return 0
+
+    def popen(cmd, env=None, **kw):
+        where = env.get(SHARED_DATA_ENV)
+        seen["dir"] = where
+        seen["existed"] = where is not None and os.path.isdir(where)
+        return FakeProc()
+
+    def not_healthy(*a, **k):
+        raise L.SimulationError("stopped by the test")
+
+    monkeypatch.setattr(L.subprocess, "Popen", popen)
+    monkeypatch.setattr(L, "_wait_healthy", not_healthy)
+    monkeypatch.setattr(L, "_stop", lambda proc: None)
+    monkeypatch.setattr(L.tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    with pytest.raises(L.SimulationError, match="stopped by the test"):
+        L.run_on_superlink(Settings(num_clients=4), num_cpus=1)
+    assert seen["existed"]
+    if exported:
+        assert seen["dir"] == str(tmp_path) and tmp_path.is_dir()
+    else:
+        assert str(tmp_path / "tmp") in str(seen["dir"])
+        assert not os.path.exists(str(seen["dir"]))

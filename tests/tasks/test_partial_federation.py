@@ -4,6 +4,8 @@ exactly what the whole federation holds."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -161,3 +163,98 @@ def test_a_model_that_writes_into_its_input_does_not_change_the_clients_data():
     first = V.batched_losses(vm, weights, data)
     assert torch.equal(base, before)  # negative inputs not zeroed in the clients' data
     assert V.batched_losses(vm, weights, data) == first
+
+
+def _mapped_file(a: np.ndarray) -> str | None:
+    """The file ``a``'s memory is mapped from (None: private memory)."""
+    base = a
+    while base is not None and not isinstance(base, np.memmap):
+        base = getattr(base, "base", None)
+    return None if base is None else base.filename
+
+
+def test_with_a_shared_data_directory_shards_map_one_copy_of_their_data(tmp_path, monkeypatch):
+    """Where MMFL_SHARED_DATA names a directory, a shard's packed arrays are
+    mapped from files there named by their content: a second process (here a
+    second build) that builds the same clients maps the same files instead of
+    holding a copy; the values are those of a build without it, and the batched
+    kernels still read a node's clients without a copy."""
+    from mmfl_flwr.client import vectorized as V
+    from mmfl_flwr.client.trainer import TorchTrainer
+    from mmfl_flwr.tasks.federation import SHARED_DATA_ENV
+    from mmfl_flwr.tasks.models import make_model
+
+    plain = build_federation(["synthetic"], 80, 5, clients=range(0, 60), server_tests=False)
+    monkeypatch.setenv(SHARED_DATA_ENV, str(tmp_path))
+    first = build_federation(["synthetic"], 80, 5, clients=range(0, 60), server_tests=False)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files and all(f.endswith(".npy") for f in files)  # no temporary file left
+    second = build_federation(["synthetic"], 80, 5, clients=range(0, 60), server_tests=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == files  # nothing written again
+    task = plain.tasks[0]
+    x_first = first.client_data(0, task)[0].x
+    where = _mapped_file(x_first)
+    assert where is not None and str(tmp_path) in where
+    assert _mapped_file(second.client_data(0, task)[0].x) == where
+    for k in range(0, 60):
+        for a, b in zip(first.client_data(k, task), plain.client_data(k, task)):
+            _same(a, b)
+    trainers = [TorchTrainer(lambda: make_model("synthetic"), *first.client_data(k, task), 4)
+                for k in range(0, 60)]
+    data = [V.ClientData(*t.train_tensors()) for t in trainers]
+    x_all, *_ = V._concat(data)
+    assert x_all.data_ptr() == data[0].x.data_ptr() == x_first.ctypes.data  # no copy
+
+
+def test_an_unusable_shared_data_directory_is_warned_about_and_changes_nothing(tmp_path,
+                                                                               monkeypatch):
+    """A directory that cannot be written: one warning, the data built as without
+    it. A file of the right name whose content differs is not read as the data."""
+    from mmfl_flwr.tasks import federation as F
+
+    a = np.arange(300_000, dtype=np.float32).reshape(-1, 60)  # over the 1 MiB floor
+    not_a_dir = tmp_path / "a-file"
+    not_a_dir.write_text("")
+    monkeypatch.setenv(F.SHARED_DATA_ENV, str(not_a_dir))
+    monkeypatch.setattr(F, "_SHARE_FAILED", set())
+    with pytest.warns(RuntimeWarning, match="not shared"):
+        got = F.shared_array(a)
+    assert got is a
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert F.shared_array(a) is a  # warned once per directory
+    # a file named for a's content, holding other values
+    monkeypatch.setenv(F.SHARED_DATA_ENV, str(tmp_path))
+    mapped = F.shared_array(a)
+    assert _mapped_file(mapped) is not None and np.array_equal(mapped, a)
+    path = _mapped_file(mapped)
+    del mapped
+    np.save(path, np.zeros_like(a))
+    again = F.shared_array(a)
+    assert _mapped_file(again) is None and np.array_equal(again, a)
+    # small arrays are not worth a file
+    small = np.ones((10, 60), np.float32)
+    assert F.shared_array(small) is small
+
+
+def test_a_cpu_trainer_holds_no_tensor_per_client_and_reads_the_datasets_arrays():
+    """On the CPU a trainer's tensors are views of its datasets' arrays made when
+    asked for (a tensor object per client and array costs about 600 bytes); a
+    relabelled client keeps its new labels."""
+    import torch
+
+    from mmfl_flwr.client.trainer import TorchTrainer
+    from mmfl_flwr.tasks.models import make_model
+
+    fed = build_federation(["synthetic"], 6, 1)
+    task = fed.tasks[0]
+    train, test = fed.client_data(2, task)
+    tr = TorchTrainer(lambda: make_model("synthetic"), train, test, 4)
+    assert not any(isinstance(a, torch.Tensor) for a in tr._data)
+    x, y = tr.train_tensors()
+    assert x.data_ptr() == train.x.ctypes.data and y.data_ptr() == train.y.ctypes.data
+    xt, yt = tr.eval_tensors()
+    assert xt.data_ptr() == test.x.ctypes.data and torch.equal(yt, torch.from_numpy(test.y))
+    tr.map_train_labels(lambda lab: (lab + 1) % 5)
+    assert torch.equal(tr.train_tensors()[1], torch.from_numpy((train.y + 1) % 5))
+    assert np.array_equal(fed.client_data(2, task)[0].y, train.y)  # the federation's untouched

@@ -164,9 +164,10 @@ class ShardComputer:
             why = self._why_not_batched(tr)
             if why:
                 raise _Fallback(why.format(task=repr(task)))
-            reason = self._vector_model(task, tr).unsupported
-            if reason is not None and mtype == MessageType.TRAIN:
-                raise _Fallback(f"task {task!r}: {reason}")
+            if mtype == MessageType.TRAIN:  # (forward passes take every model)
+                reason = self._vector_model(task, tr).unsupported
+                if reason is not None:
+                    raise _Fallback(f"task {task!r}: {reason}")
             plan[task] = tr
         return plan
 
@@ -250,7 +251,8 @@ class ShardComputer:
                     settings = (ts.epochs, ts.lr, ts.batch_size)
                 mine = [((task, settings,
                           clipping_norm_for(cfg, task) if mtype == MessageType.TRAIN else None),
-                         tr, training_seed(seed, rnd, s.client_id, task))
+                         tr, training_seed(seed, rnd, s.client_id, task)
+                         if mtype == MessageType.TRAIN else 0)  # (32 us a client and task)
                         for task, tr in plan.items()]
             except Exception:  # noqa: BLE001
                 fallback.append(cid)

@@ -11,7 +11,6 @@ import math
 import os
 import weakref
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import torch
@@ -251,44 +250,9 @@ class TorchTrainer:
         self.num_test = len(test)
         self.device = default_device()
         dtype, self._trainable = _probe(model_fn)
-        # On the CPU, with inputs already of the model's dtype, the tensors are
-        # views of the dataset's arrays made when asked for (a few us): a tensor
-        # view costs about 600 bytes, 0.24 GB for the 100,000 trainers of a node
-        # hosting 50,000 clients of two tasks. Elsewhere (a GPU, a cast) they are
-        # made once (and for arrays torch could not view without a copy).
-        self._data: list[Any] = []
-        for ds in (train, test):
-            x = np.asarray(ds.x, dtype=np.float32)
-            y = np.asarray(ds.y, dtype=np.int64)
-            if (self.device.type != "cpu" or dtype != torch.float32
-                    or not all(a.flags.c_contiguous and a.flags.writeable for a in (x, y))):
-                x, y = (t.to(self.device) for t in _tensors(Dataset(x, y), dtype))
-            self._data += [x, y]
+        self._x_train, self._y_train = (t.to(self.device) for t in _tensors(train, dtype))
+        self._x_test, self._y_test = (t.to(self.device) for t in _tensors(test, dtype))
         self._net: nn.Module | None = None
-
-    def _tensor(self, i: int) -> torch.Tensor:
-        a = self._data[i]
-        return a if isinstance(a, torch.Tensor) else _rows_tensor(a)
-
-    @property
-    def _x_train(self) -> torch.Tensor:
-        return self._tensor(0)
-
-    @property
-    def _y_train(self) -> torch.Tensor:
-        return self._tensor(1)
-
-    @_y_train.setter
-    def _y_train(self, value: torch.Tensor) -> None:
-        self._data[1] = value
-
-    @property
-    def _x_test(self) -> torch.Tensor:
-        return self._tensor(2)
-
-    @property
-    def _y_test(self) -> torch.Tensor:
-        return self._tensor(3)
 
     @property
     def trainable_keys(self) -> list[str]:

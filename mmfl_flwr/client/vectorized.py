@@ -264,7 +264,7 @@ def batched_losses(
     model = vm.load(weights)
     loss_sum, _ = _forward_rows(model, datasets, rows, vm.loss_cache)
     n = torch.tensor([d.n for d in datasets], dtype=torch.float64, device=loss_sum.device)
-    return [float(v) for v in (loss_sum / n).cpu()]
+    return (loss_sum / n).cpu().tolist()  # (not a tensor per client: 100,000 cost 0.5 s)
 
 
 def batched_evaluate(
@@ -275,10 +275,8 @@ def batched_evaluate(
         return []
     model = vm.load(weights)
     loss_sum, correct = _forward_rows(model, datasets, rows, vm.eval_cache)
-    out = []
-    for i, d in enumerate(datasets):
-        out.append((float(loss_sum[i]) / d.n, float(correct[i]) / d.n, d.n))
-    return out
+    losses, right = loss_sum.cpu().tolist(), correct.cpu().tolist()
+    return [(float(losses[i]) / d.n, float(right[i]) / d.n, d.n) for i, d in enumerate(datasets)]
 
 
 def _schedule(

@@ -255,3 +255,56 @@ def test_one_clients_bad_train_config_fails_it_alone():
     assert P.client_key(P.ERROR_KEY, "1") in keys
     assert {P.client_key(P.arrays_key("synthetic"), c) for c in ("0", "2")} <= keys
     assert app.shard().counts["vectorized"] == 2
+
+
+@pytest.mark.parametrize("mtype", ["query.losses", "evaluate"])
+def test_a_shards_forward_passes_answer_each_client_as_alone_and_draw_no_training_seed(
+        monkeypatch, mtype):
+    """A loss query or an evaluation of a shard gives every client the values its
+    own trainer gives (to float32 rounding), and derives no training seed (the
+    per-client seed costs 32 us a client and task, and only training uses it)."""
+    import torch
+    from flwr.app import ConfigRecord, Message, MessageType
+
+    from mmfl_flwr import protocol as P
+    from mmfl_flwr.client import shard as S
+    from mmfl_flwr.flower_app import client_app as CA
+    from mmfl_flwr.flower_app.data import federation_for
+    from mmfl_flwr.grid import ensure_task_identity
+    from mmfl_flwr.records import numpy_to_arrays
+    from mmfl_flwr.tasks.models import make_model
+
+    seeds: list[object] = []
+    real_seed = S.training_seed
+    monkeypatch.setattr(S, "training_seed", lambda *a: seeds.append(a) or real_seed(*a))
+    s = Settings(strategy="lvr", tasks="synthetic,synthetic", num_clients=8)
+    fed = federation_for(s, clients=range(2, 7), server_tests=False)
+    specs = [CA._one_client(s, fed, q, {}, str(q), None) for q in range(2, 7)]
+    content = RecordDict()
+    weights = {}
+    for i, task in enumerate(fed.tasks):
+        torch.manual_seed(i)
+        weights[task] = {k: v.detach().numpy().copy()
+                         for k, v in make_model("synthetic").state_dict().items()}
+        content[P.arrays_key(task)] = numpy_to_arrays(weights[task])
+    for spec in specs:
+        content[P.client_key(P.CONFIG_KEY, spec.client_id)] = ConfigRecord(
+            {P.CFG_TASKS: list(fed.tasks), P.CFG_ROUND: 1})
+    ensure_task_identity()
+    kind = P.QUERY_LOSSES if mtype == "query.losses" else MessageType.EVALUATE
+    msg = Message(content, dst_node_id=1, message_type=kind, group_id="1")
+    ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    node = S.ShardComputer()
+    reply = node.reply(specs, msg, ctx, None)
+    assert node.counts == {"vectorized": len(specs), "per-client": 0}
+    assert seeds == []
+    for spec in specs:
+        for task, tr in spec.trainers.items():
+            if mtype == "query.losses":
+                got = reply[P.client_key(P.LOSSES_KEY, spec.client_id)][task]
+                assert got == pytest.approx(tr.loss(weights[task]), rel=1e-5)
+            else:
+                got = reply[P.client_key(P.metrics_key(task), spec.client_id)]
+                loss, acc, n = tr.evaluate(weights[task])
+                assert got[P.LOSS] == pytest.approx(loss, rel=1e-5)
+                assert got[P.ACCURACY] == pytest.approx(acc) and got[P.NUM_EXAMPLES] == n

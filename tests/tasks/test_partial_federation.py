@@ -235,26 +235,3 @@ def test_an_unusable_shared_data_directory_is_warned_about_and_changes_nothing(t
     # small arrays are not worth a file
     small = np.ones((10, 60), np.float32)
     assert F.shared_array(small) is small
-
-
-def test_a_cpu_trainer_holds_no_tensor_per_client_and_reads_the_datasets_arrays():
-    """On the CPU a trainer's tensors are views of its datasets' arrays made when
-    asked for (a tensor object per client and array costs about 600 bytes); a
-    relabelled client keeps its new labels."""
-    import torch
-
-    from mmfl_flwr.client.trainer import TorchTrainer
-    from mmfl_flwr.tasks.models import make_model
-
-    fed = build_federation(["synthetic"], 6, 1)
-    task = fed.tasks[0]
-    train, test = fed.client_data(2, task)
-    tr = TorchTrainer(lambda: make_model("synthetic"), train, test, 4)
-    assert not any(isinstance(a, torch.Tensor) for a in tr._data)
-    x, y = tr.train_tensors()
-    assert x.data_ptr() == train.x.ctypes.data and y.data_ptr() == train.y.ctypes.data
-    xt, yt = tr.eval_tensors()
-    assert xt.data_ptr() == test.x.ctypes.data and torch.equal(yt, torch.from_numpy(test.y))
-    tr.map_train_labels(lambda lab: (lab + 1) % 5)
-    assert torch.equal(tr.train_tensors()[1], torch.from_numpy((train.y + 1) % 5))
-    assert np.array_equal(fed.client_data(2, task)[0].y, train.y)  # the federation's untouched

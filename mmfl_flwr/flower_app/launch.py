@@ -42,6 +42,7 @@ Bigger experiments (:func:`plan_ray`, checked before anything starts):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -547,8 +548,11 @@ def run_on_superlink(
     shared = work / "shared-data"
     if plan.address is None and SHARED_DATA_ENV not in env:
         # the nodes' workers on this machine map one copy of each shard's data
-        # (a worker keeps every node it has served); removed with the run
+        # (a worker keeps every node it has served); removed with the run, or
+        # by a later run where this one was killed before it could
+        remove_stale_shared_data(work.parent)
         shared.mkdir()
+        (work / "owner.pid").write_text(str(os.getpid()))
         env[SHARED_DATA_ENV] = str(shared)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     if plan.address or plan.num_gpus_per_client > 0:
@@ -605,13 +609,40 @@ def run_on_superlink(
         _stop(link)
         shutil.rmtree(shared, ignore_errors=True)
         if not verbose:  # keep the app, Flower home and logs for inspection
-            for leftover in ("app", "flwr-home", "tasks.pkl", "superlink.log"):
+            for leftover in ("app", "flwr-home", "tasks.pkl", "superlink.log", "owner.pid"):
                 path = work / leftover
                 shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(
                     missing_ok=True)
             if not any(work.iterdir()):
                 work.rmdir()
     return out
+
+
+def remove_stale_shared_data(root: Path) -> list[Path]:
+    """Remove the shared-data folders that runs of ``mmfl run --engine
+    simulation`` left in ``root`` (``mmfl-run-*/shared-data``, up to the size of
+    their clients' data) when their process is gone: a run killed by SIGKILL or
+    the out-of-memory killer cannot remove its own. Returns the folders removed."""
+    removed = []
+    for owner in sorted(root.glob("mmfl-run-*/owner.pid")):
+        try:
+            pid = int(owner.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        try:
+            os.kill(pid, 0)
+            continue  # still running
+        except ProcessLookupError:
+            pass
+        except OSError:  # another user's process, or not ours to ask: left alone
+            continue
+        folder = owner.parent / "shared-data"
+        if folder.is_dir():
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+        with contextlib.suppress(OSError):
+            owner.unlink()
+    return removed
 
 
 def flwr_reason(before: list[str]) -> str:

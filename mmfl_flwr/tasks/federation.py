@@ -633,10 +633,14 @@ def shared_array(a: np.ndarray) -> np.ndarray:
     it. A Flower Ray worker keeps the clients of every node it has served, and
     Flower hands a message to any idle worker, so with two shard nodes each of
     two workers may come to hold both shards: mapped, their data is in memory
-    once (a page read by two processes is one page). The file is written once
-    (to a temporary name, then renamed: processes building the same data at the
-    same time agree); where the directory cannot be used, ``a`` itself is
-    returned (one warning per directory)."""
+    once (a page read by two processes is one page). Arrays under 1 MiB are
+    left as they are.
+
+    The file is written once: to a temporary name, then linked to its own name,
+    which fails where another process got there first (both then map the one
+    file). A file whose content is not ``a``'s (changed by someone else) is not
+    used. Where the directory cannot be written, ``a`` itself is returned, with
+    one warning per directory and process."""
     where = os.environ.get(SHARED_DATA_ENV, "").strip()
     if not where or a.nbytes < (1 << 20) or where in _SHARE_FAILED:
         return a
@@ -644,28 +648,40 @@ def shared_array(a: np.ndarray) -> np.ndarray:
     digest = hashlib.blake2b(memoryview(a).cast("B"), digest_size=16).hexdigest()
     shape = "x".join(str(d) for d in a.shape)
     path = os.path.join(where, f"{digest}-{a.dtype.str.strip('<>|=')}-{shape}.npy")
-    try:
-        if not os.path.exists(path):
+    if not os.path.exists(path):
+        tmp = None
+        try:
             fd, tmp = tempfile.mkstemp(dir=where, suffix=".part")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    np.save(f, a)
-                os.replace(tmp, path)
-            except BaseException:
+            with os.fdopen(fd, "wb") as f:
+                np.save(f, a)
+            with contextlib.suppress(FileExistsError):  # another process was first
+                os.link(tmp, path)
+        except OSError as err:
+            _SHARE_FAILED.add(where)
+            warnings.warn(f"{SHARED_DATA_ENV}={where}: clients' data not shared ({err})",
+                          RuntimeWarning, stacklevel=2)
+            return a
+        finally:
+            if tmp is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
-                raise
+    try:
         mapped = np.asarray(np.load(path, mmap_mode="c"))  # views of it have it as base
-    except (OSError, ValueError) as err:
-        _SHARE_FAILED.add(where)
-        warnings.warn(f"{SHARED_DATA_ENV}={where}: clients' data not shared ({err})",
-                      RuntimeWarning, stacklevel=2)
+    except (OSError, ValueError):  # a damaged file: this array is not shared
         return a
-    # the name says the content; the content is checked all the same (a file
-    # changed by someone else is not read as the clients' data)
-    if mapped.shape != a.shape or mapped.dtype != a.dtype or not np.array_equal(mapped, a):
+    # the name says the content; the content is checked all the same
+    if (mapped.shape != a.shape or mapped.dtype != a.dtype or not mapped.flags.c_contiguous
+            or not _same_bytes(mapped, a)):
         return a
     return mapped
+
+
+def _same_bytes(x: np.ndarray, y: np.ndarray, block: int = 1 << 24) -> bool:
+    """Whether two C-contiguous arrays of one size hold the same bytes (NaN
+    equals itself), compared 16 MiB at a time (no temporary of their size)."""
+    bx, by = x.reshape(-1).view(np.uint8), y.reshape(-1).view(np.uint8)
+    return bx.shape == by.shape and all(
+        np.array_equal(bx[i:i + block], by[i:i + block]) for i in range(0, bx.shape[0], block))
 
 
 def _build_synthetic(

@@ -174,3 +174,52 @@ def test_a_local_simulation_shares_its_nodes_data_through_a_directory_removed_af
     else:
         assert str(tmp_path / "tmp") in str(seen["dir"])
         assert not os.path.exists(str(seen["dir"]))
+
+
+def test_a_cluster_run_gets_no_shared_data_folder(tmp_path, monkeypatch):
+    """On a Ray cluster the nodes' workers are on other machines: no folder is
+    made and none named to them."""
+    from mmfl_flwr.config import Settings
+    from mmfl_flwr.flower_app import launch as L
+    from mmfl_flwr.tasks.federation import SHARED_DATA_ENV
+
+    monkeypatch.delenv(SHARED_DATA_ENV, raising=False)
+    seen: dict[str, object] = {}
+    cluster = L.RayPlan(address="10.0.0.1:6379", nodes=((4.0, 0.0), (4.0, 0.0)),
+                        num_gpus_per_client=0.0, slots=8)
+    monkeypatch.setattr(L, "plan_ray", lambda *a, **k: cluster)
+
+    def popen(cmd, env=None, **kw):
+        seen["env"] = env
+        raise L.SimulationError("stopped by the test")
+
+    monkeypatch.setattr(L.subprocess, "Popen", popen)
+    monkeypatch.setattr(L.tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(L.SimulationError, match="stopped by the test"):
+        L.run_on_superlink(Settings(num_clients=4))
+    assert SHARED_DATA_ENV not in seen["env"]  # type: ignore[operator]
+    assert not list(tmp_path.glob("mmfl-run-*/shared-data"))
+
+
+def test_a_later_run_removes_the_shared_data_a_killed_run_left(tmp_path):
+    """A run killed before its `finally` (SIGKILL, the out-of-memory killer)
+    leaves its shared data; the next run removes it where the run's process is
+    gone, and leaves a running one's alone."""
+    import subprocess
+    import sys
+
+    from mmfl_flwr.flower_app.launch import remove_stale_shared_data
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    gone, alive = tmp_path / "mmfl-run-gone", tmp_path / "mmfl-run-alive"
+    for run, pid in ((gone, int(dead.stdout)), (alive, os.getpid())):
+        (run / "shared-data").mkdir(parents=True)
+        (run / "shared-data" / "x.npy").write_bytes(b"0" * 10)
+        (run / "owner.pid").write_text(str(pid))
+    (tmp_path / "mmfl-run-odd").mkdir()
+    (tmp_path / "mmfl-run-odd" / "owner.pid").write_text("not a pid")
+    assert remove_stale_shared_data(tmp_path) == [gone / "shared-data"]
+    assert not (gone / "shared-data").exists() and not (gone / "owner.pid").exists()
+    assert (alive / "shared-data" / "x.npy").exists()
+    assert (tmp_path / "mmfl-run-odd" / "owner.pid").exists()

@@ -187,10 +187,11 @@ def test_with_a_shared_data_directory_shards_map_one_copy_of_their_data(tmp_path
     plain = build_federation(["synthetic"], 80, 5, clients=range(0, 60), server_tests=False)
     monkeypatch.setenv(SHARED_DATA_ENV, str(tmp_path))
     first = build_federation(["synthetic"], 80, 5, clients=range(0, 60), server_tests=False)
-    files = sorted(p.name for p in tmp_path.iterdir())
+    files = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in tmp_path.iterdir()}
     assert files and all(f.endswith(".npy") for f in files)  # no temporary file left
     second = build_federation(["synthetic"], 80, 5, clients=range(0, 60), server_tests=False)
-    assert sorted(p.name for p in tmp_path.iterdir()) == files  # nothing written again
+    # nothing written again: the same files, not rewritten
+    assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in tmp_path.iterdir()} == files
     task = plain.tasks[0]
     x_first = first.client_data(0, task)[0].x
     where = _mapped_file(x_first)
@@ -232,6 +233,37 @@ def test_an_unusable_shared_data_directory_is_warned_about_and_changes_nothing(t
     np.save(path, np.zeros_like(a))
     again = F.shared_array(a)
     assert _mapped_file(again) is None and np.array_equal(again, a)
+    # a file that cannot be read as an array: this array not shared, the folder still used
+    np.save(path, a)  # (back to a's content)
+    broken = np.arange(300_000, dtype=np.float32).reshape(-1, 60) + 1
+    digest_path = _mapped_file(F.shared_array(broken))
+    del broken
+    with open(digest_path, "wb") as f:
+        f.write(b"not an array")
+    fresh = np.arange(300_000, dtype=np.float32).reshape(-1, 60) + 1
+    assert F.shared_array(fresh) is not None and _mapped_file(F.shared_array(fresh)) is None
+    assert _mapped_file(F.shared_array(a.copy())) == path  # the folder is still used
     # small arrays are not worth a file
     small = np.ones((10, 60), np.float32)
     assert F.shared_array(small) is small
+
+
+def test_two_processes_writing_the_same_data_at_once_map_one_file(tmp_path, monkeypatch):
+    """The file takes its name by a link that fails where another process got
+    there first: the late writer maps the first one's file (not a second copy),
+    and leaves no temporary file."""
+    from mmfl_flwr.tasks import federation as F
+
+    monkeypatch.setenv(F.SHARED_DATA_ENV, str(tmp_path))
+    monkeypatch.setattr(F, "_SHARE_FAILED", set())
+    a = np.arange(300_000, dtype=np.float32).reshape(-1, 60)
+    first = F.shared_array(a)
+    path = _mapped_file(first)
+    inode = (tmp_path / path.split("/")[-1]).stat().st_ino
+    real_exists = F.os.path.exists
+    # the second writer checked before the first one's file was there
+    monkeypatch.setattr(F.os.path, "exists", lambda p: False if p == path else real_exists(p))
+    second = F.shared_array(a.copy())
+    assert _mapped_file(second) == path and np.array_equal(second, a)
+    assert (tmp_path / path.split("/")[-1]).stat().st_ino == inode  # not replaced
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".npy"]

@@ -47,8 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     from mmfl_flwr import protocol as P
     from mmfl_flwr.client.shard import ShardComputer
     from mmfl_flwr.config import Settings
-    from mmfl_flwr.flower_app import client_app as CA
-    from mmfl_flwr.flower_app.data import federation_for
+    from mmfl_flwr.flower_app.client_app import client_spec
     from mmfl_flwr.grid import ensure_task_identity
     from mmfl_flwr.records import numpy_to_arrays
     from mmfl_flwr.tasks.models import make_model
@@ -56,18 +55,19 @@ def main(argv: list[str] | None = None) -> int:
     s = Settings(strategy="lvr", tasks="synthetic,synthetic", num_clients=a.num_clients,
                  synthetic_max_samples=20, local_epochs=1)
     t0 = time.perf_counter()
-    fed = federation_for(s, clients=range(a.clients), server_tests=False)
-    specs = [CA._one_client(s, fed, q, {}, str(q), None) for q in range(a.clients)]
+    node_ctx = Context(run_id=1, node_id=1, node_config={"clients": f"0-{a.clients - 1}"},
+                       state=RecordDict(), run_config={})
+    specs = client_spec(node_ctx, s)  # what a SuperNode started with clients="0-(K-1)" builds
     built = time.perf_counter() - t0
     content = RecordDict()
-    for task in fed.tasks:
+    for task, kind in zip(s.model_names, s.task_kinds):
         with torch.random.fork_rng(devices=[]):
-            model = make_model(fed.kinds[task])
+            model = make_model(kind)
         content[P.arrays_key(task)] = numpy_to_arrays(
             {k: v.detach().numpy() for k, v in model.state_dict().items()})
     for q in range(a.clients):
         content[P.client_key(P.CONFIG_KEY, str(q))] = ConfigRecord(
-            {P.CFG_TASKS: list(fed.tasks), P.CFG_ROUND: 1})
+            {P.CFG_TASKS: s.model_names, P.CFG_ROUND: 1})
     ensure_task_identity()
     mtype = P.QUERY_LOSSES if a.type == "query.losses" else MessageType.EVALUATE
     msg = Message(content, dst_node_id=1, message_type=mtype, group_id="1")

@@ -275,8 +275,8 @@ def batched_evaluate(
         return []
     model = vm.load(weights)
     loss_sum, correct = _forward_rows(model, datasets, rows, vm.eval_cache)
-    losses, right = loss_sum.cpu().tolist(), correct.cpu().tolist()
-    return [(float(losses[i]) / d.n, float(right[i]) / d.n, d.n) for i, d in enumerate(datasets)]
+    return [(lo / d.n, c / d.n, d.n)
+            for lo, c, d in zip(loss_sum.cpu().tolist(), correct.cpu().tolist(), datasets)]
 
 
 def _schedule(

@@ -64,8 +64,8 @@ from typing import Any
 
 from mmfl_flwr.config import Settings
 from mmfl_flwr.flower_app.supervise import end_tree
-from mmfl_flwr.tasks.registry import TASK_SNAPSHOT_KEY, registered_tasks, save_snapshot
 from mmfl_flwr.tasks.federation import SHARED_DATA_ENV
+from mmfl_flwr.tasks.registry import TASK_SNAPSHOT_KEY, registered_tasks, save_snapshot
 
 #: Name of the SuperLink connection in the private Flower configuration.
 CONNECTION = "mmfl"

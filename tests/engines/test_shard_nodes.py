@@ -268,8 +268,6 @@ def test_a_shards_forward_passes_answer_each_client_as_alone_and_draw_no_trainin
 
     from mmfl_flwr import protocol as P
     from mmfl_flwr.client import shard as S
-    from mmfl_flwr.flower_app import client_app as CA
-    from mmfl_flwr.flower_app.data import federation_for
     from mmfl_flwr.grid import ensure_task_identity
     from mmfl_flwr.records import numpy_to_arrays
     from mmfl_flwr.tasks.models import make_model
@@ -278,18 +276,18 @@ def test_a_shards_forward_passes_answer_each_client_as_alone_and_draw_no_trainin
     real_seed = S.training_seed
     monkeypatch.setattr(S, "training_seed", lambda *a: seeds.append(a) or real_seed(*a))
     s = Settings(strategy="lvr", tasks="synthetic,synthetic", num_clients=8)
-    fed = federation_for(s, clients=range(2, 7), server_tests=False)
-    specs = [CA._one_client(s, fed, q, {}, str(q), None) for q in range(2, 7)]
+    specs = client_spec(Context(run_id=1, node_id=1, node_config={"clients": "2-6"},
+                                state=RecordDict(), run_config={}), s)
     content = RecordDict()
     weights = {}
-    for i, task in enumerate(fed.tasks):
+    for i, task in enumerate(s.model_names):
         torch.manual_seed(i)
         weights[task] = {k: v.detach().numpy().copy()
                          for k, v in make_model("synthetic").state_dict().items()}
         content[P.arrays_key(task)] = numpy_to_arrays(weights[task])
     for spec in specs:
         content[P.client_key(P.CONFIG_KEY, spec.client_id)] = ConfigRecord(
-            {P.CFG_TASKS: list(fed.tasks), P.CFG_ROUND: 1})
+            {P.CFG_TASKS: s.model_names, P.CFG_ROUND: 1})
     ensure_task_identity()
     kind = P.QUERY_LOSSES if mtype == "query.losses" else MessageType.EVALUATE
     msg = Message(content, dst_node_id=1, message_type=kind, group_id="1")

@@ -321,10 +321,25 @@ class ShardComputer:
                     new = clip_update(dict(new), received, keys, clip)[0]
                 put_train_reply(contents[cid], task, new, n, loss)
         elif mtype == P.QUERY_LOSSES:
-            data = [V.ClientData(*tr.train_tensors()) for _, tr, _ in items]
-            for (cid, *_), value in zip(items, V.batched_losses(vm, weights, data)):
+            for (cid, *_), value in zip(items, V.batched_losses(
+                    vm, weights, _data(items, "train"))):
                 put_loss(contents[cid], task, value)
         else:  # evaluate
-            data = [V.ClientData(*tr.eval_tensors()) for _, tr, _ in items]
-            for (cid, *_), (loss, acc, n) in zip(items, V.batched_evaluate(vm, weights, data)):
+            for (cid, *_), (loss, acc, n) in zip(items, V.batched_evaluate(
+                    vm, weights, _data(items, "eval"))):
                 put_evaluation(contents[cid], task, loss, acc, n)
+
+
+def _data(items: list[tuple[str, Any, int]], side: str) -> Any:
+    """The clients' data of a forward pass: their packed rows where they lie one
+    after another in one shared tensor (a shard's clients, in order: no copy and
+    no tensor per client), otherwise each client's tensors."""
+    from mmfl_flwr.client import vectorized as V
+    from mmfl_flwr.client.trainer import packed_rows
+
+    trainers = [tr for _, tr, _ in items]
+    packed = packed_rows(trainers, side)
+    if packed is not None:
+        return V.PackedData(*packed)
+    return [V.ClientData(*(tr.train_tensors() if side == "train" else tr.eval_tensors()))
+            for tr in trainers]

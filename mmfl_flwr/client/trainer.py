@@ -25,10 +25,14 @@ __all__ = ["TorchTrainer", "initial_weights", "evaluate_arrays", "model_to_array
 def default_device() -> torch.device:
     """CUDA when available (e.g. with Flower's ``client-resources-num-gpus > 0``),
     else the CPU; the ``MMFL_DEVICE`` environment variable overrides it."""
-    name = os.environ.get("MMFL_DEVICE")
-    if name:
-        return torch.device(name)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    name = os.environ.get("MMFL_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+    dev = _DEVICES.get(name)
+    if dev is None:  # one object per name: 100,000 trainers share it
+        dev = _DEVICES[name] = torch.device(name)
+    return dev
+
+
+_DEVICES: dict[str, torch.device] = {}
 
 
 def model_to_arrays(model: nn.Module) -> dict[str, np.ndarray]:
@@ -120,6 +124,18 @@ def _rows_tensor(a: np.ndarray) -> torch.Tensor:
     clients), the tensor is that run of rows of one tensor over the whole array,
     so that clients stored one after another stay one after another for torch
     (:func:`mmfl_flwr.client.vectorized` then reads them without a copy)."""
+    whole, first = _whole_rows(a)
+    if first == 0 and whole.shape[0] == a.shape[0]:
+        return whole
+    return whole[first:first + a.shape[0]]
+
+
+def _whole_rows(a: np.ndarray) -> tuple[torch.Tensor, int]:
+    """``(whole, first)``: a tensor sharing ``a``'s memory of which ``a`` is the
+    rows ``first .. first + len(a)``: where ``a`` is a run of consecutive rows of
+    a larger contiguous array (the packed data of many clients), one tensor
+    over that whole array (one per array and process, while some client holds
+    it); otherwise a tensor over ``a`` itself (``first`` 0)."""
     base = a.base
     if (isinstance(base, np.ndarray) and a.ndim >= 1 and base.ndim == a.ndim
             and base.dtype == a.dtype and base.shape[1:] == a.shape[1:]
@@ -132,8 +148,58 @@ def _rows_tensor(a: np.ndarray) -> torch.Tensor:
             if whole is None or whole.data_ptr() != base.__array_interface__["data"][0]:
                 whole = torch.from_numpy(base)
                 _BASE_TENSORS[id(base)] = whole
-            return whole[first:first + a.shape[0]]
-    return torch.from_numpy(np.ascontiguousarray(a))
+            return whole, int(first)
+    return torch.from_numpy(np.ascontiguousarray(a)), 0
+
+
+def _placed(t: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``t`` as ``dtype`` on ``device``: ``t`` itself where it already is, else a
+    converted copy made once per tensor, dtype and device (the clients of a shard
+    whose rows lie in one packed tensor share one copy of it on a GPU, or in a
+    float64 model's dtype, as they share the packed tensor itself)."""
+    if t.dtype == dtype and t.device == device:
+        return t
+    placed = getattr(t, "_mmfl_placed", None)
+    if placed is None:
+        placed = weakref.WeakValueDictionary()
+        t._mmfl_placed = placed  # type: ignore[attr-defined]
+    key = (dtype, str(device))
+    got = placed.get(key)
+    if got is None:
+        got = t.to(device=device, dtype=dtype)
+        got._mmfl_source = t  # type: ignore[attr-defined]  # t outlives its copies
+        placed[key] = got
+    return got
+
+
+class _Rows:
+    """One client's examples: rows ``xs .. xs + n`` of ``x`` and ``ys .. ys + n``
+    of ``y``, tensors that the clients of a shard share (its packed data): a
+    client keeps these four numbers and two references instead of tensor views
+    of its own (about 1.9 kB a trainer at 100,000 clients; the views are made
+    when asked for)."""
+
+    __slots__ = ("x", "y", "xs", "ys", "n")
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, xs: int, ys: int, n: int) -> None:
+        self.x, self.y, self.xs, self.ys, self.n = x, y, xs, ys, n
+
+    @classmethod
+    def of(cls, dataset: Dataset, dtype: torch.dtype, device: torch.device) -> "_Rows":
+        """The rows of ``dataset`` (inputs in ``dtype``, labels int64) on ``device``."""
+        x, xs = _whole_rows(np.asarray(dataset.x, dtype=np.float32))
+        y, ys = _whole_rows(np.asarray(dataset.y, dtype=np.int64))
+        return cls(_placed(x, dtype, device), _placed(y, torch.int64, device), xs, ys,
+                   len(dataset))
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(inputs, labels)``: views of the shared tensors (or the tensors)."""
+        x, y, n = self.x, self.y, self.n
+        if self.xs or x.shape[0] != n:
+            x = x[self.xs:self.xs + n]
+        if self.ys or y.shape[0] != n:
+            y = y[self.ys:self.ys + n]
+        return x, y
 
 
 @torch.no_grad()
@@ -205,7 +271,7 @@ def _probe(model_fn: Callable[[], nn.Module]) -> tuple[torch.dtype, list[str]]:
     except TypeError:  # not weakly referenceable
         known = None
     if known is not None:
-        return known[0], list(known[1])
+        return known[0], known[1]  # shared by the trainers of model_fn: not modified
     with torch.random.fork_rng(devices=[]):
         probe = model_fn()
     dtype = next((p.dtype for p in probe.parameters() if p.is_floating_point()),
@@ -250,8 +316,8 @@ class TorchTrainer:
         self.num_test = len(test)
         self.device = default_device()
         dtype, self._trainable = _probe(model_fn)
-        self._x_train, self._y_train = (t.to(self.device) for t in _tensors(train, dtype))
-        self._x_test, self._y_test = (t.to(self.device) for t in _tensors(test, dtype))
+        self._train = _Rows.of(train, dtype, self.device)
+        self._test = _Rows.of(test, dtype, self.device)
         self._net: nn.Module | None = None
 
     @property
@@ -282,22 +348,26 @@ class TorchTrainer:
         the same shape; the old one, which may share the federation's arrays,
         is not modified). Loss queries and training then use the new labels:
         how :func:`mmfl_flwr.testing.hostile.label_flipping` poisons a client."""
-        y = fn(self._y_train)
-        if not isinstance(y, torch.Tensor) or y.shape != self._y_train.shape:
+        old = self._train.tensors()[1]
+        y = fn(old)
+        if not isinstance(y, torch.Tensor) or y.shape != old.shape:
             raise ValueError("map_train_labels: fn must return a tensor of the labels' shape")
-        self._y_train = y.to(device=self.device, dtype=self._y_train.dtype)
+        rows = self._train
+        self._train = _Rows(rows.x, y.to(device=self.device, dtype=old.dtype), rows.xs, 0,
+                            rows.n)
 
     def train_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The local training inputs and labels as tensors on :attr:`device` (shared,
         not copies: do not modify). Used by the vectorised engine."""
-        return self._x_train, self._y_train
+        return self._train.tensors()
 
     def eval_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """What :meth:`evaluate` evaluates on: the local test data, or the training
         data when the test set is empty (shared tensors: do not modify)."""
-        if self.num_test > 0:
-            return self._x_test, self._y_test
-        return self._x_train, self._y_train
+        return self._eval_rows().tensors()
+
+    def _eval_rows(self) -> "_Rows":
+        return self._test if self.num_test > 0 else self._train
 
     def train(
         self,
@@ -370,6 +440,7 @@ class TorchTrainer:
                         )
                     corr.append((param, c))
             n = self.num_train
+            x_train, y_train = self.train_tensors()
             last_loss = math.nan
             for _ in range(int(epochs)):
                 order = torch.randperm(n, generator=generator)
@@ -378,7 +449,7 @@ class TorchTrainer:
                     idx = order[start : start + bs]
                     for param in params:
                         param.grad = None
-                    loss = F.cross_entropy(model(self._x_train[idx]), self._y_train[idx])
+                    loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
                     loss.backward()
                     for param, c in corr:
                         param.grad.add_(c)
@@ -404,7 +475,7 @@ class TorchTrainer:
             The mean training loss ``f_{i,s}(w)``.
         """
         model = self._model(weights)
-        loss, _ = _loss_accuracy(model, self._x_train, self._y_train, self.batch_size)
+        loss, _ = _loss_accuracy(model, *self.train_tensors(), self.batch_size)
         return loss
 
     def evaluate(self, weights: dict[str, np.ndarray]) -> tuple[float, float, int]:
@@ -425,9 +496,43 @@ class TorchTrainer:
             ``(loss, accuracy, n)`` with ``n`` the number of examples evaluated.
         """
         model = self._model(weights)
-        if self.num_test > 0:
-            x, y = self._x_test, self._y_test
-        else:
-            x, y = self._x_train, self._y_train
+        x, y = self.eval_tensors()
         loss, acc = _loss_accuracy(model, x, y, self.batch_size)
         return loss, acc, int(y.shape[0])
+
+
+def packed_rows(
+    trainers: list[object], side: str
+) -> tuple[torch.Tensor, torch.Tensor, list[int]] | None:
+    """The data of ``trainers`` (``side`` "train": what :meth:`TorchTrainer.train_tensors`
+    gives, "eval": :meth:`TorchTrainer.eval_tensors`) as one run of rows of the
+    tensors they share: ``(inputs, labels, each trainer's rows)``, where every
+    trainer is a :class:`TorchTrainer` that does not override those methods and
+    their rows lie one after another in one packed tensor, in this order (the
+    clients of a shard node); otherwise None. No copy: views of the packed tensors."""
+    if not trainers:
+        return None
+    counts: list[int] = []
+    x0 = y0 = None
+    xs0 = ys0 = xe = ye = 0
+    plain: dict[type, bool] = {}
+    for tr in trainers:
+        cls = type(tr)
+        ok = plain.get(cls)
+        if ok is None:
+            ok = plain[cls] = (isinstance(tr, TorchTrainer)
+                               and cls.train_tensors is TorchTrainer.train_tensors
+                               and cls.eval_tensors is TorchTrainer.eval_tensors)
+        if not ok:
+            return None
+        rows = tr._train if side == "train" else tr._eval_rows()  # type: ignore[attr-defined]
+        if x0 is None:
+            x0, y0, xs0, ys0 = rows.x, rows.y, rows.xs, rows.ys
+            xe, ye = xs0, ys0
+        elif rows.x is not x0 or rows.y is not y0 or rows.xs != xe or rows.ys != ye:
+            return None
+        xe += rows.n
+        ye += rows.n
+        counts.append(rows.n)
+    assert x0 is not None and y0 is not None
+    return x0[xs0:xe], y0[ys0:ye], counts

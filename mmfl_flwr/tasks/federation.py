@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import operator
 import os
 import tempfile
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable, overload
 
 import numpy as np
 
@@ -27,6 +29,7 @@ __all__ = [
     "known_kinds",
     "task_names",
     "Federation",
+    "PackedUsers",
     "build_federation",
     "label_skew_partition",
     "Profile",
@@ -327,9 +330,10 @@ class Federation:
         Shape ``(N,)`` int, processors ``B_i >= 1`` of each client.
     eligible : dict of str to np.ndarray
         Task name -> bool array ``(N,)``, whether the client holds data for the task.
-    data : dict of str to list of tuple of Dataset
-        Task name -> per client ``(train, local_test)``; ``None`` entries are not
-        allowed for eligible clients.
+    data : dict of str to sequence of tuple of Dataset
+        Task name -> per client ``(train, local_test)`` (a list, or for the
+        synthetic tasks a :class:`PackedUsers`, which makes them when asked);
+        ``None`` entries are not allowed for eligible clients.
     server_tests : dict of str to Dataset
         Task name -> held-out server-side test set.
     hosted : frozenset of int or None
@@ -345,7 +349,7 @@ class Federation:
     kinds: dict[str, str]
     processors: np.ndarray
     eligible: dict[str, np.ndarray]
-    data: dict[str, list[tuple[Dataset, Dataset]]] = field(default_factory=dict, repr=False)
+    data: dict[str, Sequence[tuple[Dataset, Dataset]]] = field(default_factory=dict, repr=False)
     server_tests: dict[str, Dataset] = field(default_factory=dict, repr=False)
     hosted: frozenset[int] | None = None
     has_server_tests: bool = True
@@ -601,22 +605,57 @@ def _fds_partition(
     return parts, [np.unique(labels[ix]).astype(np.int64) for ix in parts]
 
 
-def _packed(users: list[tuple[Dataset, Dataset]]) -> list[tuple[Dataset, Dataset]]:
-    """The same users with their arrays moved into four contiguous arrays (train
-    inputs, train labels, test inputs, test labels), each user's datasets views
-    of consecutive rows: one allocation per array instead of four per user
-    (100,000 small arrays fragment the heap), and a node that evaluates its
-    users one after another reads them without a copy
-    (:func:`mmfl_flwr.client.trainer` shares the rows)."""
-    if not users:
-        return users
-    sides = []
-    for side in (0, 1):  # train, test
-        xs = shared_array(np.concatenate([u[side].x for u in users]))
-        ys = shared_array(np.concatenate([u[side].y for u in users]))
-        ends = np.cumsum([len(u[side]) for u in users])
-        sides.append([Dataset(xs[a:b], ys[a:b]) for a, b in zip(np.r_[0, ends[:-1]], ends)])
-    return list(zip(*sides))
+class PackedUsers(Sequence[tuple[Dataset, Dataset]]):
+    """Every client's ``(train, local_test)`` of one task, where the held users'
+    data lie in four contiguous arrays (train inputs, train labels, test inputs,
+    test labels), each user's rows after the previous user's: one allocation per
+    array instead of four per user (100,000 small arrays fragment the heap), and
+    a node that evaluates its users one after another reads them without a copy
+    (:func:`mmfl_flwr.client.trainer` shares the rows). A user's datasets are
+    views made when asked for (a node hosting 50,000 clients of two tasks held
+    0.11 GB of dataset objects otherwise); a client holding none gets ``empty``.
+    """
+
+    def __init__(self, num_clients: int, held: list[int],
+                 users: list[tuple[Dataset, Dataset]], empty: tuple[Dataset, Dataset]) -> None:
+        self._n = int(num_clients)
+        self._empty = empty
+        self._pos = np.full(self._n, -1, dtype=np.int64)
+        self._pos[np.asarray(held, dtype=np.int64)] = np.arange(len(held))
+        self._arrays: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        for side in (0, 1):  # train, test
+            xs = shared_array(np.concatenate([u[side].x for u in users])
+                              if users else empty[side].x)
+            ys = shared_array(np.concatenate([u[side].y for u in users])
+                              if users else empty[side].y)
+            ends = np.cumsum([len(u[side]) for u in users], dtype=np.int64)
+            self._arrays.append((xs, ys, ends))
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, k: int) -> tuple[Dataset, Dataset]: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> list[tuple[Dataset, Dataset]]: ...
+
+    def __getitem__(self, k: int | slice) -> Any:
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(self._n))]
+        i = operator.index(k)
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(f"client {k} out of range [0, {self._n})")
+        p = int(self._pos[i])
+        if p < 0:
+            return self._empty
+        out = []
+        for xs, ys, ends in self._arrays:
+            a, b = (int(ends[p - 1]) if p else 0), int(ends[p])
+            out.append(Dataset(xs[a:b], ys[a:b]))
+        return out[0], out[1]
 
 
 #: Environment variable naming a directory through which the processes of one
@@ -695,7 +734,7 @@ def _build_synthetic(
     ratio: float,
     keep: frozenset[int] | None = None,
     server: bool = True,
-) -> tuple[list[tuple[Dataset, Dataset]], Dataset]:
+) -> tuple[PackedUsers, Dataset]:
     """Per-client data and server test set for one copy of the synthetic task.
     With ``high`` given, the other (low-data) users keep ``1 / ratio`` of their
     training samples.
@@ -753,9 +792,8 @@ def _build_synthetic(
         held = [k for k in range(num_clients) if eligible[k]]
         users = [u if eligible[k] else (_empty(kind), _empty(kind))
                  for k, u in enumerate(users)]
-    for k, u in zip(held, _packed([users[k] for k in held])):
-        users[k] = u
-    return users, server_test
+    empty_pair = (_empty(kind), _empty(kind))
+    return PackedUsers(num_clients, held, [users[k] for k in held], empty_pair), server_test
 
 
 def _trim_heap() -> None:
@@ -898,7 +936,7 @@ def build_federation(
     if keep is not None and any(not 0 <= k < num_clients for k in keep):
         raise ValueError(f"clients must be ids in [0, {num_clients})")
     copies: dict[str, int] = {}
-    data: dict[str, list[tuple[Dataset, Dataset]]] = {}
+    data: dict[str, Sequence[tuple[Dataset, Dataset]]] = {}
     tests: dict[str, Dataset] = {}
     for s, (name, kind) in enumerate(zip(names, kinds)):
         copy = copies.get(kind, 0)

@@ -306,3 +306,55 @@ def test_a_shards_forward_passes_answer_each_client_as_alone_and_draw_no_trainin
                 loss, acc, n = tr.evaluate(weights[task])
                 assert got[P.LOSS] == pytest.approx(loss, rel=1e-5)
                 assert got[P.ACCURACY] == pytest.approx(acc) and got[P.NUM_EXAMPLES] == n
+
+
+@pytest.mark.parametrize("mtype", ["query.losses", "evaluate"])
+def test_a_shards_forward_pass_reads_its_packed_rows_without_a_tensor_per_client(
+        monkeypatch, mtype):
+    """The clients of a shard lie one after another in its packed arrays: a loss
+    query or an evaluation reads them as one run of rows (no ClientData, and no
+    tensor view, per client); a client whose labels were replaced (label
+    flipping) puts the model on each client's own tensors, with the same values."""
+    from flwr.app import ConfigRecord, Message, MessageType
+
+    from mmfl_flwr import protocol as P
+    from mmfl_flwr.client import shard as S
+    from mmfl_flwr.client import vectorized as V
+    from mmfl_flwr.grid import ensure_task_identity
+    from mmfl_flwr.records import numpy_to_arrays
+    from mmfl_flwr.tasks.models import make_model
+
+    made = []
+    real = V.ClientData
+    monkeypatch.setattr(V, "ClientData", lambda *a: made.append(a) or real(*a))
+    s = Settings(strategy="lvr", tasks="synthetic,synthetic", num_clients=8)
+
+    def reply(specs):
+        content = RecordDict()
+        for task in s.model_names:
+            content[P.arrays_key(task)] = numpy_to_arrays(
+                {k: v.detach().numpy() for k, v in make_model("synthetic").state_dict().items()})
+        for spec in specs:
+            content[P.client_key(P.CONFIG_KEY, spec.client_id)] = ConfigRecord(
+                {P.CFG_TASKS: s.model_names, P.CFG_ROUND: 1})
+        ensure_task_identity()
+        kind = P.QUERY_LOSSES if mtype == "query.losses" else MessageType.EVALUATE
+        ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+        return S.ShardComputer().reply(specs, Message(content, dst_node_id=1, message_type=kind,
+                                                      group_id="1"), ctx, None)
+
+    def shard():
+        return client_spec(Context(run_id=1, node_id=1, node_config={"clients": "1-6"},
+                                   state=RecordDict(), run_config={}), s)
+
+    import torch
+
+    torch.manual_seed(0)
+    packed = reply(shard())
+    assert made == []
+    flipped = shard()
+    flipped[2].trainers["synthetic"].map_train_labels(lambda y: y)  # same labels, own tensor
+    torch.manual_seed(0)
+    each = reply(flipped)
+    assert (len(made) > 0) == (mtype == "query.losses")  # (evaluation reads the test data)
+    assert {k: dict(v) for k, v in packed.items()} == {k: dict(v) for k, v in each.items()}

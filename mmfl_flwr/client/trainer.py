@@ -152,26 +152,6 @@ def _whole_rows(a: np.ndarray) -> tuple[torch.Tensor, int]:
     return torch.from_numpy(np.ascontiguousarray(a)), 0
 
 
-def _placed(t: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``t`` as ``dtype`` on ``device``: ``t`` itself where it already is, else a
-    converted copy made once per tensor, dtype and device (the clients of a shard
-    whose rows lie in one packed tensor share one copy of it on a GPU, or in a
-    float64 model's dtype, as they share the packed tensor itself)."""
-    if t.dtype == dtype and t.device == device:
-        return t
-    placed = getattr(t, "_mmfl_placed", None)
-    if placed is None:
-        placed = weakref.WeakValueDictionary()
-        t._mmfl_placed = placed  # type: ignore[attr-defined]
-    key = (dtype, str(device))
-    got = placed.get(key)
-    if got is None:
-        got = t.to(device=device, dtype=dtype)
-        got._mmfl_source = t  # type: ignore[attr-defined]  # t outlives its copies
-        placed[key] = got
-    return got
-
-
 class _Rows:
     """One client's examples: rows ``xs .. xs + n`` of ``x`` and ``ys .. ys + n``
     of ``y``, tensors that the clients of a shard share (its packed data): a
@@ -186,11 +166,19 @@ class _Rows:
 
     @classmethod
     def of(cls, dataset: Dataset, dtype: torch.dtype, device: torch.device) -> "_Rows":
-        """The rows of ``dataset`` (inputs in ``dtype``, labels int64) on ``device``."""
-        x, xs = _whole_rows(np.asarray(dataset.x, dtype=np.float32))
-        y, ys = _whole_rows(np.asarray(dataset.y, dtype=np.int64))
-        return cls(_placed(x, dtype, device), _placed(y, torch.int64, device), xs, ys,
-                   len(dataset))
+        """The rows of ``dataset`` (inputs in ``dtype``, labels int64) on ``device``:
+        of the tensor over its packed array where no conversion is needed (CPU,
+        float32 inputs); otherwise a converted copy of its own rows only."""
+        n = len(dataset)
+        sides = []
+        for a, kind in ((np.asarray(dataset.x, dtype=np.float32), dtype),
+                        (np.asarray(dataset.y, dtype=np.int64), torch.int64)):
+            whole, first = _whole_rows(a)
+            if whole.dtype != kind or whole.device != device:
+                whole, first = whole[first:first + n].to(device=device, dtype=kind), 0
+            sides.append((whole, first))
+        (x, xs), (y, ys) = sides
+        return cls(x, y, xs, ys, n)
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(inputs, labels)``: views of the shared tensors (or the tensors)."""

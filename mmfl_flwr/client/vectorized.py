@@ -218,11 +218,21 @@ class _ConcatCache:
 
     def get(self, datasets: Sequence[ClientData]) -> tuple[torch.Tensor, ...]:
         """The concatenation of ``datasets``, reused while their tensors are the
-        same objects (a client's data tensors never change during a run)."""
+        same objects or views of the same memory (a client's data tensors never
+        change during a run)."""
         key = [t for d in datasets for t in (d.x, d.y)]
-        if len(key) != len(self._key) or any(a is not b for a, b in zip(key, self._key)):
+        if len(key) != len(self._key) or any(a is not b and not _same_view(a, b)
+                                             for a, b in zip(key, self._key)):
             self._key, self._value = key, _concat(datasets)
         return self._value
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` shows the same memory as ``b`` the same way (a fresh view of
+    the same rows: a trainer makes one per call). ``b`` is held by the cache, so
+    its memory cannot be freed and reused by another tensor meanwhile."""
+    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype
+            and a.stride() == b.stride() and a.device == b.device)
 
 
 @torch.no_grad()

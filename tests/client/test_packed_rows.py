@@ -111,21 +111,42 @@ class _Double(nn.Module):
         return self.lin(x)
 
 
-def test_a_float64_model_converts_the_packed_array_once_for_all_its_clients():
+def test_a_float64_model_converts_each_clients_own_rows_only():
+    """Where the inputs must be converted (a float64 model; a GPU), a client keeps
+    a converted copy of its own rows, not of the whole packed array, and the
+    shard's forward pass takes each client's tensors, with the same values."""
     xs = np.arange(40, dtype=np.float32).reshape(10, 4).copy()  # owns its memory
     ys = np.arange(10) % 3
     users = [Dataset(xs[a:b], ys[a:b]) for a, b in ((0, 3), (3, 7), (7, 10))]
     empty = Dataset(np.zeros((0, 4), np.float32), np.zeros(0))
     trainers = [TorchTrainer(_Double, u, empty) for u in users]
-    assert len({id(tr._train.x) for tr in trainers}) == 1
     for u, tr in zip(users, trainers):
+        assert tr._train.x.shape[0] == len(u)  # not the packed array's 10 rows
         x, y = tr.train_tensors()
         assert x.dtype == torch.float64
         np.testing.assert_array_equal(x.numpy(), u.x.astype(np.float64))
         np.testing.assert_array_equal(y.numpy(), u.y)
-    x, _, counts = packed_rows(trainers, "train")
-    assert counts == [3, 4, 3] and x.dtype == torch.float64
-    np.testing.assert_array_equal(x.numpy(), xs.astype(np.float64))
+    assert packed_rows(trainers, "train") is None  # the labels are packed, the inputs not
+
+
+def test_repeated_queries_of_unpacked_clients_reuse_their_concatenation(monkeypatch):
+    """Clients that are not one run of rows (here: in another order) take their
+    own tensors, fresh views at every call; the batched kernels' concatenation
+    is still made once for repeated queries of the same clients."""
+    specs = _shard()
+    task = _S.model_names[0]
+    trainers = [s.trainers[task] for s in specs][::-1]
+    calls = []
+    real = V._concat
+    monkeypatch.setattr(V, "_concat", lambda d: calls.append(1) or real(d))
+    vm = V.VectorModel(make_model_fn(), torch.device("cpu"))
+    weights = {k: v.detach().numpy().copy() for k, v in make_model("synthetic").state_dict().items()}
+    got = [V.batched_losses(vm, weights, [V.ClientData(*tr.train_tensors()) for tr in trainers])
+           for _ in range(3)]
+    assert got[0] == got[1] == got[2] and len(calls) == 1
+    other = [V.ClientData(*tr.train_tensors()) for tr in trainers[1:]]
+    V.batched_losses(vm, weights, other)
+    assert len(calls) == 2  # other clients: a new concatenation
 
 
 def test_packed_users_index_like_a_list_and_make_views_of_one_array():

@@ -18,7 +18,13 @@ from typing import Any, Iterable, overload
 
 import numpy as np
 
-from mmfl_flwr.tasks.data import Dataset, concat_datasets, load_digits_data, synthetic_users
+from mmfl_flwr.tasks.data import (
+    Dataset,
+    concat_datasets,
+    load_digits_data,
+    packed_synthetic_users,
+    synthetic_users,
+)
 from mmfl_flwr.tasks.kinds import KINDS, SYNTHETIC_KINDS, KindSpec
 from mmfl_flwr.tasks.real import REAL_KINDS
 from mmfl_flwr.tasks.registry import get_task, registered_tasks
@@ -617,19 +623,29 @@ class PackedUsers(Sequence[tuple[Dataset, Dataset]]):
     """
 
     def __init__(self, num_clients: int, held: list[int],
-                 users: list[tuple[Dataset, Dataset]], empty: tuple[Dataset, Dataset]) -> None:
+                 packed: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
+                 empty: tuple[Dataset, Dataset]) -> None:
+        """``packed``: for train and test, ``(inputs, labels, ends)`` of the ``held``
+        users one after another (``ends``: cumulative row counts); the arrays go
+        through :func:`shared_array`."""
         self._n = int(num_clients)
         self._empty = empty
         self._pos = np.full(self._n, -1, dtype=np.int64)
         self._pos[np.asarray(held, dtype=np.int64)] = np.arange(len(held))
-        self._arrays: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._arrays = [(shared_array(xs), shared_array(ys), np.asarray(ends, dtype=np.int64))
+                        for xs, ys, ends in packed]
+
+    @classmethod
+    def from_users(cls, num_clients: int, held: list[int],
+                   users: list[tuple[Dataset, Dataset]],
+                   empty: tuple[Dataset, Dataset]) -> "PackedUsers":
+        """The ``held`` users' datasets (``users``, in that order) packed."""
+        packed = []
         for side in (0, 1):  # train, test
-            xs = shared_array(np.concatenate([u[side].x for u in users])
-                              if users else empty[side].x)
-            ys = shared_array(np.concatenate([u[side].y for u in users])
-                              if users else empty[side].y)
-            ends = np.cumsum([len(u[side]) for u in users], dtype=np.int64)
-            self._arrays.append((xs, ys, ends))
+            xs = np.concatenate([u[side].x for u in users]) if users else empty[side].x
+            ys = np.concatenate([u[side].y for u in users]) if users else empty[side].y
+            packed.append((xs, ys, np.cumsum([len(u[side]) for u in users], dtype=np.int64)))
+        return cls(num_clients, held, packed, empty)
 
     def __len__(self) -> int:
         return self._n
@@ -757,12 +773,11 @@ def _build_synthetic(
         server_test = concat_datasets([te for _, te in users])
         sizes = [len(tr) for tr, _ in users]
     elif not server and (high is None or not keep):  # no pass over the others needed
+        # generated straight into the packed arrays (no arrays per user)
         ids = sorted(k for k in keep if eligible[k])
-        users = [(empty, empty)] * num_clients
-        for k, u in zip(ids, synthetic_users(SYNTHETIC_ALPHA, SYNTHETIC_BETA, num_clients,
-                                             ids=ids, **options)):
-            users[k] = u
-        server_test = empty
+        packed = packed_synthetic_users(SYNTHETIC_ALPHA, SYNTHETIC_BETA, num_clients, ids,
+                                        **options)
+        return PackedUsers(num_clients, ids, packed, (empty, empty)), empty
     else:  # one pass over every user, keeping what is asked for
         users = [(empty, empty)] * num_clients
         tests: list[Dataset] = []
@@ -793,7 +808,8 @@ def _build_synthetic(
         users = [u if eligible[k] else (_empty(kind), _empty(kind))
                  for k, u in enumerate(users)]
     empty_pair = (_empty(kind), _empty(kind))
-    return PackedUsers(num_clients, held, [users[k] for k in held], empty_pair), server_test
+    return (PackedUsers.from_users(num_clients, held, [users[k] for k in held], empty_pair),
+            server_test)
 
 
 def _trim_heap() -> None:

@@ -325,3 +325,24 @@ def test_build_is_fast() -> None:
     start = time.perf_counter()
     build_federation(["digits", "synthetic", "digits"], num_clients=100, seed=11)
     assert time.perf_counter() - start < 0.5
+
+
+@pytest.mark.parametrize("iid", [False, True])
+@pytest.mark.parametrize("max_samples", [None, 20])
+def test_packed_synthetic_users_are_the_users_one_after_another(iid, max_samples) -> None:
+    """A shard node generates its users straight into the packed arrays: the same
+    values as synthetic_users gives them, train rows and test rows each in order."""
+    from mmfl_flwr.tasks.data import packed_synthetic_users
+
+    ids = [3, 0, 7, 8, 2]
+    users = synthetic_users(1.0, 1.0, 10, seed=5, iid=iid, max_samples=max_samples, ids=ids)
+    packed = packed_synthetic_users(1.0, 1.0, 10, ids, seed=5, iid=iid, max_samples=max_samples)
+    for side, (x, y, ends) in enumerate(packed):
+        assert x.dtype == np.float32 and y.dtype == np.int64
+        np.testing.assert_array_equal(x, np.concatenate([u[side].x for u in users]))
+        np.testing.assert_array_equal(y, np.concatenate([u[side].y for u in users]))
+        np.testing.assert_array_equal(ends, np.cumsum([len(u[side]) for u in users]))
+    (x, y, ends), _ = packed_synthetic_users(1.0, 1.0, 10, [], seed=5)
+    assert x.shape == (0, 60) and y.shape == (0,) and len(ends) == 0
+    with pytest.raises(ValueError, match="outside"):
+        packed_synthetic_users(1.0, 1.0, 10, [10], seed=5)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -390,7 +390,7 @@ def packed_synthetic_users(
     alpha: float,
     beta: float,
     num_users: int,
-    ids: Sequence[int],
+    ids: Iterable[int],
     dim: int = 60,
     num_classes: int = 5,
     seed: int = 0,
@@ -404,6 +404,7 @@ def packed_synthetic_users(
     samples written in place) instead of arrays per user and a concatenation: a
     node generating 50,000 users held 0.5 GB more while it did."""
     draws = _SyntheticDraws(alpha, beta, num_users, dim, num_classes, seed, iid, max_samples)
+    ids = list(ids)  # read twice (an iterator would be used up by the first pass)
     sizes = np.array([draws.size(k) for k in ids], dtype=np.int64)
     n_train = np.array([int(0.9 * int(n)) for n in sizes], dtype=np.int64)  # as _split_user
     ends = (np.cumsum(n_train), np.cumsum(sizes - n_train))

@@ -329,7 +329,8 @@ def test_build_is_fast() -> None:
 
 @pytest.mark.parametrize("iid", [False, True])
 @pytest.mark.parametrize("max_samples", [None, 20])
-def test_packed_synthetic_users_are_the_users_one_after_another(iid, max_samples) -> None:
+def test_packed_synthetic_users_are_the_users_one_after_another(iid, max_samples,
+                                                               monkeypatch) -> None:
     """A shard node generates its users straight into the packed arrays: the same
     values as synthetic_users gives them, train rows and test rows each in order."""
     from mmfl_flwr.tasks.data import packed_synthetic_users
@@ -342,6 +343,13 @@ def test_packed_synthetic_users_are_the_users_one_after_another(iid, max_samples
         np.testing.assert_array_equal(x, np.concatenate([u[side].x for u in users]))
         np.testing.assert_array_equal(y, np.concatenate([u[side].y for u in users]))
         np.testing.assert_array_equal(ends, np.cumsum([len(u[side]) for u in users]))
+    with monkeypatch.context() as m:  # no array left unwritten: fresh arrays hold 7s
+        m.setattr(np, "empty", lambda shape, dtype=float, **kw: np.ones(shape, dtype) * 7)
+        got = packed_synthetic_users(1.0, 1.0, 10, iter(ids), seed=5, iid=iid,
+                                     max_samples=max_samples)  # any iterable
+    for side in (0, 1):
+        for a, b in zip(got[side], packed[side]):
+            np.testing.assert_array_equal(a, b)
     (x, y, ends), _ = packed_synthetic_users(1.0, 1.0, 10, [], seed=5)
     assert x.shape == (0, 60) and y.shape == (0,) and len(ends) == 0
     with pytest.raises(ValueError, match="outside"):

@@ -19,7 +19,8 @@ from torch.nn import functional as F
 
 from mmfl_flwr.tasks.data import Dataset
 
-__all__ = ["TorchTrainer", "initial_weights", "evaluate_arrays", "model_to_arrays", "load_arrays"]
+__all__ = ["TorchTrainer", "initial_weights", "evaluate_arrays", "model_to_arrays", "load_arrays",
+           "packed_rows"]
 
 
 def default_device() -> torch.device:
@@ -100,34 +101,8 @@ def initial_weights(model_fn: Callable[[], nn.Module], seed: int) -> dict[str, n
     return model_to_arrays(model)
 
 
-def _tensors(
-    dataset: Dataset, dtype: torch.dtype = torch.float32
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Torch tensors of a dataset's inputs (``dtype``, float32 by default) and labels
-    (int64), sharing the dataset's memory where its arrays already have those
-    types (a node hosting 100,000 clients holds their data once, not twice);
-    neither side modifies them."""
-    x = _rows_tensor(np.asarray(dataset.x, dtype=np.float32))
-    if x.dtype != dtype:
-        x = x.to(dtype)
-    y = _rows_tensor(np.asarray(dataset.y, dtype=np.int64))
-    return x, y
-
-
 #: id of a packed array -> the tensor over all of it (while some view of it lives)
 _BASE_TENSORS: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
-
-
-def _rows_tensor(a: np.ndarray) -> torch.Tensor:
-    """``a`` as a tensor sharing its memory. Where ``a`` is a run of consecutive
-    rows of a larger contiguous array (the packed federation data of many
-    clients), the tensor is that run of rows of one tensor over the whole array,
-    so that clients stored one after another stay one after another for torch
-    (:func:`mmfl_flwr.client.vectorized` then reads them without a copy)."""
-    whole, first = _whole_rows(a)
-    if first == 0 and whole.shape[0] == a.shape[0]:
-        return whole
-    return whole[first:first + a.shape[0]]
 
 
 def _whole_rows(a: np.ndarray) -> tuple[torch.Tensor, int]:
@@ -155,7 +130,7 @@ def _whole_rows(a: np.ndarray) -> tuple[torch.Tensor, int]:
 class _Rows:
     """One client's examples: rows ``xs .. xs + n`` of ``x`` and ``ys .. ys + n``
     of ``y``, tensors that the clients of a shard share (its packed data): a
-    client keeps these four numbers and two references instead of tensor views
+    client keeps these three numbers and two references instead of tensor views
     of its own (about 1.9 kB a trainer at 100,000 clients; the views are made
     when asked for)."""
 
@@ -240,8 +215,8 @@ def evaluate_arrays(
         model = model_fn()
     load_arrays(model, weights)
     device = default_device()
-    x, y = _tensors(dataset)
-    return _loss_accuracy(model.to(device), x.to(device), y.to(device), batch_size)
+    x, y = _Rows.of(dataset, torch.float32, device).tensors()
+    return _loss_accuracy(model.to(device), x, y, batch_size)
 
 
 #: model_fn -> (its floating dtype, its trainable keys); a node hosting many

@@ -44,12 +44,12 @@ from torch.nn import functional as F
 
 __all__ = [
     "ClientData",
+    "PackedData",
     "TrainJob",
     "VectorModel",
     "batched_evaluate",
     "batched_losses",
     "batched_train",
-    "PackedData",
     "default_chunk",
 ]
 

@@ -18,7 +18,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-__all__ = ["Dataset", "load_digits_data", "synthetic_users", "concat_datasets"]
+__all__ = ["Dataset", "load_digits_data", "synthetic_users", "packed_synthetic_users",
+           "concat_datasets"]
 
 #: Stream index of the generator that draws the parameters shared by all users in
 #: Synthetic-IID (kept apart from every per-user stream ``[seed, k]``).

@@ -799,16 +799,9 @@ def _build_synthetic(
                 if keep is None or k in keep:
                     tr, te = users[k]
                     users[k] = (tr.subset(order), te)
-    if keep is not None:
-        held = [k for k in sorted(keep) if eligible[k]]
-        users = [users[k] if k in keep and eligible[k] else (empty, empty)
-                 for k in range(num_clients)]
-    else:
-        held = [k for k in range(num_clients) if eligible[k]]
-        users = [u if eligible[k] else (_empty(kind), _empty(kind))
-                 for k, u in enumerate(users)]
-    empty_pair = (_empty(kind), _empty(kind))
-    return (PackedUsers.from_users(num_clients, held, [users[k] for k in held], empty_pair),
+    held = ([k for k in sorted(keep) if eligible[k]] if keep is not None
+            else [k for k in range(num_clients) if eligible[k]])
+    return (PackedUsers.from_users(num_clients, held, [users[k] for k in held], (empty, empty)),
             server_test)
 
 

@@ -182,12 +182,17 @@ def _concat(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The clients' data one after another: inputs, labels, each sample's client
     (position in ``datasets``) and each client's first row."""
-    device = datasets[0].x.device
-    counts = torch.tensor([d.n for d in datasets], dtype=torch.long, device=device)
-    owner = torch.repeat_interleave(torch.arange(len(datasets), device=device), counts)
-    offsets = torch.cumsum(counts, 0) - counts
+    owner, offsets = _owners([d.n for d in datasets], datasets[0].x.device)
     return (_joined([d.x for d in datasets]), _joined([d.y for d in datasets]), owner,
             offsets)
+
+
+def _owners(counts: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's client (position in ``counts``) and each client's first row,
+    for clients of ``counts`` rows one after another."""
+    n = torch.tensor(counts, dtype=torch.long, device=device)
+    return (torch.repeat_interleave(torch.arange(len(counts), device=device), n),
+            torch.cumsum(n, 0) - n)
 
 
 def _joined(parts: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -245,9 +250,7 @@ def _forward_rows(
     model.eval()
     if isinstance(datasets, PackedData):
         x_all, y_all = datasets.x, datasets.y
-        owner = torch.repeat_interleave(
-            torch.arange(len(datasets.counts), device=y_all.device),
-            torch.tensor(datasets.counts, dtype=torch.long, device=y_all.device))
+        owner, _ = _owners(datasets.counts, y_all.device)
         shared = True
     else:
         x_all, y_all, owner, _ = (cache.get(datasets) if cache is not None

@@ -43,9 +43,13 @@ DEFAULT_OUT = REPO / "docs" / "results"
 
 
 # ------------------------------------------------------------------------ arguments
-def mode_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def mode_args(parser: argparse.ArgumentParser, engine: str | None = "vectorized",
+              engine_why: str = "the fastest", workers_help: str = "default 1: the "
+              "vectorized engine already uses every core") -> argparse.ArgumentParser:
     """Add ``--quick`` / ``--full`` / ``--smoke``, ``--engine``, ``--workers``, ``--out``,
-    ``--cache`` and ``--from-csv``."""
+    ``--cache`` and ``--from-csv``. ``engine`` is the default engine (None: the caller
+    leaves it to each script); ``engine_why`` and ``workers_help`` go into ``--help``,
+    which must state the defaults the script really uses."""
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--quick", dest="mode", action="store_const", const="quick",
                        help="small scale, minutes on 2 cores (default)")
@@ -55,12 +59,13 @@ def mode_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="the smallest scale that runs every step (seconds; what the "
                             "test suite runs: its numbers mean nothing)")
     parser.set_defaults(mode="quick")
-    parser.add_argument("--engine", default="vectorized",
+    shown = engine or "each script's own"
+    parser.add_argument("--engine", default=engine,
                         choices=("vectorized", "inprocess", "simulation"),
-                        help="engine of every run (default: vectorized, the fastest)")
+                        help=f"engine of every run (default: {shown}"
+                             + (f", {engine_why})" if engine_why else ")"))
     parser.add_argument("--workers", type=int, default=1,
-                        help="runs in parallel (processes; default 1: the vectorized engine "
-                             "already uses every core)")
+                        help=f"runs in parallel (processes; {workers_help})")
     parser.add_argument("--out", default=str(DEFAULT_OUT),
                         help="folder of the CSV, PNG and Markdown outputs")
     parser.add_argument("--cache", default="",

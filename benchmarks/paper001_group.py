@@ -261,8 +261,9 @@ def size_text(sc: str, finals: dict[str, dict[int, float]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    E.mode_args(p)
-    p.set_defaults(engine="inprocess", workers=min(2, os.cpu_count() or 1))
+    E.mode_args(p, "inprocess", "faster than the vectorized engine on these small CNNs "
+                "with a few trainers per round", "default 2, or 1 on a one-core machine")
+    p.set_defaults(workers=min(2, os.cpu_count() or 1))
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument("--seeds", default="", help="override the mode's seeds (0,1,2)")
     p.add_argument("--num-rounds", type=int, default=0, help="override the mode's rounds")

@@ -152,10 +152,10 @@ def command(name: str, args: argparse.Namespace) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    E.mode_args(parser)
     # each script's own engine and workers unless given: --full reruns exactly the
     # commands RESULTS.md shows
-    parser.set_defaults(engine=None, workers=None)
+    E.mode_args(parser, None, "", "default: each script's own")
+    parser.set_defaults(workers=None)
     parser.add_argument("--only", default="", help="comma-separated script names")
     parser.add_argument("--results", default="", help="where RESULTS.md goes")
     parser.add_argument("--assemble", action="store_true",

@@ -625,3 +625,18 @@ def test_honest_defence_cost_builds_the_configuration_and_pairs_by_seed():
                                 "+0.033 [")
 
 
+@pytest.mark.parametrize("script,engine,workers", [
+    ("paper001_group.py", "inprocess", "2"), ("paper004_ucb.py", "inprocess", "2"),
+    ("paper003_table1.py", "vectorized", "1"), ("reproduce.py", "each script's own", None),
+])
+def test_help_states_the_engine_and_workers_a_script_uses(script, engine, workers):
+    """--help names the defaults the script really runs with (paper001_group and
+    paper004_ucb run the in-process engine with up to 2 workers; reproduce.py
+    leaves each script its own)."""
+    proc = subprocess.run([sys.executable, str(BENCH / script), "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert f"engine of every run (default: {engine}" in text
+    if workers is not None:
+        assert f"runs in parallel (processes; default {workers}" in text

@@ -301,9 +301,20 @@ def test_bad_arguments_are_refused_in_one_line(tmp_path, script, args, message):
     ("honest_defence_cost.py", ["--defences", "no-clip,zz"], "--defences: choose from"),
     ("honest_defence_cost.py", ["--workers", "0"], "--workers must be >= 1"),
     ("honest_defence_cost.py", ["--seeds", "5-2"], "the range gives no value"),
+    ("flip_scale.py", ["--scales", "0,x"], "--scales takes comma-separated numbers"),
+    ("flip_scale.py", ["--scales=-1,inf"], "--scales takes finite numbers"),
+    ("flip_scale.py", ["--scales", "0,-1,0"], "--scales: give each value once"),
+    ("flip_scale.py", ["--seeds", "3"], "--seeds needs at least two seeds"),
+    ("flip_scale.py", ["--seeds", "0-x"], "expected integers or ranges"),
+    ("flip_scale.py", ["--presets", "nope"], "--presets takes some of"),
+    ("flip_scale.py", ["--defences", "zz"], "--defences takes some of"),
+    ("flip_scale.py", ["--workers", "0"], "--workers must be >= 1"),
+    ("flip_scale.py", ["--num-rounds", "0"], "--num-rounds must be >= 1"),
+    ("flip_scale.py", ["--json", "."], "--json .: a folder"),
 ])
 def test_markdown_scripts_refuse_bad_arguments_in_one_line(tmp_path, script, args, message):
-    """hostile_clients.py and honest_defence_cost.py: one line, exit code 2, no file."""
+    """hostile_clients.py, honest_defence_cost.py and flip_scale.py: one line,
+    exit code 2, no file."""
     out = tmp_path / "t.md"
     proc = subprocess.run([sys.executable, str(BENCH / script), *args,
                            "--markdown", str(out)], capture_output=True, text=True, timeout=120)
@@ -329,6 +340,29 @@ def test_hostile_field_smoke(tmp_path):
     assert sorted(r["model"] for r in x50) == ["digits", "synthetic"]
     assert all(r["attacker_named"] > 0 and r["honest_rejected"] == 0 for r in x50)
     assert x50[0]["named_models"] == ["digits", "synthetic"]
+
+
+@pytest.mark.slow
+def test_flip_scale_smoke(tmp_path):
+    """Two seeds, one round: a zero update and a flip of client 3 are paired by
+    seed with the honest run, per model, and the markdown names its command."""
+    import json
+
+    out, md = tmp_path / "f.json", tmp_path / "f.md"
+    proc = subprocess.run([sys.executable, str(BENCH / "flip_scale.py"), "--presets", "mfa-rr",
+                           "--defences", "default", "--scales", "0,-1", "--seeds", "0,1",
+                           "--num-rounds", "2", "--workers", "1", "--json", str(out),
+                           "--markdown", str(md)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert sorted((r["model"], r["sent"]) for r in rows) == [
+        (m, s) for m in ("digits", "synthetic") for s in ("-1 x", "0 x", "absent")]
+    for r in rows:  # the interval's mean is the mean of the per-seed drops
+        assert r["drop"]["mean"] == pytest.approx(sum(r["per_seed"].values()) / 2)
+    text = md.read_text()
+    assert text.startswith("`python benchmarks/flip_scale.py --presets mfa-rr")
+    assert "| mfa-rr | default | synthetic | 1 |" in text  # direction scores per seed
 
 
 def test_int_list_takes_ranges():

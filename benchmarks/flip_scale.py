@@ -1,0 +1,187 @@
+"""How much of a reversed update does the damage: one client's update flipped
+at a fraction of its norm, against the defences.
+
+The attack field (``hostile_clients.py --field``) leaves reversed updates on the
+``synthetic`` model not contained under MFA-RR and StaleVR. This probe asks
+whether any bound on an update's size could contain them: client 3 sends
+``scale x`` its honest update every round (``0`` sends a zero update, ``-0.1``
+its update reversed at a tenth of its norm, ``-1`` the sign flip), on the field
+benchmark's settings (tasks ``digits,synthetic``, 12 clients, 8 rounds, 5 local
+epochs, in-process engine), with the honest and the attacker-absent runs (client
+3 fails every training) as references, paired by seed:
+
+    python benchmarks/flip_scale.py --presets mfa-rr,stalevr \\
+        --defences default,influence-clip --scales 0,-0.1,-0.3,-1 --seeds 0-5 \\
+        --markdown docs/results/flip_scale.md
+
+It prints each model's drop of final accuracy against the honest run, per seed
+and as a mean with its 95% interval, and the direction scores of the last round
+the direction check computed them (each client's mean cosine with the other
+clients' median update, :func:`mmfl_flwr.strategy.validation.check_directions`,
+read through ``BOUND_OBSERVERS``; they do not carry client ids, so the lowest
+two and the median are shown, for the honest run and the sign flip).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import logging
+import os
+import sys
+from typing import Any
+
+from _evidence import command, int_list, machine, mean_ci, paired_ci, write_outputs
+
+from hostile_clients import DEFENCES, HOSTILE, _defence, _field_attack
+
+
+def _attack(scale: float | None) -> Any:
+    """The client-app wrapper of a run: None is the honest run, NaN the absent one
+    (the field benchmark's: client 3 fails every training)."""
+    from mmfl_flwr.testing import hostile as H
+
+    if scale is None:
+        return None
+    if scale != scale:
+        return _field_attack("absent")
+    return H.scaled_update(HOSTILE, scale)
+
+
+def _run(job: tuple[str, str, float | None, int, int]) -> dict[str, Any]:
+    preset, defence, scale, seed, rounds = job
+    from mmfl_flwr.config import Settings
+    from mmfl_flwr.runner import run_inprocess
+    from mmfl_flwr.strategy.validation import BOUND_OBSERVERS
+
+    logger = logging.getLogger("flwr")
+    logger.setLevel(logging.WARNING)
+    for h in logger.handlers:
+        h.setLevel(logging.ERROR)
+    scores: dict[str, list[float]] = {}
+
+    def observe(kind: str, task: str, values: list[float], reference: float) -> None:
+        if kind == "direction":
+            scores[task] = sorted(values) + [reference]  # the last round's, and its median
+
+    BOUND_OBSERVERS.append(observe)
+    try:
+        settings = Settings(strategy=preset, tasks="digits,synthetic", num_clients=12,
+                            num_rounds=rounds, local_epochs=5, output_dir="", seed=seed,
+                            **_defence(preset, defence))
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            result = run_inprocess(settings, wrap_client_app=_attack(scale))
+    finally:
+        BOUND_OBSERVERS.remove(observe)
+    return {"preset": preset, "defence": defence, "scale": scale, "seed": seed,
+            "accuracy": {t: r["accuracy"] for t, r in result.final().items()},
+            "scores": scores}
+
+
+def _label(scale: float | None) -> str:
+    if scale is None:
+        return "honest"
+    if scale != scale:
+        return "absent"
+    return f"{scale:g} x"
+
+
+def _scores_text(s: list[float] | None) -> str:
+    if not s or len(s) < 3:
+        return "-"
+    values, median = s[:-1], s[-1]
+    return f"{values[0]:+.2f} / {values[1]:+.2f} / {median:+.2f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--presets", default="mfa-rr,stalevr")
+    p.add_argument("--defences", default="default,influence-clip")
+    p.add_argument("--scales", default="0,-0.1,-0.3,-1",
+                   help="multiples of client 3's honest update it sends (0: a zero update); "
+                        "write --scales=-1,-0.1 when the first is negative")
+    p.add_argument("--seeds", default="0-5")
+    p.add_argument("--num-rounds", type=int, default=8)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--json", default="")
+    p.add_argument("--markdown", default="")
+    a = p.parse_args(argv)
+    seeds = int_list(p, "--seeds", a.seeds, low=0)
+    if len(seeds) < 2:
+        p.error("--seeds needs at least two seeds (the intervals pair runs by seed)")
+    if a.workers < 1:
+        p.error("--workers must be >= 1")
+    if a.num_rounds < 1:
+        p.error("--num-rounds must be >= 1")
+    try:
+        scales = [float(x) for x in a.scales.split(",")]
+    except ValueError:
+        p.error(f"--scales takes comma-separated numbers, got {a.scales!r}")
+    if not scales or any(not abs(x) < float("inf") for x in scales):
+        p.error(f"--scales takes finite numbers, got {a.scales!r}")
+    if len(set(scales)) < len(scales):
+        p.error(f"--scales: give each value once, got {a.scales!r}")
+    for name, path in (("--json", a.json), ("--markdown", a.markdown)):
+        if path and os.path.isdir(path):
+            p.error(f"{name} {path}: a folder; give a file name")
+    from mmfl_flwr.presets import PRESETS, takes_aggregator
+
+    presets, defences = a.presets.split(","), a.defences.split(",")
+    if any(x not in PRESETS for x in presets):
+        p.error(f"--presets takes some of {list(PRESETS)}")
+    if any(d not in DEFENCES for d in defences):
+        p.error(f"--defences takes some of {list(DEFENCES)}")
+    pairs = [(pr, d) for pr in presets for d in defences
+             if d not in ("median", "centered-clip") or takes_aggregator(pr)]
+    runs = [None, float("nan")] + scales
+    jobs = [(pr, d, x, s, a.num_rounds) for pr, d in pairs for x in runs for s in seeds]
+    print(f"{len(jobs)} runs", flush=True)
+    from concurrent.futures import ProcessPoolExecutor
+
+    done: dict[tuple, dict[str, Any]] = {}
+    with ProcessPoolExecutor(a.workers) as ex:
+        for r in ex.map(_run, jobs):
+            done[(r["preset"], r["defence"], _label(r["scale"]), r["seed"])] = r
+            print(f"  {r['preset']} {r['defence']} {_label(r['scale'])} seed {r['seed']}: "
+                  + " ".join(f"{t} {v:.3f}" for t, v in r["accuracy"].items()), flush=True)
+    table = [f"`{command('flip_scale', argv)}`", "", f"Machine: {machine()}.", "",
+             "| preset | defence | model | client 3 sends | accuracy | drop vs honest [95% CI] "
+             "| drop per seed |", "|---|---|---|---|---|---|---|"]
+    rows = []
+    for pr, d in pairs:
+        tasks = sorted(done[(pr, d, "honest", seeds[0])]["accuracy"])
+        for t in tasks:
+            acc = {lab: {s: done[(pr, d, lab, s)]["accuracy"][t] for s in seeds}
+                   for lab in map(_label, runs)}
+            for lab in map(_label, runs[1:]):
+                drop = paired_ci(acc["honest"], acc[lab])
+                per = [acc["honest"][s] - acc[lab][s] for s in seeds]
+                rows.append({"preset": pr, "defence": d, "model": t, "sent": lab,
+                             "accuracy": mean_ci(list(acc[lab].values()))[0], "drop": drop,
+                             "per_seed": dict(zip(seeds, per))})
+                table.append(f"| {pr} | {d} | {t} | {lab} | {rows[-1]['accuracy']:.3f} | "
+                             f"{drop['mean']:+.3f} [{drop['lo']:+.3f}, {drop['hi']:+.3f}] | "
+                             + " ".join(f"{x:+.3f}" for x in per) + " |")
+    flip = _label(-1.0) if -1.0 in scales else None
+    which = "honest run" + (f" and client 3 sending {flip}" if flip else "")
+    table += ["", "Direction scores of the last round they were computed in (lowest / "
+              "second lowest / median of the clients' mean cosines, without client ids), "
+              f"{which}:", "",
+              "| preset | defence | model | seed | honest | " + (f"{flip} |" if flip else ""),
+              "|---|---|---|---|---|" + ("---|" if flip else "")]
+    for pr, d in pairs:
+        for t in sorted(done[(pr, d, "honest", seeds[0])]["accuracy"]):
+            for s in seeds:
+                h = _scores_text(done[(pr, d, "honest", s)]["scores"].get(t))
+                f = _scores_text(done[(pr, d, flip, s)]["scores"].get(t)) if flip else ""
+                table.append(f"| {pr} | {d} | {t} | {s} | {h} | " + (f"{f} |" if flip else ""))
+    print("\n".join(table))
+    write_outputs(a.json, a.markdown, {"rows": rows, "seeds": seeds, "scales": scales},
+                  "\n".join(table))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -15,11 +15,14 @@ epochs, in-process engine), with the honest and the attacker-absent runs (client
         --markdown docs/results/flip_scale.md
 
 It prints each model's drop of final accuracy against the honest run, per seed
-and as a mean with its 95% interval, and the direction scores of the last round
-the direction check computed them (each client's mean cosine with the other
-clients' median update, :func:`mmfl_flwr.strategy.validation.check_directions`,
-read through ``BOUND_OBSERVERS``; they do not carry client ids, so the lowest
-two and the median are shown, for the honest run and the sign flip).
+and as a mean with its 95% interval, and what the direction check saw in the last
+round it scored a model (:func:`mmfl_flwr.strategy.validation.check_directions`,
+read through ``BOUND_OBSERVERS``): the lowest and second lowest score of that
+round's uploaders (a client's score is its mean cosine with the other clients'
+median update) and the median over every scored client, the check's ``m``. The
+scores carry no client ids. Under StaleVR every client uploads every model every
+round, so the attacker's score is among the uploaders'; under MFA-RR it is only
+when client 3 trained that model in that round.
 """
 
 from __future__ import annotations
@@ -63,7 +66,9 @@ def _run(job: tuple[str, str, float | None, int, int]) -> dict[str, Any]:
 
     def observe(kind: str, task: str, values: list[float], reference: float) -> None:
         if kind == "direction":
-            scores[task] = sorted(values) + [reference]  # the last round's, and its median
+            # the round's uploaders' scores, sorted, then the median over every scored
+            # client; each round replaces the one before
+            scores[task] = sorted(values) + [reference]
 
     BOUND_OBSERVERS.append(observe)
     try:
@@ -88,27 +93,34 @@ def _label(scale: float | None) -> str:
 
 
 def _scores_text(s: list[float] | None) -> str:
-    if not s or len(s) < 3:
+    """``lowest / second lowest / median`` of an observation (``-`` where the check
+    never scored the model, or the round had one scored uploader)."""
+    if not s:
         return "-"
     values, median = s[:-1], s[-1]
-    return f"{values[0]:+.2f} / {values[1]:+.2f} / {median:+.2f}"
+    low = [f"{v:+.2f}" for v in values[:2]] + ["-"] * (2 - len(values[:2]))
+    return f"{low[0]} / {low[1]} / {median:+.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--presets", default="mfa-rr,stalevr")
-    p.add_argument("--defences", default="default,influence-clip")
+    p.add_argument("--presets", default="mfa-rr,stalevr", help="comma-separated presets")
+    p.add_argument("--defences", default="default,influence-clip",
+                   help="comma-separated defence configurations of hostile_clients.py --field")
     p.add_argument("--scales", default="0,-0.1,-0.3,-1",
                    help="multiples of client 3's honest update it sends (0: a zero update); "
                         "write --scales=-1,-0.1 when the first is negative")
-    p.add_argument("--seeds", default="0-5")
+    p.add_argument("--seeds", default="0-5", help="seeds, e.g. 0-5 or 0,2,4 (at least two)")
     p.add_argument("--num-rounds", type=int, default=8)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--json", default="")
-    p.add_argument("--markdown", default="")
+    p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
+                   help="runs in parallel (processes; default 2, or 1 on a one-core machine)")
+    p.add_argument("--json", default="", help="write the rows and the scores here")
+    p.add_argument("--markdown", default="", help="write the tables here")
     a = p.parse_args(argv)
     seeds = int_list(p, "--seeds", a.seeds, low=0)
+    if len(set(seeds)) < len(seeds):
+        p.error(f"--seeds: give each seed once, got {a.seeds!r}")
     if len(seeds) < 2:
         p.error("--seeds needs at least two seeds (the intervals pair runs by seed)")
     if a.workers < 1:
@@ -121,11 +133,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--scales takes comma-separated numbers, got {a.scales!r}")
     if not scales or any(not abs(x) < float("inf") for x in scales):
         p.error(f"--scales takes finite numbers, got {a.scales!r}")
-    if len(set(scales)) < len(scales):
-        p.error(f"--scales: give each value once, got {a.scales!r}")
+    if len({_label(x) for x in scales}) < len(scales):
+        p.error(f"--scales: give each value once (values equal to 6 significant digits "
+                f"count as one), got {a.scales!r}")
     for name, path in (("--json", a.json), ("--markdown", a.markdown)):
         if path and os.path.isdir(path):
             p.error(f"{name} {path}: a folder; give a file name")
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            p.error(f"{name} {path}: its folder does not exist")
     from mmfl_flwr.presets import PRESETS, takes_aggregator
 
     presets, defences = a.presets.split(","), a.defences.split(",")
@@ -133,8 +148,17 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--presets takes some of {list(PRESETS)}")
     if any(d not in DEFENCES for d in defences):
         p.error(f"--defences takes some of {list(DEFENCES)}")
+    if len(set(presets)) < len(presets) or len(set(defences)) < len(defences):
+        p.error("--presets and --defences: give each name once")
     pairs = [(pr, d) for pr in presets for d in defences
              if d not in ("median", "centered-clip") or takes_aggregator(pr)]
+    if not pairs:
+        p.error("nothing to run: the median and centered-clip defences take a preset with "
+                "a replaceable aggregator")
+    for pr in presets:
+        for d in defences:
+            if (pr, d) not in pairs:
+                print(f"note: {pr} has its own aggregator; the {d} defence is not run for it")
     runs = [None, float("nan")] + scales
     jobs = [(pr, d, x, s, a.num_rounds) for pr, d in pairs for x in runs for s in seeds]
     print(f"{len(jobs)} runs", flush=True)
@@ -148,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                   + " ".join(f"{t} {v:.3f}" for t, v in r["accuracy"].items()), flush=True)
     table = [f"`{command('flip_scale', argv)}`", "", f"Machine: {machine()}.", "",
              "| preset | defence | model | client 3 sends | accuracy | drop vs honest [95% CI] "
-             "| drop per seed |", "|---|---|---|---|---|---|---|"]
+             f"| drop per seed ({', '.join(map(str, seeds))}) |", "|---|---|---|---|---|---|---|"]
     rows = []
     for pr, d in pairs:
         tasks = sorted(done[(pr, d, "honest", seeds[0])]["accuracy"])
@@ -160,15 +184,16 @@ def main(argv: list[str] | None = None) -> int:
                 per = [acc["honest"][s] - acc[lab][s] for s in seeds]
                 rows.append({"preset": pr, "defence": d, "model": t, "sent": lab,
                              "accuracy": mean_ci(list(acc[lab].values()))[0], "drop": drop,
-                             "per_seed": dict(zip(seeds, per))})
+                             "per_seed": dict(zip(seeds, per)), "honest": acc["honest"],
+                             "attacked": acc[lab]})
                 table.append(f"| {pr} | {d} | {t} | {lab} | {rows[-1]['accuracy']:.3f} | "
                              f"{drop['mean']:+.3f} [{drop['lo']:+.3f}, {drop['hi']:+.3f}] | "
                              + " ".join(f"{x:+.3f}" for x in per) + " |")
     flip = _label(-1.0) if -1.0 in scales else None
     which = "honest run" + (f" and client 3 sending {flip}" if flip else "")
-    table += ["", "Direction scores of the last round they were computed in (lowest / "
-              "second lowest / median of the clients' mean cosines, without client ids), "
-              f"{which}:", "",
+    table += ["", "Direction scores in the last round the check scored the model: the "
+              "lowest / second lowest score of that round's uploaders (mean cosines; no client "
+              f"ids) / the median over every scored client, {which}:", "",
               "| preset | defence | model | seed | honest | " + (f"{flip} |" if flip else ""),
               "|---|---|---|---|---|" + ("---|" if flip else "")]
     for pr, d in pairs:
@@ -178,8 +203,10 @@ def main(argv: list[str] | None = None) -> int:
                 f = _scores_text(done[(pr, d, flip, s)]["scores"].get(t)) if flip else ""
                 table.append(f"| {pr} | {d} | {t} | {s} | {h} | " + (f"{f} |" if flip else ""))
     print("\n".join(table))
-    write_outputs(a.json, a.markdown, {"rows": rows, "seeds": seeds, "scales": scales},
-                  "\n".join(table))
+    scores = [{"preset": r["preset"], "defence": r["defence"], "sent": _label(r["scale"]),
+               "seed": r["seed"], "scores": r["scores"]} for r in done.values()]
+    write_outputs(a.json, a.markdown, {"rows": rows, "seeds": seeds, "scales": scales,
+                                       "direction_scores": scores}, "\n".join(table))
     return 0
 
 

@@ -304,6 +304,11 @@ def test_bad_arguments_are_refused_in_one_line(tmp_path, script, args, message):
     ("flip_scale.py", ["--scales", "0,x"], "--scales takes comma-separated numbers"),
     ("flip_scale.py", ["--scales=-1,inf"], "--scales takes finite numbers"),
     ("flip_scale.py", ["--scales", "0,-1,0"], "--scales: give each value once"),
+    ("flip_scale.py", ["--scales=-0.1234561,-0.1234562"], "--scales: give each value once"),
+    ("flip_scale.py", ["--seeds", "0,1,0"], "--seeds: give each seed once"),
+    ("flip_scale.py", ["--presets", "stalevr", "--defences", "median"], "nothing to run"),
+    ("flip_scale.py", ["--presets", "mfa-rr,mfa-rr"], "give each name once"),
+    ("flip_scale.py", ["--json", "no/such/folder/x.json"], "its folder does not exist"),
     ("flip_scale.py", ["--seeds", "3"], "--seeds needs at least two seeds"),
     ("flip_scale.py", ["--seeds", "0-x"], "expected integers or ranges"),
     ("flip_scale.py", ["--presets", "nope"], "--presets takes some of"),
@@ -344,25 +349,56 @@ def test_hostile_field_smoke(tmp_path):
 
 @pytest.mark.slow
 def test_flip_scale_smoke(tmp_path):
-    """Two seeds, one round: a zero update and a flip of client 3 are paired by
-    seed with the honest run, per model, and the markdown names its command."""
+    """Two seeds, two rounds of StaleVR (every client uploads every round, so the
+    direction check scores every client from round 2): a zero update and a flip
+    of client 3 are paired by seed with the honest run, per model; the scores are
+    read; the markdown names its command."""
     import json
 
+    import numpy as np
+
     out, md = tmp_path / "f.json", tmp_path / "f.md"
-    proc = subprocess.run([sys.executable, str(BENCH / "flip_scale.py"), "--presets", "mfa-rr",
+    proc = subprocess.run([sys.executable, str(BENCH / "flip_scale.py"), "--presets", "stalevr",
                            "--defences", "default", "--scales", "0,-1", "--seeds", "0,1",
                            "--num-rounds", "2", "--workers", "1", "--json", str(out),
                            "--markdown", str(md)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = json.loads(out.read_text())["rows"]
+    payload = json.loads(out.read_text())
+    rows = payload["rows"]
     assert sorted((r["model"], r["sent"]) for r in rows) == [
         (m, s) for m in ("digits", "synthetic") for s in ("-1 x", "0 x", "absent")]
-    for r in rows:  # the interval's mean is the mean of the per-seed drops
-        assert r["drop"]["mean"] == pytest.approx(sum(r["per_seed"].values()) / 2)
+    for r in rows:  # drop = honest - attacked, seed by seed, and its mean
+        per = {k: r["honest"][k] - r["attacked"][k] for k in ("0", "1")}
+        assert r["per_seed"] == pytest.approx(per)
+        assert r["drop"]["mean"] == pytest.approx((per["0"] + per["1"]) / 2)
+    assert any(r["per_seed"]["0"] != 0 for r in rows if r["sent"] == "-1 x")
+    scored = [x for x in payload["direction_scores"] if x["sent"] in ("honest", "-1 x")]
+    assert len(scored) == 4
+    for x in scored:  # 12 uploaders' scores, sorted, then the median of all 12
+        for task in ("digits", "synthetic"):
+            v = x["scores"][task]
+            assert len(v) == 13 and v[:-1] == sorted(v[:-1]) and all(-1 <= c <= 1 for c in v)
+            assert v[-1] == pytest.approx(float(np.median(v[:-1])))
     text = md.read_text()
-    assert text.startswith("`python benchmarks/flip_scale.py --presets mfa-rr")
-    assert "| mfa-rr | default | synthetic | 1 |" in text  # direction scores per seed
+    assert text.startswith("`python benchmarks/flip_scale.py --presets stalevr")
+    line = next(x for x in text.splitlines()
+                if x.startswith("| stalevr | default | synthetic | 1 |"))
+    assert line.count(" / ") == 4  # the honest and the flipped cell both hold scores
+
+
+def test_flip_scale_runs_remove_their_observer():
+    """A run reads the direction scores through BOUND_OBSERVERS and leaves the list
+    as it found it, also when the run fails."""
+    sys.path.insert(0, str(BENCH))
+    import flip_scale
+
+    from mmfl_flwr.strategy.validation import BOUND_OBSERVERS
+
+    before = list(BOUND_OBSERVERS)
+    with pytest.raises(Exception):
+        flip_scale._run(("no-such-preset", "default", None, 0, 1))
+    assert BOUND_OBSERVERS == before
 
 
 def test_int_list_takes_ranges():

@@ -17,7 +17,7 @@ import logging
 import os
 import time
 
-__all__ = ["CoreWatch", "parse_threads"]
+__all__ = ["CoreWatch", "limit_blas_threads", "parse_threads"]
 
 log = logging.getLogger("mmfl_flwr")
 
@@ -35,6 +35,35 @@ def parse_threads(value: object) -> int | None:
     if n < 1 or str(n) != text:
         raise ValueError(f"--threads {value!r}: must be auto or a whole number >= 1")
     return n
+
+
+#: Environment variables through which a user sets the BLAS libraries' threads;
+#: where one is set, :func:`limit_blas_threads` leaves the count it gave.
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+                    "OMP_NUM_THREADS")
+
+
+def limit_blas_threads(n: int = 1) -> bool:
+    """Cap the BLAS libraries loaded in this process (numpy's OpenBLAS) at ``n``
+    threads, unless the environment sets their count (:data:`BLAS_THREAD_VARS`:
+    then that count is kept). Returns whether it capped.
+
+    numpy's OpenBLAS starts one thread per core, and its threads spin between
+    calls: beside one other CPU-bound process on 2 cores they made the engines'
+    rounds up to 2x slower (``benchmarks/bench_contention.py``: in-process 1.76-2.00x,
+    vectorized 2.07-2.20x; with one BLAS thread 1.01-1.16x and 1.09-1.22x). The
+    server's numpy work (norms, cosines, aggregation of a round's updates) is small,
+    so one thread costs nothing measurable idle; torch's threads are set apart
+    (:class:`ThreadChooser`). Needs ``threadpoolctl`` (a scikit-learn dependency);
+    without it nothing is changed."""
+    if any(os.environ.get(v, "").strip() for v in BLAS_THREAD_VARS):
+        return False
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - installed with scikit-learn
+        return False
+    threadpool_limits(limits=n, user_api="blas")
+    return True
 
 
 def cpu_budget() -> int:

@@ -288,8 +288,10 @@ def server_main(
     sets) are all checked before anything is written into ``output_dir``, so a
     run that cannot start leaves an older run there as it was.
     """
+    from mmfl_flwr.client.threads import limit_blas_threads
     from mmfl_flwr.results import write_outputs
 
+    limit_blas_threads()  # numpy's spinning BLAS threads slow every round under load
     load_snapshot(context.run_config)  # tasks registered by the process that started the run
     engine = engine or os.environ.get(ENGINE_ENV) or None
     s = settings if settings is not None else Settings.from_run_config(context.run_config)

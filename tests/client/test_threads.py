@@ -106,3 +106,40 @@ def test_misplaced_or_bad_threads_are_exit_2(args, words, tmp_path, capsys):
     assert err.value.code == 2
     assert words in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+_BLAS_PROBE = (
+    "import threadpoolctl\n"
+    "{setup}\n"
+    "print(max([d['num_threads'] for d in threadpoolctl.threadpool_info()"
+    " if d['user_api'] == 'blas'] or [0]))\n"
+)
+_NO_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                   "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def _blas_threads(setup: str, **env: str) -> int:
+    import os
+
+    clean = {k: v for k, v in os.environ.items() if k not in _NO_THREAD_VARS}
+    out = subprocess.run([sys.executable, "-c", _BLAS_PROBE.format(setup=setup)],
+                         env={**clean, **env}, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return int(out.stdout.split()[-1])
+
+
+@pytest.mark.skipif(len(_cores()) < 2, reason="needs 2 cores for numpy's BLAS to thread")
+def test_the_server_caps_numpys_blas_at_one_thread_unless_the_user_set_a_count():
+    """numpy's OpenBLAS starts one thread per core; its idle threads spin, and beside
+    one other CPU-bound process they made every engine's round up to 2x slower
+    (benchmarks/bench_contention.py). A run caps them at one thread (the server's
+    numpy work is small), unless the environment sets a count, which is kept."""
+    run = ("import numpy\n"
+           "from mmfl_flwr.config import Settings\n"
+           "from mmfl_flwr.runner import run_inprocess\n"
+           "run_inprocess(Settings(strategy='mfa-rr', tasks='synthetic', num_clients=3,"
+           " num_rounds=1, local_epochs=1, output_dir=''))")
+    assert _blas_threads("import numpy") >= 2  # what numpy starts with here
+    assert _blas_threads(run) == 1
+    assert _blas_threads(run, OPENBLAS_NUM_THREADS="2") == 2  # the user's words kept
+    assert _blas_threads(run, OMP_NUM_THREADS="2") == 2

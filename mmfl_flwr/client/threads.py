@@ -13,9 +13,11 @@ round trip (``--threads auto``, the default) or to a fixed number
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
+from collections.abc import Iterator
 
 __all__ = ["CoreWatch", "limit_blas_threads", "parse_threads"]
 
@@ -37,33 +39,51 @@ def parse_threads(value: object) -> int | None:
     return n
 
 
-#: Environment variables through which a user sets the BLAS libraries' threads;
-#: where one is set, :func:`limit_blas_threads` leaves the count it gave.
-BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
-                    "OMP_NUM_THREADS")
+#: Environment variables through which a user sets the BLAS libraries' threads
+#: (OpenBLAS, MKL, BLIS); where one holds a whole number >= 1,
+#: :func:`limit_blas_threads` keeps the count it gave. ``OMP_NUM_THREADS`` is not
+#: one of them: it caps torch's threads (``--threads``), and one BLAS thread is
+#: within any cap it sets.
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "MKL_NUM_THREADS",
+                    "BLIS_NUM_THREADS")
 
 
-def limit_blas_threads(n: int = 1) -> bool:
-    """Cap the BLAS libraries loaded in this process (numpy's OpenBLAS) at ``n``
-    threads, unless the environment sets their count (:data:`BLAS_THREAD_VARS`:
-    then that count is kept). Returns whether it capped.
+@contextlib.contextmanager
+def limit_blas_threads(n: int = 1) -> Iterator[bool]:
+    """While the block runs, cap the BLAS libraries loaded in this process
+    (numpy's OpenBLAS) at ``n`` threads, unless :data:`BLAS_THREAD_VARS` sets their
+    count (kept); the previous counts come back when the block ends. Yields
+    whether it capped. A run's server (:func:`mmfl_flwr.flower_app.server_app.server_main`)
+    runs inside it; a ServerApp of your own can too::
+
+        with limit_blas_threads():
+            strategy.start(grid, ...)
 
     numpy's OpenBLAS starts one thread per core, and its threads spin between
     calls: beside one other CPU-bound process on 2 cores they made the engines'
     rounds up to 2x slower (``benchmarks/bench_contention.py``: in-process 1.76-2.00x,
-    vectorized 2.07-2.20x; with one BLAS thread 1.01-1.16x and 1.09-1.22x). The
-    server's numpy work (norms, cosines, aggregation of a round's updates) is small,
-    so one thread costs nothing measurable idle; torch's threads are set apart
-    (:class:`ThreadChooser`). Needs ``threadpoolctl`` (a scikit-learn dependency);
-    without it nothing is changed."""
-    if any(os.environ.get(v, "").strip() for v in BLAS_THREAD_VARS):
-        return False
+    vectorized 2.07-2.20x; with one BLAS thread 1.01-1.31x and 1.06-1.22x). The
+    server's numpy work (norms, cosines, aggregation of a round's updates) is small;
+    torch's threads are set apart (:class:`ThreadChooser`) and not touched. Only
+    the libraries loaded when the block starts are capped (one that a later import
+    loads, such as scipy's own OpenBLAS, keeps its count). Needs ``threadpoolctl``
+    (installed with scikit-learn); without it nothing is changed."""
+    def given(v: str) -> bool:
+        text = os.environ.get(v, "").strip()
+        return text.isdigit() and int(text) >= 1
+
+    kept = [v for v in BLAS_THREAD_VARS if given(v)]
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:  # pragma: no cover - installed with scikit-learn
-        return False
-    threadpool_limits(limits=n, user_api="blas")
-    return True
+        kept = kept or ["threadpoolctl missing"]
+    if kept:
+        log.debug("BLAS threads left as set (%s)", ", ".join(kept))
+        yield False
+        return
+    with threadpool_limits(limits=n, user_api="blas"):
+        log.debug("BLAS threads capped at %d for the run", n)
+        yield True
 
 
 def cpu_budget() -> int:

@@ -286,12 +286,25 @@ def server_main(
 
     The settings, the checkpoint to resume and the data (initial weights, test
     sets) are all checked before anything is written into ``output_dir``, so a
-    run that cannot start leaves an older run there as it was.
+    run that cannot start leaves an older run there as it was. numpy's BLAS
+    runs on one thread meanwhile (:func:`~mmfl_flwr.client.threads.limit_blas_threads`:
+    its spinning threads slowed every round beside other busy processes).
     """
     from mmfl_flwr.client.threads import limit_blas_threads
+
+    with limit_blas_threads():
+        return _run_server(grid, context, settings, strategy, engine)
+
+
+def _run_server(
+    grid: Grid,
+    context: Context,
+    settings: Settings | None,
+    strategy: MultiModelStrategy | None,
+    engine: str | None,
+) -> MultiModelResult:
     from mmfl_flwr.results import write_outputs
 
-    limit_blas_threads()  # numpy's spinning BLAS threads slow every round under load
     load_snapshot(context.run_config)  # tasks registered by the process that started the run
     engine = engine or os.environ.get(ENGINE_ENV) or None
     s = settings if settings is not None else Settings.from_run_config(context.run_config)

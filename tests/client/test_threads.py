@@ -108,38 +108,60 @@ def test_misplaced_or_bad_threads_are_exit_2(args, words, tmp_path, capsys):
     assert not (tmp_path / "r").exists()
 
 
-_BLAS_PROBE = (
-    "import threadpoolctl\n"
-    "{setup}\n"
-    "print(max([d['num_threads'] for d in threadpoolctl.threadpool_info()"
-    " if d['user_api'] == 'blas'] or [0]))\n"
-)
-_NO_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-                   "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+_BLAS_PROBE = """
+import threadpoolctl
+from mmfl_flwr.config import Settings
+from mmfl_flwr.runner import run_inprocess
 
 
-def _blas_threads(setup: str, **env: str) -> int:
+def blas():
+    return max([d["num_threads"] for d in threadpoolctl.threadpool_info()
+                if d["user_api"] == "blas"] or [0])
+
+
+seen = []
+
+
+def wrap(app):
+    def call(msg, ctx):
+        seen.append(blas())
+        return app(msg, ctx)
+    return call
+
+
+before = blas()
+run_inprocess(Settings(strategy="mfa-rr", tasks="synthetic", num_clients=3, num_rounds=1,
+                       local_epochs=1, output_dir=""), wrap_client_app=wrap)
+print(before, min(seen), max(seen), blas())
+"""
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+                "MKL_NUM_THREADS", "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
+                "NUMEXPR_NUM_THREADS")
+
+
+def _blas_threads(**env: str) -> list[int]:
+    """numpy's BLAS threads before a run, the least and most seen by the clients
+    during it (the in-process engine: the server's process), and after it."""
     import os
 
-    clean = {k: v for k, v in os.environ.items() if k not in _NO_THREAD_VARS}
-    out = subprocess.run([sys.executable, "-c", _BLAS_PROBE.format(setup=setup)],
-                         env={**clean, **env}, capture_output=True, text=True, timeout=300)
+    clean = {k: v for k, v in os.environ.items() if k not in _THREAD_VARS}
+    out = subprocess.run([sys.executable, "-c", _BLAS_PROBE], env={**clean, **env},
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    return int(out.stdout.split()[-1])
+    return [int(x) for x in out.stdout.split()[-4:]]
 
 
-@pytest.mark.skipif(len(_cores()) < 2, reason="needs 2 cores for numpy's BLAS to thread")
-def test_the_server_caps_numpys_blas_at_one_thread_unless_the_user_set_a_count():
+def test_a_run_caps_numpys_blas_at_one_thread_unless_a_blas_count_is_set():
     """numpy's OpenBLAS starts one thread per core; its idle threads spin, and beside
     one other CPU-bound process they made every engine's round up to 2x slower
-    (benchmarks/bench_contention.py). A run caps them at one thread (the server's
-    numpy work is small), unless the environment sets a count, which is kept."""
-    run = ("import numpy\n"
-           "from mmfl_flwr.config import Settings\n"
-           "from mmfl_flwr.runner import run_inprocess\n"
-           "run_inprocess(Settings(strategy='mfa-rr', tasks='synthetic', num_clients=3,"
-           " num_rounds=1, local_epochs=1, output_dir=''))")
-    assert _blas_threads("import numpy") >= 2  # what numpy starts with here
-    assert _blas_threads(run) == 1
-    assert _blas_threads(run, OPENBLAS_NUM_THREADS="2") == 2  # the user's words kept
-    assert _blas_threads(run, OMP_NUM_THREADS="2") == 2
+    (benchmarks/bench_contention.py). A run caps them at one thread while it runs and
+    gives the previous count back; a count set through OPENBLAS_NUM_THREADS (a whole
+    number) is kept; OMP_NUM_THREADS (torch's cap) and values that are not counts
+    do not keep them."""
+    before, low, high, after = _blas_threads()
+    if before < 2:
+        pytest.skip(f"numpy's BLAS starts with {before} thread(s) here: nothing to cap")
+    assert (low, high, after) == (1, 1, before)
+    assert _blas_threads(OPENBLAS_NUM_THREADS="2")[1:] == [2, 2, 2]  # the user's count
+    assert _blas_threads(OMP_NUM_THREADS="2")[1:] == [1, 1, 2]
+    assert _blas_threads(OPENBLAS_NUM_THREADS="abc")[1:3] == [1, 1]

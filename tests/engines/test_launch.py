@@ -120,12 +120,14 @@ def test_the_run_id_line_is_reported_once():
 
 
 def test_the_servers_last_line_is_the_one_mmfl_run_waits_for():
-    """launch.RESULTS_LINE is what server_main prints after writing the results."""
+    """launch.RESULTS_LINE is what server_main prints after writing the results (its
+    body is _run_server, run with numpy's BLAS capped)."""
     import inspect
 
     from mmfl_flwr.flower_app import launch, server_app
 
-    src = inspect.getsource(server_app.server_main)
+    assert "_run_server(" in inspect.getsource(server_app.server_main)
+    src = inspect.getsource(server_app._run_server)
     assert 'print(f"' + launch.RESULTS_LINE + '{' in src
 
 

@@ -59,9 +59,7 @@ def _run(job: tuple[str, str, float | None, int, int]) -> dict[str, Any]:
     from mmfl_flwr.strategy.validation import BOUND_OBSERVERS
 
     logger = logging.getLogger("flwr")
-    logger.setLevel(logging.WARNING)
-    for h in logger.handlers:
-        h.setLevel(logging.ERROR)
+    saved = (logger.level, [(h, h.level) for h in logger.handlers])
     scores: dict[str, list[float]] = {}
 
     def observe(kind: str, task: str, values: list[float], reference: float) -> None:
@@ -72,6 +70,9 @@ def _run(job: tuple[str, str, float | None, int, int]) -> dict[str, Any]:
 
     BOUND_OBSERVERS.append(observe)
     try:
+        logger.setLevel(logging.WARNING)  # quiet runs; the process's logging comes back after
+        for h in logger.handlers:
+            h.setLevel(logging.ERROR)
         settings = Settings(strategy=preset, tasks="digits,synthetic", num_clients=12,
                             num_rounds=rounds, local_epochs=5, output_dir="", seed=seed,
                             **_defence(preset, defence))
@@ -79,6 +80,9 @@ def _run(job: tuple[str, str, float | None, int, int]) -> dict[str, Any]:
             result = run_inprocess(settings, wrap_client_app=_attack(scale))
     finally:
         BOUND_OBSERVERS.remove(observe)
+        logger.setLevel(saved[0])
+        for h, level in saved[1]:
+            h.setLevel(level)
     return {"preset": preset, "defence": defence, "scale": scale, "seed": seed,
             "accuracy": {t: r["accuracy"] for t, r in result.final().items()},
             "scores": scores}

@@ -387,18 +387,22 @@ def test_flip_scale_smoke(tmp_path):
     assert line.count(" / ") == 4  # the honest and the flipped cell both hold scores
 
 
-def test_flip_scale_runs_remove_their_observer():
-    """A run reads the direction scores through BOUND_OBSERVERS and leaves the list
-    as it found it, also when the run fails."""
+def test_flip_scale_runs_remove_their_observer_and_restore_logging():
+    """A run reads the direction scores through BOUND_OBSERVERS and quiets Flower's
+    logger; it leaves both as it found them, also when the run fails (a quieted
+    logger dropped the INFO lines later tests in the same process read)."""
+    import logging
+
     sys.path.insert(0, str(BENCH))
     import flip_scale
 
     from mmfl_flwr.strategy.validation import BOUND_OBSERVERS
 
-    before = list(BOUND_OBSERVERS)
+    logger = logging.getLogger("flwr")
+    before = (list(BOUND_OBSERVERS), logger.level, [h.level for h in logger.handlers])
     with pytest.raises(Exception):
         flip_scale._run(("no-such-preset", "default", None, 0, 1))
-    assert BOUND_OBSERVERS == before
+    assert (list(BOUND_OBSERVERS), logger.level, [h.level for h in logger.handlers]) == before
 
 
 def test_int_list_takes_ranges():

@@ -37,7 +37,7 @@ from typing import Any
 
 from _evidence import command, int_list, machine, mean_ci, paired_ci, write_outputs
 
-from hostile_clients import DEFENCES, HOSTILE, _defence, _field_attack
+from hostile_clients import DEFENCES, HOSTILE, _field_attack, field_settings
 
 
 def _attack(scale: float | None) -> Any:
@@ -54,7 +54,6 @@ def _attack(scale: float | None) -> Any:
 
 def _run(job: tuple[str, str, float | None, int, int]) -> dict[str, Any]:
     preset, defence, scale, seed, rounds = job
-    from mmfl_flwr.config import Settings
     from mmfl_flwr.runner import run_inprocess
     from mmfl_flwr.strategy.validation import BOUND_OBSERVERS
 
@@ -73,9 +72,7 @@ def _run(job: tuple[str, str, float | None, int, int]) -> dict[str, Any]:
         logger.setLevel(logging.WARNING)  # quiet runs; the process's logging comes back after
         for h in logger.handlers:
             h.setLevel(logging.ERROR)
-        settings = Settings(strategy=preset, tasks="digits,synthetic", num_clients=12,
-                            num_rounds=rounds, local_epochs=5, output_dir="", seed=seed,
-                            **_defence(preset, defence))
+        settings = field_settings(preset, defence, seed, rounds)
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             result = run_inprocess(settings, wrap_client_app=_attack(scale))
     finally:

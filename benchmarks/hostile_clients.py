@@ -201,23 +201,30 @@ def _field_hook(name: str) -> Any:
     return H.label_flipping(sorted(_attackers(name)), {task} if task else None)
 
 
+def field_settings(preset: str, defence: str, seed: int, rounds: int = 8) -> Any:
+    """The field benchmark's run: tasks ``digits,synthetic``, 12 clients, 5 local
+    epochs, in-process engine, no outputs, with the defence's settings."""
+    from mmfl_flwr.config import Settings
+
+    return Settings(strategy=preset, tasks="digits,synthetic", num_clients=12,
+                    num_rounds=rounds, local_epochs=5, output_dir="", seed=seed,
+                    **_defence(preset, defence))
+
+
 def _field_run(job: tuple[str, str, str, int]) -> dict[str, Any]:
     preset, defence, attack, seed = job
-    from mmfl_flwr.config import Settings
     from mmfl_flwr.runner import run_inprocess
 
     logger = logging.getLogger("flwr")
     logger.setLevel(logging.WARNING)
     for h in logger.handlers:  # this worker's console stays quiet; the tap reads the log
         h.setLevel(logging.ERROR)
-    kw: dict[str, Any] = dict(strategy=preset, tasks="digits,synthetic", num_clients=12,
-                              num_rounds=8, local_epochs=5, output_dir="", seed=seed,
-                              **_defence(preset, defence))
     tap = _Tap()
     logger.addHandler(tap)
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            result = run_inprocess(Settings(**kw), wrap_client_app=_field_attack(attack),
+            result = run_inprocess(field_settings(preset, defence, seed),
+                                   wrap_client_app=_field_attack(attack),
                                    client_hook=_field_hook(attack))
     finally:
         logger.removeHandler(tap)

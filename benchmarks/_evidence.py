@@ -90,15 +90,39 @@ def int_list(parser: argparse.ArgumentParser, name: str, text: str, low: int = 0
     try:
         for x in items:
             first, dash, last = x.partition("-")
-            values += list(range(int(first), int(last) + 1)) if first and dash else [int(x)]
+            part = list(range(int(first), int(last) + 1)) if first and dash else [int(x)]
+            if not part:
+                parser.error(f"{name}: the range gives no value (write 2-5, not 5-2); got "
+                             f"{text!r}")
+            values += part
     except ValueError:
         parser.error(f"{name}: expected integers or ranges (0-7) separated by commas; "
                      f"got {text!r}")
     if any(v < low for v in values):
         parser.error(f"{name}: every value must be >= {low}; got {text!r}")
-    if not values:
-        parser.error(f"{name}: the range gives no value (write 2-5, not 5-2); got {text!r}")
+    if len(set(values)) < len(values):
+        parser.error(f"{name}: give each value once; got {text!r}")
     return values
+
+
+def name_list(parser: argparse.ArgumentParser, name: str, text: str,
+              known: Iterable[str] | Callable[[str], bool], shown: str = "") -> list[str]:
+    """``"a,b"`` -> ``["a", "b"]``; an empty list, a name that is not ``known`` (a
+    collection, or a test of one name) or a name given twice is refused through
+    ``parser.error`` (one line, exit code 2, before anything is written): an empty
+    list would run nothing and still write (and judge) a section. ``shown``: the
+    choices as the message states them (default: the collection)."""
+    names = [x.strip() for x in str(text).split(",") if x.strip()]
+    if not names:
+        parser.error(f"{name}: give at least one name; got {text!r}")
+    test = known if callable(known) else set(known).__contains__
+    unknown = [x for x in names if not test(x)]
+    if unknown:
+        choices = shown or ", ".join(known)  # type: ignore[arg-type]
+        parser.error(f"{name}: unknown {unknown}; choose from {choices}")
+    if len(set(names)) < len(names):
+        parser.error(f"{name}: give each name once; got {text!r}")
+    return names
 
 
 def margin_arg(parser: argparse.ArgumentParser, text: str) -> float:
@@ -229,13 +253,23 @@ def _load_cache(path: Path | None) -> tuple[dict[str, Any], dict[str, str]]:
             entry = json.loads(line)
             key, result = entry["key"], entry["result"]
         except (json.JSONDecodeError, KeyError, TypeError):
-            if k == len(lines) - 1:  # a line cut short by a killed run
-                continue
+            if k == len(lines) - 1 and line.startswith('{"key": '):
+                continue  # a line cut short by a killed run
             _refuse(f"--cache {path}: line {k + 1} is not a cached run (not a cache "
                     "file this script wrote?)")
         done[key] = result
         where[key] = entry.get("machine", "unknown machine")
     return done, where
+
+
+def _drop_cut_line(path: Path) -> None:
+    """Truncate a cache file after its last newline (a line without one was cut short)."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    data = path.read_bytes()
+    if not data.endswith(b"\n"):
+        with open(path, "r+b") as f:
+            f.truncate(data.rfind(b"\n") + 1)
 
 
 def map_cached(
@@ -261,6 +295,9 @@ def map_cached(
         done[_key(job)] = result
         where[_key(job)] = here
         if path is not None:
+            # a killed run may have left a cut last line: drop it first, or this run's
+            # line would be joined to it (and the next resume would refuse the file)
+            _drop_cut_line(path)
             with open(path, "a") as f:
                 f.write(json.dumps({"key": _key(job), "result": result, "machine": here})
                         + "\n")
@@ -364,13 +401,18 @@ def _cell(key: str, text: str) -> Any:
 def rows_from_csv(
     parser: argparse.ArgumentParser, path: str | Path, keys: Sequence[str],
     required: Iterable[tuple[Any, ...]],
+    rounds: int | Callable[[tuple[str, ...]], int] | None = None, longer: bool = False,
 ) -> list[dict[str, Any]]:
     """The rows of a long CSV written by :func:`write_long_csv` (numbers read back
     exactly: a float's text is its repr), for re-analysing published runs without
     running them again. ``required``: the ``keys`` values of every run the analysis
     needs (e.g. ``(method, seed)``); a CSV that is missing, does not parse, or lacks
     one of them (another configuration) is refused through ``parser.error`` (one line,
-    exit code 2, nothing written). Rows of other runs are dropped, not mixed in."""
+    exit code 2, nothing written). Rows of other runs are dropped, not mixed in.
+    ``rounds``: the configuration's run length (or a function of a run's ``keys``
+    values, as text, giving its length); runs of another length are refused
+    (they are another configuration: arrivals, schedules), or with ``longer`` (where
+    a run's first rounds are the shorter run) runs at least that long are cut there."""
     path = Path(path)
     try:
         with open(path, newline="") as f:
@@ -388,21 +430,43 @@ def rows_from_csv(
         parser.error(f"--from-csv {path}: lacks {len(lacking)} of the {len(want)} runs this "
                      f"configuration needs (e.g. {dict(zip(keys, lacking[0]))}): it comes "
                      "from another configuration")
-    return [r for r in rows if tuple(str(r[k]) for k in keys) in want]
+    kept = [r for r in rows if tuple(str(r[k]) for k in keys) in want]
+    if rounds is not None:
+        ends: dict[tuple[str, ...], int] = {}
+        for r in kept:
+            run = tuple(str(r[k]) for k in keys)
+            ends[run] = max(ends.get(run, 0), int(r["round"]))
+        length = rounds if callable(rounds) else (lambda run, n=rounds: n)
+        wrong = sorted((n, run) for run, n in ends.items()
+                       if n < length(run) or (n > length(run) and not longer))
+        if wrong:
+            n, run = wrong[0]
+            parser.error(f"--from-csv {path}: its runs last {n} rounds (e.g. "
+                         f"{dict(zip(keys, run))}), this configuration's {length(run)}"
+                         + (" or more" if longer else "") + ": it comes from another "
+                         "configuration")
+        kept = [r for r in kept
+                if int(r["round"]) <= length(tuple(str(r[k]) for k in keys))]
+    return kept
 
 
 def reanalysed_machine(out: str | Path, name: str, csv_path: str | Path) -> str:
     """The machine line of a section re-analysed from ``csv_path``: the machine that ran
     the runs, read from the ``Machine:`` (or ``machine:``) of the fragment
     ``<out>/<name>.md`` they wrote, and the machine that re-analysed them."""
+    import re
+
     ran = "not recorded"
     path = Path(out) / f"{name}.md"
     if path.is_file():
-        for line in path.read_text().splitlines():
-            tag = next((t for t in ("Machine: ", "machine: ") if t in line), None)
-            if tag:
-                ran = line.split(tag, 1)[1].split(" (re-analysed")[0].strip().rstrip(".")
-                break
+        text = path.read_text()
+        # "Machine: X." / "machine: X; summed run time ..." / (Table 1 before it named
+        # the machine) "engine `e`; X; summed run time ..."
+        found = (re.search(r"[Mm]achine: (.+)", text)
+                 or re.search(r"engine `\w+`; (.+?; (?:summed run time|run times not))", text))
+        if found:
+            ran = re.split(r" \(re-analysed|; summed run time|; run times not",
+                           found.group(1))[0].strip().rstrip(".")
     return f"{ran} (re-analysed from `{csv_path}` on {machine()})"
 
 

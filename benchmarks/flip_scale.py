@@ -119,9 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default="", help="write the rows and the scores here")
     p.add_argument("--markdown", default="", help="write the tables here")
     a = p.parse_args(argv)
-    seeds = int_list(p, "--seeds", a.seeds, low=0)
-    if len(set(seeds)) < len(seeds):
-        p.error(f"--seeds: give each seed once, got {a.seeds!r}")
+    seeds = int_list(p, "--seeds", a.seeds, low=0)  # refuses repeats too
     if len(seeds) < 2:
         p.error("--seeds needs at least two seeds (the intervals pair runs by seed)")
     if a.workers < 1:

@@ -74,16 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--cache", default="", help="JSON-lines file of finished runs (resume)")
     a = p.parse_args(argv)
-    scenarios = [x for x in a.scenarios.split(",") if x]
-    unknown = [x for x in scenarios if x not in P.LABELS]
-    if unknown:
-        p.error(f"unknown scenario(s) {unknown}; choose from {list(P.LABELS)}")
-    try:
-        seeds = [int(x) for x in a.seeds.split(",") if x]
-    except ValueError:
-        p.error(f"--seeds {a.seeds!r}: expected integers separated by commas")
-    if not seeds:
-        p.error("--seeds: give at least one seed")
+    scenarios = E.name_list(p, "--scenarios", a.scenarios, P.LABELS)
+    seeds = E.int_list(p, "--seeds", a.seeds, low=0)
     if a.num_rounds < 1:
         p.error("--num-rounds must be >= 1")
     if a.workers < 1:

@@ -274,21 +274,13 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     mode = dict(MODES[a.mode])
     if a.seeds:
-        try:
-            mode["seeds"] = [int(x) for x in a.seeds.split(",") if x.strip()]
-        except ValueError:
-            p.error(f"--seeds {a.seeds!r}: expected integers separated by commas")
-        if not mode["seeds"]:
-            p.error("--seeds: give at least one seed")
+        mode["seeds"] = E.int_list(p, "--seeds", a.seeds, low=0)
     if a.num_rounds < 0:
         p.error(f"--num-rounds must be >= 1; got {a.num_rounds}")
     if a.num_rounds:
         mode["num_rounds"] = a.num_rounds
     R, seeds = mode["num_rounds"], mode["seeds"]
-    scenarios = [x for x in a.scenarios.split(",") if x]
-    unknown = [x for x in scenarios if x not in LABELS]
-    if unknown:
-        p.error(f"unknown scenario(s) {unknown}; choose from {list(LABELS)}")
+    scenarios = E.name_list(p, "--scenarios", a.scenarios, LABELS)
     out = Path(a.out)
     extra = () if a.task == "digits" else (a.task,)
     jobs = [(sc, m, sd, R, a.engine, *extra) for sd in seeds for sc in scenarios
@@ -299,9 +291,9 @@ def main(argv: list[str] | None = None) -> int:
         E.check_cache(a.cache, jobs)
     t0 = time.monotonic()
     if a.from_csv:
+        # runs of exactly R rounds: the arrivals of (c) and (d) are placed by the length
         rows = E.rows_from_csv(p, a.from_csv, ("scenario", "method", "seed"),
-                               [j[:3] for j in jobs])
-        rows = [r for r in rows if int(r["round"]) <= R]
+                               [j[:3] for j in jobs], rounds=R)
         # a model's name is its kind, with _2, _3, ... for repeats
         kinds = sorted({re.sub(r"_\d+$", "", str(r["task"])) for r in rows})
         if kinds != [a.task]:

@@ -174,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-check", action="store_true",
                         help="skip the run_sequential equivalence check")
     args = parser.parse_args(argv)
+    if args.from_csv:
+        parser.error("--from-csv: paper002_gain.py does not re-analyse a CSV (the runs "
+                     "with the data held fixed are not in it); rerun with --cache to take "
+                     "finished runs from a cache")
     if args.seeds < 0 or args.seeds == 1:
         parser.error(f"--seeds: the number of seeds must be >= 2 (0: the mode's); got "
                      f"{args.seeds}")

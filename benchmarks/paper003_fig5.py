@@ -58,6 +58,19 @@ def strategy(method: str, seed: int, base: dict[str, Any]):  # type: ignore[no-u
     return F5.method_strategy(method, seed, base)  # stalevr, fedvarp, fedstale-<beta>
 
 
+def known_method(method: str) -> bool:
+    """A method :func:`strategy` builds: the named ones or ``fedstale-<beta>``."""
+    if method in ("stalevr", "stalevre", "mifa", "fedvarp"):
+        return True
+    if method.startswith("fedstale-"):
+        try:
+            beta = float(method.split("-", 1)[1])
+        except ValueError:
+            return False
+        return 0 <= beta <= 1
+    return False
+
+
 def one(job: tuple[str, int, dict[str, Any], str]) -> list[dict[str, Any]]:
     method, seed, base, engine = job
     from mmfl_flwr.config import Settings
@@ -95,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.num_rounds:
         sc["num_rounds"] = a.num_rounds
     if a.methods:
-        sc["methods"] = [m.strip() for m in a.methods.split(",") if m.strip()]
+        sc["methods"] = E.name_list(p, "--methods", a.methods, known_method,
+                                    "stalevr, stalevre, mifa, fedvarp, fedstale-<beta in "
+                                    "[0, 1]>")
     base = dict(tasks=a.tasks, num_clients=sc["num_clients"], num_rounds=sc["num_rounds"],
                 local_epochs=sc["local_epochs"], lr=a.lr, batch_size=16)
     jobs = [(m, s, base, a.engine) for s in sc["seeds"] for m in sc["methods"]]
@@ -103,9 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     out = a.out
     t0 = time.monotonic()
     if a.from_csv:
+        # a run's first rounds are the shorter run (no arrivals, no schedule by length)
         rows = E.rows_from_csv(p, a.from_csv, ("method", "seed"),
-                               [(m, s_) for m, s_, _, _ in jobs])
-        rows = [r for r in rows if int(r["round"]) <= sc["num_rounds"]]
+                               [(m, s_) for m, s_, _, _ in jobs], rounds=sc["num_rounds"],
+                               longer=True)
         machine = E.reanalysed_machine(out, NAME, a.from_csv)
     else:
         E.check_cache(a.cache, jobs)

@@ -211,29 +211,48 @@ def main(argv: list[str] | None = None) -> int:
     if a.budget_fraction >= 0:
         sc["budget_fraction"] = a.budget_fraction
     sc["lr"] = a.lr
-    methods = [m.strip() for m in a.methods.split(",") if m.strip()]
     from mmfl_flwr.presets import PRESETS
 
-    unknown = [m for m in methods if m not in PRESETS and m not in VARIANTS]
-    if unknown or not methods:
-        p.error(f"--methods: unknown {unknown}; choose from the presets "
-                f"({', '.join(PRESETS)}) and {', '.join(VARIANTS)}")
+    methods = E.name_list(p, "--methods", a.methods, [*PRESETS, *VARIANTS],
+                          f"the presets ({', '.join(PRESETS)}) and {', '.join(VARIANTS)}")
     jobs = [(m, s, settings_for(m, sc, a.tasks)) for s in sc["seeds"] for m in methods]
-    E.check_cache(a.cache, E.run_jobs_keys(jobs, a.engine))
     out = a.out
-    os.makedirs(out, exist_ok=True)
     cmd = E.command(NAME, argv)
-    print(f"{len(jobs)} runs on {a.engine}: {sc}", flush=True)
-    t0 = time.monotonic()
-    rows = E.run_many(jobs, engine=a.engine, workers=a.workers, cache=a.cache)
+    if a.from_csv:
+        # a run's first rounds are the shorter run: longer runs are read at this length
+        rows = E.rows_from_csv(p, a.from_csv, ("method", "seed"),
+                               [(m, s_) for m, s_, _ in jobs], rounds=sc["num_rounds"],
+                               longer=True)
+        # the models' names: each kind of --tasks, repeats named kind_2, kind_3, ...
+        seen: dict[str, int] = {}
+        wanted = []
+        for t in (x.strip() for x in a.tasks.split(",")):
+            seen[t] = seen.get(t, 0) + 1
+            wanted.append(t if seen[t] == 1 else f"{t}_{seen[t]}")
+        names = sorted({str(r["task"]) for r in rows})
+        if names != sorted(wanted):
+            p.error(f"--from-csv {a.from_csv}: its runs train the models {names}, not "
+                    f"{sorted(wanted)} (--tasks {a.tasks})")
+        machine = E.reanalysed_machine(out, NAME, a.from_csv)
+        print(f"re-analysing {len(jobs)} runs from {a.from_csv}", flush=True)
+        t0 = time.monotonic()
+    else:
+        E.check_cache(a.cache, E.run_jobs_keys(jobs, a.engine))
+        os.makedirs(out, exist_ok=True)
+        print(f"{len(jobs)} runs on {a.engine}: {sc}", flush=True)
+        t0 = time.monotonic()
+        rows = E.run_many(jobs, engine=a.engine, workers=a.workers, cache=a.cache)
+        machine = E.machines_used()
     wall = time.monotonic() - t0
-    E.write_long_csv(os.path.join(out, f"{NAME}.csv"), rows)
+    os.makedirs(out, exist_ok=True)
+    if not a.from_csv:
+        E.write_long_csv(os.path.join(out, f"{NAME}.csv"), rows)
     n_models = len(a.tasks.split(","))
     scale = (f"{sc['num_clients']} clients (profile paper003), tasks `{a.tasks}` "
              f"({n_models} models), {sc['num_rounds']} rounds, {sc['local_epochs']} local "
              f"epochs, lr {sc['lr']}, batch 16, budget fraction "
              f"{sc['budget_fraction'] or 'auto (5 expected uploads per model)'}, seeds "
-             f"{sc['seeds']}; engine `{a.engine}`; {E.machines_used()}; "
+             f"{sc['seeds']}; engine `{a.engine}`; machine: {machine}; "
              f"{E.run_time_text(rows, wall)}")
 
     # ---------------------------------------------------------------- Table 1

@@ -116,11 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     margin = E.margin_arg(p, a.margin)
     mode = dict(MODES[a.mode])
     if a.datasets:
-        chosen = [x.strip() for x in a.datasets.split(",") if x.strip()]
-        unknown = [x for x in chosen if x not in DATASETS]
-        if unknown:
-            p.error(f"unknown data set(s) {unknown}; choose from {list(DATASETS)}")
-        mode["datasets"] = chosen
+        mode["datasets"] = E.name_list(p, "--datasets", a.datasets, DATASETS)
     if a.seeds:
         mode["seeds"] = E.int_list(p, "--seeds", a.seeds, low=0)
     ks = E.int_list(p, "--ks", a.ks, low=1)
@@ -146,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.from_csv:
         need = [(d, k, m.split("|")[0], s) for d, k in plan
                 for m, s, _ in jobs_for(d, k, mode)]
-        rows = E.rows_from_csv(p, a.from_csv, ("dataset", "K", "method", "seed"), need)
+        rows = E.rows_from_csv(p, a.from_csv, ("dataset", "K", "method", "seed"), need,
+                               rounds=lambda run: mode["rounds"][int(run[1])])
         machine = E.reanalysed_machine(out, NAME, a.from_csv)
     else:
         for d, k in plan:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -256,11 +257,12 @@ def test_group_cstep_quality_reads_the_planted_clusters_and_scores_the_csteps(tm
 
 
 @pytest.mark.parametrize("script,args,message", [
-    ("group_cstep_quality.py", ["--seeds", ","], "give at least one seed"),
+    ("group_cstep_quality.py", ["--seeds", ","], "--seeds: give at least one"),
+    ("group_cstep_quality.py", ["--scenarios", ","], "--scenarios: give at least one"),
     ("group_cstep_quality.py", ["--workers", "0"], "--workers must be >= 1"),
-    ("group_cstep_quality.py", ["--scenarios", "nope"], "unknown scenario"),
+    ("group_cstep_quality.py", ["--scenarios", "nope"], "--scenarios: unknown ['nope']"),
     ("paper001_group.py", ["--seeds", "x"], "expected integers"),
-    ("paper001_group.py", ["--seeds", ","], "give at least one seed"),
+    ("paper001_group.py", ["--seeds", ","], "--seeds: give at least one"),
     ("paper003_table1.py", ["--lengths", "80,40"], "--lengths must increase"),
     ("paper003_table1.py", ["--seeds", "a"], "expected integers"),
     ("paper003_table1.py", ["--methods", "lvr,nope"], "unknown ['nope']"),
@@ -274,6 +276,20 @@ def test_group_cstep_quality_reads_the_planted_clusters_and_scores_the_csteps(tm
     ("paper002_gain.py", ["--seeds", "-1"], "the number of seeds must be >= 2"),
     ("paper003_fig5.py", ["--seeds", "x"], "expected integers"),
     ("paper003_fig5.py", ["--num-rounds", "-1"], "--num-rounds must be >= 1"),
+    # an empty list ran nothing, overwrote the published CSV and said "holds"
+    ("paper001_group.py", ["--scenarios", ","], "--scenarios: give at least one"),
+    ("paper001_group.py", ["--scenarios", "consistent,consistent"], "give each name once"),
+    ("paper001_group.py", ["--seeds=-1"], "every value must be >= 0"),
+    ("paper001_group.py", ["--seeds", "0,1,0"], "give each value once"),
+    ("paper004_ucb.py", ["--datasets", ","], "--datasets: give at least one"),
+    ("paper003_fig5.py", ["--methods", ","], "--methods: give at least one"),
+    ("paper003_fig5.py", ["--methods", "stalevr,nope"], "unknown ['nope']"),
+    ("paper003_fig5.py", ["--methods", "fedstale-2"], "unknown ['fedstale-2']"),
+    ("paper003_table1.py", ["--methods", ","], "--methods: give at least one"),
+    ("paper003_table1.py", ["--methods", "lvr,lvr"], "give each name once"),
+    ("paper003_table1.py", ["--seeds", "0,5-2"], "the range gives no value"),
+    # --from-csv was offered and silently ignored: every run ran again
+    ("paper002_gain.py", ["--from-csv", "x.csv"], "--from-csv: paper002_gain.py"),
 ])
 def test_bad_arguments_are_refused_in_one_line(tmp_path, script, args, message):
     proc = subprocess.run([sys.executable, str(BENCH / script), *args, "--out", str(tmp_path)],
@@ -305,7 +321,7 @@ def test_bad_arguments_are_refused_in_one_line(tmp_path, script, args, message):
     ("flip_scale.py", ["--scales=-1,inf"], "--scales takes finite numbers"),
     ("flip_scale.py", ["--scales", "0,-1,0"], "--scales: give each value once"),
     ("flip_scale.py", ["--scales=-0.1234561,-0.1234562"], "--scales: give each value once"),
-    ("flip_scale.py", ["--seeds", "0,1,0"], "--seeds: give each seed once"),
+    ("flip_scale.py", ["--seeds", "0,1,0"], "--seeds: give each value once"),
     ("flip_scale.py", ["--presets", "stalevr", "--defences", "median"], "nothing to run"),
     ("flip_scale.py", ["--presets", "mfa-rr,mfa-rr"], "give each name once"),
     ("flip_scale.py", ["--json", "no/such/folder/x.json"], "its folder does not exist"),
@@ -413,6 +429,67 @@ def test_int_list_takes_ranges():
     assert E.int_list(p, "--seeds", "5") == [5]
     with pytest.raises(SystemExit):
         E.int_list(p, "--seeds", "-2", low=0)
+    # a reversed range inside a list gave nothing and was dropped; repeats were kept
+    for bad in ("0,5-2", "0,1,0", "0-2,2"):
+        with pytest.raises(SystemExit):
+            E.int_list(p, "--seeds", bad)
+
+
+def test_name_list_refuses_empty_unknown_and_repeated_names():
+    import argparse
+
+    p = argparse.ArgumentParser()
+    assert E.name_list(p, "--methods", " a, b ", ["a", "b", "c"]) == ["a", "b"]
+    for bad in (",", "", "a,z", "a,a"):
+        with pytest.raises(SystemExit):
+            E.name_list(p, "--methods", bad, ["a", "b", "c"])
+
+
+def test_a_cache_cut_short_takes_new_runs_on_a_line_of_their_own(tmp_path):
+    """A killed run leaves a cut last line; the next run's result was appended onto it,
+    and the resume after that refused the whole file."""
+    cache = tmp_path / "runs.jsonl"
+    E.map_cached(_square, [("a", 2)], cache=cache)
+    with open(cache, "a") as f:
+        f.write('{"key": "[\\"b\\", 3]", "res')  # no newline: the process was killed
+    assert E.map_cached(_square, [("a", 2), ("b", 3)], cache=cache) == [
+        {"value": 4}, {"value": 9}]
+    calls: list[Any] = []
+    assert E.map_cached(lambda j: calls.append(j) or _square(j),
+                        [("a", 2), ("b", 3)], cache=cache) == [{"value": 4}, {"value": 9}]
+    assert calls == []
+
+
+def test_a_file_that_is_not_a_cache_is_refused_even_with_one_line(tmp_path):
+    junk = tmp_path / "notes.txt"
+    junk.write_text("seed 0 looked fine\n")
+    with pytest.raises(SystemExit) as exc:
+        E.map_cached(_square, [("a", 2)], cache=junk)
+    assert exc.value.code == 2
+    assert junk.read_text() == "seed 0 looked fine\n"  # nothing appended
+
+
+def test_rows_from_csv_refuses_runs_of_another_length(tmp_path):
+    """paper001_group.py --num-rounds 20 --from-csv <90-round runs> cut the runs at
+    round 20 and wrote them up as 20-round runs (whose arrivals come at other rounds)."""
+    import argparse
+
+    rows = [{"method": m, "seed": s, "round": r, "accuracy": 0.1 * r}
+            for m in ("a", "b") for s in (0, 1) for r in range(0, 6)]
+    path = tmp_path / "runs.csv"
+    E.write_long_csv(path, rows)
+    p = argparse.ArgumentParser()
+    need = [(m, s) for m in ("a", "b") for s in (0, 1)]
+    assert len(E.rows_from_csv(p, path, ("method", "seed"), need, rounds=5)) == 24
+    with pytest.raises(SystemExit):
+        E.rows_from_csv(p, path, ("method", "seed"), need, rounds=3)
+    with pytest.raises(SystemExit):
+        E.rows_from_csv(p, path, ("method", "seed"), need, rounds=8)
+    # where nothing depends on the total (no arrivals), longer runs are cut
+    cut = E.rows_from_csv(p, path, ("method", "seed"), need, rounds=3, longer=True)
+    assert max(int(r["round"]) for r in cut) == 3 and len(cut) == 16
+    with pytest.raises(SystemExit):
+        E.rows_from_csv(p, path, ("method", "seed"), need, rounds=8, longer=True)
 
 
 @pytest.mark.slow
@@ -714,3 +791,39 @@ def test_help_states_the_engine_and_workers_a_script_uses(script, engine, worker
     assert f"engine of every run (default: {engine}" in text
     if workers is not None:
         assert f"runs in parallel (processes; default {workers}" in text
+
+
+@pytest.mark.slow
+def test_table1_reanalyses_its_csv_without_running(tmp_path):
+    """--from-csv was offered by paper003_table1.py and ignored: every run ran again
+    and overwrote the published outputs. Now the fragment re-analysed from the CSV
+    equals the one of the runs, and a CSV of shorter runs is refused."""
+    ran, again = tmp_path / "ran", tmp_path / "again"
+    args = ["--smoke", "--methods", "full,random,lvr,gvr,rr-gvr", "--seeds", "0,1"]
+    first = subprocess.run([sys.executable, str(BENCH / "paper003_table1.py"), *args,
+                            "--out", str(ran)], capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    csv_path = ran / "paper003_table1.csv"
+    proc = subprocess.run([sys.executable, str(BENCH / "paper003_table1.py"), *args,
+                           "--from-csv", str(csv_path), "--out", str(again)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "re-analysing 10 runs" in proc.stdout and "done (" not in proc.stdout
+    a = (ran / "paper003_table1.md").read_text()
+    b = (again / "paper003_table1.md").read_text()
+    table = lambda t: t.split("| method |", 1)[1].split("\n\n", 1)[0]  # noqa: E731
+    assert table(a) == table(b)
+    assert "re-analysed from" in b
+    longer = subprocess.run([sys.executable, str(BENCH / "paper003_table1.py"), *args,
+                             "--num-rounds", "5", "--from-csv", str(csv_path),
+                             "--out", str(tmp_path / "x")], capture_output=True, text=True,
+                            timeout=300)
+    assert longer.returncode == 2 and "Traceback" not in longer.stderr
+    assert "its runs last 3 rounds" in longer.stderr
+    assert not (tmp_path / "x").exists()
+    other = subprocess.run([sys.executable, str(BENCH / "paper003_table1.py"), *args,
+                            "--tasks", "digits,digits", "--from-csv", str(csv_path),
+                            "--out", str(tmp_path / "y")], capture_output=True, text=True,
+                           timeout=300)
+    assert other.returncode == 2 and "its runs train the models" in other.stderr
+    assert not (tmp_path / "y").exists()

@@ -125,8 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument(
         "--resume", metavar="DIR", default=None,
         help="continue the run whose output folder is DIR from its last checkpoint "
-             "(its config.json gives every setting; --num-rounds may extend it and "
-             "--timeout may change, any other setting flag must match config.json)",
+             "(its config.json gives every setting; --num-rounds may extend it, "
+             "--timeout and --clients-per-node may change, any other setting flag must "
+             "match config.json)",
     )
     p_run.add_argument(
         "--sequential", action="store_true",
@@ -229,6 +230,21 @@ def check_before_run(settings: Settings) -> None:
     # loads the real datasets (refused here when missing); generates no synthetic
     # client, which an engine in this process builds with the rest
     federation_for(settings, clients=(), server_tests=False)
+
+
+def _check_pins_provable(settings: Settings) -> None:
+    """A pin is proved by a node's ``client-token`` (``token:``) or its SuperNode's
+    authenticated public key (``key:``); the nodes of ``mmfl run``'s engines have
+    neither, so every client a pin covers would be refused (``*=key:first-use``:
+    every client, and the run trains nothing): refused before the run starts."""
+    pins = settings.client_pin_map()
+    if pins:
+        named = sorted(pins)
+        raise ValueError(
+            f"--client-pins: the nodes of mmfl run's engines carry no client-token and no "
+            f"SuperNode key, so every client pinned ({', '.join(named[:3])}"
+            f"{', ...' if len(named) > 3 else ''}) would be refused; pins apply to a "
+            f"deployment (flwr run on a SuperLink, docs/deploy.md)")
 
 
 def check_ray_options(args: argparse.Namespace,
@@ -344,6 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.sequential:
                 raise ValueError("--threads does not apply to --sequential yet")
             parse_threads(args.threads)
+        _check_pins_provable(settings)
         if args.sequential:
             from mmfl_flwr.sequential import check_before_sequential
 

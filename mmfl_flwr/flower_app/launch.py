@@ -503,6 +503,11 @@ def run_on_superlink(
     plan = plan_ray(num_gpus_per_client, ray_address, num_cpus, num_gpus_per_node)
     k, why = resolve_clients_per_node(settings, plan, per_client_gpus=bool(num_gpus_per_client))
     num_nodes = -(-settings.num_clients // k)
+    if settings.clients_per_node_count() is None:
+        # the run config keeps "auto" as typed (config.json, resume, mmfl compare): each
+        # node then hosts ceil(N / num-partitions) clients, num-partitions being the
+        # num_nodes virtual nodes started here, which is this k or spreads them evenly
+        k = -(-settings.num_clients // num_nodes)
     cpus_per_node = 1
     if plan.address is None and plan.num_gpus_per_client == 0:
         # the CPUs left idle by fewer nodes than CPUs go to the nodes' torch threads
@@ -513,8 +518,7 @@ def run_on_superlink(
               f"CPU{'s' if cpus_per_node != 1 else ''} each)", flush=True)
     work = Path(tempfile.mkdtemp(prefix="mmfl-run-"))
     out = Path(settings.output_dir or work / "outputs").resolve()
-    config = settings.to_run_config()
-    config["clients-per-node"] = str(k)
+    config = settings.to_run_config()  # clients-per-node as typed (see above)
     config["output-dir"] = str(out)
     if settings.resume_from:
         config["resume-from"] = str(Path(settings.resume_from).resolve())

@@ -184,7 +184,10 @@ def _register_new(run_state: RunState, grid: Grid, nodes: list[int], server_roun
     are not asked again; the ones asked now are added to it. With ``errors`` (a
     list, during the first round's wait) error replies are collected there
     instead of stopping the run when no client has registered yet."""
-    new = [n for n in nodes if n not in run_state.node_to_cid and n not in run_state.shards
+    # a multi-client node with refused clients is asked again, as a refused
+    # single-client node is: its clients may register once the holder is gone
+    new = [n for n in nodes if n not in run_state.node_to_cid
+           and (n not in run_state.shards or run_state.shard_refused.get(n))
            and (asked is None or n not in asked)]
     if asked is not None:
         asked.update(new)
@@ -279,6 +282,9 @@ def refresh_clients(
             gone = run_state.node_to_cid.pop(nid)
             log(INFO, "Client %s (node %d) went offline; left out until it reconnects",
                 gone, nid)
+    for nid in list(run_state.shard_refused):
+        if nid not in present:
+            del run_state.shard_refused[nid]
     for nid in list(run_state.shards):
         if nid not in present:
             gone_ids = run_state.shards.pop(nid)
@@ -415,19 +421,28 @@ def register(run_state: RunState, reply: Message, node_keys: Mapping[int, bytes]
     for c, p in run_state.bound_at_first_use.items():
         bound_before.setdefault(p, set()).add(c)
     hosted: list[str] = []
+    before = run_state.shards.get(node, [])
+    logged = [0]
     for cid, info in shard.items():
         if str(info.get(P.CLIENT_ID, cid)) != cid:
             log(WARNING, "Node %d: record 'info@%s' claims client id %s; that client is "
                 "left out", node, cid, str(info.get(P.CLIENT_ID))[:100])
             continue
         if _register_client(run_state, node, info, node_keys,
-                            _Shard(len(hosted), holders, bound_before), cid):
+                            _Shard(len(hosted), holders, bound_before, logged), cid):
             hosted.append(cid)
+    refused = [cid for cid in shard if cid not in hosted]
+    if refused:
+        run_state.shard_refused[node] = refused
+    else:
+        run_state.shard_refused.pop(node, None)
     if hosted:
+        _forget_shard(run_state, node, [c for c in before if c not in hosted])
         run_state.shards[node] = hosted
         for cid in hosted:
             run_state.shard_of[cid] = node
-        log(INFO, "Node %d hosts %d clients (%s)", node, len(hosted), _id_range(hosted))
+        if hosted != before:
+            log(INFO, "Node %d hosts %d clients (%s)", node, len(hosted), _id_range(hosted))
     else:
         log(WARNING, "Node %d declared %d clients and none could register; left out", node,
             len(shard))
@@ -454,6 +469,8 @@ class _Shard:
     registered: int
     holders: dict[str, int]
     bound_before: dict[str, set[str]]
+    #: how many of this reply's newly hosted clients were logged one by one
+    logged: list[int]
 
 
 def _register_client(
@@ -487,7 +504,10 @@ def _register_client(
                 "SuperNode authentication on?); refused (the id is bound at first use)",
                 node, cid)
             return False
-        bound = shard.bound_before.get(KEY_PIN + seen, set()) if shard is not None else set()
+        # the ids this key was bound to before (a shard's reply may bind many at once;
+        # a single-client node's key holds the one id it claimed first)
+        bound = (shard.bound_before.get(KEY_PIN + seen, set()) if shard is not None else
+                 {c for c, p in run_state.bound_at_first_use.items() if p == KEY_PIN + seen})
         if bound and cid not in bound:
             log(WARNING, "Node %d claims client id %s, but its node key was bound at first use "
                 "to the ids %s only; refused", node, cid, _id_range(sorted(bound)))
@@ -527,7 +547,11 @@ def _register_client(
             run_state.lacking.pop(cid, None)
     if cid not in run_state.lacking and run_state.trust_declared_trainable:
         note_trainable(run_state, cid, info, usable)
-    if shard is None or shard.registered < 5:  # a shard's first few, then one summary line
+    # a shard's first few newly hosted clients, then one summary line (a shard asked
+    # again for a refused client re-registers the others silently)
+    if shard is None or (shard.holders.get(cid) != node and shard.logged[0] < 5):
+        if shard is not None:
+            shard.logged[0] += 1
         log(INFO, "Client %s %s as node %d (tasks %s%s)", cid,
             "re-registered" if cid in run_state.table else "registered", node, sorted(usable),
             "" if pin is None else f"; identity proved by its {pin.split(':')[0]}")

@@ -80,6 +80,9 @@ class RunState:
     shards: dict[int, list[str]] = field(default_factory=dict)
     #: client id -> the multi-client node hosting it (the index of ``shards``)
     shard_of: dict[str, int] = field(default_factory=dict)
+    #: multi-client node id -> the ids it declared that were refused (a duplicate
+    #: claim, a pin): the node is asked again every round while there are any
+    shard_refused: dict[int, list[str]] = field(default_factory=dict)
     #: message type -> the clients its latest round trip addressed (a multi-client
     #: node's parts of other clients are ignored)
     addressed: dict[str, set[str]] = field(default_factory=dict)

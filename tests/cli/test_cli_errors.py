@@ -78,6 +78,14 @@ CLI_CASES = [
     (["--config", "{tmp}/missing.toml"], "--config {tmp}/missing.toml: cannot read it"),
     (["--tasks", "mnist", "--data-root", "{tmp}/nonexistent"], "MNIST not found"),
     (["--num-rounds", "abc"], "--num-rounds: invalid int value: 'abc'"),
+    # pins need a client-token or a node key, which mmfl run's nodes never have: with
+    # *=key:first-use the run trained 20 rounds with 0 uploads and exited 0
+    (["--client-pins", "3=token:" + "ab" * 32],
+     "--client-pins: the nodes of mmfl run's engines"),
+    (["--client-pins", "*=key:first-use"], "--client-pins: the nodes of mmfl run's engines"),
+    (["--client-pins", "0=key:" + "ab" * 32], "--client-pins: the nodes of mmfl run's engines"),
+    (["--client-pins", "*=key:first-use", "--sequential"],
+     "--client-pins: the nodes of mmfl run's engines"),
 ]
 
 

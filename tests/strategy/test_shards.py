@@ -108,6 +108,24 @@ def test_an_id_another_node_holds_is_refused_and_the_shards_others_register():
     assert out.rows(1)["a"]["uploads"] == 3
 
 
+def test_a_refused_client_of_a_shard_is_asked_again_and_registers_when_free():
+    """The log said "node A is refused and asked again next round", but a shard that
+    had registered any client was never asked again: its refused client stayed out
+    after the holder went away. Now it registers through the shard, and a shard with
+    nothing refused is not asked again."""
+    nodes = {"c3": {"cid": "c3"}, "A": {"cid": "A", "shard": "c0,c3,c1"}}
+    out = run(MultiModelStrategy(FullParticipation(), seed=0), nodes, rounds=3,
+              events={1: [("remove", "c3")]})
+    assert {c for c, _, _ in out.result.assignments[1]} == {"c0", "c1", "c3"}
+    assert {c for c, _, _ in out.result.assignments[2]} == {"c0", "c1", "c3"}
+    assert out.strategy.run_state.shard_of["c3"] == out.nodes["A"]
+    asked = [r for r in out.rec.of_type("query.info") if r.cid == "A"]
+    assert len(asked) == 2  # round 1, and round 2 for c3; not round 3
+    # c3 is logged as it joins A; A's other clients are not logged again
+    said = [m for m in out.infos(2) if "re-registered" in m]
+    assert len(said) == 1 and said[0].startswith("Client c3 re-registered as node")
+
+
 def test_an_empty_shard_is_one_line_and_the_run_goes_on():
     nodes = {"E": {"cid": "E", "shard": ""}, "c0": {"cid": "c0"}}
     out = run(MultiModelStrategy(FullParticipation(), seed=0), nodes, rounds=1)
@@ -167,8 +185,10 @@ def test_first_use_binds_every_client_of_a_shard_to_its_node_key():
              "c3": {"cid": "c3", "pubkey": other_key}}
     events = {1: [("remove", "A"), ("add", "B", {"cid": "B", "shard": "c0,c1,c2,c4",
                                                  "pubkey": shard_key}),
-                  ("add", "M", {"cid": "M", "shard": "c9,c1", "pubkey": third_key})]}
-    clients = {**CLIENTS, "c9": CLIENTS["c4"]}
+                  ("add", "M", {"cid": "M", "shard": "c9,c1", "pubkey": third_key}),
+                  # the shard's key on a single-client node, claiming an id it never held
+                  ("add", "S", {"cid": "c5", "pubkey": shard_key})]}
+    clients = {**CLIENTS, "c9": CLIENTS["c4"], "c5": CLIENTS["c4"]}
     strategy = MultiModelStrategy(FullParticipation(), seed=0, client_pins={"*": FIRST_USE})
     out = run_federation(strategy, shard_app(clients), nodes, zero_models(TASKS), 2,
                          events=events,
@@ -180,6 +200,8 @@ def test_first_use_binds_every_client_of_a_shard_to_its_node_key():
     assert {c for c, _, _ in out.result.assignments[2]} == {"c0", "c1", "c2", "c3", "c9"}
     assert [w for w in out.warnings(2) if "claims client id c4" in w and "bound at first use" in w]
     assert [w for w in out.warnings(2) if "claims client id c1" in w and "another node key" in w]
+    assert [w for w in out.warnings(2) if "claims client id c5" in w and "bound at first use" in w]
+    assert "c5" not in pins
 
 
 def test_client_side_dp_clipping_reaches_the_clients_of_a_shard():

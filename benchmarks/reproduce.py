@@ -3,7 +3,8 @@
 
     python benchmarks/reproduce.py --quick     # minutes on 2 cores
     python benchmarks/reproduce.py --smoke     # seconds: every step at the smallest scale (a slow test runs it)
-    python benchmarks/reproduce.py --full      # the scale RESULTS.md reports (hours)
+    python benchmarks/reproduce.py --full      # the scale RESULTS.md reports (hours), then
+                                               # the investigations' runs as it shows them
 
 Each script in :data:`EXPERIMENTS` runs in its own process with the same mode, engine and
 output folder; each writes its CSV, PNG and a Markdown fragment ``<name>.md`` into the
@@ -45,6 +46,67 @@ EXPERIMENTS: list[tuple[str, list[str]]] = [
     ("paper001_group", ["paper001_group"]),
     ("paper004_ucb", ["paper004_ucb"]),
 ]
+
+#: The investigations' runs (docs/results/investigations.md), exactly as RESULTS.md shows
+#: them: ``--full`` reruns them after the sections (their paths under docs/results are
+#: moved to ``--out`` when it is another folder). A test checks that every command
+#: RESULTS.md shows is a section's, one of these, or in :data:`SUGGESTED`.
+INVESTIGATIONS: list[str] = [
+    "python benchmarks/paper003_table1.py --full --tasks synthetic,synthetic,synthetic "
+    "--methods lvr,gvr --seeds 0,1,2 --num-rounds 40 --out docs/results/synthetic_fig2",
+    "python benchmarks/coef_sum_mean.py --policy-only 0-7 --num-rounds 4000 --window 40",
+    "python benchmarks/coef_sum_mean.py --strategy random --num-rounds 300 --seed 11",
+    "python benchmarks/mifa_seen_share.py",
+    "python benchmarks/paper001_group.py --full --scenarios clients-static --seeds 0,1,2,3,4 "
+    "--out docs/results/clients_static",
+    "python benchmarks/paper001_group.py --full --scenarios clients-static-p12 --seeds "
+    "0,1,2,3,4 --out docs/results/clients_static_p12",
+    "python benchmarks/group_cstep_quality.py --scenarios consistent,clients-static,clients "
+    "--seeds 0,1,2",
+    "python benchmarks/paper001_group.py --task mnist-5k --scenarios "
+    "consistent,inconsistent,clients,tasks --seeds 0,1,2 --num-rounds 20 --out "
+    "docs/results/mnist5k --cache docs/results/mnist5k/paper001_group_runs.jsonl",
+    "python benchmarks/paper001_group.py --task mnist-5k --scenarios consistent --seeds "
+    "0,1,2,3,4,5,6,7,8 --num-rounds 20 --out docs/results/mnist5k/consistent_9seeds --cache "
+    "docs/results/mnist5k/defence_cost_runs.jsonl",
+    "python benchmarks/paper001_group.py --task mnist-5k --scenarios inconsistent --seeds "
+    "0,1,2,3,4,5,6,7,8 --num-rounds 20 --out docs/results/mnist5k/inconsistent_9seeds "
+    "--cache docs/results/mnist5k/inconsistent_9seeds/runs.jsonl",
+    "python benchmarks/paper001_group.py --task mnist-5k --scenarios tasks --seeds "
+    "0,1,2,3,4,5,6,7,8 --num-rounds 20 --out docs/results/mnist5k/tasks_9seeds --cache "
+    "docs/results/mnist5k/tasks_9seeds/runs.jsonl",
+    "python benchmarks/honest_defence_cost.py --task mnist-5k --scenarios consistent --seeds "
+    "0-8 --num-rounds 20 --defences no-clip --cache docs/results/mnist5k/defence_cost_runs.jsonl "
+    "--markdown docs/results/mnist5k/defence_cost.md",
+]
+
+#: Commands RESULTS.md shows as a way to go further, whose results it does not report
+#: (not rerun), and the re-analyses of the sections' own CSVs (--from-csv).
+SUGGESTED: list[str] = [
+    "python benchmarks/paper004_ucb.py --full --datasets synthetic-1-1,synthetic-iid",
+]
+
+
+def investigation_command(line: str, out: Path) -> list[str]:
+    """An :data:`INVESTIGATIONS` line as an argv for this Python, with its paths under
+    docs/results moved to ``out``, and ``--out out`` added to a script that writes into
+    docs/results by default, when ``out`` is another folder."""
+    import shlex
+
+    words = shlex.split(line)[1:]  # without "python"
+    default = E.DEFAULT_OUT.resolve()
+    moved = out.resolve() != default
+    argv = []
+    for w in words:
+        if moved and w.startswith("docs/results"):
+            w = str(out.resolve() / Path(w).relative_to("docs/results"))
+        argv.append(w)
+    if moved and "--out" not in argv and "--markdown" not in argv and Path(argv[0]).name in (
+            "group_cstep_quality.py",):
+        argv += ["--out", str(out.resolve())]
+    argv[0] = str(E.REPO / argv[0])
+    return [sys.executable, *argv]
+
 
 #: How every verdict is reached: stated once, at the top of RESULTS.md.
 RULES = """How a verdict is reached (the same rules in every section):
@@ -177,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     failed: dict[str, str] = {}
+    failed_investigations: list[str] = []
     for name, _ in EXPERIMENTS:
         if (only and name not in only) or args.assemble:
             continue
@@ -188,6 +251,17 @@ def main(argv: list[str] | None = None) -> int:
               f"{time.monotonic() - t1:.0f} s", flush=True)
         if proc.returncode != 0:
             failed[name] = f"exit code {proc.returncode}"
+    if args.mode == "full" and not args.assemble and not only:
+        # the investigations' runs, as RESULTS.md shows them (hours more)
+        for line in INVESTIGATIONS:
+            cmd = investigation_command(line, out)
+            print(f"[reproduce] {line}", flush=True)
+            t1 = time.monotonic()
+            proc = subprocess.run(cmd, check=False, cwd=E.REPO)
+            print(f"[reproduce] exit {proc.returncode} after {time.monotonic() - t1:.0f} s",
+                  flush=True)
+            if proc.returncode != 0:
+                failed_investigations.append(line)
     wall = time.monotonic() - t0
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     if args.assemble:
@@ -224,8 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         results = out / "RESULTS.md"
     results.write_text("\n".join(p.rstrip() + "\n" for p in parts))
-    print(f"[reproduce] wrote {results} ({len(failed)} failed)", flush=True)
-    return 1 if failed else 0
+    for line in failed_investigations:
+        print(f"[reproduce] failed: {line}", file=sys.stderr)
+    print(f"[reproduce] wrote {results} ({len(failed) + len(failed_investigations)} failed)",
+          flush=True)
+    return 1 if failed or failed_investigations else 0
 
 
 if __name__ == "__main__":

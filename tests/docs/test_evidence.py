@@ -541,6 +541,55 @@ def test_reproduce_full_reruns_the_published_commands():
     assert forced[2:] == ["--quick", "--engine", "vectorized", "--workers", "2", "--out", "x"]
 
 
+def _shown_commands(text: str) -> set[str]:
+    """Every ``python benchmarks/...`` command a Markdown text shows: a line of a fenced
+    block, or inline code (which may wrap over lines), whitespace collapsed."""
+    lines = [ln for block in re.findall(r"```bash\n(.*?)```", text, re.S)
+             for ln in block.splitlines()]
+    lines += re.findall(r"`([^`]+)`", re.sub(r"```bash\n.*?```", "", text, flags=re.S))
+    return {c for c in (" ".join(ln.split()) for ln in lines)
+            if c.startswith("python benchmarks/")}
+
+
+def test_every_command_results_shows_is_rerun_by_reproduce_full():
+    """Issue 27: reproduce.py --full reran the five sections only; the investigations'
+    commands (mnist-5k, the static-client scenarios, the synthetic Table 1, ...) were
+    shown and never rerun, and two of them (no --out) would have overwritten the
+    sections' own results. Each command RESULTS.md shows is a section's, an
+    investigation reproduce.py runs, a re-analysis of a CSV, or marked as a suggestion."""
+    import reproduce as R
+
+    results = (BENCH.parent / "RESULTS.md").read_text()
+    shown = _shown_commands(results)
+    sections = {f"python benchmarks/{name}.py --full" for name, _ in R.EXPERIMENTS}
+    rest = {c for c in shown if c not in sections and "--from-csv" not in c
+            and not c.startswith("python benchmarks/reproduce.py")}
+    missing = sorted(rest - set(R.INVESTIGATIONS) - set(R.SUGGESTED))
+    assert not missing, missing
+    assert sorted(set(R.INVESTIGATIONS) - shown) == []  # none that RESULTS.md does not show
+    # an investigation that writes into docs/results names its own folder or file, never
+    # the sections' (it would overwrite a section's CSV and fragment)
+    for line in R.INVESTIGATIONS:
+        script = line.split()[1].split("/")[-1].removesuffix(".py")
+        if script in {n for n, _ in R.EXPERIMENTS}:
+            assert "--out docs/results/" in line, line
+
+
+def test_investigations_move_their_paths_to_another_output_folder(tmp_path):
+    import reproduce as R
+
+    line = next(c for c in R.INVESTIGATIONS if "--cache docs/results/mnist5k/tasks" in c)
+    argv = R.investigation_command(line, tmp_path)
+    assert argv[0] == sys.executable and argv[1] == str(BENCH / "paper001_group.py")
+    assert argv[argv.index("--out") + 1] == str(tmp_path / "mnist5k" / "tasks_9seeds")
+    assert argv[argv.index("--cache") + 1] == str(tmp_path / "mnist5k" / "tasks_9seeds"
+                                                  / "runs.jsonl")
+    same = R.investigation_command(line, BENCH.parent / "docs" / "results")
+    assert same[same.index("--out") + 1] == "docs/results/mnist5k/tasks_9seeds"
+    q = R.investigation_command("python benchmarks/group_cstep_quality.py --seeds 0", tmp_path)
+    assert q[-2:] == ["--out", str(tmp_path)]
+
+
 # ------------------------------------------------------------- verdict rules (issue 27)
 def test_size_test_by_hand():
     # differences 2, 3, 4: mean 3, sd 1; one-sided 95% t (df 2) = 2.919986,

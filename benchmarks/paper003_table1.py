@@ -407,6 +407,14 @@ def main(argv: list[str] | None = None) -> int:
         f2.append("")
         f2.append(f"Paired variance difference GVR - LVR: {d['mean']:+.3f} "
                   f"[{d['lo']:+.3f}, {d['hi']:+.3f}] (n = {d['n']}, {d['verdict']}).")
+        f2.append("")
+        f2.append("Test: each seed's variance over rounds of the sum, GVR's minus LVR's, by "
+                  "a paired t interval over the seeds. The two runs of a seed share its "
+                  "federation and initial weights; nothing else is held fixed (the seed "
+                  "changes the data as well as the sampling), so the interval covers "
+                  "both. It assumes the per-seed differences are roughly normal and the "
+                  "seeds independent; the rounds of a run are correlated, which is why "
+                  "the unit is the seed, not the round.")
         # the same by phase of training: first and last third of the rounds
         third = max(primary // 3, 2)
         phases = {"first": (1, third), "last": (primary - third + 1, primary)}

@@ -139,23 +139,44 @@ def margin_arg(parser: argparse.ArgumentParser, text: str) -> float:
 
 def command(script: str, argv: Sequence[str] | None) -> str:
     """The command line that reproduces a script's results: its arguments without
-    ``--cache``, ``--out`` and ``--workers`` (which change where and how fast, not
-    what)."""
+    ``--cache``, ``--workers`` and ``--from-csv`` (which change how fast, not what),
+    and without ``--out`` unless it names a folder under docs/results (the section's
+    own place, e.g. docs/results/mnist5k/tasks_9seeds, which running the command
+    without it would overwrite docs/results' sections)."""
     import sys
 
     args = list(sys.argv[1:] if argv is None else argv)
     kept: list[str] = []
     skip = False
-    for arg in args:
+    for k, arg in enumerate(args):
         if skip:
             skip = False
             continue
-        name = arg.split("=", 1)[0]
+        name, eq, value = arg.partition("=")
         if name in ("--cache", "--out", "--workers", "--from-csv"):
-            skip = "=" not in arg
+            skip = not eq
+            if not eq and k + 1 < len(args):
+                value = args[k + 1]
+            published = _published_folder(value) if name == "--out" else None
+            if published:
+                kept += ["--out", published]
             continue
         kept.append(arg)
     return " ".join([f"python benchmarks/{script}.py"] + kept)
+
+
+def _published_folder(path: str) -> str | None:
+    """``docs/results/<sub>`` when ``path`` is a folder under the published results
+    other than docs/results itself (it names which section a command makes: kept in
+    the command shown), else None."""
+    p = Path(path)
+    if not p.is_absolute() and p.parts[:2] == ("docs", "results"):
+        p = REPO / p  # as written from the repository's root
+    try:
+        rel = p.resolve().relative_to(DEFAULT_OUT.resolve())
+    except (ValueError, OSError):
+        return None
+    return f"docs/results/{rel.as_posix()}" if rel.parts else None
 
 
 def machine() -> str:

@@ -43,7 +43,12 @@ EXPERIMENTS: list[tuple[str, list[str]]] = [
     ("paper002_gain", ["paper002_gain"]),
     ("paper003_table1", ["paper003_table1"]),
     ("paper003_fig5", ["paper003_fig5"]),
-    ("paper001_group", ["paper001_group"]),
+    # with the real-digits runs (investigations) beside the stand-in: each scenario at
+    # the most seeds it has
+    ("paper001_group", ["paper001_group", "mnist5k/consistent_9seeds/paper001_group",
+                        "mnist5k/inconsistent_9seeds/paper001_group",
+                        "mnist5k/clients_3seeds/paper001_group",
+                        "mnist5k/tasks_9seeds/paper001_group"]),
     ("paper004_ucb", ["paper004_ucb"]),
 ]
 
@@ -66,6 +71,10 @@ INVESTIGATIONS: list[str] = [
     "python benchmarks/paper001_group.py --task mnist-5k --scenarios "
     "consistent,inconsistent,clients,tasks --seeds 0,1,2 --num-rounds 20 --out "
     "docs/results/mnist5k --cache docs/results/mnist5k/paper001_group_runs.jsonl",
+    # (c) alone from the runs of the line above (its cache), for RESULTS.md's summary
+    "python benchmarks/paper001_group.py --task mnist-5k --scenarios clients --seeds 0,1,2 "
+    "--num-rounds 20 --out docs/results/mnist5k/clients_3seeds --cache "
+    "docs/results/mnist5k/paper001_group_runs.jsonl",
     "python benchmarks/paper001_group.py --task mnist-5k --scenarios consistent --seeds "
     "0,1,2,3,4,5,6,7,8 --num-rounds 20 --out docs/results/mnist5k/consistent_9seeds --cache "
     "docs/results/mnist5k/defence_cost_runs.jsonl",

@@ -295,7 +295,8 @@ def test_group_cstep_quality_reads_the_planted_clusters_and_scores_the_csteps(tm
     ("paper003_table1.py", ["--methods", "lvr,lvr"], "give each name once"),
     ("paper003_table1.py", ["--seeds", "0,5-2"], "the range gives no value"),
     # --from-csv was offered and silently ignored: every run ran again
-    ("paper002_gain.py", ["--from-csv", "x.csv"], "--from-csv: paper002_gain.py"),
+    ("paper002_gain.py", ["--from-csv", "/nonexistent/x.csv"], "cannot read it"),
+    ("paper002_gain.py", ["--margin", "0"], "--margin: expected a number"),
 ])
 def test_bad_arguments_are_refused_in_one_line(tmp_path, script, args, message):
     proc = subprocess.run([sys.executable, str(BENCH / script), *args, "--out", str(tmp_path)],
@@ -886,3 +887,34 @@ def test_table1_reanalyses_its_csv_without_running(tmp_path):
                            timeout=300)
     assert other.returncode == 2 and "its runs train the models" in other.stderr
     assert not (tmp_path / "y").exists()
+
+
+@pytest.mark.slow
+def test_paper002_reanalyses_its_csvs_without_running(tmp_path):
+    """paper002_gain.py --from-csv re-reads the long CSV and the runs with the data held
+    fixed beside it and writes the same verdicts (it used to refuse --from-csv); a
+    fixed-data file of another configuration is refused in one line."""
+    ran, again = tmp_path / "ran", tmp_path / "again"
+    first = subprocess.run([sys.executable, str(BENCH / "paper002_gain.py"), "--smoke",
+                            "--out", str(ran)], capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    proc = subprocess.run([sys.executable, str(BENCH / "paper002_gain.py"), "--smoke",
+                           "--from-csv", str(ran / "paper002_gain.csv"), "--out", str(again)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "re-analysing" in proc.stdout and "done (" not in proc.stdout
+
+    def verdicts(path):
+        return [ln for ln in path.read_text().splitlines() if ln.startswith("Verdict (")]
+
+    assert verdicts(again / "paper002_gain.md") == verdicts(ran / "paper002_gain.md")
+    assert len(verdicts(ran / "paper002_gain.md")) == 5
+    fixed = ran / "paper002_spread_fixed_data.csv"
+    lines = fixed.read_text().splitlines()
+    fixed.write_text("\n".join(lines[:-1]) + "\n")  # one run short
+    short = subprocess.run([sys.executable, str(BENCH / "paper002_gain.py"), "--smoke",
+                            "--from-csv", str(ran / "paper002_gain.csv"),
+                            "--out", str(tmp_path / "x")], capture_output=True, text=True,
+                           timeout=300)
+    assert short.returncode == 2 and "another configuration" in short.stderr
+    assert "Traceback" not in short.stderr and not (tmp_path / "x").exists()

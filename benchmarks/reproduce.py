@@ -43,12 +43,7 @@ EXPERIMENTS: list[tuple[str, list[str]]] = [
     ("paper002_gain", ["paper002_gain"]),
     ("paper003_table1", ["paper003_table1"]),
     ("paper003_fig5", ["paper003_fig5"]),
-    # with the real-digits runs (investigations) beside the stand-in: each scenario at
-    # the most seeds it has
-    ("paper001_group", ["paper001_group", "mnist5k/consistent_9seeds/paper001_group",
-                        "mnist5k/inconsistent_9seeds/paper001_group",
-                        "mnist5k/clients_3seeds/paper001_group",
-                        "mnist5k/tasks_9seeds/paper001_group"]),
+    ("paper001_group", ["paper001_group"]),
     ("paper004_ucb", ["paper004_ucb"]),
 ]
 
@@ -116,6 +111,16 @@ def investigation_command(line: str, out: Path) -> list[str]:
     argv[0] = str(E.REPO / argv[0])
     return [sys.executable, *argv]
 
+
+#: Fragments of investigations (:data:`INVESTIGATIONS`, ``--full`` only) assembled after
+#: a section's own where they exist: papers 000/001 on real handwritten digits beside the
+#: stand-in, each scenario at the most seeds it has.
+EXTRA_FRAGMENTS: dict[str, list[str]] = {
+    "paper001_group": ["mnist5k/consistent_9seeds/paper001_group",
+                       "mnist5k/inconsistent_9seeds/paper001_group",
+                       "mnist5k/clients_3seeds/paper001_group",
+                       "mnist5k/tasks_9seeds/paper001_group"],
+}
 
 #: How every verdict is reached: stated once, at the top of RESULTS.md.
 RULES = """How a verdict is reached (the same rules in every section):
@@ -297,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 parts.append(f"### {frag}\n\nNo results yet: run "
                              f"`python benchmarks/{name}.py --{args.mode}`.\n")
+        for frag in EXTRA_FRAGMENTS.get(name, []):
+            if (out / f"{frag}.md").is_file():
+                parts.append((out / f"{frag}.md").read_text())
     notes = out / "investigations.md"
     body = parts + ([notes.read_text()] if notes.is_file() else [])
     parts = [head, summary(parts)] + body

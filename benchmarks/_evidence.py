@@ -471,6 +471,25 @@ def rows_from_csv(
     return kept
 
 
+def check_configuration(parser: argparse.ArgumentParser, csv_path: str | Path, name: str,
+                        needles: Sequence[str]) -> None:
+    """Refuse (``parser.error``: one line, exit code 2, nothing written) re-analysing a
+    CSV whose runs were made with another configuration than this invocation's: the
+    section ``<name>.md`` written beside the CSV with its runs must state each of
+    ``needles`` (the scale's text for this configuration: clients, epochs, ...), which
+    the CSV itself does not record."""
+    beside = Path(csv_path).with_name(f"{name}.md")
+    if not beside.is_file():
+        parser.error(f"--from-csv {csv_path}: no {name}.md beside it, which states the "
+                     "configuration its runs were made with")
+    text = " ".join(beside.read_text().split())
+    missing = [n for n in needles if " ".join(n.split()) not in text]
+    if missing:
+        parser.error(f"--from-csv {csv_path}: its runs were made with another configuration "
+                     f"({beside} does not state {missing[0]!r}); give the mode and options "
+                     "they were run with")
+
+
 def reanalysed_machine(out: str | Path, name: str, csv_path: str | Path) -> str:
     """The machine line of a section re-analysed from ``csv_path``: the machine that ran
     the runs, read from the ``Machine:`` (or ``machine:``) of the fragment
@@ -478,7 +497,9 @@ def reanalysed_machine(out: str | Path, name: str, csv_path: str | Path) -> str:
     import re
 
     ran = "not recorded"
-    path = Path(out) / f"{name}.md"
+    # the fragment the runs came with (beside their CSV), else the one in the output folder
+    beside = Path(csv_path).with_name(f"{name}.md")
+    path = beside if beside.is_file() else Path(out) / f"{name}.md"
     if path.is_file():
         text = path.read_text()
         # "Machine: X." / "machine: X; summed run time ..." / (Table 1 before it named

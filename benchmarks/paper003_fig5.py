@@ -122,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         rows = E.rows_from_csv(p, a.from_csv, ("method", "seed"),
                                [(m, s_) for m, s_, _, _ in jobs], rounds=sc["num_rounds"],
                                longer=True)
+        E.check_configuration(p, a.from_csv, NAME, [
+            f"task `{a.tasks}` (1 model), {sc['num_clients']} clients",
+            f"{sc['local_epochs']} local epochs, lr {base['lr']}, batch 16"])
         machine = E.reanalysed_machine(out, NAME, a.from_csv)
     else:
         E.check_cache(a.cache, jobs)

@@ -233,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
         if names != sorted(wanted):
             p.error(f"--from-csv {a.from_csv}: its runs train the models {names}, not "
                     f"{sorted(wanted)} (--tasks {a.tasks})")
+        E.check_configuration(p, a.from_csv, NAME, [
+            f"{sc['num_clients']} clients (profile paper003), tasks `{a.tasks}`",
+            f"{sc['local_epochs']} local epochs, lr {sc['lr']}, batch 16, budget fraction "
+            f"{sc['budget_fraction'] or 'auto (5 expected uploads per model)'}"])
         machine = E.reanalysed_machine(out, NAME, a.from_csv)
         print(f"re-analysing {len(jobs)} runs from {a.from_csv}", flush=True)
         t0 = time.monotonic()

@@ -302,7 +302,9 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 parts.append(f"### {frag}\n\nNo results yet: run "
                              f"`python benchmarks/{name}.py --{args.mode}`.\n")
-        for frag in EXTRA_FRAGMENTS.get(name, []):
+        # the investigations' fragments are full-scale runs: not in a --quick/--smoke file
+        for frag in EXTRA_FRAGMENTS.get(name, []) if args.mode == "full" or args.assemble \
+                else []:
             if (out / f"{frag}.md").is_file():
                 parts.append((out / f"{frag}.md").read_text())
     notes = out / "investigations.md"

@@ -319,7 +319,15 @@ class TorchTrainer:
         left untouched), whose whole ``state_dict`` every call overwrites;
         building a model per message cost more than a forward pass over the
         local data, and keeping one per trainer held a copy per client."""
-        net = shared_net(self.model_fn, self.device)
+        if type(self) is TorchTrainer:
+            net = shared_net(self.model_fn, self.device)
+        else:
+            # a subclass may change its network beyond the state_dict (hooks, pruning,
+            # frozen layers): it keeps one of its own
+            if getattr(self, "_own_net", None) is None:
+                with torch.random.fork_rng(devices=[]):
+                    self._own_net = self.model_fn().to(self.device)
+            net = self._own_net
         load_arrays(net, weights)
         return net
 

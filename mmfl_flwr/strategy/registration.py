@@ -187,7 +187,7 @@ def _register_new(run_state: RunState, grid: Grid, nodes: list[int], server_roun
     # a multi-client node with refused clients is asked again, as a refused
     # single-client node is: its clients may register once the holder is gone
     new = [n for n in nodes if n not in run_state.node_to_cid
-           and (n not in run_state.shards or run_state.shard_refused.get(n))
+           and (n not in run_state.shards or _free_refused(run_state, n))
            and (asked is None or n not in asked)]
     if asked is not None:
         asked.update(new)
@@ -217,6 +217,19 @@ def _register_new(run_state: RunState, grid: Grid, nodes: list[int], server_roun
             log(WARNING, "Node %d did not answer the info query within %g s; it is "
                 "asked again next round", n, timeout)
     return declared + len(failed)
+
+
+def _free_refused(run_state: RunState, node: int) -> bool:
+    """Whether a registered multi-client node has a refused client whose id no other
+    node holds now (its holder left, or it was refused for another reason): asked
+    again then, as a refused single-client node is; ids another live node holds are
+    not asked for every round (overlapping shards would repeat every refusal)."""
+    refused = run_state.shard_refused.get(node)
+    if not refused:
+        return False
+    held = set(run_state.node_to_cid.values()) | {
+        c for c, n in run_state.shard_of.items() if n != node}
+    return any(cid not in held for cid in refused)
 
 
 def _hosted(run_state: RunState) -> int:
@@ -413,6 +426,9 @@ def register(run_state: RunState, reply: Message, node_keys: Mapping[int, bytes]
             log(WARNING, "Node %d sent no 'info' record (nor 'info@<id>' records of a "
                 "multi-client node): it declares no client; left out", node)
             return
+        if node in run_state.shards:  # a multi-client node that now declares one client
+            _forget_shard(run_state, node, run_state.shards.pop(node))
+            run_state.shard_refused.pop(node, None)
         _register_client(run_state, node, info, node_keys, None, _claimed_id(reply))
         return
     holders = {c: n for n, c in run_state.node_to_cid.items()}
@@ -444,6 +460,8 @@ def register(run_state: RunState, reply: Message, node_keys: Mapping[int, bytes]
         if hosted != before:
             log(INFO, "Node %d hosts %d clients (%s)", node, len(hosted), _id_range(hosted))
     else:
+        if node in run_state.shards:  # asked again, and now none registers
+            _forget_shard(run_state, node, run_state.shards.pop(node))
         log(WARNING, "Node %d declared %d clients and none could register; left out", node,
             len(shard))
 

@@ -179,3 +179,18 @@ def test_trainers_of_one_model_share_one_network_and_keep_no_gradients() -> None
         assert n == n2 and loss == loss2 and alone.loss(w0) == l0
         for k in w:
             np.testing.assert_array_equal(w[k], w2[k])
+
+
+def test_a_trainer_subclass_keeps_a_network_of_its_own() -> None:
+    """A subclass may change its network beyond the state_dict (hooks, pruning, frozen
+    layers): sharing would carry that to every other client of the model."""
+    class Hooked(TorchTrainer):
+        pass
+
+    train, _ = load_digits_data(0)
+    part = Dataset(train.x[:40], train.y[:40])
+    fn = lambda: make_model("digits")  # noqa: E731
+    w0 = initial_weights(fn, 0)
+    a, b = Hooked(fn, part, part, batch_size=16), Hooked(fn, part, part, batch_size=16)
+    plain = TorchTrainer(fn, part, part, batch_size=16)
+    assert a._model(w0) is not b._model(w0) and a._model(w0) is not plain._model(w0)

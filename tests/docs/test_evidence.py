@@ -887,6 +887,15 @@ def test_table1_reanalyses_its_csv_without_running(tmp_path):
                            timeout=300)
     assert other.returncode == 2 and "its runs train the models" in other.stderr
     assert not (tmp_path / "y").exists()
+    # --quick's 16 clients and 6 rounds fit inside the runs' method, seed and length
+    # checks; the section beside the CSV says they were made with 8 clients
+    quick = subprocess.run([sys.executable, str(BENCH / "paper003_table1.py"), "--quick",
+                            "--methods", "full,random,lvr,gvr,rr-gvr", "--seeds", "0,1",
+                            "--num-rounds", "3", "--from-csv", str(csv_path),
+                            "--out", str(tmp_path / "z")], capture_output=True, text=True,
+                           timeout=300)
+    assert quick.returncode == 2 and "made with another configuration" in quick.stderr
+    assert not (tmp_path / "z").exists()
 
 
 @pytest.mark.slow

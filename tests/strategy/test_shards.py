@@ -126,6 +126,18 @@ def test_a_refused_client_of_a_shard_is_asked_again_and_registers_when_free():
     assert len(said) == 1 and said[0].startswith("Client c3 re-registered as node")
 
 
+def test_overlapping_shards_are_not_asked_again_while_the_holder_stays():
+    """Two shards declaring overlapping ids: the second's refused ids are held by a live
+    node, so it is not asked again (and its refusals not logged again) every round."""
+    nodes = {"A": {"cid": "A", "shard": "c0,c1,c2"}, "B": {"cid": "B", "shard": "c2,c3,c4"}}
+    out = run(MultiModelStrategy(FullParticipation(), seed=0), nodes, rounds=3)
+    asked = [r for r in out.rec.of_type("query.info") if r.cid == "B"]
+    assert len(asked) == 1
+    assert sum("Client id c2 is claimed by nodes" in w for r in (1, 2, 3)
+               for w in out.warnings(r)) == 1
+    assert {c for c, _, _ in out.result.assignments[3]} == {"c0", "c1", "c2", "c3", "c4"}
+
+
 def test_an_empty_shard_is_one_line_and_the_run_goes_on():
     nodes = {"E": {"cid": "E", "shard": ""}, "c0": {"cid": "c0"}}
     out = run(MultiModelStrategy(FullParticipation(), seed=0), nodes, rounds=1)

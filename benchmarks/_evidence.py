@@ -471,6 +471,40 @@ def rows_from_csv(
     return kept
 
 
+def model_names(kinds: Sequence[str]) -> list[str]:
+    """The models' names of a run of these task kinds (``--tasks``): each kind, its
+    repeats named ``kind_2``, ``kind_3``, ... (as :mod:`mmfl_flwr` names them)."""
+    seen: dict[str, int] = {}
+    names = []
+    for k in kinds:
+        seen[k] = seen.get(k, 0) + 1
+        names.append(k if seen[k] == 1 else f"{k}_{seen[k]}")
+    return names
+
+
+def check_csv_models(parser: argparse.ArgumentParser, csv_path: str | Path,
+                     rows: Sequence[dict[str, Any]], kinds: Sequence[str], flag: str, *,
+                     exact: bool = True) -> None:
+    """Refuse (``parser.error``) re-analysing a CSV whose runs train other models than
+    ``kinds`` (given by ``flag``): with ``exact`` the models' names must be
+    :func:`model_names` of ``kinds``; without it (runs whose models differ, e.g. by
+    scenario) only their kinds must be those of ``kinds``."""
+    import re
+
+    names = sorted({str(r["task"]) for r in rows})
+    if exact:
+        want = sorted(model_names(kinds))
+        if names != want:
+            parser.error(f"--from-csv {csv_path}: its runs train the models {names}, not "
+                         f"{want} ({flag} {','.join(kinds)})")
+        return
+    got = sorted({re.sub(r"_\d+$", "", n) for n in names})
+    if got != sorted(set(kinds)):
+        parser.error(f"--from-csv {csv_path}: its runs train models of kind "
+                     f"{', '.join(repr(k) for k in got)}, not "
+                     f"{', '.join(repr(k) for k in sorted(set(kinds)))} ({flag})")
+
+
 def check_configuration(parser: argparse.ArgumentParser, csv_path: str | Path, name: str,
                         needles: Sequence[str]) -> None:
     """Refuse (``parser.error``: one line, exit code 2, nothing written) re-analysing a

@@ -37,7 +37,6 @@ import contextlib
 import io
 import logging
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -307,11 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         # runs of exactly R rounds: the arrivals of (c) and (d) are placed by the length
         rows = E.rows_from_csv(p, a.from_csv, ("scenario", "method", "seed"),
                                [j[:3] for j in jobs], rounds=R)
-        # a model's name is its kind, with _2, _3, ... for repeats
-        kinds = sorted({re.sub(r"_\d+$", "", str(r["task"])) for r in rows})
-        if kinds != [a.task]:
-            p.error(f"--from-csv {a.from_csv}: its runs train models of kind "
-                    f"{', '.join(repr(k) for k in kinds)}, not {a.task!r} (--task)")
+        E.check_csv_models(p, a.from_csv, rows, [a.task], "--task", exact=False)
         machine = E.reanalysed_machine(out, NAME, a.from_csv)
     else:
         rows = run_jobs(jobs, a.workers, a.cache)

@@ -67,25 +67,36 @@ SCALES: dict[str, dict[str, Any]] = {
 }
 
 
+# the seeds held by the runs of the spread's verdict
+FIXED = {"data_seed": 0, "model_seed": 0}
+
+
 def read_fixed(parser: argparse.ArgumentParser, path: Path, n: int, m: int,
                rnd: int) -> dict[str, list[float]]:
     """The final accuracies of the runs with the data held fixed, as the full run wrote
     them (``paper002_spread_fixed_data.csv`` beside the long CSV), by algorithm in seed
     order; a file that is missing or of another configuration (not ``n`` runs per
-    algorithm at M = ``m``, round ``rnd``) is refused (one line, exit code 2)."""
+    algorithm at M = ``m``, round ``rnd``, with the seeds of :data:`FIXED`) is refused
+    (one line, exit code 2)."""
     try:
         with open(path, newline="") as f:
-            got = list(csv.DictReader(f))
+            reader = csv.DictReader(f)
+            got = list(reader)
+        lacks = [k for k in FIXED if k not in (reader.fieldnames or [])]
+        if lacks:
+            parser.error(f"--from-csv: {path} has no column {lacks[0]} (its runs were made "
+                         "before it was held fixed); rerun them without --from-csv")
         out = {a: [float(r["final_accuracy"]) for r in sorted(
             (r for r in got if r["algorithm"] == a), key=lambda r: int(r["seed"]))]
             for a in ALGOS}
-        ok = all(int(r["M"]) == m and int(r["round"]) == rnd for r in got)
+        ok = all(int(r["M"]) == m and int(r["round"]) == rnd
+                 and all(int(r[k]) == v for k, v in FIXED.items()) for r in got)
     except (OSError, KeyError, ValueError, csv.Error) as err:
         parser.error(f"--from-csv: cannot read the runs with the data held fixed, {path} "
                      f"({err})")
     if not ok or any(len(v) != n for v in out.values()):
         parser.error(f"--from-csv: {path} holds runs of another configuration (want {n} runs "
-                     f"per algorithm at M = {m}, round {rnd})")
+                     f"per algorithm at M = {m}, round {rnd}, data-seed and model-seed 0)")
     return out
 
 
@@ -223,13 +234,13 @@ def main(argv: list[str] | None = None) -> int:
             for algo in ALGOS:
                 jobs.append((label(algo, m), seed, {**base_settings(cfg, m), "strategy": algo,
                                                    "num_rounds": rounds[m]}))
-    # the spread with the data held fixed (paper 002's Fig. 1 varies only the sampling):
-    # data-seed 0 for every run; MFA-Rand on seeds 0.., MFA-RR on seeds 1000.., so the two
-    # samples are independent (no shared initial weights) and only sampling, initial
-    # weights and local training vary
+    # the spread over sampling alone (paper 002's Fig. 1 varies only the sampling on one
+    # problem): data-seed 0 and model-seed 0 for every run (the same clients' data and
+    # the same initial weights); MFA-Rand on seeds 0.., MFA-RR on seeds 1000.., so the
+    # two samples are independent and only the sampling and the local training vary
     fixed_jobs = [(f"{algo} M={mmax} data fixed", (1000 if algo == "mfa-rr" else 0) + s_,
                    {**base_settings(cfg, mmax), "strategy": algo, "num_rounds": rounds[mmax],
-                    "data_seed": 0})
+                    **FIXED})
                   for algo in ALGOS for s_ in seeds]
     fixed_given: dict[str, list[float]] | None = None
     if args.from_csv:
@@ -418,15 +429,15 @@ def main(argv: list[str] | None = None) -> int:
     bf = brown_forsythe_greater(fx, fy)
     spread_verdict = ("holds" if bf["p_greater"] < 0.05 else
                       "does not hold" if bf["p_less"] < 0.05 else "not resolved")
-    spread_found = (f"with the data held fixed, var(MFA-Rand) / var(MFA-RR) = {f_ratio:.2f} "
+    spread_found = (f"with the data and initial weights held fixed, var(MFA-Rand) / var(MFA-RR) = {f_ratio:.2f} "
                     f"(F 95% CI [{f_lo:.2f}, {f_hi:.2f}]), one-sided Brown-Forsythe p = "
                     f"{bf['p_greater']:.3g} ({len(fx)} + {len(fy)} independent runs)")
     if fixed_given is None:
         with open(out / "paper002_spread_fixed_data.csv", "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["algorithm", "seed", "data_seed", "M", "round", "final_accuracy"])
+            w.writerow(["algorithm", "seed", *FIXED, "M", "round", "final_accuracy"])
             for (meth, sd), c in sorted(fixed_curves.items()):
-                w.writerow([meth.split(" ")[0], sd, 0, mmax, last[mmax],
+                w.writerow([meth.split(" ")[0], sd, *FIXED.values(), mmax, last[mmax],
                             repr(statistics.fmean(v[last[mmax]] for v in c.values()))])
 
     # the mean final accuracy per M (paper: similar means, MFA-RR better at high M)
@@ -492,9 +503,20 @@ def main(argv: list[str] | None = None) -> int:
         load = os.getloadavg()[0]
     except OSError:
         load = math.nan
-    cmd = f"python benchmarks/{NAME}.py --{args.mode}" + (
-        f" --seeds {args.seeds}" if args.seeds else "") + (
-        f" --margin {args.margin}" if margin != 0.02 else "")
+    cmd = E.command(NAME, argv)
+    # what the across-seed tests (each seed also changes the data) say beside the verdict
+    if vt["pm_p"] < 0.05 and vt["ratio"] > 1:
+        across = ("The across-seed tests above, where each seed also changes the data, agree "
+                  f"(paired Pitman-Morgan p = {vt['pm_p']:.3g}) but do not decide it.")
+    elif vt["pm_p"] < 0.05:
+        across = ("The across-seed tests above, where each seed also changes the data, "
+                  f"point the other way (ratio {vt['ratio']:.2f}, paired Pitman-Morgan p = "
+                  f"{vt['pm_p']:.3g}): there the data's spread, not the sampling, dominates.")
+    else:
+        across = ("The across-seed tests above, where each seed also changes the data, do "
+                  f"not separate the two (ratio {vt['ratio']:.2f}, paired Pitman-Morgan p = "
+                  f"{vt['pm_p']:.3g}): there the data's spread, which both share, hides the "
+                  "sampling's.")
     fixed_time = (f" (the {len(fixed_jobs)} runs with the data held fixed not counted: "
                   "their CSV holds no times)" if args.from_csv else "")
     md = f"""### Paper 002: the gain of multi-model FL vs M, and MFA-Rand vs MFA-RR spread
@@ -592,10 +614,11 @@ Verdict (similar mean accuracy of MFA-Rand and MFA-RR at small M): {similar_verd
 
 Verdict (MFA-RR above MFA-Rand at high M): {high_verdict}. Found: {high_found}. Paper: "MFA-RR, on an average, performs better than MFA-Rand when M is high" (Fig. 1c, M = 12).
 
-**Spread with the data held fixed (the verdict).** The paper's Fig. 1 varies only the
-sampling on one problem, so the verdict comes from runs that hold the data fixed
-(`data-seed 0` for all) and vary the seed, which sets the sampling, the initial weights and
-the local training. MFA-Rand runs on seeds 0..{len(fx) - 1} and MFA-RR on seeds
+**Spread over sampling alone (the verdict).** The paper's Fig. 1 varies only the
+sampling on one problem, so the verdict comes from runs that hold the data and the initial
+weights fixed (`data-seed 0`, `model-seed 0` for all) and vary the seed, which then sets only
+the sampling and the local training (here each local epoch is one full-batch gradient step,
+so the training's shuffling only reorders a sum). MFA-Rand runs on seeds 0..{len(fx) - 1} and MFA-RR on seeds
 1000..{1000 + len(fy) - 1}, two independent samples of {len(fx)} (per-run values in
 `docs/results/paper002_spread_fixed_data.csv`). Variance {statistics.variance(fx):.3g}
 (MFA-Rand) and {statistics.variance(fy):.3g} (MFA-RR), means {statistics.fmean(fx):.4f}
@@ -603,8 +626,7 @@ and {statistics.fmean(fy):.4f}. The test is a one-sided Brown-Forsythe test (a W
 on the absolute deviations from each sample's median), which assumes independent samples
 and no normality; it gives p = {bf['p_greater']:.3g} for "MFA-Rand spreads more" and
 {bf['p_less']:.3g} for the reverse. The F-test's 95% interval of the ratio, [{f_lo:.2f},
-{f_hi:.2f}], assumes normal data and is shown for scale only. The across-seed tests
-above, where each seed also changes the data, support the verdict but do not decide it.
+{f_hi:.2f}], assumes normal data and is shown for scale only. {across}
 
 Verdict (MFA-Rand spread above MFA-RR's): {spread_verdict}. Found: {spread_found}. Paper: "MFA-Rand has considerably higher variance than MFA-RR" over 20 sample runs (Fig. 1, no number).
 
@@ -613,7 +635,7 @@ Verdict (MFA-Rand spread above MFA-RR's): {spread_verdict}. Found: {spread_found
   M-model runs of M·T1 + {cfg['margin']} rounds, {len(seeds)} seeds (0..{seeds[-1]}),
   {cfg['local_epochs']} local epoch(s), lr {cfg['lr']}, batch {cfg['batch_size']} (each epoch
   one full-gradient step: at most {cfg['synthetic_max_samples']} samples per Synthetic user),
-  {len(jobs)} runs, and {len(fixed_jobs)} more with the data held fixed for the spread
+  {len(jobs)} runs, and {len(fixed_jobs)} more with the data and initial weights held fixed for the spread
 - engine: `{args.engine}`; machine: {machine}
 - {E.run_time_text(rows + fixed_rows, wall)}{fixed_time}; CPU of this invocation {cpu:.0f} s, load average {load:.1f} at its end
 """

@@ -223,16 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = E.rows_from_csv(p, a.from_csv, ("method", "seed"),
                                [(m, s_) for m, s_, _ in jobs], rounds=sc["num_rounds"],
                                longer=True)
-        # the models' names: each kind of --tasks, repeats named kind_2, kind_3, ...
-        seen: dict[str, int] = {}
-        wanted = []
-        for t in (x.strip() for x in a.tasks.split(",")):
-            seen[t] = seen.get(t, 0) + 1
-            wanted.append(t if seen[t] == 1 else f"{t}_{seen[t]}")
-        names = sorted({str(r["task"]) for r in rows})
-        if names != sorted(wanted):
-            p.error(f"--from-csv {a.from_csv}: its runs train the models {names}, not "
-                    f"{sorted(wanted)} (--tasks {a.tasks})")
+        E.check_csv_models(p, a.from_csv, rows, [t.strip() for t in a.tasks.split(",")],
+                           "--tasks")
         E.check_configuration(p, a.from_csv, NAME, [
             f"{sc['num_clients']} clients (profile paper003), tasks `{a.tasks}`",
             f"{sc['local_epochs']} local epochs, lr {sc['lr']}, batch 16, budget fraction "

@@ -172,10 +172,40 @@ same seed gives both methods the same federation, initial weights and data). Two
 machines of this project are both named "AMD EPYC, 2 cores" and rounded float32 differently
 (investigations, mnist-5k); sections recorded since the machine line names torch's vector
 kernels say which ("AVX512 kernels": the second machine), older ones do not.
-
+{code}
 - generated {date}
 
 """ + RULES + "\n"
+
+
+#: Sections whose published runs were made before the defences made default from
+#: 2026-11-28 on (update clip b32233e, direction check c66d8c0, capped floor 1d665db):
+#: fragment -> (what it holds, the commit its CSV was last written at). Their
+#: commands, rerun on today's code, apply those defaults and give other numbers; an entry
+#: goes once its section is rerun.
+BEFORE_DEFAULT_DEFENCES: dict[str, tuple[str, str]] = {
+    "paper003_table1": ("paper 003 Table 1, Fig. 2 and Fig. 4 (digits)", "d7c273d"),
+    "paper003_fig5": ("paper 003 Fig. 5", "e640661"),
+    "paper001_group": ("papers 000/001 on the digits", "b0a8916"),
+    "paper004_ucb": ("paper 004", "ea9f5f9"),
+}
+
+
+def code_note() -> str:
+    """The header's paragraph on the sections made by older code ("" when none)."""
+    if not BEFORE_DEFAULT_DEFENCES:
+        return ""
+    held = "; ".join(f"{what} (CSV of {commit})"
+                     for what, commit in BEFORE_DEFAULT_DEFENCES.values())
+    return (f"\nThe runs of {len(BEFORE_DEFAULT_DEFENCES)} sections were made by the code of "
+            "2026-11-26/27, before the "
+            "defences made default from 2026-11-28 on (the update clip, update-clip-factor "
+            "3; the direction check, direction-factor 3; the loss-based policies' capped "
+            "floor): " + held + ". Their commands rerun on "
+            "today's code apply those defaults and give other numbers (the earlier "
+            "code reruns them bit for bit: checked for paper 002, whose section was then "
+            "rerun on today's code); investigations that re-read these CSVs inherit it. "
+            "The other sections' runs were made with today's defaults.\n")
 
 
 def verdicts(text: str) -> list[tuple[str, str, str, str]]:
@@ -284,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             shown = shown.relative_to(E.REPO)
         except ValueError:
             pass
-        head = ASSEMBLED.format(out=shown, date=date)
+        head = ASSEMBLED.format(out=shown, date=date, code=code_note())
     else:
         head = HEADER.format(mode=args.mode, engine=args.engine or "each script's own (its "
                              "section names it)", machine=E.machine(),

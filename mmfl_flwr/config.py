@@ -118,6 +118,10 @@ class Settings:
         the server's test sets); -1 (default) = ``seed``. Fixing it while
         ``seed`` varies varies only the sampling, the initial weights and the
         local training.
+    model_seed : int
+        Seed of the models' initial weights; -1 (default) = ``seed``. Fixing it
+        and ``data_seed`` while ``seed`` varies varies only the sampling and the
+        local training (a variance claim over sampling alone).
     output_dir : str
         Where ``metrics.csv``, ``summary.json``, ``assignments.csv`` and
         ``accuracy.png`` go; empty to
@@ -204,6 +208,7 @@ class Settings:
     target_accuracy: str = ""
     seed: int = 0
     data_seed: int = -1
+    model_seed: int = -1
     output_dir: str = "results/mmfl"
     overwrite: bool = False
     resume_from: str = ""
@@ -616,7 +621,9 @@ def options() -> dict[str, Option]:
                  "model:accuracy pairs separated by commas (digits:0.8,synthetic:0.6)"),
         "seed": Option("the one seed of the run", low=0),
         "data_seed": Option("seed of the clients' data and the server's test sets; -1 = "
-                            "seed (fix it to vary only sampling and training)", low=-1),
+                            "seed (fix it to hold the data fixed while seed varies)", low=-1),
+        "model_seed": Option("seed of the models' initial weights; -1 = seed (fix it "
+                             "and data-seed to vary only sampling and training)", low=-1),
         "output_dir": Option("folder of metrics.csv, summary.json, accuracy.png and the "
                              "checkpoint", form='a folder; "" writes nothing'),
         "overwrite": Option("start a new run in an output folder that holds another run's "

@@ -305,6 +305,7 @@ class TorchTrainer:
         dtype, self._trainable = _probe(model_fn)
         self._train = _Rows.of(train, dtype, self.device)
         self._test = _Rows.of(test, dtype, self.device)
+        self._own_net: nn.Module | None = None  # a subclass's network (see _model)
 
     @property
     def trainable_keys(self) -> list[str]:
@@ -324,7 +325,7 @@ class TorchTrainer:
         else:
             # a subclass may change its network beyond the state_dict (hooks, pruning,
             # frozen layers): it keeps one of its own
-            if getattr(self, "_own_net", None) is None:
+            if self._own_net is None:
                 with torch.random.fork_rng(devices=[]):
                     self._own_net = self.model_fn().to(self.device)
             net = self._own_net

@@ -123,9 +123,9 @@ def check_resume(s: Settings, strategy: Any) -> int:
 def initial_arrays(s: Settings) -> dict[str, ArrayRecord]:
     """Seeded initial weights of every model.
 
-    A model's initial weights depend only on the seed and the model's name, so a
-    model starts from the same weights whatever else is trained beside it (the
-    single-model baselines compare like with like).
+    A model's initial weights depend only on the seed (``model_seed`` when it is set)
+    and the model's name, so a model starts from the same weights whatever else is
+    trained beside it (the single-model baselines compare like with like).
     """
     from mmfl_flwr.client.trainer import initial_weights
     from mmfl_flwr.flower_app.data import federation_for
@@ -133,11 +133,12 @@ def initial_arrays(s: Settings) -> dict[str, ArrayRecord]:
     from mmfl_flwr.tasks.models import make_model
 
     fed = federation_for(s, clients=(), server_tests=True)  # the server holds no client's data
+    seed = s.model_seed if s.model_seed >= 0 else s.seed
     out = {}
     for task in fed.tasks:
         kind = fed.kinds[task]
         out[task] = numpy_to_arrays(
-            initial_weights(lambda k=kind: make_model(k), task_seed(s.seed, task))
+            initial_weights(lambda k=kind: make_model(k), task_seed(seed, task))
         )
     return out
 

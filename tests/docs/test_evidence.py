@@ -919,7 +919,21 @@ def test_paper002_reanalyses_its_csvs_without_running(tmp_path):
     assert verdicts(again / "paper002_gain.md") == verdicts(ran / "paper002_gain.md")
     assert len(verdicts(ran / "paper002_gain.md")) == 5
     fixed = ran / "paper002_spread_fixed_data.csv"
+    with open(fixed, newline="") as f:
+        runs = list(csv.DictReader(f))
+    # the spread's runs hold the data and the initial weights fixed: only the sampling varies
+    assert runs and {(r["data_seed"], r["model_seed"]) for r in runs} == {("0", "0")}
     lines = fixed.read_text().splitlines()
+    # a file of runs that varied the initial weights (before model-seed) is refused
+    old = [ln.split(",") for ln in lines]
+    k = old[0].index("model_seed")
+    fixed.write_text("\n".join(",".join(c[:k] + c[k + 1:]) for c in old) + "\n")
+    before = subprocess.run([sys.executable, str(BENCH / "paper002_gain.py"), "--smoke",
+                             "--from-csv", str(ran / "paper002_gain.csv"),
+                             "--out", str(tmp_path / "w")], capture_output=True, text=True,
+                            timeout=300)
+    assert before.returncode == 2 and "Traceback" not in before.stderr
+    assert "model_seed" in before.stderr and not (tmp_path / "w").exists()
     fixed.write_text("\n".join(lines[:-1]) + "\n")  # one run short
     short = subprocess.run([sys.executable, str(BENCH / "paper002_gain.py"), "--smoke",
                             "--from-csv", str(ran / "paper002_gain.csv"),

@@ -11,7 +11,7 @@ complexity, as in the paper's Section 7.1):
 
 * per seed, one ``full``-preset run of ``max(M)`` models for ``T1`` rounds: every client
   trains every model every round, FedAvg per model. Under full participation the models
-  never interact (data, initial weights and training seeds depend only on the seed and the
+  never interact (data, initial weights and training seeds depend only on the seeds and the
   model name), so each model's curve is that of training it alone with all clients: the
   ``single`` curves of :func:`mmfl_flwr.gain` for every M <= max(M) (the prefix of the
   models); the script checks this once against :func:`mmfl_flwr.run_sequential`;
@@ -73,7 +73,8 @@ FIXED = {"data_seed": 0, "model_seed": 0}
 
 def read_fixed(parser: argparse.ArgumentParser, path: Path, n: int, m: int,
                rnd: int) -> dict[str, list[float]]:
-    """The final accuracies of the runs with the data held fixed, as the full run wrote
+    """The final accuracies of the spread's runs (data and initial weights held fixed), as
+    the full run wrote
     them (``paper002_spread_fixed_data.csv`` beside the long CSV), by algorithm in seed
     order; a file that is missing or of another configuration (not ``n`` runs per
     algorithm at M = ``m``, round ``rnd``, with the seeds of :data:`FIXED`) is refused

@@ -178,34 +178,42 @@ kernels say which ("AVX512 kernels": the second machine), older ones do not.
 """ + RULES + "\n"
 
 
-#: Sections whose published runs were made before the defences made default from
-#: 2026-11-28 on (update clip b32233e, direction check c66d8c0, capped floor 1d665db):
-#: fragment -> (what it holds, the commit its CSV was last written at). Their
-#: commands, rerun on today's code, apply those defaults and give other numbers; an entry
-#: goes once its section is rerun.
-BEFORE_DEFAULT_DEFENCES: dict[str, tuple[str, str]] = {
-    "paper003_table1": ("paper 003 Table 1, Fig. 2 and Fig. 4 (digits)", "d7c273d"),
-    "paper003_fig5": ("paper 003 Fig. 5", "e640661"),
-    "paper001_group": ("papers 000/001 on the digits", "b0a8916"),
-    "paper004_ucb": ("paper 004", "ea9f5f9"),
-}
+#: Published runs made before the defences made default from 2026-11-28 on (update clip
+#: b32233e, direction check c66d8c0, capped floor 1d665db): (what they are, the commit
+#: their CSVs were written at, before any move: ``git log --follow``, and those CSVs under
+#: docs/results). Their commands, rerun
+#: on today's code, apply those defaults; an entry goes once its runs are made again.
+BEFORE_DEFAULT_DEFENCES: list[tuple[str, str, tuple[str, ...]]] = [
+    ("paper 003 Table 1, Fig. 2 and Fig. 4 on the digits", "d7c273d",
+     ("paper003_table1.csv", "paper003_fig2.csv", "paper003_fig4.csv")),
+    ("paper 003 Fig. 5", "e640661", ("paper003_fig5.csv",)),
+    ("papers 000/001 on the digits", "b0a8916", ("paper001_group.csv",)),
+    ("paper 004", "ea9f5f9", ("paper004_ucb.csv",)),
+    ("the investigations' Fig. 2 on Synthetic (docs/results/synthetic_fig2)", "b0a8916",
+     ("synthetic_fig2/paper003_table1.csv",)),
+    ("scenario (c) with static clients (docs/results/clients_static)", "2e006fa",
+     ("clients_static/paper001_group.csv",)),
+    ("the same at participation 1/2 (docs/results/clients_static_p12)", "b0a8916",
+     ("clients_static_p12/paper001_group.csv",)),
+    ("the C-step's cluster quality (docs/results/group_cstep_quality.csv)", "b0a8916",
+     ("group_cstep_quality.csv",)),
+]
 
 
 def code_note() -> str:
-    """The header's paragraph on the sections made by older code ("" when none)."""
+    """The header's paragraph on the runs made by older code ("" when none)."""
     if not BEFORE_DEFAULT_DEFENCES:
         return ""
-    held = "; ".join(f"{what} (CSV of {commit})"
-                     for what, commit in BEFORE_DEFAULT_DEFENCES.values())
-    return (f"\nThe runs of {len(BEFORE_DEFAULT_DEFENCES)} sections were made by the code of "
-            "2026-11-26/27, before the "
+    held = "; ".join(f"{what} (CSV of {commit})" for what, commit, _ in BEFORE_DEFAULT_DEFENCES)
+    return ("\nSome published runs were made by the code of 2026-11-26/27, before the "
             "defences made default from 2026-11-28 on (the update clip, update-clip-factor "
             "3; the direction check, direction-factor 3; the loss-based policies' capped "
-            "floor): " + held + ". Their commands rerun on "
-            "today's code apply those defaults and give other numbers (the earlier "
-            "code reruns them bit for bit: checked for paper 002, whose section was then "
-            "rerun on today's code); investigations that re-read these CSVs inherit it. "
-            "The other sections' runs were made with today's defaults.\n")
+            "floor): " + held + ". Their commands rerun on today's code apply those "
+            "defaults, so their numbers change wherever a default acts on an honest "
+            "client (for paper 002 the earlier code reran its runs bit for bit and "
+            "today's code did not; its section was then rerun); investigations that "
+            "re-read these CSVs inherit it. Every other published run was made with "
+            "today's defaults.\n")
 
 
 def verdicts(text: str) -> list[tuple[str, str, str, str]]:

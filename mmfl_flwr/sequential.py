@@ -42,7 +42,8 @@ def single_settings(settings: Settings, model: str) -> Settings:
     The same settings (tasks, clients, profile, data, seed, local training,
     client arrivals), so that the federation, the model's data partition and
     eligibility, its initial weights and its training seeds (which depend only
-    on the seed and the model's name) are those of the multi-model run, with:
+    on the seeds -- ``seed``, ``data_seed``, ``model_seed`` -- and the model's name)
+    are those of the multi-model run, with:
 
     - ``strategy="full"``, ``aggregator=""``: every client that holds the model
       trains it every round; FedAvg; the other presets' parameters

@@ -941,3 +941,40 @@ def test_paper002_reanalyses_its_csvs_without_running(tmp_path):
                            timeout=300)
     assert short.returncode == 2 and "another configuration" in short.stderr
     assert "Traceback" not in short.stderr and not (tmp_path / "x").exists()
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=E.REPO, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_the_header_names_every_run_csv_made_before_the_default_defences():
+    """RESULTS.md's header lists the published run CSVs made before the defences made
+    default on 2026-11-28 (b32233e), each with the commit that wrote it, and only those:
+    a CSV whose runs are made again leaves the list (its entry would then be false), and
+    one made by the earlier code and not listed would be presented as today's defaults'."""
+    try:
+        _git("cat-file", "-e", "b32233e^{commit}")
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("needs the repository's git history (b32233e)")
+    import reproduce
+
+    listed = {f"docs/results/{p}": commit
+              for _, commit, paths in reproduce.BEFORE_DEFAULT_DEFENCES for p in paths}
+    older = {}
+    for path in _git("ls-files", "docs/results").splitlines():
+        if not path.endswith((".csv", ".jsonl")):
+            continue
+        # the commit that last wrote the file's content (a move is not a write)
+        wrote = _git("log", "--follow", "--diff-filter=AM", "--format=%h", "-1", "--", path)
+        if wrote and subprocess.run(["git", "merge-base", "--is-ancestor", wrote, "b32233e"],
+                                    cwd=E.REPO).returncode == 0:
+            older[path] = wrote
+    # a file changed in the working tree (being rerun) counts as made today
+    changed = set(_git("diff", "--name-only", "HEAD").splitlines())
+    older = {p: c for p, c in older.items() if p not in changed}
+    assert sorted(older) == sorted(p for p in listed if p not in changed)
+    for path, wrote in older.items():
+        assert _git("rev-parse", wrote) == _git("rev-parse", listed[path]), path
+    assert all(commit in reproduce.code_note()
+               for _, commit, _ in reproduce.BEFORE_DEFAULT_DEFENCES)

@@ -66,10 +66,9 @@ INVESTIGATIONS: list[str] = [
     "python benchmarks/paper001_group.py --task mnist-5k --scenarios "
     "consistent,inconsistent,clients,tasks --seeds 0,1,2 --num-rounds 20 --out "
     "docs/results/mnist5k --cache docs/results/mnist5k/paper001_group_runs.jsonl",
-    # (c) alone from the runs of the line above (its cache), for RESULTS.md's summary
-    "python benchmarks/paper001_group.py --task mnist-5k --scenarios clients --seeds 0,1,2 "
-    "--num-rounds 20 --out docs/results/mnist5k/clients_3seeds --cache "
-    "docs/results/mnist5k/paper001_group_runs.jsonl",
+    "python benchmarks/paper001_group.py --task mnist-5k --scenarios clients --seeds "
+    "0,1,2,3,4,5,6,7,8 --num-rounds 20 --out docs/results/mnist5k/clients_9seeds --cache "
+    "docs/results/mnist5k/clients_9seeds/runs.jsonl",
     "python benchmarks/paper001_group.py --task mnist-5k --scenarios consistent --seeds "
     "0,1,2,3,4,5,6,7,8 --num-rounds 20 --out docs/results/mnist5k/consistent_9seeds --cache "
     "docs/results/mnist5k/defence_cost_runs.jsonl",
@@ -118,7 +117,7 @@ def investigation_command(line: str, out: Path) -> list[str]:
 EXTRA_FRAGMENTS: dict[str, list[str]] = {
     "paper001_group": ["mnist5k/consistent_9seeds/paper001_group",
                        "mnist5k/inconsistent_9seeds/paper001_group",
-                       "mnist5k/clients_3seeds/paper001_group",
+                       "mnist5k/clients_9seeds/paper001_group",
                        "mnist5k/tasks_9seeds/paper001_group"],
 }
 

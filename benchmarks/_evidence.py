@@ -312,7 +312,10 @@ def map_cached(
     if len(todo) < len(jobs):
         print(f"  {len(jobs) - len(todo)} of {len(jobs)} runs taken from {path}", flush=True)
 
+    count = [len(jobs) - len(todo)]  # this call's jobs done (the cache may hold others)
+
     def finished(job: Any, result: Any) -> None:
+        count[0] += 1
         done[_key(job)] = result
         where[_key(job)] = here
         if path is not None:
@@ -322,7 +325,7 @@ def map_cached(
             with open(path, "a") as f:
                 f.write(json.dumps({"key": _key(job), "result": result, "machine": here})
                         + "\n")
-        print(f"  {label(job)}: done ({len(done)}/{len(jobs)})", flush=True)
+        print(f"  {label(job)}: done ({count[0]}/{len(jobs)})", flush=True)
 
     if workers <= 1:
         for job in todo:

@@ -187,7 +187,6 @@ BEFORE_DEFAULT_DEFENCES: list[tuple[str, str, tuple[str, ...]]] = [
      ("paper003_table1.csv", "paper003_fig2.csv", "paper003_fig4.csv")),
     ("paper 003 Fig. 5", "e640661", ("paper003_fig5.csv",)),
     ("papers 000/001 on the digits", "b0a8916", ("paper001_group.csv",)),
-    ("paper 004", "ea9f5f9", ("paper004_ucb.csv",)),
     ("the investigations' Fig. 2 on Synthetic (docs/results/synthetic_fig2)", "b0a8916",
      ("synthetic_fig2/paper003_table1.csv",)),
     ("scenario (c) with static clients (docs/results/clients_static)", "2e006fa",

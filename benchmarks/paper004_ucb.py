@@ -10,7 +10,8 @@ model in its own run with K/2 clients per round (FedAvg = Multi-FedAvg with one 
 from the same data and initial weights, as the paper's baseline.
 
     python benchmarks/paper004_ucb.py --quick   # Synthetic(1,1), 100 clients, 5 seeds
-    python benchmarks/paper004_ucb.py --full    # Synthetic(1,1), 100 clients, 60/30 rounds, 8 seeds
+    python benchmarks/paper004_ucb.py --full    # Synthetic(1,1) and Synthetic-IID, 100 clients,
+                                                # 60/30 rounds, 8 seeds
 
 Engine: ``inprocess`` by default here (measured on the shared 2-core machine, 20 rounds
 of Ranklist-Multi-UCB with K = 64: 55 s against 261 s on the vectorized engine, same

@@ -85,9 +85,7 @@ INVESTIGATIONS: list[str] = [
 
 #: Commands RESULTS.md shows as a way to go further, whose results it does not report
 #: (not rerun), and the re-analyses of the sections' own CSVs (--from-csv).
-SUGGESTED: list[str] = [
-    "python benchmarks/paper004_ucb.py --full --datasets synthetic-1-1,synthetic-iid",
-]
+SUGGESTED: list[str] = []
 
 
 def investigation_command(line: str, out: Path) -> list[str]:

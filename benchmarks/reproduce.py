@@ -57,6 +57,8 @@ INVESTIGATIONS: list[str] = [
     "python benchmarks/coef_sum_mean.py --policy-only 0-7 --num-rounds 4000 --window 40",
     "python benchmarks/coef_sum_mean.py --strategy random --num-rounds 300 --seed 11",
     "python benchmarks/mifa_seen_share.py",
+    "python benchmarks/table1_details.py --csv docs/results/paper003_table1.csv --methods "
+    "lvr,gvr,stalevre,scaffold --at 40,80,100,120,150",
     "python benchmarks/paper001_group.py --full --scenarios clients-static --seeds 0,1,2,3,4 "
     "--out docs/results/clients_static",
     "python benchmarks/paper001_group.py --full --scenarios clients-static-p12 --seeds "

@@ -982,3 +982,35 @@ def test_the_header_names_every_run_csv_made_before_the_default_defences():
         assert _git("rev-parse", wrote) == _git("rev-parse", listed[path]), path
     assert all(commit in reproduce.code_note()
                for _, commit, _ in reproduce.BEFORE_DEFAULT_DEFENCES)
+
+
+def test_table1_details_by_hand(tmp_path):
+    """table1_details.py on a hand-made long CSV: uploads summed over the models per
+    round, their mean and population variance per seed averaged over seeds; the mean
+    accuracy over the models at a round and the late fall; bad input refused."""
+    path = tmp_path / "t.csv"
+    # (seed, round, task, uploads, accuracy)
+    runs = [(0, 0, "x", "", 0.1), (0, 0, "y", "", 0.1),
+            (0, 1, "x", 1, 0.6), (0, 1, "y", 2, 0.4),    # uploads 3, accuracy 0.5
+            (0, 2, "x", 3, 0.7), (0, 2, "y", 2, 0.5),    # uploads 5, accuracy 0.6
+            (1, 0, "x", "", 0.1), (1, 0, "y", "", 0.1),
+            (1, 1, "x", 2, 0.7), (1, 1, "y", 2, 0.5),    # uploads 4, accuracy 0.6
+            (1, 2, "x", 4, 0.6), (1, 2, "y", 4, 0.4)]    # uploads 8, accuracy 0.5
+    path.write_text("method,seed,round,task,uploads,accuracy\n" + "".join(
+        f"a,{sd},{rd},{t},{u},{acc}\n" for sd, rd, t, u, acc in runs))
+    proc = subprocess.run([sys.executable, str(BENCH / "table1_details.py"), "--csv", str(path),
+                           "--rounds", "2", "--at", "1,2", "--late-from", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    # seed 0: uploads 3, 5 (mean 4, population variance 1); seed 1: 4, 8 (6, 4)
+    assert "a              mean    5.00  variance    2.50  (2 seeds)" in proc.stdout
+    assert "a              seed 0: 0.500  0.600  fall +0.000" in proc.stdout
+    assert "a              seed 1: 0.600  0.500  fall +0.100" in proc.stdout
+    for args, why in ((["--methods", "b"], "unknown"), (["--rounds", "3"], "--rounds"),
+                      (["--at", "5"], "--at"), (["--late-from", "3"], "--late-from")):
+        ok = ["--rounds", "2", "--at", "1", "--late-from", "1"]
+        bad = subprocess.run([sys.executable, str(BENCH / "table1_details.py"), "--csv",
+                              str(path), *ok, *args], capture_output=True, text=True,
+                             timeout=120)
+        assert bad.returncode == 2 and why in bad.stderr.splitlines()[-1]
+        assert "Traceback" not in bad.stderr

@@ -430,7 +430,8 @@ def main(argv: list[str] | None = None) -> int:
     bf = brown_forsythe_greater(fx, fy)
     spread_verdict = ("holds" if bf["p_greater"] < 0.05 else
                       "does not hold" if bf["p_less"] < 0.05 else "not resolved")
-    spread_found = (f"with the data and initial weights held fixed, var(MFA-Rand) / var(MFA-RR) = {f_ratio:.2f} "
+    spread_found = (f"with the data and initial weights held fixed, var(MFA-Rand) / "
+                    f"var(MFA-RR) = {f_ratio:.2f} "
                     f"(F 95% CI [{f_lo:.2f}, {f_hi:.2f}]), one-sided Brown-Forsythe p = "
                     f"{bf['p_greater']:.3g} ({len(fx)} + {len(fy)} independent runs)")
     if fixed_given is None:

@@ -58,7 +58,7 @@ INVESTIGATIONS: list[str] = [
     "python benchmarks/coef_sum_mean.py --strategy random --num-rounds 300 --seed 11",
     "python benchmarks/mifa_seen_share.py",
     "python benchmarks/table1_details.py --csv docs/results/paper003_table1.csv --methods "
-    "lvr,gvr,stalevre,scaffold --at 40,80,100,120,150",
+    "lvr,gvr,stalevr,stalevre,scaffold --at 40,80,100,120,150",
     "python benchmarks/paper001_group.py --full --scenarios clients-static --seeds 0,1,2,3,4 "
     "--out docs/results/clients_static",
     "python benchmarks/paper001_group.py --full --scenarios clients-static-p12 --seeds "
@@ -183,8 +183,6 @@ kernels say which ("AVX512 kernels": the second machine), older ones do not.
 #: docs/results). Their commands, rerun
 #: on today's code, apply those defaults; an entry goes once its runs are made again.
 BEFORE_DEFAULT_DEFENCES: list[tuple[str, str, tuple[str, ...]]] = [
-    ("paper 003 Table 1, Fig. 2 and Fig. 4 on the digits", "d7c273d",
-     ("paper003_table1.csv", "paper003_fig2.csv", "paper003_fig4.csv")),
     ("paper 003 Fig. 5", "e640661", ("paper003_fig5.csv",)),
     ("papers 000/001 on the digits", "b0a8916", ("paper001_group.csv",)),
     ("the investigations' Fig. 2 on Synthetic (docs/results/synthetic_fig2)", "b0a8916",

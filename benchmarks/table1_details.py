@@ -7,7 +7,10 @@ CSV that ``paper003_table1.py`` wrote (nothing runs):
   both averaged over the seeds;
 * late falls: per method and seed, the mean accuracy over the models at the rounds of
   ``--at``, and the fall from the best of rounds ``--late-from``..end to the last round
-  (a run that degrades late shows a large fall).
+  (a run that degrades late shows a large fall);
+* dips: per method and seed, the lowest mean accuracy after round ``--rounds`` (and its
+  round), and how many of those rounds lie at least ``--dip`` below the best round so far
+  (a run that falls and recovers shows dips but no fall).
 
     python benchmarks/table1_details.py                      # docs/results/paper003_table1.csv
     python benchmarks/table1_details.py --methods stalevre,scaffold --at 100,120,150
@@ -35,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--at", default="40,80,120,150", help="rounds of the accuracy columns")
     p.add_argument("--late-from", type=int, default=100,
                    help="the fall is measured from the best round from here on (default 100)")
+    p.add_argument("--dip", type=float, default=0.1,
+                   help="a dip is a round at least this far below the best so far "
+                        "(default 0.1)")
     a = p.parse_args(argv)
     try:
         with open(a.csv, newline="") as f:
@@ -58,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--rounds must be in [1, {last}] (the runs' length), got {a.rounds}")
     if max(at) > last or not 0 <= a.late_from <= last:
         p.error(f"--at and --late-from must be rounds of the runs (at most {last})")
+    if not 0 < a.dip < 1:
+        p.error(f"--dip must be in (0, 1), got {a.dip}")
 
     def mean_acc(key: tuple[str, int], rd: int) -> float:
         return statistics.fmean(acc[key][rd])
@@ -72,13 +80,27 @@ def main(argv: list[str] | None = None) -> int:
               f"variance {statistics.fmean(statistics.pvariance(v) for v in per):7.2f}  "
               f"({len(seeds)} seeds)")
     print(f"\nmean accuracy over the models at rounds {', '.join(map(str, at))}; fall = best "
-          f"of rounds {a.late_from}-{last} minus round {last}:")
+          f"of rounds {a.late_from}-{last} minus round {last}"
+          + (f"; low = the lowest of rounds {a.rounds + 1}-{last} (its round); dips = how "
+             f"many of those rounds lie at least {a.dip:g} below the best round so far"
+             if a.rounds < last else "") + ":")
     for m in methods:
         for s in sorted(s for mm, s in acc if mm == m):
             key = (m, s)
             best = max(mean_acc(key, rd) for rd in range(a.late_from, last + 1))
             cols = "  ".join(f"{mean_acc(key, rd):.3f}" for rd in at)
-            print(f"  {m:14s} seed {s}: {cols}  fall {best - mean_acc(key, last):+.3f}")
+            line = f"  {m:14s} seed {s}: {cols}  fall {best - mean_acc(key, last):+.3f}"
+            if a.rounds < last:
+                so_far = max(mean_acc(key, rd) for rd in range(0, a.rounds + 1))
+                low, low_rd, dips = 2.0, 0, 0
+                for rd in range(a.rounds + 1, last + 1):
+                    v = mean_acc(key, rd)
+                    so_far = max(so_far, v)
+                    dips += so_far - v >= a.dip - 1e-9    # 0.6 - 0.5 is a dip of 0.1
+                    if v < low:
+                        low, low_rd = v, rd
+                line += f"  low {low:.3f} (round {low_rd})  dips {dips}"
+            print(line)
     return 0
 
 

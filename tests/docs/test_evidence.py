@@ -1006,8 +1006,21 @@ def test_table1_details_by_hand(tmp_path):
     assert "a              mean    5.00  variance    2.50  (2 seeds)" in proc.stdout
     assert "a              seed 0: 0.500  0.600  fall +0.000" in proc.stdout
     assert "a              seed 1: 0.600  0.500  fall +0.100" in proc.stdout
+    assert "low" not in proc.stdout                      # no round after --rounds 2
+    # after round 1: seed 0's round 2 (0.6) is its best so far; seed 1's (0.5) lies 0.1
+    # below its round 1 (0.6), a dip at --dip 0.1 and none at --dip 0.15
+    for dip, count in (("0.1", 1), ("0.15", 0)):
+        proc = subprocess.run([sys.executable, str(BENCH / "table1_details.py"), "--csv",
+                               str(path), "--rounds", "1", "--at", "2", "--late-from", "1",
+                               "--dip", dip], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert "a              seed 0: 0.600  fall +0.000  low 0.600 (round 2)  dips 0" \
+            in proc.stdout
+        assert (f"a              seed 1: 0.500  fall +0.100  low 0.500 (round 2)  dips {count}"
+                in proc.stdout)
     for args, why in ((["--methods", "b"], "unknown"), (["--rounds", "3"], "--rounds"),
-                      (["--at", "5"], "--at"), (["--late-from", "3"], "--late-from")):
+                      (["--at", "5"], "--at"), (["--late-from", "3"], "--late-from"),
+                      (["--dip", "0"], "--dip")):
         ok = ["--rounds", "2", "--at", "1", "--late-from", "1"]
         bad = subprocess.run([sys.executable, str(BENCH / "table1_details.py"), "--csv",
                               str(path), *ok, *args], capture_output=True, text=True,

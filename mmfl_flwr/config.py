@@ -231,6 +231,16 @@ class Settings:
     # + one field per algorithm-card parameter, added by _with_algorithm_settings
 
     @property
+    def data_seed_used(self) -> int:
+        """The seed of the federation's data: ``data_seed``, or ``seed`` when it is -1."""
+        return self.data_seed if self.data_seed >= 0 else self.seed
+
+    @property
+    def model_seed_used(self) -> int:
+        """The seed of the initial weights: ``model_seed``, or ``seed`` when it is -1."""
+        return self.model_seed if self.model_seed >= 0 else self.seed
+
+    @property
     def task_kinds(self) -> list[str]:
         """The task kinds, one per model."""
         return [t.strip() for t in self.tasks.split(",") if t.strip()]

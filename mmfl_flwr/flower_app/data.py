@@ -49,7 +49,7 @@ def federation_for(settings: Settings, clients: Iterable[int] | None = None,
     key = (
         tuple(settings.task_kinds),
         settings.num_clients,
-        settings.data_seed if settings.data_seed >= 0 else settings.seed,
+        settings.data_seed_used,
         settings.labels_per_client,
         settings.synthetic_max_samples,
         settings.profile,

@@ -133,7 +133,7 @@ def initial_arrays(s: Settings) -> dict[str, ArrayRecord]:
     from mmfl_flwr.tasks.models import make_model
 
     fed = federation_for(s, clients=(), server_tests=True)  # the server holds no client's data
-    seed = s.model_seed if s.model_seed >= 0 else s.seed
+    seed = s.model_seed_used
     out = {}
     for task in fed.tasks:
         kind = fed.kinds[task]

@@ -44,3 +44,12 @@ def test_data_seed_fixes_the_data_and_model_seed_does_not_move_it():
     assert len(fixed) == len(d0) and all(np.array_equal(x, y) for x, y in zip(fixed, d0))
     moved = first_samples(seed=0, model_seed=7)
     assert all(np.array_equal(x, y) for x, y in zip(moved, d0))
+
+
+def test_the_seeds_used_fall_back_to_seed_only_at_minus_one():
+    """``data_seed_used`` / ``model_seed_used``: the setting, or ``seed`` at -1 (0 is a
+    seed of its own, not "unset")."""
+    for field, used in (("data_seed", "data_seed_used"), ("model_seed", "model_seed_used")):
+        assert getattr(Settings(seed=7), used) == 7
+        assert getattr(Settings(seed=7, **{field: 0}), used) == 0
+        assert getattr(Settings(seed=7, **{field: 3}), used) == 3

@@ -179,6 +179,14 @@ def _published_folder(path: str) -> str | None:
     return f"docs/results/{rel.as_posix()}" if rel.parts else None
 
 
+def figure_folder(out: str | Path) -> str:
+    """Where a fragment written to ``out`` links its figures: ``docs/results/<sub>``
+    when ``out`` is a published subfolder (an investigation's own section), else
+    ``docs/results`` (a section's figures, wherever this invocation wrote them: RESULTS.md
+    links the published ones)."""
+    return _published_folder(str(out)) or "docs/results"
+
+
 def machine() -> str:
     """One line naming the machine (CPU model and the vector kernels torch runs on
     it, cores, torch, GPU if any). The kernels are named because the model name

@@ -566,7 +566,7 @@ d_i,s / (B_i p_i,s); plotted summed over the models, for the unbiased d/(Bp) met
 
 {chr(10).join(f2)}
 
-![summed global step size](docs/results/paper003_fig2.png)
+![summed global step size]({out}/paper003_fig2.png)
 
 Verdict (GVR's summed step size fluctuates more than LVR's): {verdict(f2_claim) if f2_claim
 else 'not resolved'}. Found: {f2_found or 'not run'}. Paper: Fig. 2 shows GVR's sum
@@ -586,7 +586,7 @@ counts in brackets), so a paired difference with censored times understates the 
 
 {chr(10).join(f4l)}
 
-![rounds to target](docs/results/paper003_fig4.png)
+![rounds to target]({out}/paper003_fig4.png)
 
 Verdict (MMFL-GVR faster than RoundRobin-GVR at every target): {f4_verdict.split(" (")[0]}.
 Found: {f4_dir_found}. Paper: MMFL-GVR lower at every target (Fig. 4, no numbers
@@ -597,7 +597,7 @@ Paper: "as the target accuracy increases, the gap between the two methods widens
 
 Command: `{cmd}`; scale: {scale}.
 """
-    text = text.replace(f"]({out}/", "](docs/results/")
+    text = text.replace(f"]({out}/", f"]({E.figure_folder(out)}/")
     E.write_fragment(out, NAME, text)
     print(text)
     return 0

@@ -185,14 +185,6 @@ kernels say which ("AVX512 kernels": the second machine), older ones do not.
 BEFORE_DEFAULT_DEFENCES: list[tuple[str, str, tuple[str, ...]]] = [
     ("paper 003 Fig. 5", "e640661", ("paper003_fig5.csv",)),
     ("papers 000/001 on the digits", "b0a8916", ("paper001_group.csv",)),
-    ("the investigations' Fig. 2 on Synthetic (docs/results/synthetic_fig2)", "b0a8916",
-     ("synthetic_fig2/paper003_table1.csv",)),
-    ("scenario (c) with static clients (docs/results/clients_static)", "2e006fa",
-     ("clients_static/paper001_group.csv",)),
-    ("the same at participation 1/2 (docs/results/clients_static_p12)", "b0a8916",
-     ("clients_static_p12/paper001_group.csv",)),
-    ("the C-step's cluster quality (docs/results/group_cstep_quality.csv)", "b0a8916",
-     ("group_cstep_quality.csv",)),
 ]
 
 

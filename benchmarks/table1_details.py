@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the long CSV of paper003_table1.py (default: the published one)")
     p.add_argument("--methods", default="", help="methods to show (default: every one)")
     p.add_argument("--rounds", type=int, default=40,
-                   help="uploads over rounds 1..R (default 40)")
+                   help="uploads over rounds 1..R, and low and dips over rounds R+1 to "
+                        "the last (default 40; none when R is the last round)")
     p.add_argument("--at", default="40,80,120,150", help="rounds of the accuracy columns")
     p.add_argument("--late-from", type=int, default=100,
                    help="the fall is measured from the best round from here on (default 100)")
@@ -56,6 +57,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--csv {a.csv}: not a long CSV of paper003_table1.py ({err})")
     if not rows:
         p.error(f"--csv {a.csv}: holds no run")
+    gaps = [f"{m} seed {sd}" for (m, sd), by in acc.items() if sorted(by) != list(range(
+        max(by) + 1))]
+    if gaps:
+        p.error(f"--csv {a.csv}: rounds missing in {', '.join(sorted(gaps)[:3])}"
+                f"{' ...' if len(gaps) > 3 else ''} (every run needs rounds 0 to its last)")
     known = sorted({m for m, _ in acc})
     methods = E.name_list(p, "--methods", a.methods, known) if a.methods else known
     at = E.int_list(p, "--at", a.at, low=1)
@@ -96,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                 for rd in range(a.rounds + 1, last + 1):
                     v = mean_acc(key, rd)
                     so_far = max(so_far, v)
-                    dips += so_far - v >= a.dip - 1e-9    # 0.6 - 0.5 is a dip of 0.1
+                    dips += so_far - v >= a.dip * (1 - 1e-9)  # 0.6 - 0.5 is a dip of 0.1
                     if v < low:
                         low, low_rd = v, rd
                 line += f"  low {low:.3f} (round {low_rd})  dips {dips}"

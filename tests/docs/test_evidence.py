@@ -1006,7 +1006,7 @@ def test_table1_details_by_hand(tmp_path):
     assert "a              mean    5.00  variance    2.50  (2 seeds)" in proc.stdout
     assert "a              seed 0: 0.500  0.600  fall +0.000" in proc.stdout
     assert "a              seed 1: 0.600  0.500  fall +0.100" in proc.stdout
-    assert "low" not in proc.stdout                      # no round after --rounds 2
+    assert "dips" not in proc.stdout                     # no round after --rounds 2
     # after round 1: seed 0's round 2 (0.6) is its best so far; seed 1's (0.5) lies 0.1
     # below its round 1 (0.6), a dip at --dip 0.1 and none at --dip 0.15
     for dip, count in (("0.1", 1), ("0.15", 0)):
@@ -1018,6 +1018,26 @@ def test_table1_details_by_hand(tmp_path):
             in proc.stdout
         assert (f"a              seed 1: 0.500  fall +0.100  low 0.500 (round 2)  dips {count}"
                 in proc.stdout)
+    # dips count rounds against the best so far (not the previous round, not the best
+    # overall), through a recovery and a second dip: after round 1 (0.5) the rounds go
+    # 0.7 (best), 0.55 (dip), 0.8 (new best), 0.65 (dip), 0.7 (dip; 0.05 above the
+    # previous round), 0.75 (not a dip: 0.05 below the best)
+    other = tmp_path / "u.csv"
+    curve = [0.1, 0.5, 0.7, 0.55, 0.8, 0.65, 0.7, 0.75]
+    other.write_text("method,seed,round,task,uploads,accuracy\n" + "".join(
+        f"a,0,{rd},x,{int(rd > 0)},{acc}\n" for rd, acc in enumerate(curve)))
+    proc = subprocess.run([sys.executable, str(BENCH / "table1_details.py"), "--csv",
+                           str(other), "--rounds", "1", "--at", "7", "--late-from", "4"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "a              seed 0: 0.750  fall +0.050  low 0.550 (round 3)  dips 3" \
+        in proc.stdout
+    gap = tmp_path / "gap.csv"                 # round 1 missing: refused, not a traceback
+    gap.write_text("method,seed,round,task,uploads,accuracy\na,0,0,x,,0.1\na,0,2,x,1,0.5\n")
+    bad = subprocess.run([sys.executable, str(BENCH / "table1_details.py"), "--csv", str(gap),
+                          "--rounds", "1", "--at", "2"], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and "rounds missing in a seed 0" in bad.stderr.splitlines()[-1]
     for args, why in ((["--methods", "b"], "unknown"), (["--rounds", "3"], "--rounds"),
                       (["--at", "5"], "--at"), (["--late-from", "3"], "--late-from"),
                       (["--dip", "0"], "--dip")):
@@ -1027,3 +1047,30 @@ def test_table1_details_by_hand(tmp_path):
                              timeout=120)
         assert bad.returncode == 2 and why in bad.stderr.splitlines()[-1]
         assert "Traceback" not in bad.stderr
+
+
+def test_every_published_figure_link_names_an_existing_file_of_its_own_section():
+    """Each image link of RESULTS.md and of the Markdown under docs/results names a file
+    that exists, and a fragment in a subfolder (an investigation's own section) links
+    that subfolder's figures, not the main section's files of the same name (paper003's
+    fragment, written with --out docs/results/synthetic_fig2, linked docs/results/)."""
+    repo = BENCH.parent
+    results = repo / "docs" / "results"
+    pages = [repo / "RESULTS.md", *sorted(results.rglob("*.md"))]
+    checked = 0
+    for page in pages:
+        folder = page.parent.relative_to(repo).as_posix()
+        for target in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", page.read_text()):
+            assert (repo / target).is_file(), f"{page.name}: {target} does not exist"
+            if page.parent != results and page.parent != repo:
+                assert target.startswith(folder + "/"), f"{page}: {target} is not in {folder}"
+            checked += 1
+    assert checked > 20
+
+
+def test_figure_folder_keeps_a_published_subfolder(tmp_path):
+    assert E.figure_folder("docs/results/synthetic_fig2") == "docs/results/synthetic_fig2"
+    assert E.figure_folder(str(E.REPO / "docs" / "results" / "mnist5k" / "x")) == \
+        "docs/results/mnist5k/x"
+    assert E.figure_folder("docs/results") == "docs/results"
+    assert E.figure_folder(str(tmp_path)) == "docs/results"

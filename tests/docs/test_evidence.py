@@ -1074,3 +1074,42 @@ def test_figure_folder_keeps_a_published_subfolder(tmp_path):
         "docs/results/mnist5k/x"
     assert E.figure_folder("docs/results") == "docs/results"
     assert E.figure_folder(str(tmp_path)) == "docs/results"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--seeds", "x"], "expected integers"),
+    (["--num-rounds", "1"], "--num-rounds must be at least 2"),
+    (["--after", "150"], "--after must be in [0, 149]"),
+    (["--dip", "0"], "--dip must be in (0, 1)"),
+    (["--b0", "0"], "--b0 must be in (0, 10]"),
+    (["--big", "0.5"], "--big must be at least 1"),
+])
+def test_stalevre_dips_refuses_bad_arguments_in_one_line(args, message):
+    proc = subprocess.run([sys.executable, str(BENCH / "stalevre_dips.py"), *args],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr.splitlines()[-1]
+    assert "Traceback" not in proc.stderr
+
+
+def test_stalevre_dips_records_without_changing_the_run():
+    """The instrumented StaleVRE run is the plain run (the records only read the
+    aggregator's state), with one record per (round, model), and beta* is Eq. 20's
+    optimum on the pair's fresh update and stored one."""
+    import stalevre_dips as D
+    import paper003_table1 as T
+    from mmfl_flwr.config import Settings
+    from mmfl_flwr.core.stalevr import StaleVREAggregator
+    from mmfl_flwr.runner import run
+
+    original = StaleVREAggregator.aggregate
+    history, records, pairs = D.run(1, 3)
+    assert StaleVREAggregator.aggregate is original      # the patch is undone
+    kw = T.settings_for("stalevre", dict(T.SCALES["full"], num_rounds=3),
+                        "digits,digits,digits")
+    plain = run(Settings(**{**kw, "seed": 1, "output_dir": ""}), engine="vectorized").history
+    strip = [{k: v for k, v in r.items() if k != "seconds"} for r in history]
+    assert strip == [{k: v for k, v in r.items() if k != "seconds"} for r in plain]
+    assert sorted((r["round"], r["task"]) for r in records) == [
+        (rd, t) for rd in (1, 2, 3) for t in ("digits", "digits_2", "digits_3")]
+    assert all(r["correction"] >= 0 and r["stale"] >= 0 for r in records)
+    assert pairs and all(0 <= beta <= 1 and math.isfinite(star) for _, beta, star in pairs)

@@ -59,6 +59,8 @@ INVESTIGATIONS: list[str] = [
     "python benchmarks/mifa_seen_share.py",
     "python benchmarks/table1_details.py --csv docs/results/paper003_table1.csv --methods "
     "lvr,gvr,stalevr,stalevre,scaffold --at 40,80,100,120,150",
+    "python benchmarks/stalevre_dips.py --seeds 0,1",
+    "python benchmarks/stalevre_dips.py --seeds 0,1 --b0 0.5",
     "python benchmarks/paper001_group.py --full --scenarios clients-static --seeds 0,1,2,3,4 "
     "--out docs/results/clients_static",
     "python benchmarks/paper001_group.py --full --scenarios clients-static-p12 --seeds "
@@ -184,7 +186,6 @@ kernels say which ("AVX512 kernels": the second machine), older ones do not.
 #: on today's code, apply those defaults; an entry goes once its runs are made again.
 BEFORE_DEFAULT_DEFENCES: list[tuple[str, str, tuple[str, ...]]] = [
     ("paper 003 Fig. 5", "e640661", ("paper003_fig5.csv",)),
-    ("papers 000/001 on the digits", "b0a8916", ("paper001_group.csv",)),
 ]
 
 

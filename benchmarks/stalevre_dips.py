@@ -92,18 +92,27 @@ def run(seed: int, num_rounds: int, b0: float = 1.0) -> tuple[list[dict[str, Any
             k = server_round - entry[0] if entry is not None else 0
             star = optimal_stale_beta(u.delta, h) if h is not None else float("nan")
             if h is not None:
-                pairs.append((k, beta, star))
+                pairs.append((k, beta, star, entry is not None and entry[1] is None))
             if size > top.get("size", -1.0):
                 once = entry is not None and entry[1] is None  # beta = b0: no beta* yet
                 top = dict(size=size, c=c, beta=beta, star=star, k=k, once=once)
             corr = term if corr is None else [x + y for x, y in zip(corr, term)]
+        new = original(self, task, weights, updates, server_round, shares=shares,
+                       fresh=fresh)
+        # the two parts add up to the step the aggregator applied (checked by the tests)
+        step = [np.asarray(w, np.float64) - np.asarray(n, np.float64)
+                for w, n in zip(weights, new)]
+        parts = [np.zeros_like(x) for x in step]
+        for part in (stale_sum, corr):
+            if part is not None:
+                parts = [x + y for x, y in zip(parts, part)]
         records.append(dict(round=server_round, task=task,
                             stale=norm(stale_sum) if stale_sum else 0.0,
                             correction=norm(corr) if corr else 0.0, uploads=len(updates),
-                            b0_pairs=b0_pairs, b0_share=b0_share,
+                            b0_pairs=b0_pairs, b0_share=b0_share, step=norm(step),
+                            unexplained=norm([x - y for x, y in zip(step, parts)]),
                             **{f"top_{k}": v for k, v in top.items()}))
-        return original(self, task, weights, updates, server_round, shares=shares,
-                        fresh=fresh)
+        return new
 
     StaleVREAggregator.aggregate = aggregate  # type: ignore[method-assign]
     try:
@@ -112,6 +121,13 @@ def run(seed: int, num_rounds: int, b0: float = 1.0) -> tuple[list[dict[str, Any
     finally:
         StaleVREAggregator.aggregate = original  # type: ignore[method-assign]
     return list(result.history), records, pairs
+
+
+def _job(job: tuple[int, int, float]) -> tuple[Any, Any, Any, float]:
+    """One run in a worker process (the patch lives in that process)."""
+    t0 = time.monotonic()
+    history, records, pairs = run(*job)
+    return history, records, pairs, time.monotonic() - t0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--big", type=float, default=5.0,
                    help="a dip's step counts as made by one pair when that pair's term is "
                         "at least this many times the median top-pair term (default 5)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="runs in parallel (processes; default 1)")
     p.add_argument("--after", type=int, default=40,
                    help="dips and medians are read after this round (default 40)")
     a = p.parse_args(argv)
@@ -140,11 +158,15 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--b0 must be in (0, 10], got {a.b0}")
     if not a.big >= 1:
         p.error(f"--big must be at least 1, got {a.big}")
+    if a.workers < 1:
+        p.error(f"--workers must be >= 1, got {a.workers}")
     print(E.machine(), flush=True)
-    gaps: dict[int, list[float]] = defaultdict(list)
-    for seed in seeds:
-        t0 = time.monotonic()
-        history, records, pairs = run(seed, a.num_rounds, a.b0)
+    gaps: dict[tuple[int, bool], list[float]] = defaultdict(list)
+    totals: dict[str, int] = defaultdict(int)
+    finals: list[float] = []
+    results = E.map_cached(_job, [(seed, a.num_rounds, a.b0) for seed in seeds], a.workers,
+                           label=lambda j: f"seed {j[0]}")
+    for seed, (history, records, pairs, seconds) in zip(seeds, results):
         acc: dict[int, list[float]] = defaultdict(list)
         for r in history:
             acc[int(r["round"])].append(float(r["accuracy"]))
@@ -153,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         for rec in records:
             by_round[rec["round"]].append(rec)
         print(f"\nseed {seed} (b0 {a.b0:g}): {a.num_rounds} rounds in "
-              f"{time.monotonic() - t0:.0f} s; mean accuracy at the last round "
+              f"{seconds:.0f} s; mean accuracy at the last round "
               f"{mean[a.num_rounds]:.3f}")
         late = [rec for rec in records if rec["round"] > a.after]
 
@@ -205,12 +227,27 @@ def main(argv: list[str] | None = None) -> int:
                                                         in big)
                  + f"; {sum(bool(r.get('top_once')) for _, r in big)} of those pairs had "
                  "uploaded once" if big else ""))
-        for k, beta, star in pairs:
-            gaps[min(k, 20)].append(abs(beta - star))
+        for k, beta, star, once in pairs:
+            gaps[(min(k, 20), once)].append(abs(beta - star))
+        totals["dips"] += len(onsets)
+        totals["big"] += len(big)
+        totals["once"] += sum(bool(r.get("top_once")) for _, r in big)
+        finals.append(mean[a.num_rounds])
+    print(f"\nall {len(seeds)} seeds (b0 {a.b0:g}): {totals['dips']} dips, {totals['big']} of "
+          f"them starting with one pair's term at least {a.big:g} x the median "
+          f"({totals['once']} of those pairs had uploaded once); mean accuracy at the last "
+          f"round {statistics.fmean(finals):.3f} (per seed "
+          + ", ".join(f"{v:.3f}" for v in finals) + ")")
     print("\nmean |beta applied - beta* (Eq. 20, on the fresh G)| over the sampled pairs "
-          "with a stored h, by k (rounds since h was stored; 20 = 20 or more):")
-    for k in sorted(gaps):
-        print(f"  k {k:2d}: {statistics.fmean(gaps[k]):.3f} over {len(gaps[k])} pairs")
+          "with a stored h, by k (rounds since h was stored; 20 = 20 or more), for pairs "
+          "on Eq. 21's line and for pairs that had uploaded once (beta = b0):")
+    for k in sorted({k for k, _ in gaps}):
+        cells = []
+        for once, what in ((False, "line"), (True, "uploaded once")):
+            v = gaps.get((k, once))
+            cells.append(f"{what} {statistics.fmean(v):.3f} over {len(v)}" if v
+                         else f"{what} -")
+        print(f"  k {k:2d}: " + "; ".join(cells))
     return 0
 
 

@@ -185,7 +185,6 @@ kernels say which ("AVX512 kernels": the second machine), older ones do not.
 #: docs/results). Their commands, rerun
 #: on today's code, apply those defaults; an entry goes once its runs are made again.
 BEFORE_DEFAULT_DEFENCES: list[tuple[str, str, tuple[str, ...]]] = [
-    ("paper 003 Fig. 5", "e640661", ("paper003_fig5.csv",)),
 ]
 
 

@@ -59,8 +59,8 @@ INVESTIGATIONS: list[str] = [
     "python benchmarks/mifa_seen_share.py",
     "python benchmarks/table1_details.py --csv docs/results/paper003_table1.csv --methods "
     "lvr,gvr,stalevr,stalevre,scaffold --at 40,80,100,120,150",
-    "python benchmarks/stalevre_dips.py --seeds 0,1",
-    "python benchmarks/stalevre_dips.py --seeds 0,1 --b0 0.5",
+    "python benchmarks/stalevre_dips.py --seeds 0-7 --workers 2",
+    "python benchmarks/stalevre_dips.py --seeds 0-7 --workers 2 --b0 0.5",
     "python benchmarks/paper001_group.py --full --scenarios clients-static --seeds 0,1,2,3,4 "
     "--out docs/results/clients_static",
     "python benchmarks/paper001_group.py --full --scenarios clients-static-p12 --seeds "

@@ -89,7 +89,14 @@ INVESTIGATIONS: list[str] = [
 
 #: Commands RESULTS.md shows as a way to go further, whose results it does not report
 #: (not rerun), and the re-analyses of the sections' own CSVs (--from-csv).
-SUGGESTED: list[str] = []
+SUGGESTED: list[str] = [
+    # Table 1 on mnist-5k, resumable; many CPU-hours (full participation and GVR about 80
+    # minutes a run on 2 cores), so --full does not run it
+    "python benchmarks/paper003_table1.py --full --tasks mnist-5k,mnist-5k,mnist-5k "
+    "--methods full,random,lvr,gvr,stalevr,stalevre,fedvarp,mifa,scaffold,mifa-uploaded "
+    "--seeds 0,1,2 --num-rounds 40 --engine inprocess --workers 2 --out "
+    "docs/results/mnist5k/table1 --cache docs/results/mnist5k/table1/runs.jsonl",
+]
 
 
 def investigation_command(line: str, out: Path) -> list[str]:

@@ -47,10 +47,13 @@ def norm(arrays: list[np.ndarray]) -> float:
                              for a in arrays)))
 
 
-def run(seed: int, num_rounds: int, b0: float = 1.0) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
-                                              list[tuple[int, float, float]]]:
+Pair = tuple[int, float, float, bool]  # (k, beta applied, beta*, uploaded once)
+
+
+def run(seed: int, num_rounds: int, b0: float = 1.0
+        ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Pair]]:
     """One StaleVRE run: (history rows, per (round, model) records, per sampled pair
-    (k, beta applied, beta*))."""
+    with a stored h: (k, beta applied, beta*, whether it had uploaded only once))."""
     from mmfl_flwr.config import Settings
     from mmfl_flwr.core.stalevr import StaleVREAggregator, optimal_stale_beta
     from mmfl_flwr.runner import run as run_settings
@@ -60,7 +63,7 @@ def run(seed: int, num_rounds: int, b0: float = 1.0) -> tuple[list[dict[str, Any
     sc = dict(T.SCALES["full"], num_rounds=num_rounds)
     kw = {**T.settings_for("stalevre", sc, "digits,digits,digits"), "stalevre_b0": b0}
     records: list[dict[str, Any]] = []
-    pairs: list[tuple[int, float, float]] = []
+    pairs: list[Pair] = []
     original = StaleVREAggregator.aggregate
 
     def aggregate(self, task, weights, updates, server_round, *, shares=None, fresh=None):

@@ -214,9 +214,9 @@ def main(argv: list[str] | None = None) -> int:
                           f"  b0 pairs {rec['b0_pairs']} "
                           f"({rec['b0_share']:.2f} of the data)")
             in_dip = dip
-        big = [(rd, r) for rd, r in onsets if r.get("top_size", 0.0) >= a.big * med("top_size")]
-        rounds_big = {r["round"] for r in late
-                      if r.get("top_size", 0.0) >= a.big * med("top_size")}
+        large = a.big * med("top_size")
+        big = [(rd, r) for rd, r in onsets if r.get("top_size", 0.0) >= large]
+        rounds_big = {r["round"] for r in late if r.get("top_size", 0.0) >= large}
         starts = {rd for rd, _ in onsets}
         print(f"  {len(rounds_big)} of the {a.num_rounds - a.after} rounds after round "
               f"{a.after} have a model whose step holds one pair's term at least {a.big:g} x "

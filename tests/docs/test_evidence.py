@@ -1119,3 +1119,28 @@ def test_stalevre_dips_records_without_changing_the_run():
     assert any(r["stale"] > 0 for r in records) and all(r["step"] > 0 for r in records)
     assert pairs and all(0 <= beta <= 1 and math.isfinite(star) for _, beta, star, _ in pairs)
     assert all(beta == 1.0 for _, beta, _, once in pairs if once)   # b0 until a second upload
+
+
+def test_table1_variants_change_only_their_own_setting():
+    """Each sensitivity row of paper003_table1.py is its base preset with one setting
+    changed, and the strategy it builds carries that setting (a variant whose setting
+    were dropped would rerun its base under another name)."""
+    import paper003_table1 as T
+    from mmfl_flwr.config import Settings
+    from mmfl_flwr.flower_app.server_app import strategy_from_settings
+
+    sc = dict(T.SCALES["smoke"])
+    wanted = {"mifa-uploaded": ("start", "uploaded"), "stalevre-b0-0.5": ("b0", 0.5)}
+    assert set(T.VARIANTS) == set(wanted) == set(T.VARIANT_TEXT)
+    assert set(T.VARIANTS) <= set(T.METHODS)
+    for v, (base, extra) in T.VARIANTS.items():
+        kw = T.settings_for(v, sc, "digits,digits,digits")
+        base_kw = T.settings_for(base, sc, "digits,digits,digits")
+        assert kw["strategy"] == base
+        assert {k: x for k, x in kw.items() if k not in extra} == base_kw
+        key, value = wanted[v]
+        built = strategy_from_settings(Settings(**kw)).aggregator.config()
+        plain = strategy_from_settings(Settings(**base_kw)).aggregator.config()
+        assert built[key] == value and plain[key] != value
+        assert {k: x for k, x in built.items() if k != key} == {
+            k: x for k, x in plain.items() if k != key}

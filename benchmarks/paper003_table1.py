@@ -55,8 +55,8 @@ VARIANTS = {
     # MIFA averaging only over the (client, model) pairs that have uploaded instead of
     # counting the others as zero updates (README, Algorithm notes: MIFA's start)
     "mifa-uploaded": ("mifa", {"mifa_start": "uploaded"}),
-    # StaleVRE starting from beta = b0 = 0.5 instead of the paper's ~1 (README, Algorithm
-    # notes: why StaleVRE dips)
+    # StaleVRE with b0 = 0.5 instead of the paper's beta-hat of about 1 (README, Algorithm
+    # notes, MMFL-StaleVRE; docs/results/investigations.md, why StaleVRE dips)
     "stalevre-b0-0.5": ("stalevre", {"stalevre_b0": 0.5}),
 }
 #: What each variant changes, for the note under the relative-accuracy table.
@@ -64,10 +64,11 @@ VARIANT_TEXT = {
     "mifa-uploaded": "MIFA with `mifa-start = uploaded`, which averages only the (client, "
                      "model) pairs that have uploaded instead of counting the others as zero "
                      "updates (README, Algorithm notes)",
-    "stalevre-b0-0.5": "MMFL-StaleVRE with `stalevre-b0 = 0.5` instead of the paper's b0 = 1: "
-                       "Eq. 21's starting beta, held until a pair's second upload and the "
-                       "upper end of its clip (README, Algorithm notes; "
-                       "docs/results/investigations.md, why StaleVRE dips)",
+    "stalevre-b0-0.5": "MMFL-StaleVRE with `stalevre-b0 = 0.5` instead of the paper's b0 of "
+                       "about 1 (the default 1.0): Eq. 21's starting beta (held until a "
+                       "pair's second upload) and the upper end of its clip [0, b0] (README, "
+                       "Algorithm notes, MMFL-StaleVRE; docs/results/investigations.md, why "
+                       "StaleVRE dips)",
 }
 
 SCALES = {
@@ -372,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     if "stalevre-b0-0.5" in methods:
         claim("StaleVRE with b0 = 0.5 above every uniform-sampling baseline (sensitivity)",
               [("stalevre-b0-0.5", l_) for l_ in BASELINES],
-              "not in the paper (its StaleVRE starts at b0 of about 1)")
+              "not in the paper (its StaleVRE uses b0 of about 1)")
     claim("the baselines in Table 1's order, MIFA > Random > SCAFFOLD > FedVARP",
           list(zip(PAPER_BASELINE_ORDER, PAPER_BASELINE_ORDER[1:])),
           "MIFA 0.854 > Random 0.792 > SCAFFOLD 0.783 > FedVARP 0.681 of full")
@@ -389,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         if v in methods and v in finals and base in finals:
             gap = {L: E.paired_ci(finals_at[L][v], finals_at[L][base]) for L in lengths}
             notes.append(f"`{v}` is a sensitivity row, not the paper's rule: {VARIANT_TEXT[v]}. "
-                         f"Paired {v} - {base}: "
+                         f"Paired {v} - {base}, in accuracy: "
                          + "; ".join(f"{L} rounds {diff_text(gap[L])}" for L in lengths) + ".")
     variant_notes = "\n\n".join(notes)
 

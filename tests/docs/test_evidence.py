@@ -1130,7 +1130,8 @@ def test_table1_variants_change_only_their_own_setting():
     from mmfl_flwr.flower_app.server_app import strategy_from_settings
 
     sc = dict(T.SCALES["smoke"])
-    wanted = {"mifa-uploaded": ("start", "uploaded"), "stalevre-b0-0.5": ("b0", 0.5)}
+    wanted = {"mifa-uploaded": ("mifa_start", "start", "uploaded"),
+              "stalevre-b0-0.5": ("stalevre_b0", "b0", 0.5)}
     assert set(T.VARIANTS) == set(wanted) == set(T.VARIANT_TEXT)
     assert set(T.VARIANTS) <= set(T.METHODS)
     for v, (base, extra) in T.VARIANTS.items():
@@ -1138,7 +1139,8 @@ def test_table1_variants_change_only_their_own_setting():
         base_kw = T.settings_for(base, sc, "digits,digits,digits")
         assert kw["strategy"] == base
         assert {k: x for k, x in kw.items() if k not in extra} == base_kw
-        key, value = wanted[v]
+        field, key, value = wanted[v]
+        assert extra == {field: value}
         built = strategy_from_settings(Settings(**kw)).aggregator.config()
         plain = strategy_from_settings(Settings(**base_kw)).aggregator.config()
         assert built[key] == value and plain[key] != value

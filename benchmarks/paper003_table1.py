@@ -52,14 +52,10 @@ PAPER_BASELINE_ORDER = ["mifa", "random", "scaffold", "fedvarp"]
 #: Methods that are a preset with other settings (``--methods`` takes them too): the
 #: sensitivity of Table 1 to a choice the paper leaves open.
 VARIANTS = {
-    # MIFA averaging only over the (client, model) pairs that have uploaded instead of
-    # counting the others as zero updates (README, Algorithm notes: MIFA's start)
     "mifa-uploaded": ("mifa", {"mifa_start": "uploaded"}),
-    # StaleVRE with b0 = 0.5 instead of the paper's beta-hat of about 1 (README, Algorithm
-    # notes, MMFL-StaleVRE; docs/results/investigations.md, why StaleVRE dips)
     "stalevre-b0-0.5": ("stalevre", {"stalevre_b0": 0.5}),
 }
-#: What each variant changes, for the note under the relative-accuracy table.
+#: What each variant changes (the note under the relative-accuracy table says it).
 VARIANT_TEXT = {
     "mifa-uploaded": "MIFA with `mifa-start = uploaded`, which averages only the (client, "
                      "model) pairs that have uploaded instead of counting the others as zero "
@@ -387,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"Paper 003 Table 1: final accuracy at {primary} rounds (last {sc['last']})")
     notes = []
     for v, (base, _) in VARIANTS.items():
-        if v in methods and v in finals and base in finals:
+        if v in finals and base in finals:  # finals holds only --methods
             gap = {L: E.paired_ci(finals_at[L][v], finals_at[L][base]) for L in lengths}
             notes.append(f"`{v}` is a sensitivity row, not the paper's rule: {VARIANT_TEXT[v]}. "
                          f"Paired {v} - {base}, in accuracy: "

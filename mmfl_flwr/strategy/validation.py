@@ -285,6 +285,30 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float | None:
     return float(a @ b) / (na * nb)
 
 
+#: :func:`_median_rows` takes the median of at most this many numbers at a time.
+MEDIAN_BLOCK = 1 << 22
+
+
+def _median_rows(rows: Sequence[Sequence[np.ndarray]]) -> np.ndarray:
+    """The coordinate-wise median of several flattened updates, each given as its
+    1-D pieces (same sizes in every row): equal to ``np.median(np.stack([
+    np.concatenate(r) for r in rows]), axis=0)``, number for number, but computed a
+    block of coordinates at a time (about :data:`MEDIAN_BLOCK` numbers), so that
+    no stacked copy of every update is held: the server keeps one copy of each
+    client's update (the aggregator's), not three."""
+    sizes = [int(piece.size) for piece in rows[0]]
+    out = np.empty(sum(sizes))
+    step = max(1, MEDIAN_BLOCK // len(rows))
+    start = 0
+    for j, size in enumerate(sizes):
+        for lo in range(0, size, step):
+            hi = min(size, lo + step)
+            block = np.stack([row[j][lo:hi] for row in rows])
+            out[start + lo:start + hi] = np.median(block, axis=0)
+        start += size
+    return out
+
+
 def check_directions(
     updates: dict[str, list[Update]],
     history: dict[str, dict[str, list[float]]],
@@ -329,13 +353,12 @@ def check_directions(
     for task, us in updates.items():
         if len(us) < 2:
             continue
-        flat = np.stack([np.concatenate([np.asarray(d, dtype=np.float64).ravel()
-                                         for d in u.delta]) for u in us])
-        whole = None if len(us) <= DIRECTION_LEAVE_ONE_OUT else np.median(flat, axis=0)
+        rows = [[np.asarray(d, dtype=np.float64).ravel() for d in u.delta] for u in us]
+        whole = None if len(us) <= DIRECTION_LEAVE_ONE_OUT else _median_rows(rows)
         past = history.setdefault(task, {})
         for i, u in enumerate(us):
-            ref = whole if whole is not None else np.median(np.delete(flat, i, axis=0), axis=0)
-            c = _cosine(flat[i], ref)
+            ref = whole if whole is not None else _median_rows(rows[:i] + rows[i + 1:])
+            c = _cosine(np.concatenate(rows[i]), ref)
             if c is not None:
                 past[u.cid] = (past.get(u.cid, []) + [c])[-DIRECTION_HISTORY:]
         scores = {cid: float(np.mean(v)) for cid, v in past.items()

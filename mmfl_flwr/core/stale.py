@@ -180,6 +180,29 @@ def _zeros_like(weights: Weights) -> list[np.ndarray]:
     return [np.zeros(w.shape, dtype=np.float64) for w in weights]
 
 
+class _Stored(Mapping[str, list[np.ndarray]]):
+    """The stale updates of one task's pairs ``cids``, read from the store when asked
+    (a fresh float64 copy each time): a round's aggregation then holds one client's
+    stale update at a time, not a copy of every client's."""
+
+    def __init__(self, store: StaleStore, task: str, cids: Mapping[str, Any]) -> None:
+        self._store, self._task, self._cids = store, task, cids
+
+    def __getitem__(self, cid: str) -> list[np.ndarray]:
+        if cid not in self._cids:
+            raise KeyError(cid)
+        h = self._store.get(cid, self._task)
+        if h is None:
+            raise KeyError(cid)
+        return h
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._cids)
+
+    def __len__(self) -> int:
+        return len(self._cids)
+
+
 class StaleAggregator(Aggregator):
     """Shared machinery: the store and the Eq. 17/18 combination."""
 
@@ -267,16 +290,13 @@ class StaleAggregator(Aggregator):
         ``Delta = sum d z + sum d l (G - z) / (B p)``; afterwards ``h <- G`` for the
         sampled pairs."""
         shares = default_shares(shares, updates)
-        stale = {}
+        betas = {}
         for cid in set(shares) | {u.cid for u in updates}:
             h = self.store.get(cid, task)
             if h is not None:
-                stale[cid] = h
-        z = {
-            cid: [self._stale_weight(task, cid, h, fresh or {}, server_round) * a for a in h]
-            for cid, h in stale.items()
-        }
-        new, _ = self._combine(weights, shares, z, updates)
+                betas[cid] = self._stale_weight(task, cid, h, fresh or {}, server_round)
+        stale = _Stored(self.store, task, betas)
+        new, _ = self._combine(weights, shares, betas, stale, updates)
         self._after(task, updates, stale, server_round)
         self._refresh(task, updates)
         return new
@@ -289,24 +309,28 @@ class StaleAggregator(Aggregator):
     def _combine(
         weights: Weights,
         shares: Mapping[str, float],
-        z: Mapping[str, list[np.ndarray]],
+        betas: Mapping[str, float],
+        stale: Mapping[str, list[np.ndarray]],
         updates: Sequence[Update],
     ) -> tuple[Weights, list[np.ndarray]]:
-        """``Delta = sum_{N_s} d z + sum_{A_s} d l (G - z) / (B p)``; returns the new
-        weights and Delta."""
+        """``Delta = sum_{N_s} d z + sum_{A_s} d l (G - z) / (B p)`` with ``z = beta
+        h`` (``betas``, ``stale``: the pairs with a stale update); returns the new
+        weights and Delta. Each ``z`` is formed when it is added and dropped after,
+        so no copy of every client's stale update is held at once."""
         delta = _zeros_like(weights)
         for cid, d in shares.items():
-            if d > 0 and cid in z:
-                for acc, a in zip(delta, z[cid]):
-                    acc += d * a
+            if d > 0 and cid in betas:
+                b = betas[cid]
+                for acc, a in zip(delta, stale[cid]):
+                    acc += d * (b * a)
         for u in updates:
             if not u.prob > 0:
                 raise ValueError(f"client {u.cid}: stale rules need prob > 0, got {u.prob}")
             c = StaleAggregator._fresh_coefficient(u)
-            zu = z.get(u.cid)
+            h = stale[u.cid] if u.cid in betas else None
             for j, acc in enumerate(delta):
                 g = np.asarray(u.delta[j], dtype=np.float64)
-                acc += c * (g - zu[j] if zu is not None else g)
+                acc += c * (g - betas[u.cid] * h[j] if h is not None else g)
         new = [
             (w.astype(np.float64) - dl).astype(w.dtype, copy=False)
             for w, dl in zip(weights, delta)

@@ -760,3 +760,31 @@ def test_stalevr_declares_the_signal_it_samples_on(monkeypatch):
         assert StaleVRSampling(signal=signal).selection_signal == signal
         assert norms_of(strategy="stalevr", stalevr_signal=signal) == 0
     assert norms_of(strategy="gvr") == 4 * 3  # 4 clients x 3 models, one round
+
+
+@pytest.mark.parametrize("make", [FedVARPAggregator, StaleVRAggregator, StaleVREAggregator],
+                         ids=["fedvarp", "stalevr", "stalevre"])
+def test_a_round_holds_one_stale_update_at_a_time(make):
+    """40 clients with stored updates of 100,000 parameters (32 MB in float64), 4 of
+    them fresh this round: what aggregating allocates at its peak (numpy's
+    allocations, traced) stays below a quarter of the stale updates' float64 size;
+    reading every client's stale update at once (and its beta h) takes twice it."""
+    import tracemalloc
+
+    n, size = 40, 100_000
+    rng = np.random.default_rng(0)
+    agg = make()
+    w = [np.zeros(size, dtype=np.float32)]
+    shares = {f"c{k}": 1 / n for k in range(n)}
+    agg.aggregate(T, w, [upd(f"c{k}", [rng.normal(size=size)], 1 / n) for k in range(n)], 1,
+                  shares=shares, fresh={f"c{k}": [rng.normal(size=size)] for k in range(n)})
+    ups = [upd(f"c{k}", [rng.normal(size=size)], 1 / n, p=0.1) for k in range(4)]
+    fresh = {f"c{k}": [rng.normal(size=size)] for k in range(n)}
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        agg.aggregate(T, w, ups, 2, shares=shares, fresh=fresh)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert peak < n * size * 8 / 4, f"peak {peak / 1e6:.1f} MB"

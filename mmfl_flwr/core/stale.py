@@ -189,12 +189,13 @@ class _Stored(Mapping[str, list[np.ndarray]]):
         self._store, self._task, self._cids = store, task, cids
 
     def __getitem__(self, cid: str) -> list[np.ndarray]:
-        if cid not in self._cids:
-            raise KeyError(cid)
-        h = self._store.get(cid, self._task)
+        h = self._store.get(cid, self._task) if cid in self._cids else None
         if h is None:
             raise KeyError(cid)
         return h
+
+    def __contains__(self, cid: object) -> bool:
+        return cid in self._cids
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(self._cids)

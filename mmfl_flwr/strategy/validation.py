@@ -294,8 +294,9 @@ def _median_rows(rows: Sequence[Sequence[np.ndarray]]) -> np.ndarray:
     1-D pieces (same sizes in every row): equal to ``np.median(np.stack([
     np.concatenate(r) for r in rows]), axis=0)``, number for number, but computed a
     block of coordinates at a time (about :data:`MEDIAN_BLOCK` numbers), so that
-    no stacked copy of every update is held: the server keeps one copy of each
-    client's update (the aggregator's), not three."""
+    no stacked copy of every update is held: with the float64 deltas the
+    validation makes, the server keeps one copy of each client's update (the
+    aggregator's), not three."""
     sizes = [int(piece.size) for piece in rows[0]]
     out = np.empty(sum(sizes))
     step = max(1, MEDIAN_BLOCK // len(rows))
@@ -304,7 +305,7 @@ def _median_rows(rows: Sequence[Sequence[np.ndarray]]) -> np.ndarray:
         for lo in range(0, size, step):
             hi = min(size, lo + step)
             block = np.stack([row[j][lo:hi] for row in rows])
-            out[start + lo:start + hi] = np.median(block, axis=0)
+            out[start + lo:start + hi] = np.median(block, axis=0, overwrite_input=True)
         start += size
     return out
 

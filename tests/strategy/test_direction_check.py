@@ -230,7 +230,6 @@ def test_the_setting_reaches_the_strategy(value, expected):
         assert strategy_from_settings(s).limits.direction_factor == expected
 
 
-
 def _stacked_cosines(us):
     """The cosines as a stacked computation gives them: every update flattened into
     one matrix, the leave-one-out or whole median of its rows (independent of the

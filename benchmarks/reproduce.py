@@ -90,8 +90,9 @@ INVESTIGATIONS: list[str] = [
 #: Commands RESULTS.md shows as a way to go further, whose results it does not report
 #: (not rerun), and the re-analyses of the sections' own CSVs (--from-csv).
 SUGGESTED: list[str] = [
-    # Table 1 on mnist-5k, resumable; many CPU-hours (full participation, GVR and StaleVR
-    # about an hour a run on one core, StaleVR with about 10 GB), so --full does not run it
+    # Table 1 on mnist-5k, resumable; many CPU-hours (full participation, StaleVR and GVR
+    # train every client: 55-60 minutes a run on one core for the first two on the current
+    # code; StaleVR peaks at about 9 GiB), so --full does not run it
     "python benchmarks/paper003_table1.py --full --tasks mnist-5k,mnist-5k,mnist-5k "
     "--methods full,random,lvr,gvr,stalevr,stalevre,fedvarp,mifa,scaffold,mifa-uploaded "
     "--seeds 0,1,2 --num-rounds 40 --engine inprocess --workers 2 --out "

@@ -900,6 +900,18 @@ def test_table1_reanalyses_its_csv_without_running(tmp_path):
                            timeout=300)
     assert quick.returncode == 2 and "made with another configuration" in quick.stderr
     assert not (tmp_path / "z").exists()
+    # without rr-gvr, Fig. 4's two claims (MMFL-GVR against RoundRobin-GVR) get no
+    # verdict, so the summary gets no "not resolved" rows for a method nobody ran
+    sub = subprocess.run([sys.executable, str(BENCH / "paper003_table1.py"), *args[:-4],
+                          "--methods", "full,random,lvr,gvr", "--seeds", "0,1",
+                          "--from-csv", str(csv_path), "--out", str(tmp_path / "w")],
+                         capture_output=True, text=True, timeout=300)
+    assert sub.returncode == 0, sub.stderr[-2000:]
+    w = (tmp_path / "w" / "paper003_table1.md").read_text()
+    assert "Fig. 4's claims get no verdict here" in w
+    assert "RoundRobin-GVR at every target):" not in w and "widens with the target):" not in w
+    assert "RoundRobin-GVR at every target):" in a and "widens with the target):" in a
+    assert "| gvr |" in w.split("### Paper 003, Fig. 4")[1]  # the rounds-to-target table
 
 
 @pytest.mark.slow
@@ -1119,6 +1131,16 @@ def test_stalevre_dips_records_without_changing_the_run():
     assert any(r["stale"] > 0 for r in records) and all(r["step"] > 0 for r in records)
     assert pairs and all(0 <= beta <= 1 and math.isfinite(star) for _, beta, star, _ in pairs)
     assert all(beta == 1.0 for _, beta, _, once in pairs if once)   # b0 until a second upload
+
+
+def test_table1_headings_name_a_task_other_than_the_stand_in():
+    """Table 1 on mnist-5k sits beside the digits stand-in's in RESULTS.md: its sections
+    (and so its summary rows) name the task; the stand-in's headings stay as they were."""
+    import paper003_table1 as T
+
+    assert T.on_tasks("digits,digits,digits") == ""
+    assert T.on_tasks("mnist-5k,mnist-5k,mnist-5k") == ", on `mnist-5k`"
+    assert T.on_tasks("synthetic, digits") == ", on `digits`, `synthetic`"
 
 
 def test_table1_variants_change_only_their_own_setting():

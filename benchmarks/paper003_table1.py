@@ -543,16 +543,16 @@ def main(argv: list[str] | None = None) -> int:
                     f"{d['hi']:+.3f}] over {d['n']} seeds ({primary} rounds)")
 
     if "rr-gvr" in methods:
-        f4_verdicts = f"""Verdict (MMFL-GVR faster than RoundRobin-GVR at every target): {f4_verdict.split(" (")[0]}.
+        f4_short = f4_verdict.split(" (")[0]
+        f4_verdicts = f"""Verdict (MMFL-GVR faster than RoundRobin-GVR at every target): {f4_short}.
 Found: {f4_dir_found}. Paper: MMFL-GVR lower at every target (Fig. 4, no numbers
 given).
 
 Verdict (the gap widens with the target): {widen_verdict}. Found: {f4_found or 'not run'}.
-Paper: "as the target accuracy increases, the gap between the two methods widens".
-"""
+Paper: "as the target accuracy increases, the gap between the two methods widens"."""
     else:  # the claims compare MMFL-GVR with RoundRobin-GVR: no verdict without it
         f4_verdicts = ("RoundRobin-GVR (`rr-gvr`) was not run (not in `--methods`), so "
-                       "Fig. 4's claims get no verdict here.\n")
+                       "Fig. 4's claims get no verdict here.")
     on = on_tasks(a.tasks)
     lens = ", ".join(str(L) for L in lengths)
     text = f"""### Paper 003, Table 1: MMFL-LVR / GVR / StaleVR / StaleVRE vs baselines{on}

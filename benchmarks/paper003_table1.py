@@ -341,10 +341,10 @@ def main(argv: list[str] | None = None) -> int:
             return
         tab = ["| claim | " + " | ".join(f"{L} rounds" for L in lengths) + " |",
                "|---|" + "---|" * len(lengths)]
-        for k, (h, l_) in enumerate(pairs):
-            if all(k < len(res[L]) for L in lengths):
-                tab.append(f"| {h} > {l_} | " + " | ".join(
-                    f"{diff_text(res[L][k])} {res[L][k]['verdict']}" for L in lengths) + " |")
+        # the pairs that ran (the same at every length), each named by its own entry
+        for k, d0 in enumerate(res[lengths[0]]):
+            tab.append(f"| {d0['hi_m']} > {d0['lo_m']} | " + " | ".join(
+                f"{diff_text(res[L][k])} {res[L][k]['verdict']}" for L in lengths) + " |")
         verdicts = {L: verdict(res[L]) for L in lengths}
         found = []
         for L in lengths:

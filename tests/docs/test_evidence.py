@@ -918,6 +918,16 @@ def test_table1_reanalyses_its_csv_without_running(tmp_path):
         "### Paper 003, Fig. 2: summed global step size sum_s ||H_tau,s||_1",
         "### Paper 003, Fig. 4: rounds to a target accuracy"]
     assert 'two methods widens".\n\nCommand: `' in a and "here.\n\nCommand: `" in w
+    # a claim's table names each pair it shows: without lvr, the first pair that ran
+    # (gvr > random) was printed as "lvr > random"
+    only = subprocess.run([sys.executable, str(BENCH / "paper003_table1.py"), "--smoke",
+                           "--methods", "full,random,gvr", "--seeds", "0,1", "--from-csv",
+                           str(csv_path), "--out", str(tmp_path / "v")],
+                          capture_output=True, text=True, timeout=300)
+    assert only.returncode == 0, only.stderr[-2000:]
+    v = (tmp_path / "v" / "paper003_table1.md").read_text()
+    assert "| gvr > random | " in v and "| lvr > random | " not in v
+    assert "| lvr > random | " in a and "| gvr > random | " in a
 
 
 @pytest.mark.slow

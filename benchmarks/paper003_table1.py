@@ -85,7 +85,8 @@ def settings_for(method: str, sc: dict[str, Any], tasks: str) -> dict[str, Any]:
     from mmfl_flwr.presets import presets_taking
 
     preset, extra = VARIANTS.get(method, (method, {}))
-    kw: dict[str, Any] = dict(strategy=preset, **extra, tasks=tasks, profile="paper003",
+    kw: dict[str, Any] = dict(strategy=preset, **extra, tasks=tasks,
+                              profile=sc.get("profile", "paper003"),
                               num_clients=sc["num_clients"], num_rounds=sc["num_rounds"],
                               local_epochs=sc["local_epochs"], lr=sc.get("lr", 0.1), batch_size=16)
     if preset in presets_taking("budget_fraction"):
@@ -125,7 +126,8 @@ def data_sizes(sc: dict[str, Any], tasks: str) -> str:
     high: list[int] = []
     n_models = len(tasks.split(","))
     for seed in sc["seeds"]:
-        f = federation_for(Settings(strategy="lvr", tasks=tasks, profile="paper003",
+        f = federation_for(Settings(strategy="lvr", tasks=tasks,
+                                    profile=sc.get("profile", "paper003"),
                                     num_clients=sc["num_clients"], seed=seed))
         for t in f.tasks:
             ns = sorted(n for c in range(f.num_clients)
@@ -204,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
                         "the longest; Table 1's main table and Fig. 2 use the first)")
     p.add_argument("--num-clients", type=int, default=0, help="override the mode's clients")
     p.add_argument("--lr", type=float, default=0.1, help="client learning rate (default 0.1)")
+    p.add_argument("--profile", default="paper003", choices=["paper003", "paper003-sizes"],
+                   help="client heterogeneity (default paper003, which shares out an image "
+                        "task's whole pool; paper003-sizes: paper 003's data sizes, about "
+                        "12 / 120 examples, where the pool is large enough)")
     p.add_argument("--budget-fraction", type=float, default=-1.0,
                    help="override the mode's m / V")
     a = p.parse_args(argv)
@@ -229,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.budget_fraction >= 0:
         sc["budget_fraction"] = a.budget_fraction
     sc["lr"] = a.lr
+    sc["profile"] = a.profile
     from mmfl_flwr.presets import PRESETS
 
     methods = E.name_list(p, "--methods", a.methods, [*PRESETS, *VARIANTS],
@@ -244,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         E.check_csv_models(p, a.from_csv, rows, [t.strip() for t in a.tasks.split(",")],
                            "--tasks")
         E.check_configuration(p, a.from_csv, NAME, [
-            f"{sc['num_clients']} clients (profile paper003), tasks `{a.tasks}`",
+            f"{sc['num_clients']} clients (profile {sc['profile']}), tasks `{a.tasks}`",
             f"{sc['local_epochs']} local epochs, lr {sc['lr']}, batch 16, budget fraction "
             f"{sc['budget_fraction'] or 'auto (5 expected uploads per model)'}"])
         machine = E.reanalysed_machine(out, NAME, a.from_csv)
@@ -262,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     if not a.from_csv:
         E.write_long_csv(os.path.join(out, f"{NAME}.csv"), rows)
     n_models = len(a.tasks.split(","))
-    scale = (f"{sc['num_clients']} clients (profile paper003), tasks `{a.tasks}` "
+    scale = (f"{sc['num_clients']} clients (profile {sc['profile']}), tasks `{a.tasks}` "
              f"({n_models} models), {sc['num_rounds']} rounds, {sc['local_epochs']} local "
              f"epochs, lr {sc['lr']}, batch 16, budget fraction "
              f"{sc['budget_fraction'] or 'auto (5 expected uploads per model)'}, seeds "

@@ -77,7 +77,8 @@ class Settings:
         Client heterogeneity: ``uniform`` (all tasks, one processor, equal data
         weight), ``paper003`` (10% high-data clients per task with ~10x the
         samples, 10% of clients without one task, B_i = |S_i| / ceil(|S_i|/2) / 1
-        for 25% / 50% / 25% of clients), ``clusters-consistent`` or
+        for 25% / 50% / 25% of clients), ``paper003-sizes`` (the same with paper
+        003's data sizes, about 12 / 120 examples), ``clusters-consistent`` or
         ``clusters-inconsistent`` (5 label clusters per digits task, 20% of the
         labels each, one client map for all tasks or one per task).
     data_root : str
@@ -599,6 +600,8 @@ def options() -> dict[str, Option]:
         "profile": Option(
             "client heterogeneity: uniform (all tasks, one processor), paper003 (10% "
             "high-data clients per task, 10% without one task, 1 to |S_i| processors), "
+            "paper003-sizes (the same with paper 003's data sizes, about 12 / 120 "
+            "examples per client, where an image task's pool is large enough), "
             "clusters-consistent / clusters-inconsistent (5 label clusters per digits "
             "task, one client map for all tasks or one per task)", _profiles),
         "data_root": Option("folder of the real datasets",

@@ -492,6 +492,13 @@ class Profile:
         holds, split among their holders.
     dirichlet_alpha : float
         Concentration of ``partition="dirichlet"``.
+    low_data_samples : int
+        With high-data clients, on the labelled image tasks: draw each copy's
+        training pool down (uniformly, without replacement, from its own stream) to
+        ``low_data_samples`` per unit of the eligible clients' data weights, so a
+        low-data client holds about that many examples and a high-data one about
+        ``high_data_ratio`` times as many (paper 003: about 12 and about 120). A
+        pool smaller than that is shared out whole. 0: the whole pool, always.
     """
 
     high_data_fraction: float = 0.0
@@ -502,6 +509,7 @@ class Profile:
     consistent: bool = True
     partition: str = "label-skew"
     dirichlet_alpha: float = 0.5
+    low_data_samples: int = 0
 
 
 #: Values of :attr:`Profile.partition`; all but ``label-skew`` run flwr-datasets.
@@ -509,13 +517,19 @@ PARTITIONS = ("label-skew", "pathological", "dirichlet", "iid")
 
 
 #: Named profiles: ``uniform`` (every client alike, one processor, all tasks),
-#: ``paper003`` (paper 003's heterogeneous setting, Section 6), and
+#: ``paper003`` (paper 003's heterogeneous setting, Section 6; the image tasks' whole
+#: training pool is shared out), ``paper003-sizes`` (the same with paper 003's data
+#: sizes, about 12 / 120 examples, where the pool is large enough), and
 #: ``clusters-consistent`` / ``clusters-inconsistent`` (papers 000/001: 5 label
 #: clusters per task, one client map for all tasks or one per task).
 PROFILES: dict[str, Profile] = {
     "uniform": Profile(),
     "paper003": Profile(
         high_data_fraction=0.1, high_data_ratio=10.0, partial_fraction=0.1, processors="paper003"
+    ),
+    "paper003-sizes": Profile(
+        high_data_fraction=0.1, high_data_ratio=10.0, partial_fraction=0.1, processors="paper003",
+        low_data_samples=12,
     ),
     "clusters-consistent": Profile(clusters=5, consistent=True),
     "clusters-inconsistent": Profile(clusters=5, consistent=False),
@@ -550,17 +564,26 @@ def _build_digits(
     data: tuple[Dataset, Dataset] | None = None,
     partition: str = "label-skew",
     alpha: float = 0.5,
+    low_data_samples: int = 0,
 ) -> tuple[list[tuple[Dataset, Dataset]], Dataset]:
     """Per-client data and server test set for one copy of a labelled image task
     (the embedded digits, or ``data`` of a real ``kind``); the training examples
     are shared out among the eligible clients only. With ``clusters``, client
     ``i`` holds the labels of cluster ``cluster_of[i]``; otherwise ``partition``
-    (see :attr:`Profile.partition`) splits them."""
+    (see :attr:`Profile.partition`) splits them; ``low_data_samples`` (with
+    ``weights``) draws the pool down first (:attr:`Profile.low_data_samples`)."""
     train, test = data if data is not None else load_digits_data(seed)
     rng = np.random.default_rng(_stream_seed(seed, kind, copy))
     num_classes = KINDS[kind].num_classes
     per = max(1, int(round(labels_per_client * num_classes)))
     members = np.flatnonzero(eligible)
+    if low_data_samples > 0 and weights is not None and members.size:
+        want = int(round(low_data_samples * float(weights[members].sum())))
+        if want < train.y.shape[0]:
+            # its own stream: the partition's stream draws as it would on the pool
+            draw = np.random.default_rng(np.random.SeedSequence(
+                [int(seed), _KIND_STREAM[kind], int(copy), 12]))
+            train = train.subset(np.sort(draw.choice(train.y.shape[0], want, replace=False)))
     if clusters:
         assert cluster_of is not None
         _, label_groups = cluster_labels(num_clients, clusters, num_classes, rng)
@@ -958,6 +981,7 @@ def build_federation(
                 num_clients, seed, copy, labels_per_client, eligible[s], weights,
                 maps[0 if profile.consistent else s] if profile.clusters else None,
                 profile.clusters, partition=profile.partition, alpha=profile.dirichlet_alpha,
+                low_data_samples=profile.low_data_samples,
             )
         elif kind in SYNTHETIC_KINDS:
             data[name], tests[name] = _build_synthetic(
@@ -996,6 +1020,7 @@ def build_federation(
                 maps[0 if profile.consistent else s] if profile.clusters else None,
                 profile.clusters, kind=kind, data=load_split(kind, data_root),
                 partition=profile.partition, alpha=profile.dirichlet_alpha,
+                low_data_samples=profile.low_data_samples,
             )
         elif get_task(kind) is not None:
             data[name], tests[name], user_eligible = _build_registered(

@@ -297,6 +297,7 @@ def test_group_cstep_quality_reads_the_planted_clusters_and_scores_the_csteps(tm
     ("paper003_table1.py", ["--methods", ","], "--methods: give at least one"),
     ("paper003_table1.py", ["--methods", "lvr,lvr"], "give each name once"),
     ("paper003_table1.py", ["--seeds", "0,5-2"], "the range gives no value"),
+    ("paper003_table1.py", ["--profile", "uniform"], "--profile: invalid choice"),
     # --from-csv was offered and silently ignored: every run ran again
     ("paper002_gain.py", ["--from-csv", "/nonexistent/x.csv"], "cannot read it"),
     ("paper002_gain.py", ["--margin", "0"], "--margin: expected a number"),

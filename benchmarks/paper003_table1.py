@@ -108,17 +108,19 @@ def verdict(diffs: list[dict[str, Any]]) -> str:
     return "not resolved"
 
 
-def on_tasks(tasks: str) -> str:
-    """The sections' heading suffix: "" on the digits stand-in (the headings RESULTS.md
-    has always had), else ", on `mnist-5k`" (every task named once), so that Table 1 on
-    another task gets summary rows of its own beside the stand-in's."""
+def on_tasks(tasks: str, profile: str = "paper003") -> str:
+    """The sections' heading suffix: "" on the digits stand-in with the paper003 profile
+    (the headings RESULTS.md has always had), else ", on `mnist-5k`" (every task named
+    once) and ", profile `paper003-sizes`" for another profile, so that each Table 1
+    gets summary rows of its own beside the stand-in's."""
     names = sorted({t.strip() for t in tasks.split(",") if t.strip()})
-    return "" if names == ["digits"] else ", on " + ", ".join(f"`{n}`" for n in names)
+    on = "" if names == ["digits"] else ", on " + ", ".join(f"`{n}`" for n in names)
+    return on + ("" if profile == "paper003" else f", profile `{profile}`")
 
 
 def data_sizes(sc: dict[str, Any], tasks: str) -> str:
-    """The client data sizes of the runs' federations (every seed): the paper003
-    profile's low-data 90% and high-data 10% of each model's holders."""
+    """The client data sizes of the runs' federations (every seed, the runs' profile):
+    the low-data 90% and high-data 10% of each model's holders."""
     from mmfl_flwr.config import Settings
     from mmfl_flwr.flower_app.data import federation_for
 
@@ -560,7 +562,7 @@ Paper: "as the target accuracy increases, the gap between the two methods widens
     else:  # the claims compare MMFL-GVR with RoundRobin-GVR: no verdict without it
         f4_verdicts = ("RoundRobin-GVR (`rr-gvr`) was not run (not in `--methods`), so "
                        "Fig. 4's claims get no verdict here.")
-    on = on_tasks(a.tasks)
+    on = on_tasks(a.tasks, a.profile)
     lens = ", ".join(str(L) for L in lengths)
     text = f"""### Paper 003, Table 1: MMFL-LVR / GVR / StaleVR / StaleVRE vs baselines{on}
 

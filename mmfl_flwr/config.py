@@ -601,7 +601,7 @@ def options() -> dict[str, Option]:
             "client heterogeneity: uniform (all tasks, one processor), paper003 (10% "
             "high-data clients per task, 10% without one task, 1 to |S_i| processors), "
             "paper003-sizes (the same with paper 003's data sizes, about 12 / 120 "
-            "examples per client, where an image task's pool is large enough), "
+            "examples per client, where a labelled image task's pool is large enough), "
             "clusters-consistent / clusters-inconsistent (5 label clusters per digits "
             "task, one client map for all tasks or one per task)", _profiles),
         "data_root": Option("folder of the real datasets",

@@ -163,6 +163,11 @@ def task_names(kinds: list[str]) -> list[str]:
     return names
 
 
+#: Fourth word of the seed sequence of :attr:`Profile.low_data_samples`' draw (the
+#: partition's own stream, :func:`_stream_seed`, has three words).
+_DRAW_STREAM = 12
+
+
 def _stream_seed(seed: int, kind: str, copy: int) -> np.random.SeedSequence:
     """Seed sequence of copy ``copy`` (0-based) of task ``kind``."""
     return np.random.SeedSequence([int(seed), _KIND_STREAM[kind], int(copy)])
@@ -493,12 +498,16 @@ class Profile:
     dirichlet_alpha : float
         Concentration of ``partition="dirichlet"``.
     low_data_samples : int
-        With high-data clients, on the labelled image tasks: draw each copy's
-        training pool down (uniformly, without replacement, from its own stream) to
-        ``low_data_samples`` per unit of the eligible clients' data weights, so a
+        With high-data clients, on the labelled image tasks (digits, mnist,
+        mnist-5k, fashion-mnist, emnist, cifar10; not celeba, shakespeare or the
+        synthetic tasks): draw each copy's training pool down (uniformly, without
+        replacement, from its own stream) to ``low_data_samples`` per unit of the
+        eligible clients' data weights, so that under the label-skew partition a
         low-data client holds about that many examples and a high-data one about
-        ``high_data_ratio`` times as many (paper 003: about 12 and about 120). A
-        pool smaller than that is shared out whole. 0: the whole pool, always.
+        ``high_data_ratio`` times as many (paper 003: about 12 and about 120; with
+        ``clusters`` the pool is drawn down the same, but the cluster split does
+        not follow the weights). A pool smaller than that is shared out whole.
+        0: the whole pool, always.
     """
 
     high_data_fraction: float = 0.0
@@ -582,7 +591,7 @@ def _build_digits(
         if want < train.y.shape[0]:
             # its own stream: the partition's stream draws as it would on the pool
             draw = np.random.default_rng(np.random.SeedSequence(
-                [int(seed), _KIND_STREAM[kind], int(copy), 12]))
+                [int(seed), _KIND_STREAM[kind], int(copy), _DRAW_STREAM]))
             train = train.subset(np.sort(draw.choice(train.y.shape[0], want, replace=False)))
     if clusters:
         assert cluster_of is not None

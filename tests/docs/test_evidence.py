@@ -1163,6 +1163,10 @@ def test_table1_headings_name_a_task_other_than_the_stand_in():
     assert T.on_tasks("digits,digits,digits") == ""
     assert T.on_tasks("mnist-5k,mnist-5k,mnist-5k") == ", on `mnist-5k`"
     assert T.on_tasks("synthetic, digits") == ", on `digits`, `synthetic`"
+    # a second Table 1 on the same task with paper 003's data sizes gets its own rows
+    assert T.on_tasks("mnist-5k,mnist-5k", "paper003-sizes") == \
+        ", on `mnist-5k`, profile `paper003-sizes`"
+    assert T.on_tasks("digits,digits", "paper003-sizes") == ", profile `paper003-sizes`"
 
 
 def test_table1_variants_change_only_their_own_setting():

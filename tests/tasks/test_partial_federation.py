@@ -20,7 +20,7 @@ def _same(a, b) -> None:
     np.testing.assert_array_equal(a.y, b.y)
 
 
-@pytest.mark.parametrize("profile", ["uniform", "paper003"])
+@pytest.mark.parametrize("profile", ["uniform", "paper003", "paper003-sizes"])
 @pytest.mark.parametrize("kinds", [["synthetic", "synthetic"], ["digits", "synthetic-b"],
                                    ["synthetic-iid", "synthetic"]])
 def test_a_shard_builds_exactly_its_clients_data(kinds, profile):
@@ -45,7 +45,7 @@ def test_a_shard_builds_exactly_its_clients_data(kinds, profile):
             assert all(len(part.data[task][k][0]) == 0 for k in held)
 
 
-@pytest.mark.parametrize("profile", ["uniform", "paper003"])
+@pytest.mark.parametrize("profile", ["uniform", "paper003", "paper003-sizes"])
 def test_the_server_part_holds_the_test_sets_and_no_client_data(profile):
     kinds = ["synthetic", "digits", "synthetic-b"]
     full = build_federation(kinds, 15, 1, profile=profile, max_synthetic_samples=40)

@@ -252,6 +252,16 @@ def test_paper003_sizes_draws_the_image_pools_down_to_the_papers_sizes():
             # by hand: 12 x (number of low-data holders + 10 x number of high-data ones)
             assert n.sum() == 12 * (int((el & ~high).sum()) + 10 * int(high.sum()))
             assert n.sum() < counts(base, task).sum() == 1437
+            # drawn without replacement: no image is held more often than the whole
+            # pool (paper003 shares it out exactly once) has it
+            def held(fed):
+                out: dict[bytes, int] = {}
+                for i in range(40):
+                    for row in fed.data[task][i][0].x:
+                        out[row.tobytes()] = out.get(row.tobytes(), 0) + 1
+                return out
+            pool = held(base)
+            assert all(c <= pool.get(r, 0) for r, c in held(sized).items())
             # (how the drawn pool falls to the clients is not checked on this small
             # pool: the label skew shares each label's ~90 examples among its ~11
             # holders, so the low-data median came out 12-16 and a high-data client

@@ -13,7 +13,7 @@ import os
 import tempfile
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, overload
 
 import numpy as np
@@ -531,15 +531,13 @@ PARTITIONS = ("label-skew", "pathological", "dirichlet", "iid")
 #: sizes, about 12 / 120 examples, where the pool is large enough), and
 #: ``clusters-consistent`` / ``clusters-inconsistent`` (papers 000/001: 5 label
 #: clusters per task, one client map for all tasks or one per task).
+_PAPER003 = Profile(
+    high_data_fraction=0.1, high_data_ratio=10.0, partial_fraction=0.1, processors="paper003"
+)
 PROFILES: dict[str, Profile] = {
     "uniform": Profile(),
-    "paper003": Profile(
-        high_data_fraction=0.1, high_data_ratio=10.0, partial_fraction=0.1, processors="paper003"
-    ),
-    "paper003-sizes": Profile(
-        high_data_fraction=0.1, high_data_ratio=10.0, partial_fraction=0.1, processors="paper003",
-        low_data_samples=12,
-    ),
+    "paper003": _PAPER003,
+    "paper003-sizes": replace(_PAPER003, low_data_samples=12),
     "clusters-consistent": Profile(clusters=5, consistent=True),
     "clusters-inconsistent": Profile(clusters=5, consistent=False),
 }

@@ -2,7 +2,7 @@
 
 Every experiment script under ``benchmarks/`` that feeds RESULTS.md uses this module:
 
-* :func:`mode_args` adds ``--quick`` (the default: minutes on 2 cores) / ``--full``,
+* :class:`Parser` refuses a flag in one line (exit code 2); :func:`mode_args` adds ``--quick`` (the default: minutes on 2 cores) / ``--full``,
   ``--engine`` (default ``vectorized``, the fastest engine), ``--workers`` and
   ``--out`` (default ``docs/results``) to an argparse parser;
 * :func:`run_many` runs ``Settings`` keyword dicts (one per (method, seed)) on an engine in
@@ -33,6 +33,7 @@ import platform
 import statistics
 import sys
 import time
+import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -43,6 +44,19 @@ DEFAULT_OUT = REPO / "docs" / "results"
 
 
 # ------------------------------------------------------------------------ arguments
+
+
+class Parser(argparse.ArgumentParser):
+    """The scripts' argument parser: a refused flag or value is one line on stderr
+    (``<script>: error: <why> (see <script> --help)``, no usage block) and exit code 2,
+    as ``mmfl`` refuses them."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        print(f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)",
+              file=sys.stderr, flush=True)
+        raise SystemExit(2)
+
+
 def mode_args(parser: argparse.ArgumentParser, engine: str | None = "vectorized",
               engine_why: str = "the fastest", workers_help: str = "default 1: the "
               "vectorized engine already uses every core") -> argparse.ArgumentParser:

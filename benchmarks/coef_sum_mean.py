@@ -63,7 +63,7 @@ def policy_only(seeds: list[int], rounds: int, window: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = E.Parser(description=__doc__.splitlines()[0])
     p.add_argument("--strategy", default="random", choices=("random", "lvr", "gvr"))
     p.add_argument("--num-rounds", type=int, default=300)
     p.add_argument("--seed", type=int, default=11)

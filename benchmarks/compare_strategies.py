@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 
-from _evidence import mean_sd, run_jobs, write_outputs
+from _evidence import Parser, mean_sd, run_jobs, write_outputs
 
 
 def _one(args: tuple[str, int, dict[str, Any]]) -> dict[str, Any]:
@@ -57,7 +57,7 @@ def _one(args: tuple[str, int, dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--strategies", default="random,gvr,lvr,full")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--tasks", default="digits,synthetic,digits")

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 
-from _evidence import mean_sd, run_jobs, write_outputs
+from _evidence import Parser, mean_sd, run_jobs, write_outputs
 
 GROUPS = ((0.5, 0.04), (0.5, 0.16))
 
@@ -76,7 +76,7 @@ def _one(args: tuple[str, int, dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
+    p = Parser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--methods", default="stalevr,fedstale-0.6,fedstale-0.7,fedstale-0.8,"
                                         "fedstale-0.9,fedvarp")

@@ -35,7 +35,7 @@ import os
 import sys
 from typing import Any
 
-from _evidence import command, int_list, machine, mean_ci, paired_ci, write_outputs
+from _evidence import Parser, command, int_list, machine, mean_ci, paired_ci, write_outputs
 
 from hostile_clients import DEFENCES, HOSTILE, _field_attack, field_settings
 
@@ -104,7 +104,7 @@ def _scores_text(s: list[float] | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
+    p = Parser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--presets", default="mfa-rr,stalevr", help="comma-separated presets")
     p.add_argument("--defences", default="default,influence-clip",

@@ -31,7 +31,7 @@ import time
 from typing import Any
 
 
-from _evidence import mean_sd, run_jobs, write_outputs
+from _evidence import Parser, mean_sd, run_jobs, write_outputs
 
 SCENARIOS: dict[str, dict[str, Any]] = {
     "consistent": {"tasks": "digits,digits,digits", "profile": "clusters-consistent",
@@ -102,7 +102,7 @@ def _one(args: tuple[str, str, int, dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
+    p = Parser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument("--methods", default=",".join(METHODS))

@@ -65,7 +65,7 @@ def one(job: tuple[str, int, int]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
+    p = E.Parser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scenarios", default="consistent,clients-static")
     p.add_argument("--seeds", default="0,1,2")

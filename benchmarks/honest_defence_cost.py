@@ -110,7 +110,7 @@ def jobs_for(task: str, scenarios: list[str], seeds: list[int], rounds: int, eng
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
+    p = E.Parser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", default="mnist-5k", choices=G.TASK_KINDS)
     p.add_argument("--scenarios", default="consistent")

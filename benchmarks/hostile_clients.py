@@ -43,7 +43,7 @@ import sys
 from typing import Any
 
 
-from _evidence import int_list, write_outputs
+from _evidence import Parser, int_list, write_outputs
 
 HOSTILE = "3"
 ATTACKS = ("huge-weights", "scaled-x1000", "count-registration", "count-train", "lying-loss",
@@ -344,7 +344,7 @@ def field(a: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
+    p = Parser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--field", action="store_true",
                    help="run the attack families of the robust-FL benchmarks instead")

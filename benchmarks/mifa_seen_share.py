@@ -22,7 +22,7 @@ import _evidence as E  # noqa: F401  (puts the repository on sys.path)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = E.Parser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=8, help="seeds 0..N-1 (default 8)")
     p.add_argument("--rounds", type=int, default=40, help="rounds (default 40)")
     a = p.parse_args(argv)

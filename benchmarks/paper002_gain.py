@@ -201,7 +201,7 @@ def plot_gain(path: Path, table: dict[str, dict[int, dict[int, float]]], ms: lis
 
 # --------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = E.Parser(description=__doc__.splitlines()[0])
     E.mode_args(parser)
     parser.add_argument("--seeds", type=int, default=0,
                         help="number of seeds (0: the mode's, 5 quick / 20 full)")

@@ -90,7 +90,7 @@ def one(job: tuple[str, int, dict[str, Any], str]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = E.Parser(description=__doc__.splitlines()[0])
     E.mode_args(p)
     p.add_argument("--tasks", default="digits", help="one task (the paper: EMNIST)")
     p.add_argument("--seeds", default="", help="override the mode's seeds")

@@ -196,7 +196,7 @@ def plot_fig4(path: str, table: dict[str, dict[float, list[int]]], targets: dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = E.Parser(description=__doc__.splitlines()[0])
     E.mode_args(p)
     p.add_argument("--tasks", default="digits,digits,digits")
     p.add_argument("--methods", default=",".join(METHODS))

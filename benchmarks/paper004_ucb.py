@@ -102,7 +102,7 @@ def claim_verdicts(dataset: str, k: int, finals: dict[str, dict[int, float]],
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
+    p = E.Parser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     E.mode_args(p, "inprocess", "faster than the vectorized engine on these small CNNs "
                 "with a few trainers per round", "default 2, or 1 on a one-core machine")

@@ -270,7 +270,7 @@ def command(name: str, args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = E.Parser(description=__doc__.splitlines()[0])
     # each script's own engine and workers unless given: --full reruns exactly the
     # commands RESULTS.md shows
     E.mode_args(parser, None, "", "default: each script's own")

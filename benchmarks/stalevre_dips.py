@@ -134,7 +134,7 @@ def _job(job: tuple[int, int, float]) -> tuple[Any, Any, Any, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = E.Parser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", default="1", help="seeds of the runs (default 1)")
     p.add_argument("--num-rounds", type=int, default=150, help="rounds (default 150)")
     p.add_argument("--dip", type=float, default=0.1,

@@ -29,7 +29,7 @@ import _evidence as E
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = E.Parser(description=__doc__.splitlines()[0])
     p.add_argument("--csv", default=str(E.REPO / "docs" / "results" / "paper003_table1.csv"),
                    help="the long CSV of paper003_table1.py (default: the published one)")
     p.add_argument("--methods", default="", help="methods to show (default: every one)")

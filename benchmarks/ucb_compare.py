@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 
-from _evidence import mean_sd, run_jobs, write_outputs
+from _evidence import Parser, mean_sd, run_jobs, write_outputs
 
 DATASETS = {
     "synthetic-1-1": "synthetic,synthetic-b",
@@ -63,7 +63,7 @@ def _one(args: tuple[str, str, int, int, dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
+    p = Parser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--datasets", default=",".join(DATASETS))
     p.add_argument("--policies", default=",".join(POLICIES))

@@ -39,6 +39,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,12 +99,23 @@ def participation(scenario: str) -> float:
 TASK_KINDS = ("digits", "mnist-5k")
 
 
-def scenario_settings(scenario: str, num_rounds: int,
-                      task: str = "digits") -> tuple[dict[str, Any], str]:
+#: ``--sizes``: ``pool`` shares each model's whole training pool out among the clients
+#: (the profiles ``clusters-consistent`` / ``-inconsistent``); ``paper`` gives each
+#: client 30-40 examples a model, the papers' sizes (their ``-sizes`` variants)
+SIZES = ("pool", "paper")
+
+
+def scenario_settings(scenario: str, num_rounds: int, task: str = "digits",
+                      sizes: str = "pool") -> tuple[dict[str, Any], str]:
     """Settings keywords of a scenario at ``num_rounds`` (arrivals scaled to the length)
-    and its C-step variant, its models of kind ``task``."""
+    and its C-step variant, its models of kind ``task``, its data sizes ``sizes``
+    (:data:`SIZES`)."""
     sc = dict({**SCENARIOS, **VARIATIONS}[scenario])
     sc["tasks"] = ",".join(task for _ in sc["tasks"].split(","))
+    if sizes == "paper":
+        sc["profile"] += "-sizes"
+    elif sizes != "pool":
+        raise ValueError(f"sizes {sizes!r}; known: {SIZES}")
     sc.pop("participation", None)
     variant = sc.pop("variant")
     scale = num_rounds / PAPER_ROUNDS
@@ -116,16 +128,17 @@ def scenario_settings(scenario: str, num_rounds: int,
 
 
 def build(scenario: str, method: str, seed: int, num_rounds: int,
-          task: str = "digits", limits: dict[str, Any] | None = None) -> tuple[Any, Any, Any]:
+          task: str = "digits", limits: dict[str, Any] | None = None,
+          sizes: str = "pool") -> tuple[Any, Any, Any]:
     """The ``Settings``, the strategy and its policy of one run; ``limits``: the
     strategy's bounds other than the defaults (``update_clip_factor=None``, ...;
-    ``benchmarks/honest_defence_cost.py``)."""
+    ``benchmarks/honest_defence_cost.py``); ``sizes``: :data:`SIZES`."""
     from mmfl_flwr.config import Settings
     from mmfl_flwr.core.aggregators import MeanAggregator
     from mmfl_flwr.core.group import GroupSampling
     from mmfl_flwr.strategy import MultiModelStrategy
 
-    kw, variant = scenario_settings(scenario, num_rounds, task)
+    kw, variant = scenario_settings(scenario, num_rounds, task, sizes)
     part = participation(scenario)
     s = Settings(strategy="group", seed=seed, output_dir="", **kw)
     s.validate()
@@ -145,6 +158,34 @@ def build(scenario: str, method: str, seed: int, num_rounds: int,
     else:
         raise ValueError(method)
     return s, MultiModelStrategy(policy, MeanAggregator(), **skw, **(limits or {})), policy
+
+
+def sizes_text(scenarios: list[str], seeds: list[int], num_rounds: int, task: str,
+               sizes: str) -> str:
+    """How many training examples a client holds per model, over the federations of
+    ``scenarios`` and ``seeds`` (the runs' own), against the papers' 30-40."""
+    import numpy as np
+
+    from mmfl_flwr.tasks.federation import build_federation
+
+    held: list[int] = []
+    for sc in scenarios:
+        for seed in seeds:
+            s = build(sc, "random", seed, num_rounds, task, sizes=sizes)[0]
+            fed = build_federation(
+                list(s.task_kinds), s.num_clients, s.data_seed_used,
+                labels_per_client=s.labels_per_client,
+                max_synthetic_samples=s.synthetic_max_samples or None, profile=s.profile,
+                data_root=s.data_root)
+            held += [len(fed.data[t][i][0]) for t in fed.tasks
+                     for i in range(fed.num_clients) if fed.eligible[t][i]]
+    how = ("profile `clusters-consistent-sizes` / `clusters-inconsistent-sizes`: a client "
+           "keeps 30-40 of the examples its cluster's share gives it, drawn uniformly, or all "
+           "of a smaller share" if sizes == "paper" else "each model's whole training pool "
+           "is shared out among its clients")
+    return (f"Data sizes: a client holds a median of {float(np.median(held)):g} training "
+            f"examples a model (range {min(held)}-{max(held)}, over these runs' "
+            f"federations; {how}); the papers' clients hold 30-40.")
 
 
 def quiet_run(s: Any, strategy: Any, engine: str) -> Any:
@@ -170,14 +211,27 @@ def quiet_run(s: Any, strategy: Any, engine: str) -> Any:
 def _one(job: tuple[Any, ...]) -> list[dict[str, Any]]:
     """One run; history rows tagged like ``_evidence.run_many`` (plus ``scenario``).
     ``job``: (scenario, method, seed, rounds, engine), plus the task kind when it is
-    not ``digits`` (so a cache of digits runs keeps its keys)."""
+    not ``digits`` or the sizes are not ``pool``, plus the sizes when they are not
+    ``pool`` (so a cache of earlier runs keeps its keys)."""
     scenario, method, seed, num_rounds, engine = job[:5]
     task = job[5] if len(job) > 5 else "digits"
-    s, strategy, _ = build(scenario, method, seed, num_rounds, task)
+    sizes = job[6] if len(job) > 6 else "pool"
+    s, strategy, _ = build(scenario, method, seed, num_rounds, task, sizes=sizes)
     result = quiet_run(s, strategy, engine)
     return [{"scenario": scenario, "method": method, "seed": seed,
              **{k: v for k, v in r.items() if k != "seconds"}}
             for r in result.history]
+
+
+def jobs_for(scenarios: Sequence[str], seeds: Sequence[int], num_rounds: int, engine: str,
+             task: str = "digits", sizes: str = "pool") -> list[tuple[Any, ...]]:
+    """The jobs (and cache keys) of a run, seed by seed: (scenario, method, seed, rounds,
+    engine), plus the task kind where it is not ``digits`` or the sizes are not
+    ``pool``, plus the sizes where they are not ``pool``."""
+    extra: tuple[str, ...] = ((task, sizes) if sizes != "pool" else
+                              () if task == "digits" else (task,))
+    return [(sc, m, sd, num_rounds, engine, *extra) for sd in seeds for sc in scenarios
+            for m in METHODS]
 
 
 def run_jobs(jobs: list[tuple[Any, ...]], workers: int,
@@ -271,7 +325,7 @@ def size_text(sc: str, finals: dict[str, dict[int, float]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
+    p = E.Parser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     E.mode_args(p, "inprocess", "faster than the vectorized engine on these small CNNs "
                 "with a few trainers per round", "default 2, or 1 on a one-core machine")
@@ -283,6 +337,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="the kind of every model (default digits, the embedded 8x8 "
                         "digits; mnist-5k: 5,000 real MNIST images, pip install "
                         "'mmfl-flwr[mnist5k]')")
+    p.add_argument("--sizes", default="pool", choices=SIZES,
+                   help="the clients' data: pool (default) shares each model's whole "
+                        "training pool out among them (profile clusters-consistent / "
+                        "-inconsistent); paper gives each client 30-40 examples a model, "
+                        "the papers' sizes (their -sizes variants)")
     a = p.parse_args(argv)
     mode = dict(MODES[a.mode])
     if a.seeds:
@@ -294,9 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     R, seeds = mode["num_rounds"], mode["seeds"]
     scenarios = E.name_list(p, "--scenarios", a.scenarios, LABELS)
     out = Path(a.out)
-    extra = () if a.task == "digits" else (a.task,)
-    jobs = [(sc, m, sd, R, a.engine, *extra) for sd in seeds for sc in scenarios
-            for m in METHODS]
+    jobs = jobs_for(scenarios, seeds, R, a.engine, a.task, a.sizes)
     print(f"{NAME}: {len(jobs)} runs ({a.mode}: {R} rounds, seeds {seeds}, engine {a.engine}, "
           f"{a.workers} workers)", flush=True)
     if not a.from_csv:
@@ -307,6 +364,10 @@ def main(argv: list[str] | None = None) -> int:
         rows = E.rows_from_csv(p, a.from_csv, ("scenario", "method", "seed"),
                                [j[:3] for j in jobs], rounds=R)
         E.check_csv_models(p, a.from_csv, rows, [a.task], "--task", exact=False)
+        # the CSV does not record the data sizes: its section (beside it) names the profile
+        E.check_configuration(p, a.from_csv, NAME, sorted({
+            f"profile `{scenario_settings(sc, R, a.task, a.sizes)[0]['profile']}`"
+            for sc in scenarios}))
         machine = E.reanalysed_machine(out, NAME, a.from_csv)
     else:
         rows = run_jobs(jobs, a.workers, a.cache)
@@ -317,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     cmd = f"python benchmarks/{NAME}.py --{a.mode}"
     if a.engine != "inprocess":
         cmd += f" --engine {a.engine}"
-    if a.seeds or a.num_rounds or a.scenarios != ",".join(SCENARIOS) or a.task != "digits":
+    if (a.seeds or a.num_rounds or a.scenarios != ",".join(SCENARIOS) or a.task != "digits"
+            or a.sizes != "pool"):
         cmd = E.command(NAME, argv)
     verdicts: dict[str, str] = {}
     gains: list[tuple[str, str, dict[str, Any]]] = []  # relative gain per scenario, baseline
@@ -340,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         mid_verdict = scenario_verdict(mid_table)
         png = out / f"{NAME}_{sc}.png"
         box = out / f"{NAME}_{sc}_final.png"
-        kw, _ = scenario_settings(sc, R, a.task)
+        kw, _ = scenario_settings(sc, R, a.task, a.sizes)
         title = (f"Papers 000/001 {LABELS[sc]}: {kw['num_clients']} clients, {R} rounds, "
                  f"E=5, participation 1/{round(1 / participation(sc))}")
         E.plot_curves(png, E.curves(sub), title)
@@ -367,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
                "does not hold" if any(v == "does not hold" for v in vs) else "not resolved")
     summary = "; ".join(f"{LABELS[s]}: {v}" for s, v in verdicts.items())
     on = "" if a.task == "digits" else f", on `{a.task}`"
+    if a.sizes == "paper":
+        on += ", at the papers' data sizes"
     # the papers' overall claim is about the four scenarios: judged only when all ran
     if set(SCENARIOS) <= set(scenarios):
         overall_text = (
@@ -394,6 +458,7 @@ clients (60 in (c)), {R} rounds, E = 5, lr 0.1, batch 16, plain mean aggregation
 trains 1/6 of the clients online in the round. In (c) the 36 late clients arrive with
 exponential inter-arrival times at rate 0.1 × 500 / {R} per round (the paper's rate 0.1
 over its 500 rounds, compressed to this run: the last arrives near round {round(0.72 * R)}).
+{sizes_text(scenarios, seeds, R, a.task, a.sizes)}
 Machine: {machine}.
 
 ```bash

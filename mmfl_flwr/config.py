@@ -80,7 +80,8 @@ class Settings:
         for 25% / 50% / 25% of clients), ``paper003-sizes`` (the same with paper
         003's data sizes, about 12 / 120 examples), ``clusters-consistent`` or
         ``clusters-inconsistent`` (5 label clusters per digits task, 20% of the
-        labels each, one client map for all tasks or one per task).
+        labels each, one client map for all tasks or one per task), and their
+        ``-sizes`` variants (papers 000/001's 30-40 examples a client and task).
     data_root : str
         Folder of the real datasets (``mnist``, ``fashion-mnist``, ``emnist``,
         ``cifar10``, ``shakespeare``, ``celeba-smiling``, ``celeba-eyeglasses``).
@@ -603,7 +604,9 @@ def options() -> dict[str, Option]:
             "paper003-sizes (the same with paper 003's data sizes, about 12 / 120 "
             "examples per client, where a labelled image task's pool is large enough), "
             "clusters-consistent / clusters-inconsistent (5 label clusters per digits "
-            "task, one client map for all tasks or one per task)", _profiles),
+            "task, one client map for all tasks or one per task), and "
+            "clusters-consistent-sizes / clusters-inconsistent-sizes (the same with papers "
+            "000/001's data sizes, 30-40 examples per client and task)", _profiles),
         "data_root": Option("folder of the real datasets",
                             form="a folder (relative to the working directory)"),
         "download": Option("fetch missing mnist, fashion-mnist, emnist and cifar10 data into "

@@ -166,6 +166,8 @@ def task_names(kinds: list[str]) -> list[str]:
 #: Fourth word of the seed sequence of :attr:`Profile.low_data_samples`' draw (the
 #: partition's own stream, :func:`_stream_seed`, has three words).
 _DRAW_STREAM = 12
+#: Fourth word of the seed sequence of :attr:`Profile.client_samples`' draw.
+_SIZES_STREAM = 13
 
 
 def _stream_seed(seed: int, kind: str, copy: int) -> np.random.SeedSequence:
@@ -508,6 +510,13 @@ class Profile:
         ``clusters`` the pool is drawn down the same, but the cluster split does
         not follow the weights). A pool smaller than that is shared out whole.
         0: the whole pool, always.
+    client_samples : tuple of int
+        ``(low, high)``, on the labelled image tasks: after the partition, each
+        eligible client keeps a uniform random subset of its training examples,
+        of a size drawn uniformly from ``low..high`` (both included; from its own
+        stream, so the partition and the test sets are those without it); a client
+        holding fewer keeps all it holds (papers 000/001: "30 clients, each with
+        30-40 data samples per model"). ``(0, 0)``: every client keeps its part.
     """
 
     high_data_fraction: float = 0.0
@@ -519,6 +528,7 @@ class Profile:
     partition: str = "label-skew"
     dirichlet_alpha: float = 0.5
     low_data_samples: int = 0
+    client_samples: tuple[int, int] = (0, 0)
 
 
 #: Values of :attr:`Profile.partition`; all but ``label-skew`` run flwr-datasets.
@@ -530,7 +540,9 @@ PARTITIONS = ("label-skew", "pathological", "dirichlet", "iid")
 #: training pool is shared out), ``paper003-sizes`` (the same with paper 003's data
 #: sizes, about 12 / 120 examples, where the pool is large enough), and
 #: ``clusters-consistent`` / ``clusters-inconsistent`` (papers 000/001: 5 label
-#: clusters per task, one client map for all tasks or one per task).
+#: clusters per task, one client map for all tasks or one per task), and their
+#: ``-sizes`` variants with papers 000/001's data sizes (30-40 examples a client and
+#: task, :attr:`Profile.client_samples`).
 _PAPER003 = Profile(
     high_data_fraction=0.1, high_data_ratio=10.0, partial_fraction=0.1, processors="paper003"
 )
@@ -540,6 +552,9 @@ PROFILES: dict[str, Profile] = {
     "paper003-sizes": replace(_PAPER003, low_data_samples=12),
     "clusters-consistent": Profile(clusters=5, consistent=True),
     "clusters-inconsistent": Profile(clusters=5, consistent=False),
+    "clusters-consistent-sizes": Profile(clusters=5, consistent=True, client_samples=(30, 40)),
+    "clusters-inconsistent-sizes": Profile(clusters=5, consistent=False,
+                                           client_samples=(30, 40)),
 }
 
 
@@ -572,13 +587,16 @@ def _build_digits(
     partition: str = "label-skew",
     alpha: float = 0.5,
     low_data_samples: int = 0,
+    client_samples: tuple[int, int] = (0, 0),
 ) -> tuple[list[tuple[Dataset, Dataset]], Dataset]:
     """Per-client data and server test set for one copy of a labelled image task
     (the embedded digits, or ``data`` of a real ``kind``); the training examples
     are shared out among the eligible clients only. With ``clusters``, client
     ``i`` holds the labels of cluster ``cluster_of[i]``; otherwise ``partition``
     (see :attr:`Profile.partition`) splits them; ``low_data_samples`` (with
-    ``weights``) draws the pool down first (:attr:`Profile.low_data_samples`)."""
+    ``weights``) draws the pool down first (:attr:`Profile.low_data_samples`);
+    ``client_samples`` cuts each client's part to its size afterwards
+    (:attr:`Profile.client_samples`)."""
     train, test = data if data is not None else load_digits_data(seed)
     rng = np.random.default_rng(_stream_seed(seed, kind, copy))
     num_classes = KINDS[kind].num_classes
@@ -610,6 +628,14 @@ def _build_digits(
             None if weights is None else weights[members],
         )
     test_parts = _split_by_holders(test.y, held, rng)
+    if client_samples[1] > 0:
+        cut = np.random.default_rng(np.random.SeedSequence(
+            [int(seed), _KIND_STREAM[kind], int(copy), _SIZES_STREAM]))
+        lo, hi = client_samples
+        for j, part in enumerate(train_parts):
+            size = int(cut.integers(lo, hi + 1))
+            if part.shape[0] > size:
+                train_parts[j] = np.sort(part[cut.choice(part.shape[0], size, replace=False)])
     clients = [(_empty(kind), _empty(kind))] * num_clients
     for j, cid in enumerate(members):
         clients[int(cid)] = (train.subset(train_parts[j]), test.subset(test_parts[j]))
@@ -989,6 +1015,7 @@ def build_federation(
                 maps[0 if profile.consistent else s] if profile.clusters else None,
                 profile.clusters, partition=profile.partition, alpha=profile.dirichlet_alpha,
                 low_data_samples=profile.low_data_samples,
+                client_samples=profile.client_samples,
             )
         elif kind in SYNTHETIC_KINDS:
             data[name], tests[name] = _build_synthetic(
@@ -1028,6 +1055,7 @@ def build_federation(
                 profile.clusters, kind=kind, data=load_split(kind, data_root),
                 partition=profile.partition, alpha=profile.dirichlet_alpha,
                 low_data_samples=profile.low_data_samples,
+                client_samples=profile.client_samples,
             )
         elif get_task(kind) is not None:
             data[name], tests[name], user_eligible = _build_registered(

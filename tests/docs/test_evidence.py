@@ -1204,3 +1204,41 @@ def test_table1_variants_change_only_their_own_setting():
         assert built[key] == value and plain[key] != value
         assert {k: x for k, x in built.items() if k != key} == {
             k: x for k, x in plain.items() if k != key}
+
+
+def test_paper001_sizes_paper_runs_the_sizes_profiles_under_their_own_keys(tmp_path):
+    """``--sizes paper``: each scenario's profile gets its ``-sizes`` variant (30-40
+    examples a client and model), the jobs carry the sizes in their key (a cache of the
+    pooled runs cannot serve them), and re-analysing the pooled runs' CSV as paper-sized
+    runs is refused in one line."""
+    import paper001_group as P
+
+    for sc in ("consistent", "inconsistent", "clients", "tasks"):
+        pooled, _ = P.scenario_settings(sc, 20, "mnist-5k")
+        sized, _ = P.scenario_settings(sc, 20, "mnist-5k", "paper")
+        assert sized["profile"] == pooled["profile"] + "-sizes"
+        assert {k: v for k, v in sized.items() if k != "profile"} == \
+            {k: v for k, v in pooled.items() if k != "profile"}
+    assert P.jobs_for(["consistent"], [0], 20, "inprocess", "mnist-5k") == [
+        ("consistent", m, 0, 20, "inprocess", "mnist-5k") for m in P.METHODS]
+    assert P.jobs_for(["consistent"], [0], 20, "inprocess") == [
+        ("consistent", m, 0, 20, "inprocess") for m in P.METHODS]
+    assert P.jobs_for(["consistent"], [0], 20, "inprocess", "mnist-5k", "paper") == [
+        ("consistent", m, 0, 20, "inprocess", "mnist-5k", "paper") for m in P.METHODS]
+    assert P.jobs_for(["consistent"], [0], 20, "inprocess", "digits", "paper")[0][5:] == \
+        ("digits", "paper")
+    s, _, _ = P.build("consistent", "group", 0, 4, "digits", sizes="paper")
+    assert s.profile == "clusters-consistent-sizes"
+    with pytest.raises(ValueError, match="sizes 'small'"):
+        P.scenario_settings("consistent", 20, "digits", "small")
+    text = P.sizes_text(["consistent"], [0], 20, "digits", "paper")
+    assert "median of" in text and "range 30-40" in text
+    assert "range 46-50" in P.sizes_text(["consistent"], [0], 20, "digits", "pool")
+    csv_path = Path(__file__).resolve().parents[2] / "docs" / "results" / "paper001_group.csv"
+    proc = subprocess.run([sys.executable, str(BENCH / "paper001_group.py"), "--full",
+                           "--scenarios", "consistent", "--sizes", "paper",
+                           "--from-csv", str(csv_path), "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "profile `clusters-consistent-sizes`" in proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and not list(tmp_path.iterdir())

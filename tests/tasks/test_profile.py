@@ -283,3 +283,37 @@ def test_paper003_sizes_draws_the_image_pools_down_to_the_papers_sizes():
     assert PROFILES["paper003-sizes"].low_data_samples == 12
     assert PROFILES["paper003"].low_data_samples == 0
     Settings(profile="paper003-sizes").validate()
+
+
+@pytest.mark.parametrize("name", ["clusters-consistent", "clusters-inconsistent"])
+def test_cluster_sizes_profiles_keep_30_to_40_examples_of_the_same_split(name):
+    """``<clusters>-sizes`` (papers 000/001: "30 clients, each with 30-40 data samples
+    per model"): every client keeps a subset of its examples under ``<clusters>``, of
+    30-40 examples, the test sets and the eligibility unchanged; a client holding fewer
+    keeps all it holds."""
+    assert PROFILES[f"{name}-sizes"].client_samples == (30, 40)
+    assert PROFILES[name].client_samples == (0, 0)
+    Settings(profile=f"{name}-sizes").validate()
+    seen: set[int] = set()
+    for kind, n in (("mnist-5k", 30), ("mnist-5k", 60), ("digits", 30)):
+        for seed in (0, 1):
+            base = build_federation([kind] * 3, n, seed, profile=name)
+            sized = build_federation([kind] * 3, n, seed, profile=f"{name}-sizes")
+            for t in base.tasks:
+                assert np.array_equal(base.eligible[t], sized.eligible[t])
+                for i in range(n):
+                    (tr, te), (str_, ste) = base.data[t][i], sized.data[t][i]
+                    assert np.array_equal(te.x, ste.x) and np.array_equal(te.y, ste.y)
+                    assert 30 <= len(str_) <= 40 and len(str_) <= len(tr), (kind, n, i)
+                    seen.add(len(str_))
+                    rows = {(r.tobytes(), int(y)) for r, y in zip(tr.x, tr.y)}
+                    assert all((r.tobytes(), int(y)) in rows for r, y in zip(str_.x, str_.y))
+                    assert len({r.tobytes() for r in str_.x}) == len(str_)  # no repeats
+            # each copy of the task draws its own sizes
+            per_task = {tuple(len(sized.data[t][i][0]) for i in range(n)) for t in sized.tasks}
+            assert len(per_task) == len(sized.tasks)
+    assert seen == set(range(30, 41)), sorted(seen)  # every size of 30..40 occurs
+    # the embedded digits with 60 clients hold 23-25 each: kept whole
+    base = build_federation(["digits"] * 3, 60, 0, profile=name)
+    sized = build_federation(["digits"] * 3, 60, 0, profile=f"{name}-sizes")
+    assert fingerprint(base) == fingerprint(sized)

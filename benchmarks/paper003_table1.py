@@ -361,11 +361,21 @@ def main(argv: list[str] | None = None) -> int:
                 d = res[L][0]
                 found.append(f"{d['hi_m']} - {d['lo_m']} {diff_text(d)} at {L} rounds")
                 continue
-            c = {v: sum(d["verdict"] == v for d in res[L]) for v in ("better", "level", "worse")}
-            low = min(res[L], key=lambda d: d["mean"])
-            found.append(f"at {L} rounds {c['better']} of {len(res[L])} pairs above 0, "
-                         f"{c['level']} level, {c['worse']} below (lowest {low['hi_m']} - "
-                         f"{low['lo_m']} {diff_text(low)})")
+            c = {v: [d for d in res[L] if d["verdict"] == v] for v in ("better", "level", "worse")}
+
+            def named(ds: list[dict[str, Any]]) -> str:
+                return "; ".join(f"{d['hi_m']} - {d['lo_m']} {diff_text(d)}" for d in ds)
+            # every pair that is not above 0 is named; where all are, the closest one
+            text = f"at {L} rounds {len(c['better'])} of {len(res[L])} pairs above 0"
+            if not c["level"] and not c["worse"]:
+                low = min(res[L], key=lambda d: d["lo"])
+                text += f", none level or below (closest to 0: {named([low])})"
+            else:
+                text += f", {len(c['level'])} level" + (
+                    f" ({named(c['level'])})" if c["level"] else "")
+                text += f", {len(c['worse'])} below" + (
+                    f" ({named(c['worse'])})" if c["worse"] else "")
+            found.append(text)
         claims.append((title, "\n".join(tab) + (f"\n\n{note}" if note else ""),
                        by_length(verdicts), "; ".join(found), paper))
 
@@ -576,6 +586,8 @@ are the shorter run, nothing depends on the total.)
 
 Data: {data_sizes(sc, a.tasks)}.
 
+Runs: `{cmd}` (the scale and run time at the end of the Fig. 4 section); machine: {machine}.
+
 Final accuracy = mean over the models and the last {sc['last']} rounds; reference `{ref}`;
 at {primary} rounds:
 
@@ -603,7 +615,8 @@ Paper's claim: E[||H_tau,s||_1] = 1 per model (Eq. 16), so the sum over the S mo
 expectation S = {n_models}; MMFL-GVR's sum fluctuates much more than MMFL-LVR's (Fig. 2).
 Here `coef_sum` (history column, per model and round) = sum over the aggregated (i, b) of
 d_i,s / (B_i p_i,s); plotted summed over the models, for the unbiased d/(Bp) methods
-(full: exactly S); rounds 1-{primary}.
+(full: exactly S); rounds 1-{primary}. The runs of the Table 1 section above; machine:
+{machine}.
 
 {chr(10).join(f2)}
 

@@ -97,7 +97,9 @@ INVESTIGATIONS: list[str] = [
 ]
 
 #: Commands RESULTS.md shows as a way to go further, whose results it does not report
-#: (not rerun), and the re-analyses of the sections' own CSVs (--from-csv).
+#: (not rerun; none at present). The re-analyses of a section's own CSV that RESULTS.md
+#: shows (``--from-csv``) are not listed or rerun either: they run nothing and give the
+#: numbers of the CSV that the section's own rerun writes.
 SUGGESTED: list[str] = [
 ]
 
@@ -152,8 +154,12 @@ RULES = """How a verdict is reached (the same rules in every section):
 - *Widening* claims: per seed, the least-squares slope of the gap against the target.
   **widening** when the 95% interval of the mean slope lies above 0. A gap to a target
   that was never reached is a lower bound; each section counts them.
-- *Variance* claims: the section states the test, its assumptions and what was held
-  fixed.
+- *Variance* claims ("A fluctuates more than B"): **holds** when the test shows the
+  claimed direction, **does not hold** when it shows the opposite one, **not resolved**
+  otherwise; the section states the test, its assumptions and what was held fixed.
+  Paper 002's spread: one-sided Brown-Forsythe tests at 5% (p < 0.05) on runs with the
+  data and initial weights held fixed. Paper 003's Fig. 2: the paired 95% interval of
+  the per-seed difference in variance over rounds, read as a direction claim.
 
 The summary gives what was found next to the paper's own number. Where a section has no
 *Found* or *Paper* sentence yet, the cell is empty and the section holds the numbers."""

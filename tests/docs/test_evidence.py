@@ -1242,3 +1242,13 @@ def test_paper001_sizes_paper_runs_the_sizes_profiles_under_their_own_keys(tmp_p
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "profile `clusters-consistent-sizes`" in proc.stderr
     assert len(proc.stderr.splitlines()) == 1 and not list(tmp_path.iterdir())
+
+
+def test_every_results_section_names_its_machine():
+    """Issue 27: RESULTS.md names the machine of every section (Table 1 and Fig. 2 had
+    only the line at the end of Fig. 4, and one investigation none)."""
+    text = (BENCH.parent / "RESULTS.md").read_text()
+    sections = re.split(r"(?m)^### ", text)[1:]
+    assert len(sections) >= 15
+    unnamed = [s.splitlines()[0] for s in sections if not re.search(r"[Mm]achine", s)]
+    assert not unnamed, unnamed

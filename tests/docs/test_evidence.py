@@ -771,7 +771,8 @@ def test_a_longer_runs_first_rounds_are_the_shorter_run():
 
 
 @pytest.mark.parametrize("script", ["paper003_table1.py", "paper004_ucb.py",
-                                    "paper001_group.py", "paper002_gain.py"])
+                                    "paper001_group.py", "paper002_gain.py",
+                                    "paper003_fig5.py"])
 def test_a_cache_of_another_configuration_or_no_cache_is_refused(tmp_path, script):
     """--cache: a file whose runs all belong to another configuration, or that is not
     a cache at all, is refused in one line (exit code 2) before anything is written."""
@@ -788,6 +789,7 @@ def test_a_cache_of_another_configuration_or_no_cache_is_refused(tmp_path, scrip
                               text=True, timeout=300)
         assert proc.returncode == 2, (script, proc.stderr[-2000:])
         assert message in proc.stderr and "Traceback" not in proc.stderr
+        assert len(proc.stderr.splitlines()) == 1, proc.stderr
         assert not out.exists()
 
 

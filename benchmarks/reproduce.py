@@ -94,6 +94,15 @@ INVESTIGATIONS: list[str] = [
     "--methods full,random,lvr,gvr,stalevr,stalevre,fedvarp,mifa,scaffold,mifa-uploaded "
     "--seeds 0,1,2 --num-rounds 40 --engine inprocess --out docs/results/mnist5k/table1 "
     "--cache docs/results/mnist5k/table1/runs.jsonl",
+    # Table 1 on mnist-5k at paper 003's data sizes (profile paper003-sizes): its 30 runs
+    # measured 7.4 hours of summed run time, one core a run, two runs at a time (full
+    # participation, StaleVR and GVR 30-35 minutes a run; StaleVR peaks at about 9 GiB).
+    # Into docs/results it only re-reads its cache (hours under another --out)
+    "python benchmarks/paper003_table1.py --full --tasks mnist-5k,mnist-5k,mnist-5k "
+    "--profile paper003-sizes --methods "
+    "full,random,lvr,gvr,stalevr,stalevre,fedvarp,mifa,scaffold,mifa-uploaded --seeds 0,1,2 "
+    "--num-rounds 40 --engine inprocess --out docs/results/mnist5k/table1_sizes --cache "
+    "docs/results/mnist5k/table1_sizes/runs.jsonl",
 ]
 
 #: Commands RESULTS.md shows as a way to go further, whose results it does not report
@@ -130,7 +139,8 @@ def investigation_command(line: str, out: Path) -> list[str]:
 #: (`mnist-5k`) beside the stand-in, each scenario of papers 000/001 at the most seeds it
 #: has.
 EXTRA_FRAGMENTS: dict[str, list[str]] = {
-    "paper003_table1": ["mnist5k/table1/paper003_table1"],
+    "paper003_table1": ["mnist5k/table1/paper003_table1",
+                        "mnist5k/table1_sizes/paper003_table1"],
     "paper001_group": ["mnist5k/consistent_9seeds/paper001_group",
                        "mnist5k/inconsistent_9seeds/paper001_group",
                        "mnist5k/clients_9seeds/paper001_group",

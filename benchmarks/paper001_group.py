@@ -162,14 +162,15 @@ def build(scenario: str, method: str, seed: int, num_rounds: int,
 
 def sizes_text(scenarios: list[str], seeds: list[int], num_rounds: int, task: str,
                sizes: str) -> str:
-    """How many training examples a client holds per model, over the federations of
-    ``scenarios`` and ``seeds`` (the runs' own), against the papers' 30-40."""
+    """How many training examples a client holds per model in each scenario, over its
+    federations of ``seeds`` (the runs' own), against the papers' 30-40."""
     import numpy as np
 
     from mmfl_flwr.tasks.federation import build_federation
 
-    held: list[int] = []
+    per: list[str] = []
     for sc in scenarios:
+        held: list[int] = []
         for seed in seeds:
             s = build(sc, "random", seed, num_rounds, task, sizes=sizes)[0]
             fed = build_federation(
@@ -179,13 +180,15 @@ def sizes_text(scenarios: list[str], seeds: list[int], num_rounds: int, task: st
                 data_root=s.data_root)
             held += [len(fed.data[t][i][0]) for t in fed.tasks
                      for i in range(fed.num_clients) if fed.eligible[t][i]]
+        per.append(f"{float(np.median(held)):g} ({min(held)}-{max(held)}) in "
+                   f"{LABELS[sc].split()[0]}")
     how = ("profile `clusters-consistent-sizes` / `clusters-inconsistent-sizes`: a client "
            "keeps 30-40 of the examples its cluster's share gives it, drawn uniformly, or all "
            "of a smaller share" if sizes == "paper" else "each model's whole training pool "
            "is shared out among its clients")
-    return (f"Data sizes: a client holds a median of {float(np.median(held)):g} training "
-            f"examples a model (range {min(held)}-{max(held)}, over these runs' "
-            f"federations; {how}); the papers' clients hold 30-40.")
+    return (f"Data sizes: a client holds a median of {', '.join(per)} training examples a "
+            f"model (range in brackets, over these runs' federations; {how}); the papers' "
+            "clients hold 30-40.")
 
 
 def quiet_run(s: Any, strategy: Any, engine: str) -> Any:
@@ -341,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the clients' data: pool (default) shares each model's whole "
                         "training pool out among them (profile clusters-consistent / "
                         "-inconsistent); paper gives each client 30-40 examples a model, "
-                        "the papers' sizes (their -sizes variants)")
+                        "the papers' sizes, or all of a smaller share (their -sizes "
+                        "variants)")
     a = p.parse_args(argv)
     mode = dict(MODES[a.mode])
     if a.seeds:

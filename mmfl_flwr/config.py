@@ -606,7 +606,8 @@ def options() -> dict[str, Option]:
             "clusters-consistent / clusters-inconsistent (5 label clusters per digits "
             "task, one client map for all tasks or one per task), and "
             "clusters-consistent-sizes / clusters-inconsistent-sizes (the same with papers "
-            "000/001's data sizes, 30-40 examples per client and task)", _profiles),
+            "000/001's data sizes, 30-40 examples per client and task, or all of a smaller "
+            "share)", _profiles),
         "data_root": Option("folder of the real datasets",
                             form="a folder (relative to the working directory)"),
         "download": Option("fetch missing mnist, fashion-mnist, emnist and cifar10 data into "

@@ -978,6 +978,12 @@ def build_federation(
         raise ValueError(
             f"unknown partition {profile.partition!r}; choose from {', '.join(PARTITIONS)}"
         )
+    lo, hi = profile.client_samples
+    if (lo, hi) != (0, 0) and not 1 <= lo <= hi:
+        raise ValueError(
+            f"client_samples {profile.client_samples!r}: give (low, high) with 1 <= low <= "
+            "high, or (0, 0) to keep every client's part"
+        )
     if profile.partition != "label-skew" and (profile.clusters or profile.high_data_fraction > 0):
         raise ValueError(
             f"partition {profile.partition!r} (a flwr-datasets partitioner) cannot express "

@@ -1233,9 +1233,11 @@ def test_paper001_sizes_paper_runs_the_sizes_profiles_under_their_own_keys(tmp_p
     assert s.profile == "clusters-consistent-sizes"
     with pytest.raises(ValueError, match="sizes 'small'"):
         P.scenario_settings("consistent", 20, "digits", "small")
-    text = P.sizes_text(["consistent"], [0], 20, "digits", "paper")
-    assert "median of" in text and "range 30-40" in text
-    assert "range 46-50" in P.sizes_text(["consistent"], [0], 20, "digits", "pool")
+    text = P.sizes_text(["consistent", "clients"], [0], 20, "digits", "paper")
+    # 30 clients keep 30-40 of their ~48; 60 share the 1,437 images, 22-26 each: kept whole
+    assert re.search(r"median of 3\d(\.5)? \(30-40\) in \(a\), 2\d(\.5)? \(2\d-2\d\) in \(c\)",
+                     text), text
+    assert "(46-50) in (a)" in P.sizes_text(["consistent"], [0], 20, "digits", "pool")
     csv_path = Path(__file__).resolve().parents[2] / "docs" / "results" / "paper001_group.csv"
     proc = subprocess.run([sys.executable, str(BENCH / "paper001_group.py"), "--full",
                            "--scenarios", "consistent", "--sizes", "paper",
@@ -1250,7 +1252,17 @@ def test_every_results_section_names_its_machine():
     """Issue 27: RESULTS.md names the machine of every section (Table 1 and Fig. 2 had
     only the line at the end of Fig. 4, and one investigation none)."""
     text = (BENCH.parent / "RESULTS.md").read_text()
-    sections = re.split(r"(?m)^### ", text)[1:]
+    reported, investigations = text.split("\n## Investigations", 1)
+    sections = re.split(r"(?m)^### ", reported)[1:]
     assert len(sections) >= 15
-    unnamed = [s.splitlines()[0] for s in sections if not re.search(r"[Mm]achine", s)]
+    # a script's section: "machine: <the machine line>"
+    unnamed = [s.splitlines()[0] for s in sections
+               if not re.search(r"[Mm]achine:\s+(AMD|Intel|NVIDIA|one NVIDIA)", s)]
+    assert not unnamed, unnamed
+    # an investigation names the machine its runs were made on, in words
+    notes = re.split(r"(?m)^### ", investigations)[1:]
+    assert len(notes) >= 5
+    unnamed = [s.splitlines()[0] for s in notes if not re.search(
+        r"(2-core|AVX512|H200|H100)[^.]{0,30}\smachine|[Mm]achine[^.:]{0,60}:\s+(AMD|the )",
+        s)]
     assert not unnamed, unnamed

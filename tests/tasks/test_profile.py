@@ -317,3 +317,31 @@ def test_cluster_sizes_profiles_keep_30_to_40_examples_of_the_same_split(name):
     base = build_federation(["digits"] * 3, 60, 0, profile=name)
     sized = build_federation(["digits"] * 3, 60, 0, profile=f"{name}-sizes")
     assert fingerprint(base) == fingerprint(sized)
+
+
+def test_cluster_sizes_draw_at_random_and_shards_get_the_same_data():
+    """The kept examples are a random subset (not the first ones of a client's part),
+    the server's test sets are those without ``-sizes``, a node building only some
+    clients (``clients=``) gets exactly their data in the whole federation, and a
+    profile with a bad ``client_samples`` is refused."""
+    from dataclasses import replace
+
+    base = build_federation(["mnist-5k"] * 2, 30, 4, profile="clusters-consistent")
+    sized = build_federation(["mnist-5k"] * 2, 30, 4, profile="clusters-consistent-sizes")
+    prefixes = 0
+    for t in base.tasks:
+        assert np.array_equal(base.server_tests[t].x, sized.server_tests[t].x)
+        for i in range(30):
+            tr, kept = base.data[t][i][0], sized.data[t][i][0]
+            prefixes += np.array_equal(tr.x[:len(kept)], kept.x)
+    assert prefixes == 0
+    part = build_federation(["mnist-5k"] * 2, 30, 4, profile="clusters-consistent-sizes",
+                            clients=[3, 17])
+    for t in sized.tasks:
+        for i in (3, 17):
+            assert np.array_equal(part.data[t][i][0].x, sized.data[t][i][0].x)
+            assert np.array_equal(part.data[t][i][0].y, sized.data[t][i][0].y)
+    for bad in ((40, 30), (0, 10), (-1, 5)):
+        with pytest.raises(ValueError, match="client_samples"):
+            build_federation(["digits"], 10, 0, profile=replace(
+                PROFILES["clusters-consistent"], client_samples=bad))

@@ -82,6 +82,11 @@ INVESTIGATIONS: list[str] = [
     "python benchmarks/paper001_group.py --task mnist-5k --scenarios tasks --seeds "
     "0,1,2,3,4,5,6,7,8 --num-rounds 20 --out docs/results/mnist5k/tasks_9seeds --cache "
     "docs/results/mnist5k/tasks_9seeds/runs.jsonl",
+    # papers 000/001's scenarios on mnist-5k at the papers' data sizes (30-40 examples a
+    # client and model): 108 runs in 41 minutes on the 2-core machine, two at a time
+    "python benchmarks/paper001_group.py --task mnist-5k --sizes paper --scenarios "
+    "consistent,inconsistent,clients,tasks --seeds 0,1,2,3,4,5,6,7,8 --num-rounds 20 --out "
+    "docs/results/mnist5k/group_sizes --cache docs/results/mnist5k/group_sizes/runs.jsonl",
     "python benchmarks/honest_defence_cost.py --task mnist-5k --scenarios consistent --seeds "
     "0-8 --num-rounds 20 --defences no-clip --cache docs/results/mnist5k/defence_cost_runs.jsonl "
     "--markdown docs/results/mnist5k/defence_cost.md",
@@ -144,7 +149,8 @@ EXTRA_FRAGMENTS: dict[str, list[str]] = {
     "paper001_group": ["mnist5k/consistent_9seeds/paper001_group",
                        "mnist5k/inconsistent_9seeds/paper001_group",
                        "mnist5k/clients_9seeds/paper001_group",
-                       "mnist5k/tasks_9seeds/paper001_group"],
+                       "mnist5k/tasks_9seeds/paper001_group",
+                       "mnist5k/group_sizes/paper001_group"],
 }
 
 #: How every verdict is reached: stated once, at the top of RESULTS.md.

@@ -686,6 +686,21 @@ def fab_size_report(app: Path) -> tuple[int, list[tuple[int, str]]]:
     return len(fab), largest[:10]
 
 
+def fab_file_names(app: Path) -> list[str]:
+    """Names of the files in the FAB ``flwr run`` would build from ``app``."""
+    import io
+    import warnings
+    import zipfile
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from flwr.cli.build import build_fab_from_disk
+
+        fab = build_fab_from_disk(app)
+    with zipfile.ZipFile(io.BytesIO(fab)) as z:
+        return [i.filename for i in z.infolist()]
+
+
 def run_isolated(
     cmd: Sequence[str],
     tmp_path: Path,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -209,6 +209,9 @@ class StaleAggregator(Aggregator):
 
     needs_inclusion_probabilities = True
     keeps_per_client = "stale updates"
+    #: Whether :meth:`_stale_weight` reads the stale update (Eq. 20's optimum does; a
+    #: fixed or scheduled beta does not, and is then computed without reading it).
+    beta_reads_stale = True
 
     def __init__(self, storage: str = "float32", directory: str | None = None) -> None:
         self.store = StaleStore(storage, directory)
@@ -259,12 +262,13 @@ class StaleAggregator(Aggregator):
         self,
         task: str,
         cid: str,
-        stale: list[np.ndarray],
+        stale: list[np.ndarray] | None,
         fresh: Mapping[str, Weights],
         server_round: int,
     ) -> float:
         """``beta`` of a pair's stale update this round (Eq. 17's fixed one, Eq. 20's
-        optimum, Eq. 21's estimate)."""
+        optimum, Eq. 21's estimate); ``stale`` is the pair's ``h``, None for a rule
+        that does not read it (:attr:`beta_reads_stale`)."""
         raise NotImplementedError
 
     def _after(
@@ -291,13 +295,26 @@ class StaleAggregator(Aggregator):
         ``Delta = sum d z + sum d l (G - z) / (B p)``; afterwards ``h <- G`` for the
         sampled pairs."""
         shares = default_shares(shares, updates)
-        betas = {}
-        for cid in set(shares) | {u.cid for u in updates}:
-            h = self.store.get(cid, task)
-            if h is not None:
-                betas[cid] = self._stale_weight(task, cid, h, fresh or {}, server_round)
-        stale = _Stored(self.store, task, betas)
-        new, _ = self._combine(weights, shares, betas, stale, updates)
+        fresh = fresh or {}
+        # the pairs with a stale update (the store's keys: no array is read here)
+        pairs = {cid: None for cid in set(shares) | {u.cid for u in updates}
+                 if (cid, task) in self.store}
+        stale = _Stored(self.store, task, pairs)
+        betas: dict[str, float] = {}
+
+        def beta(cid: str, h: list[np.ndarray] | None) -> float:
+            # a pair's beta, computed once, from the read of h that first needs it
+            if cid not in betas:
+                betas[cid] = self._stale_weight(task, cid, h, fresh, server_round)
+            return betas[cid]
+
+        if not self.beta_reads_stale:
+            for cid in pairs:
+                beta(cid, None)
+        new, _ = self._combine(weights, shares, beta, stale, updates)
+        for cid in pairs:  # a pair with no share that did not train: its beta all the same
+            if cid not in betas:
+                beta(cid, stale[cid])
         self._after(task, updates, stale, server_round)
         self._refresh(task, updates)
         return new
@@ -310,28 +327,31 @@ class StaleAggregator(Aggregator):
     def _combine(
         weights: Weights,
         shares: Mapping[str, float],
-        betas: Mapping[str, float],
+        beta: Callable[[str, list[np.ndarray] | None], float],
         stale: Mapping[str, list[np.ndarray]],
         updates: Sequence[Update],
     ) -> tuple[Weights, list[np.ndarray]]:
         """``Delta = sum_{N_s} d z + sum_{A_s} d l (G - z) / (B p)`` with ``z = beta
-        h`` (``betas``, ``stale``: the pairs with a stale update); returns the new
-        weights and Delta. Each ``z`` is formed when it is added and dropped after,
-        so no copy of every client's stale update is held at once."""
+        h`` (``stale``: the pairs with a stale update; ``beta(cid, h)``: a pair's beta,
+        given its ``h`` as read here); returns the new weights and Delta. Each ``z`` is
+        formed when it is added and dropped after, so no copy of every client's stale
+        update is held at once, and an unsampled pair's ``h`` is read once."""
         delta = _zeros_like(weights)
         for cid, d in shares.items():
-            if d > 0 and cid in betas:
-                b = betas[cid]
-                for acc, a in zip(delta, stale[cid]):
+            if d > 0 and cid in stale:
+                h = stale[cid]
+                b = beta(cid, h)
+                for acc, a in zip(delta, h):
                     acc += d * (b * a)
         for u in updates:
             if not u.prob > 0:
                 raise ValueError(f"client {u.cid}: stale rules need prob > 0, got {u.prob}")
             c = StaleAggregator._fresh_coefficient(u)
-            h = stale[u.cid] if u.cid in betas else None
+            h = stale[u.cid] if u.cid in stale else None
+            b = beta(u.cid, h) if h is not None else 0.0
             for j, acc in enumerate(delta):
                 g = np.asarray(u.delta[j], dtype=np.float64)
-                acc += c * (g - betas[u.cid] * h[j] if h is not None else g)
+                acc += c * (g - b * h[j] if h is not None else g)
         new = [
             (w.astype(np.float64) - dl).astype(w.dtype, copy=False)
             for w, dl in zip(weights, delta)
@@ -360,6 +380,8 @@ class FedStaleAggregator(StaleAggregator):
 
     def config(self) -> dict[str, Any]:
         return {"beta": self.beta, **super().config()}
+
+    beta_reads_stale = False
 
     def _stale_weight(self, task, cid, stale, fresh, server_round):  # type: ignore[no-untyped-def]
         return self.beta

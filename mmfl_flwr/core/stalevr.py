@@ -111,6 +111,7 @@ class StaleVREAggregator(StaleAggregator):
     """
 
     name = "stalevre"
+    beta_reads_stale = False
 
     def __init__(self, b0: float = 1.0, storage: str = "float32", directory: str | None = None):
         if not b0 > 0:

@@ -788,3 +788,61 @@ def test_a_round_holds_one_stale_update_at_a_time(make):
     finally:
         tracemalloc.stop()
     assert peak < n * size * 8 / 4, f"peak {peak / 1e6:.1f} MB"
+
+
+@pytest.mark.parametrize("storage", ["float32", "float16", "disk"])
+@pytest.mark.parametrize("make,sampled_reads", [
+    (FedVARPAggregator, 2), (lambda **kw: FedStaleAggregator(beta=0.5, **kw), 2),
+    (StaleVRAggregator, 2), (StaleVREAggregator, 3),
+], ids=["fedvarp", "fedstale", "stalevr", "stalevre"])
+def test_a_round_reads_each_stale_update_as_few_times_as_it_must(make, sampled_reads,
+                                                                  storage, tmp_path):
+    """Reading a stale update is a float64 copy (a half-precision decode or a file read
+    with float16 / disk storage), so a round reads each unsampled pair's once (its term
+    ``d beta h``; Eq. 20's beta is computed from the same read) and a sampled pair's at
+    most ``sampled_reads`` times (the ``d beta h`` term, the ``-beta h`` of its fresh
+    term, and StaleVRE's measurement of ``beta*``); before, every pair was also read once
+    for its beta. The result is the same to the last bit as reading it anew each time."""
+    n = 10
+    rng = np.random.default_rng(1)
+
+    def kw(name):  # each store its own folder (disk files are named by pair)
+        return {"storage": storage,
+                **({"directory": str(tmp_path / name)} if storage == "disk" else {})}
+
+    shares = {f"c{k}": 1 / n for k in range(n)}
+    w = [np.zeros(5, dtype=np.float32), np.zeros((2, 3), dtype=np.float32)]
+
+    def delta():
+        return [rng.normal(size=5), rng.normal(size=(2, 3))]
+
+    first = [upd(f"c{k}", delta(), 1 / n) for k in range(n)]
+    fresh = {f"c{k}": delta() for k in range(n)}
+    ups = [upd(f"c{k}", delta(), 1 / n, p=0.3) for k in (2, 5, 7)]
+    agg, reference = make(**kw("agg")), make(**kw("reference"))
+    for a in (agg, reference):
+        a.aggregate(T, w, first, 1, shares=shares, fresh=fresh)
+        a.aggregate(T, w, first[:4], 2, shares=shares, fresh=fresh)  # StaleVRE: a beta*
+    reads: dict[str, int] = {}
+    real = agg.store.get
+
+    def counted(cid, task):
+        reads[cid] = reads.get(cid, 0) + 1
+        return real(cid, task)
+
+    agg.store.get = counted  # type: ignore[method-assign]
+    new = agg.aggregate(T, w, ups, 3, shares=shares, fresh=fresh)
+    sampled = {u.cid for u in ups}
+    assert {c: r for c, r in reads.items() if c not in sampled} == {
+        c: 1 for c in shares if c not in sampled}
+    assert all(1 <= reads[c] <= sampled_reads for c in sampled), reads
+    # the same numbers as an aggregation whose every read is fresh
+    fresh_reads = StaleStore.get.__get__(reference.store)
+    reference.store.get = lambda cid, task: [a.copy() for a in fresh_reads(cid, task)]
+    expected = reference.aggregate(T, w, ups, 3, shares=shares, fresh=fresh)
+    for x, y in zip(new, expected):
+        assert x.dtype == y.dtype and x.tobytes() == y.tobytes()
+    if isinstance(agg, StaleVRAggregator):
+        assert agg.last_betas == reference.last_betas
+    if isinstance(agg, StaleVREAggregator):
+        assert agg.schedule == reference.schedule

@@ -22,6 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _evidence as E  # noqa: E402
+
 
 def policy_only(seeds: list[int], rounds: int, window: int) -> None:
     """Random allocation's draws alone (no training) on the paper-003 federation of
@@ -78,8 +80,6 @@ def main(argv: list[str] | None = None) -> int:
     if a.num_rounds < 1:
         p.error(f"--num-rounds must be >= 1; got {a.num_rounds}")
     if a.policy_only:
-        import _evidence as E
-
         if a.strategy != "random":
             p.error("--policy-only draws random allocation only")
         if not 1 <= a.window <= a.num_rounds:

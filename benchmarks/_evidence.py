@@ -119,6 +119,16 @@ def int_list(parser: argparse.ArgumentParser, name: str, text: str, low: int = 0
     return values
 
 
+def at_least_one(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                 *dests: str) -> None:
+    """Refuse (``parser.error``: one line, exit code 2) any of the integer options
+    ``dests`` (argparse dest names, e.g. ``num_rounds``) given below 1."""
+    for dest in dests:
+        value = getattr(args, dest)
+        if value < 1:
+            parser.error(f"--{dest.replace('_', '-')} must be >= 1; got {value}")
+
+
 def name_list(parser: argparse.ArgumentParser, name: str, text: str,
               known: Iterable[str] | Callable[[str], bool], shown: str = "") -> list[str]:
     """``"a,b"`` -> ``["a", "b"]``; an empty list, a name that is not ``known`` (a

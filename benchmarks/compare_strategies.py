@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 
-from _evidence import Parser, mean_sd, run_jobs, write_outputs
+from _evidence import Parser, at_least_one, int_list, mean_sd, run_jobs, write_outputs
 
 
 def _one(args: tuple[str, int, dict[str, Any]]) -> dict[str, Any]:
@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
 
     strategies = [s.strip() for s in a.strategies.split(",") if s.strip()]
-    seeds = [int(s) for s in a.seeds.split(",")]
+    seeds = int_list(p, "--seeds", a.seeds, low=0)
+    at_least_one(p, a, "num_clients", "num_rounds", "local_epochs", "batch_size", "workers")
     base = {
         "tasks": a.tasks,
         "profile": a.profile,

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 
-from _evidence import Parser, mean_sd, run_jobs, write_outputs
+from _evidence import Parser, at_least_one, int_list, mean_sd, run_jobs, write_outputs
 
 GROUPS = ((0.5, 0.04), (0.5, 0.16))
 
@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--markdown", default="")
     a = p.parse_args(argv)
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
-    seeds = [int(x) for x in a.seeds.split(",")]
+    seeds = int_list(p, "--seeds", a.seeds, low=0)
+    at_least_one(p, a, "num_clients", "num_rounds", "local_epochs", "batch_size", "workers")
     base = {"num_clients": a.num_clients, "num_rounds": a.num_rounds,
             "local_epochs": a.local_epochs, "lr": a.lr, "batch_size": a.batch_size}
     jobs = [(m, sd, base) for sd in seeds for m in methods]

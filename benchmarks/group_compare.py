@@ -31,7 +31,7 @@ import time
 from typing import Any
 
 
-from _evidence import Parser, mean_sd, run_jobs, write_outputs
+from _evidence import Parser, at_least_one, int_list, mean_sd, run_jobs, write_outputs
 
 SCENARIOS: dict[str, dict[str, Any]] = {
     "consistent": {"tasks": "digits,digits,digits", "profile": "clusters-consistent",
@@ -117,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     scenarios = [x for x in a.scenarios.split(",") if x]
     methods = [x for x in a.methods.split(",") if x]
-    seeds = [int(x) for x in a.seeds.split(",")]
+    seeds = int_list(p, "--seeds", a.seeds, low=0)
+    at_least_one(p, a, "num_rounds", "local_epochs", "batch_size", "workers")
     base = {"num_rounds": a.num_rounds, "local_epochs": a.local_epochs, "lr": a.lr,
             "batch_size": a.batch_size}
     jobs = [(sc, m, sd, base) for sc in scenarios for sd in seeds for m in methods]

@@ -334,8 +334,8 @@ def main(argv: list[str] | None = None) -> int:
                 "with a few trainers per round", "default 2, or 1 on a one-core machine")
     p.set_defaults(workers=min(2, os.cpu_count() or 1))
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
-    p.add_argument("--seeds", default="", help="override the mode's seeds (0,1,2)")
-    p.add_argument("--num-rounds", type=int, default=0, help="override the mode's rounds")
+    p.add_argument("--seeds", default=None, help="override the mode's seeds (0,1,2)")
+    p.add_argument("--num-rounds", type=int, default=None, help="override the mode's rounds")
     p.add_argument("--task", default="digits", choices=TASK_KINDS,
                    help="the kind of every model (default digits, the embedded 8x8 "
                         "digits; mnist-5k: 5,000 real MNIST images, pip install "
@@ -348,11 +348,11 @@ def main(argv: list[str] | None = None) -> int:
                         "variants)")
     a = p.parse_args(argv)
     mode = dict(MODES[a.mode])
-    if a.seeds:
+    if a.seeds is not None:
         mode["seeds"] = E.int_list(p, "--seeds", a.seeds, low=0)
-    if a.num_rounds < 0:
-        p.error(f"--num-rounds must be >= 1; got {a.num_rounds}")
-    if a.num_rounds:
+    if a.num_rounds is not None:
+        if a.num_rounds < 1:
+            p.error(f"--num-rounds must be >= 1; got {a.num_rounds}")
         mode["num_rounds"] = a.num_rounds
     R, seeds = mode["num_rounds"], mode["seeds"]
     scenarios = E.name_list(p, "--scenarios", a.scenarios, LABELS)
@@ -382,8 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     cmd = f"python benchmarks/{NAME}.py --{a.mode}"
     if a.engine != "inprocess":
         cmd += f" --engine {a.engine}"
-    if (a.seeds or a.num_rounds or a.scenarios != ",".join(SCENARIOS) or a.task != "digits"
-            or a.sizes != "pool"):
+    if (a.seeds is not None or a.num_rounds is not None or a.task != "digits"
+            or a.scenarios != ",".join(SCENARIOS) or a.sizes != "pool"):
         cmd = E.command(NAME, argv)
     verdicts: dict[str, str] = {}
     gains: list[tuple[str, str, dict[str, Any]]] = []  # relative gain per scenario, baseline

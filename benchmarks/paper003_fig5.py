@@ -93,21 +93,21 @@ def main(argv: list[str] | None = None) -> int:
     p = E.Parser(description=__doc__.splitlines()[0])
     E.mode_args(p)
     p.add_argument("--tasks", default="digits", help="one task (the paper: EMNIST)")
-    p.add_argument("--seeds", default="", help="override the mode's seeds")
-    p.add_argument("--num-rounds", type=int, default=0, help="override the mode's rounds")
-    p.add_argument("--methods", default="", help="override the mode's methods (comma-separated)")
+    p.add_argument("--seeds", default=None, help="override the mode's seeds")
+    p.add_argument("--num-rounds", type=int, default=None, help="override the mode's rounds")
+    p.add_argument("--methods", default=None, help="override the mode's methods (comma-separated)")
     p.add_argument("--lr", type=float, default=0.1, help="client learning rate (default 0.1)")
     a = p.parse_args(argv)
     if a.engine == "simulation":
         p.error("custom strategies run on the inprocess or vectorized engine")
     sc = dict(SCALES[a.mode])
-    if a.seeds:
+    if a.seeds is not None:
         sc["seeds"] = E.int_list(p, "--seeds", a.seeds, low=0)
-    if a.num_rounds < 0:
-        p.error(f"--num-rounds must be >= 1; got {a.num_rounds}")
-    if a.num_rounds:
+    if a.num_rounds is not None:
+        if a.num_rounds < 1:
+            p.error(f"--num-rounds must be >= 1; got {a.num_rounds}")
         sc["num_rounds"] = a.num_rounds
-    if a.methods:
+    if a.methods is not None:
         sc["methods"] = E.name_list(p, "--methods", a.methods, known_method,
                                     "stalevr, stalevre, mifa, fedvarp, fedstale-<beta in "
                                     "[0, 1]>")

@@ -200,13 +200,13 @@ def main(argv: list[str] | None = None) -> int:
     E.mode_args(p)
     p.add_argument("--tasks", default="digits,digits,digits")
     p.add_argument("--methods", default=",".join(METHODS))
-    p.add_argument("--seeds", default="", help="override the mode's seeds (e.g. 0,1,2)")
-    p.add_argument("--num-rounds", type=int, default=0,
+    p.add_argument("--seeds", default=None, help="override the mode's seeds (e.g. 0,1,2)")
+    p.add_argument("--num-rounds", type=int, default=None,
                    help="override the mode's rounds (Table 1 at that length only)")
-    p.add_argument("--lengths", default="",
+    p.add_argument("--lengths", default=None,
                    help="run lengths at which Table 1 is read, e.g. 40,80,150 (the runs last "
                         "the longest; Table 1's main table and Fig. 2 use the first)")
-    p.add_argument("--num-clients", type=int, default=0, help="override the mode's clients")
+    p.add_argument("--num-clients", type=int, default=None, help="override the mode's clients")
     p.add_argument("--lr", type=float, default=0.1, help="client learning rate (default 0.1)")
     p.add_argument("--profile", default="paper003", choices=["paper003", "paper003-sizes"],
                    help="client heterogeneity (default paper003, which shares out an image "
@@ -216,14 +216,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="override the mode's m / V")
     a = p.parse_args(argv)
     sc = dict(SCALES[a.mode])
-    if a.seeds:
+    if a.seeds is not None:
         sc["seeds"] = E.int_list(p, "--seeds", a.seeds, low=0)
-    if a.num_rounds < 0:
-        p.error(f"--num-rounds must be >= 1; got {a.num_rounds}")
-    if a.num_rounds:
+    if a.num_rounds is not None:
+        if a.num_rounds < 1:
+            p.error(f"--num-rounds must be >= 1; got {a.num_rounds}")
         sc["num_rounds"] = a.num_rounds
         sc["lengths"] = (a.num_rounds,)
-    if a.lengths:
+    if a.lengths is not None:
         lengths = E.int_list(p, "--lengths", a.lengths, low=1)
         if lengths != sorted(set(lengths)):
             p.error(f"--lengths must increase; got {a.lengths}")
@@ -232,7 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     if min(sc["lengths"]) < sc["last"]:
         p.error(f"--lengths/--num-rounds: every length must be >= {sc['last']} (the rounds "
                 f"averaged for the final accuracy); got {list(sc['lengths'])}")
-    if a.num_clients:
+    if a.num_clients is not None:
+        if a.num_clients < 1:
+            p.error(f"--num-clients must be >= 1; got {a.num_clients}")
         sc["num_clients"] = a.num_clients
     if a.budget_fraction >= 0:
         sc["budget_fraction"] = a.budget_fraction

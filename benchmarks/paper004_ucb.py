@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
                 "with a few trainers per round", "default 2, or 1 on a one-core machine")
     p.set_defaults(workers=min(2, os.cpu_count() or 1))
     p.add_argument("--ks", default="2,64")
-    p.add_argument("--seeds", default="", help="override the mode's seeds (0,1,2)")
-    p.add_argument("--datasets", default="",
+    p.add_argument("--seeds", default=None, help="override the mode's seeds (0,1,2)")
+    p.add_argument("--datasets", default=None,
                    help=f"override the mode's data sets (from {', '.join(DATASETS)})")
     p.add_argument("--margin", default="0.02",
                    help="equivalence margin of the 'level with' claims, in accuracy "
@@ -117,9 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     margin = E.margin_arg(p, a.margin)
     mode = dict(MODES[a.mode])
-    if a.datasets:
+    if a.datasets is not None:
         mode["datasets"] = E.name_list(p, "--datasets", a.datasets, DATASETS)
-    if a.seeds:
+    if a.seeds is not None:
         mode["seeds"] = E.int_list(p, "--seeds", a.seeds, low=0)
     ks = E.int_list(p, "--ks", a.ks, low=1)
     mode["rounds"] = dict(mode["rounds"])
@@ -162,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     cmd = f"python benchmarks/{NAME}.py --{a.mode}"
     if a.engine != "inprocess":
         cmd += f" --engine {a.engine}"
-    if a.seeds or a.ks != "2,64" or a.datasets or a.margin != "0.02":
+    if (a.seeds is not None or a.ks != "2,64" or a.datasets is not None
+            or a.margin != "0.02"):
         cmd = E.command(NAME, argv)
     sections, all_claims = [], []
     for d, k in plan:

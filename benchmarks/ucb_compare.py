@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 
-from _evidence import Parser, mean_sd, run_jobs, write_outputs
+from _evidence import Parser, at_least_one, int_list, mean_sd, run_jobs, write_outputs
 
 DATASETS = {
     "synthetic-1-1": "synthetic,synthetic-b",
@@ -81,8 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     datasets = [d for d in a.datasets.split(",") if d]
     policies = [x for x in a.policies.split(",") if x]
-    ks = [int(x) for x in a.ks.split(",")]
-    seeds = [int(x) for x in a.seeds.split(",")]
+    ks = int_list(p, "--ks", a.ks, low=1)
+    seeds = int_list(p, "--seeds", a.seeds, low=0)
+    at_least_one(p, a, "num_clients", "num_rounds", "local_epochs", "batch_size", "workers")
     base = {"num_clients": a.num_clients, "num_rounds": a.num_rounds,
             "local_epochs": a.local_epochs, "lr": a.lr, "batch_size": a.batch_size,
             "ucb_gamma": a.ucb_gamma}

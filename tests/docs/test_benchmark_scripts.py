@@ -35,3 +35,58 @@ def test_a_benchmark_script_answers_help_and_refuses_an_unknown_flag(script: str
     assert "Traceback" not in refused.stderr
     last = refused.stderr.strip().splitlines()[-1]
     assert "error:" in last and "--no-such-flag" in last, refused.stderr[-2000:]
+
+
+# An empty or zero override used to fall back silently to the mode's value (the
+# default was the same empty string or 0): the user's value is now applied or refused.
+EMPTY_OVERRIDES = [
+    ("paper003_table1.py", "--seeds", ""),
+    ("paper003_table1.py", "--num-rounds", "0"),
+    ("paper003_table1.py", "--lengths", ""),
+    ("paper003_table1.py", "--num-clients", "0"),
+    ("paper003_table1.py", "--methods", ""),
+    ("paper001_group.py", "--seeds", ""),
+    ("paper001_group.py", "--num-rounds", "0"),
+    ("paper003_fig5.py", "--seeds", ""),
+    ("paper003_fig5.py", "--num-rounds", "0"),
+    ("paper003_fig5.py", "--methods", ""),
+    ("paper004_ucb.py", "--seeds", ""),
+    ("paper004_ucb.py", "--datasets", ""),
+]
+
+
+@pytest.mark.parametrize("script,flag,value", EMPTY_OVERRIDES)
+def test_an_empty_or_zero_override_is_refused(script: str, flag: str, value: str,
+                                              tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = _run(script, "--smoke", "--out", str(out), flag, value)
+    assert proc.returncode == 2, (proc.stdout[-1000:], proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "error:" in last and flag in last, proc.stderr[-2000:]
+    assert not out.exists() or not any(out.iterdir())
+
+
+# The comparison scripts parsed their lists with int() (a traceback on "--seeds a")
+# and took any count.
+UNPARSED = [
+    ("compare_strategies.py", "--seeds", "0,x"),
+    ("compare_strategies.py", "--num-rounds", "0"),
+    ("fig5_staleness.py", "--seeds", ""),
+    ("fig5_staleness.py", "--num-clients", "0"),
+    ("group_compare.py", "--seeds", "1-"),
+    ("group_compare.py", "--local-epochs", "0"),
+    ("ucb_compare.py", "--ks", "2,b"),
+    ("ucb_compare.py", "--seeds", "0,0"),
+    ("ucb_compare.py", "--workers", "0"),
+]
+
+
+@pytest.mark.parametrize("script,flag,value", UNPARSED)
+def test_a_comparison_script_refuses_a_value_that_does_not_parse(script: str, flag: str,
+                                                                  value: str) -> None:
+    proc = _run(script, flag, value)
+    assert proc.returncode == 2, (proc.stdout[-1000:], proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "error:" in last and flag in last, proc.stderr[-2000:]

@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.workers < 1:
         p.error("--workers must be >= 1")
     jobs = [(sc, sd, a.num_rounds) for sd in seeds for sc in scenarios]
+    E.check_cache(a.cache, jobs)
     results = E.map_cached(one, jobs, a.workers, a.cache,
                            label=lambda j: f"{j[0]} seed {j[1]}")
     rows = [r for rs in results for r in rs]

@@ -90,3 +90,19 @@ def test_a_comparison_script_refuses_a_value_that_does_not_parse(script: str, fl
     assert "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert "error:" in last and flag in last, proc.stderr[-2000:]
+
+
+def test_group_cstep_quality_refuses_a_cache_of_another_configuration(tmp_path: Path) -> None:
+    """Its --cache is checked against its runs before anything runs (as the paper
+    scripts' are), not silently ignored."""
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"key": "[\\"x\\", 0, {}, \\"vectorized\\"]", "result": [], '
+                     '"machine": "m"}\n')
+    out = tmp_path / "out"
+    proc = _run("group_cstep_quality.py", "--scenarios", "consistent", "--seeds", "0",
+                "--num-rounds", "2", "--workers", "1", "--cache", str(other),
+                "--out", str(out))
+    assert proc.returncode == 2, (proc.stdout[-1000:], proc.stderr[-2000:])
+    assert "none of its 1 runs belongs to this configuration" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not out.exists()

@@ -225,6 +225,77 @@ def test_paper001_scenarios_take_mnist_5k_models():
     assert s.task_arrival_rounds() == {"mnist-5k_4": 3, "mnist-5k_5": 6}
 
 
+def test_paper001_arriving_tasks_are_read_mid_training_after_they_arrive():
+    """Scenario (d)'s claim is about the models that arrive ("speeds up the convergence
+    for new models"): its mid-training window reads each arriving model over the rounds
+    after its arrival (the other scenarios' window, rounds R/9+1..R/3, ends before the
+    first model arrives at 30/90 of the run). Means by hand on made-up rows."""
+    import paper001_group as P
+
+    for rounds, expected in ((20, [("digits_4", 8, 11), ("digits_5", 14, 17)]),
+                             (90, [("digits_4", 31, 50), ("digits_5", 61, 80)])):
+        kw, _ = P.scenario_settings("tasks", rounds)
+        arrivals = dict(x.split(":") for x in kw["task_arrivals"].split(","))
+        windows = P.mid_windows("tasks", rounds)
+        assert windows == expected
+        for task, first, last in windows:
+            assert first == int(arrivals[task]) + 1 and last <= rounds
+    assert P.mid_windows("consistent", 90) == [(None, 11, 30)]
+    assert P.mid_windows("clients", 20) == [(None, 3, 6)]
+    rows = []
+    for rd in range(1, 21):
+        rows.append({"method": "group", "seed": 0, "round": rd, "task": "digits",
+                     "accuracy": 0.9})
+        for task, arrive, acc in (("digits_4", 7, 0.1 * (rd - 7)), ("digits_5", 13, 0.5)):
+            if rd >= arrive:
+                rows.append({"method": "group", "seed": 0, "round": rd, "task": task,
+                             "accuracy": acc})
+    means = P.mid_means(rows, P.mid_windows("tasks", 20))
+    # digits_4 over rounds 8-11: 0.1, 0.2, 0.3, 0.4 -> 0.25; digits_5 over 14-17: 0.5
+    assert means == {"group": {0: pytest.approx((0.25 + 0.5) / 2)}}
+    plain = P.mid_means(rows, P.mid_windows("consistent", 20))
+    # rounds 3-6: only digits present -> 0.9
+    assert plain == {"group": {0: pytest.approx(0.9)}}
+
+
+def test_paper001_size_rows_name_each_baseline_and_give_their_own_numbers():
+    """A size verdict says which baseline's gap was smaller than claimed and which was
+    not resolved (not "the gap is smaller" when only one was), and each reading's row
+    gives its own numbers (no "Found: as above")."""
+    import paper001_group as P
+
+    seeds = range(5)
+    group = {s: 0.80 + 0.002 * s for s in seeds}
+    # rr: gap ~0.03 points, tight -> smaller than 0.10; random: gap ~0.10 +- wide
+    rr = {s: group[s] - 0.03 - 0.001 * (s % 2) for s in seeds}
+    rnd = {s: group[s] - (0.10 + (0.08 if s % 2 else -0.08)) for s in seeds}
+    text = P.size_text("consistent", {"group": group, "rr-random-groups": rr, "random": rnd})
+    points = next(x for x in text.splitlines() if "size read as 10 points" in x)
+    assert ("does not hold (smaller than claimed over rr-random-groups; size not resolved "
+            "over random)") in points, points
+    relative = next(x for x in text.splitlines() if "size read as a 10% relative" in x)
+    assert "as above" not in relative
+    assert "relative" in relative.split("Found:")[1] and "over rr-random-groups" in relative
+    assert "points" not in relative.split("Found:")[1]
+    shown = {s: group[s] - 0.2 - 0.001 * s for s in seeds}
+    both = P.size_text("consistent", {"group": group, "rr-random-groups": shown,
+                                      "random": shown})
+    assert "holds (size shown over both baselines)" in both
+    # the direction rows say they read a direction; the size is in the size rows
+    assert "size" in P.PAPER_DIRECTION["consistent"] and "10%" in P.PAPER_DIRECTION["consistent"]
+    assert P.PAPER_DIRECTION["consistent"].startswith("MMFL-Group ahead of both (Fig. 4a")
+
+
+def test_paper001_found_text_never_prints_a_nonzero_bound_as_zero():
+    import paper001_group as P
+
+    assert P.signed(-0.016) == "-0.016" and P.signed(0.0) == "+0.000"
+    assert P.signed(-0.0004) == "-0.0004" and P.signed(0.00002) == "+0.00002"
+    table = [{"method": "group", "mean": 0.2}, {"method": "rr-random-groups", "mean": 0.21,
+             "diff": 0.016, "diff_lo": 0.0003, "diff_hi": 0.032}]
+    assert P.found_text(table) == "MMFL-Group 0.200, -0.016 [-0.032, -0.0003] over rr-random-groups"
+
+
 def test_paper001_random_allocation_trains_a_sixth_of_the_clients_online():
     """The papers' random allocation takes 1/6 of the clients present in the round,
     not of the final federation: with 24 of 60 online, 4 trainers, not 10."""

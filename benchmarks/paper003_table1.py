@@ -358,17 +358,23 @@ def main(argv: list[str] | None = None) -> int:
                 f"{diff_text(res[L][k])} {res[L][k]['verdict']}" for L in lengths) + " |")
         verdicts = {L: verdict(res[L]) for L in lengths}
         found = []
+        named_methods = sorted({m for d in res[lengths[0]] for m in (d["hi_m"], d["lo_m"])},
+                               key=methods.index)
         for L in lengths:
+            # the paper's unit first: each method's accuracy relative to the reference
+            of_ref = ", ".join(f"{m} {statistics.fmean(rel_at[L][m].values()):.3f}"
+                               for m in named_methods if rel_at[L].get(m))
+            lead = f"of {ref} at {L} rounds {of_ref}; " if of_ref else ""
             if len(res[L]) == 1:
                 d = res[L][0]
-                found.append(f"{d['hi_m']} - {d['lo_m']} {diff_text(d)} at {L} rounds")
+                found.append(f"{lead}{d['hi_m']} - {d['lo_m']} {diff_text(d)} at {L} rounds")
                 continue
             c = {v: [d for d in res[L] if d["verdict"] == v] for v in ("better", "level", "worse")}
 
             def named(ds: list[dict[str, Any]]) -> str:
                 return "; ".join(f"{d['hi_m']} - {d['lo_m']} {diff_text(d)}" for d in ds)
             # every pair that is not above 0 is named; where all are, the closest one
-            text = f"at {L} rounds {len(c['better'])} of {len(res[L])} pairs above 0"
+            text = f"{lead}at {L} rounds {len(c['better'])} of {len(res[L])} pairs above 0"
             if not c["level"] and not c["worse"]:
                 low = min(res[L], key=lambda d: d["lo"])
                 text += f", none level or below (closest to 0: {named([low])})"

@@ -1337,3 +1337,32 @@ def test_every_results_section_names_its_machine():
         r"(2-core|AVX512|H200|H100)[^.]{0,30}\smachine|[Mm]achine[^.:]{0,60}:\s+(AMD|the )",
         s)]
     assert not unnamed, unnamed
+
+
+def test_table1_claim_rows_give_the_found_values_relative_to_full(tmp_path):
+    """Each Table 1 claim's Found names the methods' accuracy relative to full
+    participation (the paper's own unit, in its Paper cell) beside the paired
+    differences: re-analysing the published mnist-5k Table 1 CSV, the LVR/GVR row
+    carries both methods' mean relative accuracy at 40 rounds, computed here from
+    the CSV per seed (final accuracy / full's, then the mean over seeds)."""
+    import paper003_table1 as P
+
+    folder = Path(__file__).resolve().parents[2] / "docs" / "results" / "mnist5k" / "table1"
+    csv_path = folder / "paper003_table1.csv"
+    methods = "full,random,lvr,gvr,stalevr,stalevre,fedvarp,mifa,scaffold,mifa-uploaded"
+    proc = subprocess.run([sys.executable, str(BENCH / "paper003_table1.py"), "--full",
+                           "--tasks", "mnist-5k,mnist-5k,mnist-5k", "--methods", methods,
+                           "--seeds", "0,1,2", "--num-rounds", "40", "--engine", "inprocess",
+                           "--from-csv", str(csv_path), "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = (tmp_path / "paper003_table1.md").read_text()
+    line = next(x for x in text.splitlines()
+                if x.startswith("Verdict (MMFL-LVR above MMFL-GVR)"))
+    with open(csv_path) as f:
+        rows = [r for r in csv.DictReader(f) if int(r["round"]) <= 40]
+    finals = E.final_values(rows, "accuracy", last=P.SCALES["full"]["last"])
+    for m in ("lvr", "gvr"):
+        rel = sum(finals[m][s] / finals["full"][s] for s in (0, 1, 2)) / 3
+        assert f"{m} {rel:.3f}" in line.split("Found:")[1], (m, rel, line)
+    assert "of full" in line.split("Found:")[1]

@@ -666,6 +666,52 @@ def equivalence(
             "verdict": verdict}
 
 
+def signed(x: float) -> str:
+    """``x`` to 3 decimals with its sign, with more where 3 would print a nonzero
+    value as +-0.000 (an interval ending at -0.0002 excludes 0; "-0.000" would not
+    say so)."""
+    for digits in (3, 4, 5, 6):
+        text = f"{x:+.{digits}f}"
+        if x == 0 or text.strip("+-0.") != "":
+            return text
+    return f"{x:+.1e}"
+
+
+def brown_forsythe_greater(x: Sequence[float], y: Sequence[float]) -> dict[str, float]:
+    """One-sided Brown-Forsythe test that ``x`` spreads more than ``y``: a t test on
+    the absolute deviations from each sample's median, in Welch's form (unequal
+    variances of the deviations, Welch-Satterthwaite degrees of freedom; the classic
+    Brown-Forsythe F for two groups is the square of the pooled-variance t on the same
+    deviations). Assumes two independent samples; robust to non-normal data, not free
+    of assumptions. Returns ``t`` and both one-sided p-values (NaN with fewer than 3
+    values a sample or identical deviations: undefined, not significant)."""
+    from scipy import stats
+
+    dx = [abs(v - statistics.median(x)) for v in x]
+    dy = [abs(v - statistics.median(y)) for v in y]
+    if (min(len(x), len(y)) < 3 or statistics.variance(dx) == 0
+            or statistics.variance(dy) == 0):
+        return {"t": math.nan, "p_greater": math.nan, "p_less": math.nan}
+    t, _ = stats.ttest_ind(dx, dy, equal_var=False)
+    vx, vy = statistics.variance(dx) / len(dx), statistics.variance(dy) / len(dy)
+    df_den = vx ** 2 / (len(dx) - 1) + vy ** 2 / (len(dy) - 1)
+    df = (vx + vy) ** 2 / df_den if df_den > 0 else len(dx) + len(dy) - 2
+    return {"t": float(t), "p_greater": float(stats.t.sf(t, df)),
+            "p_less": float(stats.t.cdf(t, df))}
+
+
+def spread_verdict(x: Sequence[float], y: Sequence[float], alpha: float = 0.05
+                   ) -> tuple[str, dict[str, float]]:
+    """The rule for a variance claim "x spreads more than y" on two independent
+    samples (the data held fixed, only the sampling varied): **holds** when the
+    one-sided Brown-Forsythe test shows it at ``alpha``, **does not hold** when it
+    shows the reverse, **not resolved** otherwise. Returns the verdict and the test."""
+    bf = brown_forsythe_greater(x, y)
+    verdict = ("holds" if bf["p_greater"] < alpha else
+               "does not hold" if bf["p_less"] < alpha else "not resolved")
+    return verdict, bf
+
+
 def size_test(
     values: Mapping[int, float], reference: Mapping[int, float], size: float,
     level: float = 0.95,

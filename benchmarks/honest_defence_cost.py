@@ -72,9 +72,9 @@ def _row(name: str, base: dict[int, float], other: dict[int, float], margin: flo
     d = E.paired_ci(other, base)
     eq = E.equivalence(other, base, margin)
     return (f"| {name} | {E.mean_ci(list(base.values()))[0]:.3f} | "
-            f"{E.mean_ci(list(other.values()))[0]:.3f} | {d['mean']:+.3f} "
-            f"[{d['lo']:+.3f}, {d['hi']:+.3f}] | {eq['verdict']} "
-            f"[{eq['lo']:+.3f}, {eq['hi']:+.3f}] |")
+            f"{E.mean_ci(list(other.values()))[0]:.3f} | {E.signed(d['mean'])} "
+            f"[{E.signed(d['lo'])}, {E.signed(d['hi'])}] | {eq['verdict']} "
+            f"[{E.signed(eq['lo'])}, {E.signed(eq['hi'])}] |")
 
 
 def table(rows_by: dict[str, list[dict[str, Any]]], scenario: str, defence: str,

@@ -318,14 +318,7 @@ PAPER_DIRECTION = {
 }
 
 
-def signed(x: float) -> str:
-    """``x`` to 3 decimals, with more where that would print a nonzero bound as
-    +-0.000 (an interval ending at -0.0002 excludes 0; "-0.000" would not say so)."""
-    for digits in (3, 4, 5, 6):
-        text = f"{x:+.{digits}f}"
-        if x == 0 or text.strip("+-0.") != "":
-            return text
-    return f"{x:+.1e}"
+signed = E.signed  # shared with the other evidence scripts
 
 
 def found_text(table: list[dict[str, Any]]) -> str:

@@ -173,8 +173,10 @@ RULES = """How a verdict is reached (the same rules in every section):
 - *Variance* claims ("A fluctuates more than B"): **holds** when the test shows the
   claimed direction, **does not hold** when it shows the opposite one, **not resolved**
   otherwise; the section states the test, its assumptions and what was held fixed.
-  Paper 002's spread: one-sided Brown-Forsythe tests at 5% (p < 0.05) on runs with the
-  data and initial weights held fixed. Paper 003's Fig. 2: the paired 95% interval of
+  Paper 002's spread: one-sided Brown-Forsythe tests at 5% (p < 0.05; `spread_verdict`
+  in benchmarks/_evidence.py: Welch's t on the absolute deviations from the medians, two
+  independent samples, robust to non-normal data) on runs with the data and initial
+  weights held fixed. Paper 003's Fig. 2: the paired 95% interval of
   the per-seed difference in variance over rounds, read as a direction claim.
 
 The summary gives what was found next to the paper's own number. Where a section has no

@@ -787,32 +787,37 @@ def test_reanalysing_paper004_keeps_the_machine_and_applies_tost(tmp_path):
 
 
 def test_brown_forsythe_by_hand_and_its_error_rate():
+    """The variance rule lives in _evidence (stated once, at the top of RESULTS.md)."""
     import numpy as np
-
-    import paper002_gain as G
 
     # x = 0, 2, 4 (median 2, deviations 2, 0, 2); y = 0, 1, 2 (deviations 1, 0, 1):
     # Welch t on (2, 0, 2) vs (1, 0, 1): means 4/3 and 2/3, variances 4/3 and 1/3,
     # t = (2/3) / sqrt((4/3 + 1/3) / 3) = 0.894427, df = (5/9)^2 / ((4/9)^2/2 + (1/9)^2/2)
-    r = G.brown_forsythe_greater([0.0, 2.0, 4.0], [0.0, 1.0, 2.0])
+    r = E.brown_forsythe_greater([0.0, 2.0, 4.0], [0.0, 1.0, 2.0])
     assert r["t"] == pytest.approx(0.894427, abs=1e-6)
     from scipy import stats
 
     df = (5 / 9) ** 2 / ((4 / 9) ** 2 / 2 + (1 / 9) ** 2 / 2)
     assert r["p_greater"] == pytest.approx(stats.t.sf(0.894427, df), abs=1e-6)
-    assert math.isnan(G.brown_forsythe_greater([0.0, 1.0], [0.0, 2.0])["p_greater"])
+    assert math.isnan(E.brown_forsythe_greater([0.0, 1.0], [0.0, 2.0])["p_greater"])
     # equal spreads: "x spreads more" at 5% in about 5% of the experiments (non-normal
     # data: exponential), and a doubled spread is found most of the time
     rng = np.random.default_rng(1)
     trials = 2000
-    false = sum(G.brown_forsythe_greater(list(rng.exponential(1, 20)),
+    false = sum(E.brown_forsythe_greater(list(rng.exponential(1, 20)),
                                          list(rng.exponential(1, 20)))["p_greater"] < 0.05
                 for _ in range(trials))
     assert false / trials < 0.05 + 3 * math.sqrt(0.05 * 0.95 / trials)
-    power = sum(G.brown_forsythe_greater(list(rng.normal(0, 3, 20)),
+    power = sum(E.brown_forsythe_greater(list(rng.normal(0, 3, 20)),
                                          list(rng.normal(0, 1, 20)))["p_greater"] < 0.05
                 for _ in range(300))
     assert power / 300 > 0.8
+    # the rule: holds when "x spreads more" is shown at 5%, does not hold when the
+    # reverse is, not resolved otherwise
+    wide, narrow = list(rng.normal(0, 5, 20)), list(rng.normal(0, 1, 20))
+    assert E.spread_verdict(wide, narrow)[0] == "holds"
+    assert E.spread_verdict(narrow, wide)[0] == "does not hold"
+    assert E.spread_verdict([0.0, 1.0], [0.0, 2.0])[0] == "not resolved"
 
 
 @pytest.mark.slow

@@ -673,6 +673,29 @@ def test_every_command_results_shows_is_rerun_by_reproduce_full():
             assert "--out docs/results/" in line, line
 
 
+def test_every_command_reproduce_full_runs_parses(tmp_path):
+    """coef_sum_mean.py failed on every call for a week (it used _evidence before
+    importing it) and ``reproduce.py --full`` with it: every command --full runs (the
+    sections' and the investigations', their outputs moved to a temporary folder)
+    gets past its script's argument parser. An extra unknown flag makes each stop
+    right after parsing, having run nothing: the only complaint must be that flag."""
+    import argparse
+
+    import reproduce as R
+
+    args = argparse.Namespace(mode="full", engine=None, workers=None, out=str(tmp_path))
+    argvs = [R.command(name, args) for name, _ in R.EXPERIMENTS]
+    argvs += [R.investigation_command(line, tmp_path) for line in R.INVESTIGATIONS]
+    assert len(argvs) >= len(R.EXPERIMENTS) + 10
+    for argv in argvs:
+        proc = subprocess.run([*argv, "--no-such-flag"], capture_output=True, text=True,
+                              timeout=120, cwd=BENCH.parent)
+        last = (proc.stderr.strip().splitlines() or [""])[-1]
+        assert proc.returncode == 2 and "unrecognized arguments: --no-such-flag" in last, (
+            argv, proc.stderr[-1500:])
+    assert not any(tmp_path.iterdir())
+
+
 def test_investigations_move_their_paths_to_another_output_folder(tmp_path):
     import reproduce as R
 

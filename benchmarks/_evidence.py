@@ -93,10 +93,15 @@ def mode_args(parser: argparse.ArgumentParser, engine: str | None = "vectorized"
     return parser
 
 
+#: The largest value an integer list takes: a seed reaches numpy's and scikit-learn's
+#: random states, which take 32-bit seeds
+INT_LIST_MAX = 2**32 - 1
+
+
 def int_list(parser: argparse.ArgumentParser, name: str, text: str, low: int = 0) -> list[int]:
     """``"0,1,2"`` -> ``[0, 1, 2]``, with ranges: ``"0-3,7"`` -> ``[0, 1, 2, 3, 7]``;
-    anything else is refused through ``parser.error`` (one line, exit code 2,
-    before anything is written)."""
+    anything else (and a value above :data:`INT_LIST_MAX`) is refused through
+    ``parser.error`` (one line, exit code 2, before anything is written)."""
     items = [x.strip() for x in str(text).split(",") if x.strip()]
     if not items:
         parser.error(f"{name}: give at least one value; got {text!r}")
@@ -114,9 +119,32 @@ def int_list(parser: argparse.ArgumentParser, name: str, text: str, low: int = 0
                      f"got {text!r}")
     if any(v < low for v in values):
         parser.error(f"{name}: every value must be >= {low}; got {text!r}")
+    if any(v > INT_LIST_MAX for v in values):
+        parser.error(f"{name}: every value must be <= {INT_LIST_MAX}; got {text!r}")
     if len(set(values)) < len(values):
         parser.error(f"{name}: give each value once; got {text!r}")
     return values
+
+
+def check_settings(parser: argparse.ArgumentParser,
+                   settings: Iterable[Mapping[str, Any]]) -> None:
+    """Refuse (``parser.error``: one line, exit code 2, before anything runs or is
+    written) run settings that :class:`mmfl_flwr.config.Settings` refuses (a learning
+    rate that is not a finite positive number, a budget outside [0, 1], an unknown
+    task, ...): each distinct ``settings`` mapping (keywords of ``Settings``) is built
+    once, as the runs would build it."""
+    from mmfl_flwr.config import Settings
+
+    seen: set[str] = set()
+    for kw in settings:
+        key = repr(sorted(kw.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            Settings(**{"output_dir": "", **kw}).validate()
+        except (TypeError, ValueError) as err:
+            parser.error(str(err).splitlines()[0] if str(err) else repr(err))
 
 
 def at_least_one(parser: argparse.ArgumentParser, args: argparse.Namespace,

@@ -431,9 +431,9 @@ def main(argv: list[str] | None = None) -> int:
                                [j[:3] for j in jobs], rounds=R)
         E.check_csv_models(p, a.from_csv, rows, [a.task], "--task", exact=False)
         # the CSV does not record the data sizes: its section (beside it) names the profile
-        E.check_configuration(p, a.from_csv, NAME, sorted({
+        E.check_configuration(p, a.from_csv, NAME, [f"engine `{a.engine}`", *sorted({
             f"profile `{scenario_settings(sc, R, a.task, a.sizes)[0]['profile']}`"
-            for sc in scenarios}))
+            for sc in scenarios})])
         machine = E.reanalysed_machine(out, NAME, a.from_csv)
     else:
         rows = run_jobs(jobs, a.workers, a.cache)

@@ -231,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                                rounds=lambda run: length[run[0]])
         fixed_given = read_fixed(parser, Path(args.from_csv).with_name(
             "paper002_spread_fixed_data.csv"), len(seeds), mmax, rounds[mmax])
+        E.check_configuration(parser, args.from_csv, NAME, [f"engine: `{args.engine}`"])
         machine = E.reanalysed_machine(out, NAME, args.from_csv)
         fixed_rows: list[dict[str, Any]] = []
         print(f"[{NAME}] re-analysing {len(jobs)} + {len(fixed_jobs)} runs from "

@@ -111,8 +111,11 @@ def main(argv: list[str] | None = None) -> int:
         sc["methods"] = E.name_list(p, "--methods", a.methods, known_method,
                                     "stalevr, stalevre, mifa, fedvarp, fedstale-<beta in "
                                     "[0, 1]>")
+    if len([t for t in a.tasks.split(",") if t.strip()]) != 1:
+        p.error(f"--tasks: Fig. 5 trains one model, give one task; got {a.tasks!r}")
     base = dict(tasks=a.tasks, num_clients=sc["num_clients"], num_rounds=sc["num_rounds"],
                 local_epochs=sc["local_epochs"], lr=a.lr, batch_size=16)
+    E.check_settings(p, [{**base, "strategy": "random"}])
     jobs = [(m, s, base, a.engine) for s in sc["seeds"] for m in sc["methods"]]
     print(f"{len(jobs)} runs on {a.engine}: {base}, groups {F5.GROUPS}", flush=True)
     out = a.out
@@ -123,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                                [(m, s_) for m, s_, _, _ in jobs], rounds=sc["num_rounds"],
                                longer=True)
         E.check_configuration(p, a.from_csv, NAME, [
+            f"engine `{a.engine}`",
             f"task `{a.tasks}` (1 model), {sc['num_clients']} clients",
             f"{sc['local_epochs']} local epochs, lr {base['lr']}, batch 16"])
         machine = E.reanalysed_machine(out, NAME, a.from_csv)

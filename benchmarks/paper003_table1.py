@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="client heterogeneity (default paper003, which shares out an image "
                         "task's whole pool; paper003-sizes: paper 003's data sizes, about "
                         "12 / 120 examples, where the pool is large enough)")
-    p.add_argument("--budget-fraction", type=float, default=-1.0,
+    p.add_argument("--budget-fraction", type=float, default=None,
                    help="override the mode's m / V")
     a = p.parse_args(argv)
     sc = dict(SCALES[a.mode])
@@ -236,7 +236,10 @@ def main(argv: list[str] | None = None) -> int:
         if a.num_clients < 1:
             p.error(f"--num-clients must be >= 1; got {a.num_clients}")
         sc["num_clients"] = a.num_clients
-    if a.budget_fraction >= 0:
+    if a.budget_fraction is not None:
+        # 0 is the budget's own "auto" (5 expected uploads per model), not the mode's
+        if not 0 <= a.budget_fraction <= 1:  # NaN fails too
+            p.error(f"--budget-fraction must be in [0, 1]; got {a.budget_fraction}")
         sc["budget_fraction"] = a.budget_fraction
     sc["lr"] = a.lr
     sc["profile"] = a.profile
@@ -245,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     methods = E.name_list(p, "--methods", a.methods, [*PRESETS, *VARIANTS],
                           f"the presets ({', '.join(PRESETS)}) and {', '.join(VARIANTS)}")
     jobs = [(m, s, settings_for(m, sc, a.tasks)) for s in sc["seeds"] for m in methods]
+    E.check_settings(p, [kw for _, _, kw in jobs])
     out = a.out
     cmd = E.command(NAME, argv)
     if a.from_csv:
@@ -255,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         E.check_csv_models(p, a.from_csv, rows, [t.strip() for t in a.tasks.split(",")],
                            "--tasks")
         E.check_configuration(p, a.from_csv, NAME, [
+            f"engine `{a.engine}`",
             f"{sc['num_clients']} clients (profile {sc['profile']}), tasks `{a.tasks}`",
             f"{sc['local_epochs']} local epochs, lr {sc['lr']}, batch 16, budget fraction "
             f"{sc['budget_fraction'] or 'auto (5 expected uploads per model)'}"])

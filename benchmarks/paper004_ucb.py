@@ -121,7 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         mode["datasets"] = E.name_list(p, "--datasets", a.datasets, DATASETS)
     if a.seeds is not None:
         mode["seeds"] = E.int_list(p, "--seeds", a.seeds, low=0)
-    ks = E.int_list(p, "--ks", a.ks, low=1)
+    ks = E.int_list(p, "--ks", a.ks, low=2)
+    if any(k % 2 for k in ks):
+        p.error(f"--ks: every K must be even (single-model FedAvg trains each model with "
+                f"K/2 clients a round); got {a.ks!r}")
     mode["rounds"] = dict(mode["rounds"])
     for k in ks:
         mode["rounds"].setdefault(k, max(mode["rounds"].values()))
@@ -146,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                 for m, s, _ in jobs_for(d, k, mode)]
         rows = E.rows_from_csv(p, a.from_csv, ("dataset", "K", "method", "seed"), need,
                                rounds=lambda run: mode["rounds"][int(run[1])])
+        E.check_configuration(p, a.from_csv, NAME, [f"engine `{a.engine}`"])
         machine = E.reanalysed_machine(out, NAME, a.from_csv)
     else:
         for d, k in plan:

@@ -106,3 +106,35 @@ def test_group_cstep_quality_refuses_a_cache_of_another_configuration(tmp_path: 
     assert "none of its 1 runs belongs to this configuration" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not out.exists()
+
+
+# Values that parse but that the runs refuse or misread: before, a traceback after
+# the first run started (lr, budget, tasks, a seed past numpy's 32 bits), a silent
+# fallback to the mode's value (a negative or NaN budget), or a section written for a
+# configuration the script does not model (Fig. 5 with two models, an odd K).
+BAD_VALUES = [
+    ("paper003_table1.py", "--lr", "nan"),
+    ("paper003_table1.py", "--lr", "-1"),
+    ("paper003_table1.py", "--budget-fraction", "2"),
+    ("paper003_table1.py", "--budget-fraction", "-0.5"),
+    ("paper003_table1.py", "--budget-fraction", "nan"),
+    ("paper003_table1.py", "--tasks", "bogus"),
+    ("paper003_table1.py", "--tasks", ""),
+    ("paper003_table1.py", "--seeds", "99999999999999999999999"),
+    ("paper001_group.py", "--seeds", "4294967296"),
+    ("paper003_fig5.py", "--lr", "nan"),
+    ("paper003_fig5.py", "--tasks", "bogus"),
+    ("paper003_fig5.py", "--tasks", "digits,digits"),
+    ("paper004_ucb.py", "--ks", "3"),
+]
+
+
+@pytest.mark.parametrize("script,flag,value", BAD_VALUES)
+def test_a_value_the_runs_would_refuse_is_refused_first(script: str, flag: str, value: str,
+                                                        tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = _run(script, "--smoke", "--out", str(out), f"{flag}={value}")
+    assert proc.returncode == 2, (proc.stdout[-1000:], proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
+    assert not out.exists() or not any(out.iterdir())

@@ -795,7 +795,9 @@ def test_reanalysing_paper004_keeps_the_machine_and_applies_tost(tmp_path):
 
     src = BENCH.parent / "docs" / "results"
     shutil.copy(src / "paper004_ucb.csv", tmp_path / "paper004_ucb.csv")
-    (tmp_path / "paper004_ucb.md").write_text("x\nMachine: the box that ran it.\n")
+    # the fragment beside the CSV states the engine its runs were made on (checked)
+    (tmp_path / "paper004_ucb.md").write_text("x, engine `inprocess`.\n"
+                                              "Machine: the box that ran it.\n")
     proc = subprocess.run([sys.executable, str(BENCH / "paper004_ucb.py"), "--full",
                            "--from-csv", str(tmp_path / "paper004_ucb.csv"), "--margin", "0.5",
                            "--out", str(tmp_path)], capture_output=True, text=True,
@@ -1394,3 +1396,23 @@ def test_table1_claim_rows_give_the_found_values_relative_to_full(tmp_path):
         rel = sum(finals[m][s] / finals["full"][s] for s in (0, 1, 2)) / 3
         assert f"{m} {rel:.3f}" in line.split("Found:")[1], (m, rel, line)
     assert "of full" in line.split("Found:")[1]
+
+
+@pytest.mark.parametrize("script,engine", [("paper001_group", "vectorized"),
+                                           ("paper003_table1", "inprocess"),
+                                           ("paper003_fig5", "inprocess"),
+                                           ("paper004_ucb", "vectorized"),
+                                           ("paper002_gain", "inprocess")])
+def test_a_csv_of_runs_on_another_engine_is_refused(tmp_path, script, engine):
+    """--from-csv with --engine naming an engine the published runs were not made on
+    was accepted, and the section then named that engine and showed a command that
+    does not reproduce it: refused in one line, nothing written."""
+    csv_path = BENCH.parent / "docs" / "results" / f"{script}.csv"
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), "--full", "--engine",
+                           engine, "--from-csv", str(csv_path), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, (proc.stdout[-1500:], proc.stderr[-1500:])
+    assert "engine" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not out.exists()

@@ -705,6 +705,27 @@ def signed(x: float) -> str:
     return f"{x:+.1e}"
 
 
+def signed_pct(x: float) -> str:
+    """``x`` as a signed percentage to one decimal, with more where one would print a
+    nonzero value as +-0.0% (as :func:`signed`)."""
+    for digits in (1, 2, 3, 4):
+        text = f"{x:+.{digits}%}"
+        if x == 0 or text.strip("+-0.%") != "":
+            return text
+    return f"{x * 100:+.1e}%"
+
+
+def equivalence_verdict(d: Mapping[str, Any]) -> str:
+    """The rule for an equivalence claim from :func:`equivalence`'s result: **holds**
+    when the 90% interval lies inside the margin, **does not hold** when it lies
+    entirely outside it (beyond one side), **not resolved** otherwise."""
+    if d["verdict"] == "equivalent":
+        return "holds"
+    if d["lo"] >= d["margin"] or d["hi"] <= -d["margin"]:
+        return "does not hold"
+    return "not resolved"
+
+
 def brown_forsythe_greater(x: Sequence[float], y: Sequence[float]) -> dict[str, float]:
     """One-sided Brown-Forsythe test that ``x`` spreads more than ``y``: a t test on
     the absolute deviations from each sample's median, in Welch's form (unequal

@@ -434,9 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     # Fig. 1a/1c: similar means at small M (TOST), MFA-RR better at high M (paired)
     small = min((m for m in ms if m > 1), default=mmax)
     eq = E.equivalence(fin_at[small]["mfa-rr"], fin_at[small]["mfa-rand"], margin)
-    eq_outside = eq["lo"] >= margin or eq["hi"] <= -margin
-    similar_verdict = ("holds" if eq["verdict"] == "equivalent" else
-                       "does not hold" if eq_outside else "not resolved")
+    similar_verdict = E.equivalence_verdict(eq)
     similar_found = (f"at M = {small} MFA-RR − MFA-Rand {eq['mean']:+.4f} (90% interval "
                      f"[{eq['lo']:+.4f}, {eq['hi']:+.4f}]; margin ±{margin:g})")
     hi_d = E.paired_ci(fin_at[mmax]["mfa-rr"], fin_at[mmax]["mfa-rand"])

@@ -192,8 +192,8 @@ StaleVR - best static weight mid-training ({best_mid}): {dm['mean']:+.4f}
 
 Verdict (mid-training, StaleVR above the best FedStale / FedVARP): {verdict_mid}. Found:
 StaleVR minus the best static weight ({best_mid}) {dm['mean']:+.4f} [{dm['lo']:+.4f},
-{dm['hi']:+.4f}] over rounds {lo_r}-{hi_r}. Paper: StaleVR above FedStale and FedVARP
-throughout its Fig. 5 (no number before the end).
+{dm['hi']:+.4f}] over rounds {lo_r}-{hi_r}. Paper: no claim before the end (its text
+gives the final 0.74 against at most 0.71, Fig. 5); this reading is the project's.
 
 Command: `{cmd}`; scale: task `{a.tasks}` (1 model), {sc['num_clients']} clients, groups
 {F5.GROUPS} (fraction, rate), {sc['num_rounds']} rounds, {sc['local_epochs']} local

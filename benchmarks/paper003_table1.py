@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         return out_
 
     def diff_text(d: dict[str, Any]) -> str:
-        return f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]"
+        return f"{E.signed(d['mean'])} [{E.signed(d['lo'])}, {E.signed(d['hi'])}]"
 
     claims: list[tuple[str, str, str, str, str]] = []  # (claim, table, verdict, found, paper)
 

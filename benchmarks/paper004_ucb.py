@@ -86,7 +86,7 @@ def claim_verdicts(dataset: str, k: int, finals: dict[str, dict[int, float]],
         # covers 0" (absence of evidence); the 90% interval is reported
         d = E.equivalence(finals[a], finals[b], margin)
         out.append((f"{claim} (within +-{margin:g})",
-                    "holds" if d["verdict"] == "equivalent" else "not shown",
+                    E.equivalence_verdict(d),
                     d | {"a": a, "b": b}))
 
     iid = dataset == "synthetic-iid"
@@ -104,8 +104,8 @@ def claim_verdicts(dataset: str, k: int, finals: dict[str, dict[int, float]],
 def main(argv: list[str] | None = None) -> int:
     p = E.Parser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    E.mode_args(p, "inprocess", "faster than the vectorized engine on these small CNNs "
-                "with a few trainers per round", "default 2, or 1 on a one-core machine")
+    E.mode_args(p, "inprocess", "faster than the vectorized engine on these small "
+                "logistic-regression models with a few trainers per round", "default 2, or 1 on a one-core machine")
     p.set_defaults(workers=min(2, os.cpu_count() or 1))
     p.add_argument("--ks", default="2,64")
     p.add_argument("--seeds", default=None, help="override the mode's seeds (0,1,2)")
@@ -241,7 +241,7 @@ Verdict: {overall} ({n_hold} of {len(vs)} claims hold; the claim tables above gi
 Found: {found}.
 Paper: figures only, no numbers in the text.
 
-Where a claim does not hold or is not shown, what could be varied: the run length (the
+Where a claim does not hold or is not resolved, what could be varied: the run length (the
 paper's figures run to 500 rounds; the UCB policies lead early and Multi-FedAvg catches
 up), gamma, the number of clients (paper 004's text does not state it) and the per-user
 sample cap.

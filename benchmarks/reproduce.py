@@ -162,14 +162,21 @@ RULES = """How a verdict is reached (the same rules in every section):
   *level* in the tables: absence of evidence, not equivalence.
 - *Equivalence* claims ("A level with B"): TOST, two one-sided paired t tests at 5% each,
   against a margin stated in the claim's own units. **holds** when the 90% interval of
-  the paired difference lies inside the margin.
+  the paired difference lies inside the margin, **does not hold** when it lies wholly
+  beyond it, **not resolved** otherwise (`equivalence_verdict` in benchmarks/_evidence.py).
 - *Size* claims ("more than 10%", "at least 6%"): the one-sided 95% bound of the paired
   difference against the claimed size, reported apart from the direction. The outcomes
   are **size shown** (lower bound above the size), **smaller than claimed** (upper bound
-  below it) and **size not resolved**.
+  below it) and **size not resolved**, per baseline; a claim over several baselines
+  **holds** when the size is shown over each, **does not hold** when it is smaller than
+  claimed over one, **not resolved** otherwise, naming each baseline's outcome. Where the
+  paper does not say whether a percentage is points of accuracy or a relative gain, both
+  readings are tested; a relative gain is the geometric mean over the seeds of the
+  ratio, minus 1 (paired on the log scale).
 - *Widening* claims: per seed, the least-squares slope of the gap against the target.
-  **widening** when the 95% interval of the mean slope lies above 0. A gap to a target
-  that was never reached is a lower bound; each section counts them.
+  **widening** (the claim **holds**) when the 95% interval of the mean slope lies above
+  0, **narrowing** (**does not hold**) when it lies below, **not resolved** otherwise. A
+  gap to a target that was never reached is a lower bound; each section counts them.
 - *Variance* claims ("A fluctuates more than B"): **holds** when the test shows the
   claimed direction, **does not hold** when it shows the opposite one, **not resolved**
   otherwise; the section states the test, its assumptions and what was held fixed.

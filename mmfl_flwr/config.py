@@ -118,11 +118,11 @@ class Settings:
     data_seed : int
         Seed of the federation's data (partitions, generated Synthetic users,
         the server's test sets); -1 (default) = ``seed``. Fixing it while
-        ``seed`` varies varies only the sampling, the initial weights and the
+        ``seed`` varies only the sampling, the initial weights and the
         local training.
     model_seed : int
         Seed of the models' initial weights; -1 (default) = ``seed``. Fixing it
-        and ``data_seed`` while ``seed`` varies varies only the sampling and the
+        and ``data_seed`` while ``seed`` varies only the sampling and the
         local training (a variance claim over sampling alone).
     output_dir : str
         Where ``metrics.csv``, ``summary.json``, ``assignments.csv`` and

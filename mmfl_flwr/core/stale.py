@@ -404,8 +404,9 @@ class MIFAAggregator(StaleAggregator):
     uploaded counts as:
 
     - ``"zero"`` (default): a zero update that keeps its full weight ``d_i``, the
-      rule as stated (memory initialised to zero, as in MIFA's published
-      implementations), so the step is shrunk by the share of data not seen yet;
+      rule as stated (memory initialised to zero, as in the no-wait variant of
+      Gu et al.'s code, ``fdu_no_wait``; their ``fdu`` waits until every device
+      has uploaded once), so the step is shrunk by the share of data not seen yet;
     - ``"uploaded"``: nothing; the mean runs over the pairs that have uploaded
       (fresh this round or stored), ``Delta = sum_{i in U_s} d_i x_i /
       sum_{i in U_s} d_i``. Once every eligible pair has uploaded the two are

@@ -732,8 +732,9 @@ def brown_forsythe_greater(x: Sequence[float], y: Sequence[float]) -> dict[str, 
     variances of the deviations, Welch-Satterthwaite degrees of freedom; the classic
     Brown-Forsythe F for two groups is the square of the pooled-variance t on the same
     deviations). Assumes two independent samples; robust to non-normal data, not free
-    of assumptions. Returns ``t`` and both one-sided p-values (NaN with fewer than 3
-    values a sample or identical deviations: undefined, not significant)."""
+    of assumptions. Returns ``t`` and both one-sided p-values: NaN (not significant)
+    with fewer than 3 values a sample, or when either sample's deviations are all
+    equal (conservative: Welch's t is still defined when only one sample's are)."""
     from scipy import stats
 
     dx = [abs(v - statistics.median(x)) for v in x]

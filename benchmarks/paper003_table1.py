@@ -367,9 +367,10 @@ def main(argv: list[str] | None = None) -> int:
                                key=methods.index)
         for L in lengths:
             # the paper's unit first: each method's accuracy relative to the reference
+            # (only against full participation, the paper's unit: without it, nothing)
             of_ref = ", ".join(f"{m} {statistics.fmean(rel_at[L][m].values()):.3f}"
-                               for m in named_methods if rel_at[L].get(m))
-            lead = f"of {ref} at {L} rounds {of_ref}; " if of_ref else ""
+                               for m in named_methods if m != ref and rel_at[L].get(m))
+            lead = f"of full at {L} rounds {of_ref}; " if of_ref and ref == "full" else ""
             if len(res[L]) == 1:
                 d = res[L][0]
                 found.append(f"{lead}{d['hi_m']} - {d['lo_m']} {diff_text(d)} at {L} rounds")

@@ -199,6 +199,12 @@ class GroupSampling(Policy):
         self._tasks: list[str] = []
         self._round = 0
 
+    def cstep_seed(self) -> int:
+        """The K-means / silhouette seed of the current C-step: ``seed + cycle``,
+        wrapped to scikit-learn's 32-bit range (a seed near 2**32 - 1 would
+        otherwise overflow it in a later cycle)."""
+        return (self.seed + self.cycle) % 2**32
+
     def config(self) -> dict[str, Any]:
         return {
             "participation": self.participation,
@@ -269,7 +275,7 @@ class GroupSampling(Policy):
                 feats[:, cols],
                 min_clusters=len(tasks),
                 max_clusters=self.max_clusters,
-                seed=self.seed + self.cycle,
+                seed=self.cstep_seed(),
                 silhouette_sample=self.silhouette_sample,
                 n_init=self.n_init,
             )

@@ -712,3 +712,18 @@ def test_fresh_run_replaces_old_cluster_records(resumed_runs):
     _, _, again = resumed_runs
     rows = read_clusters(again / "clusters.csv")
     assert [r["round"] for r in rows] == [1] * 30
+
+
+def test_a_seed_at_the_top_of_the_32_bit_range_survives_later_c_steps():
+    """The C-step seeds K-means and the silhouette with ``seed + cycle``; scikit-learn
+    takes 32-bit seeds, so seed 2**32 - 1 failed at the second C-step. The seed wraps."""
+    x, _ = blobs([8] * 3, dim=len(TASKS3), seed=0)
+    table = make_table(x, TASKS3)
+    pol = GroupSampling(participation=1 / 6, seed=2**32 - 1)
+    rng = np.random.default_rng(0)
+    rnd = 0
+    while pol.cycle < 2 and rnd < 60:
+        rnd += 1
+        pol.assign(table, TASKS3, rnd, rng)
+    assert pol.cycle >= 2
+    assert pol.cstep_seed() == (2**32 - 1 + pol.cycle) % 2**32

@@ -137,4 +137,5 @@ def test_a_value_the_runs_would_refuse_is_refused_first(script: str, flag: str, 
     assert proc.returncode == 2, (proc.stdout[-1000:], proc.stderr[-2000:])
     assert "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
+    assert flag.lstrip("-") in proc.stderr, proc.stderr  # names what it refuses
     assert not out.exists() or not any(out.iterdir())

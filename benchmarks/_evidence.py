@@ -694,25 +694,27 @@ def equivalence(
             "verdict": verdict}
 
 
+def _nonzero_digits(x: float, digits: int, kind: str) -> str:
+    """``x`` with its sign in format ``kind`` (``f`` or ``%``) to ``digits`` decimals,
+    or up to 3 more where fewer would print a nonzero value as zero."""
+    for d in range(digits, digits + 4):
+        text = f"{x:+.{d}{kind}}"
+        if x == 0 or text.strip("+-0.%") != "":
+            return text
+    return f"{x * (100 if kind == '%' else 1):+.1e}" + ("%" if kind == "%" else "")
+
+
 def signed(x: float) -> str:
     """``x`` to 3 decimals with its sign, with more where 3 would print a nonzero
     value as +-0.000 (an interval ending at -0.0002 excludes 0; "-0.000" would not
     say so)."""
-    for digits in (3, 4, 5, 6):
-        text = f"{x:+.{digits}f}"
-        if x == 0 or text.strip("+-0.") != "":
-            return text
-    return f"{x:+.1e}"
+    return _nonzero_digits(x, 3, "f")
 
 
 def signed_pct(x: float) -> str:
     """``x`` as a signed percentage to one decimal, with more where one would print a
     nonzero value as +-0.0% (as :func:`signed`)."""
-    for digits in (1, 2, 3, 4):
-        text = f"{x:+.{digits}%}"
-        if x == 0 or text.strip("+-0.%") != "":
-            return text
-    return f"{x * 100:+.1e}%"
+    return _nonzero_digits(x, 1, "%")
 
 
 def equivalence_verdict(d: Mapping[str, Any]) -> str:

@@ -248,10 +248,17 @@ def run_jobs(jobs: list[tuple[Any, ...]], workers: int,
     return [row for rows in results for row in rows]
 
 
+def task_arrivals(scenario: str, num_rounds: int, task: str = "digits") -> list[tuple[str, int]]:
+    """``(model, arrival round)`` of the models of ``scenario`` that arrive during the
+    run (scenario (d)), or []."""
+    arrivals = scenario_settings(scenario, num_rounds, task)[0].get("task_arrivals")
+    return [(name, int(at)) for name, _, at in
+            (item.rpartition(":") for item in arrivals.split(","))] if arrivals else []
+
+
 def arriving_models(scenario: str, num_rounds: int, task: str = "digits") -> list[str]:
     """The models of ``scenario`` that arrive during the run (scenario (d)), or []."""
-    arrivals = scenario_settings(scenario, num_rounds, task)[0].get("task_arrivals")
-    return [item.rpartition(":")[0] for item in arrivals.split(",")] if arrivals else []
+    return [name for name, _ in task_arrivals(scenario, num_rounds, task)]
 
 
 def relative_gain(g: Mapping[int, float], base: Mapping[int, float],
@@ -286,17 +293,12 @@ def mid_windows(scenario: str, num_rounds: int, task: str = "digits"
     number of rounds right after it arrives (the first arriving model trains only
     after the common window: it arrives in its last round or later)."""
     lo, hi = num_rounds // 9 + 1, max(num_rounds // 3, 1)
-    arrivals = scenario_settings(scenario, num_rounds, task)[0].get("task_arrivals")
+    arrivals = task_arrivals(scenario, num_rounds, task)
     if not arrivals:
         return [(None, lo, hi)]
     width = max(hi - lo + 1, 1)
-    out = []
-    for item in arrivals.split(","):
-        name, _, at = item.rpartition(":")
-        first = int(at) + 1
-        if first <= num_rounds:
-            out.append((name, first, min(first + width - 1, num_rounds)))
-    return out
+    return [(name, at + 1, min(at + width, num_rounds)) for name, at in arrivals
+            if at + 1 <= num_rounds]
 
 
 def mid_means(rows: Sequence[Mapping[str, Any]], windows: Sequence[tuple[str | None, int, int]]

@@ -670,17 +670,23 @@ def check_app_pyproject(app: Path) -> None:
     )
 
 
-def fab_size_report(app: Path) -> tuple[int, list[tuple[int, str]]]:
-    """Size of the FAB ``flwr run`` would build from ``app`` and its 10 largest files."""
-    import io
+def _built_fab(app: Path) -> bytes:
+    """The FAB ``flwr run`` would build from ``app``."""
     import warnings
-    import zipfile
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # typer/click and pathspec deprecations
         from flwr.cli.build import build_fab_from_disk
 
-        fab = build_fab_from_disk(app)
+        return build_fab_from_disk(app)
+
+
+def fab_size_report(app: Path) -> tuple[int, list[tuple[int, str]]]:
+    """Size of the FAB ``flwr run`` would build from ``app`` and its 10 largest files."""
+    import io
+    import zipfile
+
+    fab = _built_fab(app)
     with zipfile.ZipFile(io.BytesIO(fab)) as z:
         largest = sorted(((i.file_size, i.filename) for i in z.infolist()), reverse=True)
     return len(fab), largest[:10]
@@ -689,15 +695,9 @@ def fab_size_report(app: Path) -> tuple[int, list[tuple[int, str]]]:
 def fab_file_names(app: Path) -> list[str]:
     """Names of the files in the FAB ``flwr run`` would build from ``app``."""
     import io
-    import warnings
     import zipfile
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from flwr.cli.build import build_fab_from_disk
-
-        fab = build_fab_from_disk(app)
-    with zipfile.ZipFile(io.BytesIO(fab)) as z:
+    with zipfile.ZipFile(io.BytesIO(_built_fab(app))) as z:
         return [i.filename for i in z.infolist()]
 
 

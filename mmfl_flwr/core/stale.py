@@ -371,6 +371,7 @@ class FedStaleAggregator(StaleAggregator):
     """
 
     name = "fedstale"
+    beta_reads_stale = False
 
     def __init__(self, beta: float = 0.8, storage: str = "float32", directory: str | None = None):
         if not 0.0 <= beta <= 1.0:
@@ -380,8 +381,6 @@ class FedStaleAggregator(StaleAggregator):
 
     def config(self) -> dict[str, Any]:
         return {"beta": self.beta, **super().config()}
-
-    beta_reads_stale = False
 
     def _stale_weight(self, task, cid, stale, fresh, server_round):  # type: ignore[no-untyped-def]
         return self.beta

@@ -21,6 +21,13 @@ def _run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
                           env=env, capture_output=True, text=True, timeout=120)
 
 
+def _refused(proc: subprocess.CompletedProcess[str]) -> str:
+    """Assert ``proc`` was refused (exit code 2, no traceback); its last stderr line."""
+    assert proc.returncode == 2, (proc.stdout[-1000:], proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr
+    return (proc.stderr.strip().splitlines() or [""])[-1]
+
+
 def test_the_benchmarks_folder_has_scripts() -> None:
     assert len(SCRIPTS) >= 20, SCRIPTS
 
@@ -31,9 +38,7 @@ def test_a_benchmark_script_answers_help_and_refuses_an_unknown_flag(script: str
     assert helped.returncode == 0, helped.stderr[-2000:]
     assert "usage:" in helped.stdout
     refused = _run(script, "--no-such-flag")
-    assert refused.returncode == 2, refused.stderr[-2000:]
-    assert "Traceback" not in refused.stderr
-    last = refused.stderr.strip().splitlines()[-1]
+    last = _refused(refused)
     assert "error:" in last and "--no-such-flag" in last, refused.stderr[-2000:]
 
 
@@ -60,9 +65,7 @@ def test_an_empty_or_zero_override_is_refused(script: str, flag: str, value: str
                                               tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = _run(script, "--smoke", "--out", str(out), flag, value)
-    assert proc.returncode == 2, (proc.stdout[-1000:], proc.stderr[-2000:])
-    assert "Traceback" not in proc.stderr
-    last = proc.stderr.strip().splitlines()[-1]
+    last = _refused(proc)
     assert "error:" in last and flag in last, proc.stderr[-2000:]
     assert not out.exists() or not any(out.iterdir())
 
@@ -86,9 +89,7 @@ UNPARSED = [
 def test_a_comparison_script_refuses_a_value_that_does_not_parse(script: str, flag: str,
                                                                   value: str) -> None:
     proc = _run(script, flag, value)
-    assert proc.returncode == 2, (proc.stdout[-1000:], proc.stderr[-2000:])
-    assert "Traceback" not in proc.stderr
-    last = proc.stderr.strip().splitlines()[-1]
+    last = _refused(proc)
     assert "error:" in last and flag in last, proc.stderr[-2000:]
 
 
@@ -102,9 +103,8 @@ def test_group_cstep_quality_refuses_a_cache_of_another_configuration(tmp_path: 
     proc = _run("group_cstep_quality.py", "--scenarios", "consistent", "--seeds", "0",
                 "--num-rounds", "2", "--workers", "1", "--cache", str(other),
                 "--out", str(out))
-    assert proc.returncode == 2, (proc.stdout[-1000:], proc.stderr[-2000:])
+    _refused(proc)
     assert "none of its 1 runs belongs to this configuration" in proc.stderr
-    assert "Traceback" not in proc.stderr
     assert not out.exists()
 
 
@@ -134,8 +134,7 @@ def test_a_value_the_runs_would_refuse_is_refused_first(script: str, flag: str, 
                                                         tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = _run(script, "--smoke", "--out", str(out), f"{flag}={value}")
-    assert proc.returncode == 2, (proc.stdout[-1000:], proc.stderr[-2000:])
-    assert "Traceback" not in proc.stderr
+    _refused(proc)
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
     assert flag.lstrip("-") in proc.stderr, proc.stderr  # names what it refuses
     assert not out.exists() or not any(out.iterdir())

@@ -14,6 +14,9 @@ largest ratio, over its rounds, of
   norm) to the round's lower median influence, which ``influence-clip-factor``
   bounds by scaling down (an honest client above it is trimmed): measured only
   with ``--influence-clip-factor`` (the bound is off by default);
+- ``expected``: under the oracle StaleVR, an update's influence on the expected
+  step (its data share times its norm) to the round's lower median, which the
+  same factor bounds (measured with ``--influence-clip-factor`` too);
 
 read through the bounds' own hook (``mmfl_flwr.strategy.validation.BOUND_OBSERVERS``:
 the references are the ones the server uses, nothing is patched), so the defaults
@@ -59,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 
     stats: dict[str, float] = collections.defaultdict(float)
     short = {"update-norm": "norm", "query-loss": "query", "train-loss": "train",
-             "influence": "influence"}
+             "influence": "influence", "expected-influence": "expected"}
 
     def record(kind: str, task: str, values: list[float], reference: float) -> None:
         if kind == "direction":  # the lowest honest mean cosine, and how far below the median

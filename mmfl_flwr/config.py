@@ -168,7 +168,9 @@ class Settings:
         An update whose influence on its model's step (its weight in the
         aggregate times its norm) exceeds this multiple of the round's lower
         median influence is scaled down to it (0 = off, the default; 4 is the
-        measured setting, README *Hostile clients*).
+        measured setting, README *Hostile clients*). Under the oracle StaleVR it
+        also bounds each fresh update's influence on the expected step (data
+        share times norm).
     timeout : float
         Seconds to wait for the replies of one round trip.
     clients_per_node : str
@@ -660,7 +662,8 @@ def options() -> dict[str, Option]:
                                    low=0, low_open=True, off="off"),
         "influence_clip_factor": Option("scale updates whose influence on the step (weight "
                                         "in the aggregate x norm) exceeds this multiple of "
-                                        "the round's lower median influence down to it",
+                                        "the round's lower median influence down to it "
+                                        "(StaleVR: also data share x norm)",
                                         low=1, off="off"),
         "loss_cap": Option("cap reported losses above this multiple of the task's reference "
                            "loss", low=1, low_open=True, off="off"),

@@ -20,6 +20,7 @@ from mmfl_flwr.strategy.state import HookError, RoundPlan, RunState
 from mmfl_flwr.strategy.validation import (
     Limits,
     TrainOutcome,
+    bound_expected_influence,
     bound_fresh_influence,
     bound_influence,
     bound_update_norms,
@@ -81,6 +82,8 @@ def aggregate_train_replies(
     if policy.observes_losses:
         cap_train_losses(run_state, outcome, limits.loss_cap)
     policy.observe(plan.server_round, outcome.observed, plan.picks)
+    if aggregator.needs_fresh:  # every client trained: bound the expected step too
+        bound_expected_influence(outcome.updates, limits.influence_clip_factor)
     updates = outcome.updates
     if policy.selects_after_training:
         updates = select_after_training(run_state, policy, aggregator, plan.server_round, updates)

@@ -117,6 +117,9 @@ class Limits:
         reference influence (the lower median over the model's updates) is
         scaled down to it (:func:`bound_influence`; None, the default: no
         influence bound; :data:`INFLUENCE_CLIP_FACTOR`, 4, is the measured one).
+        Under an aggregator that reads every client's fresh update (the oracle
+        StaleVR) it also bounds each fresh update's influence on the expected
+        step, data share times norm (:func:`bound_expected_influence`).
     """
 
     max_loss: float = 1e6
@@ -457,6 +460,59 @@ def bound_influence(
                     abs(w), norm, x, bound, factor, ref, norm * scale)
                 u.delta = [d * scale for d in u.delta]
     return bounds
+
+
+def bound_expected_influence(
+    updates: dict[str, list[Update]],
+    factor: float | None,
+) -> None:
+    """For an aggregator that reads every eligible client's fresh update (the
+    oracle StaleVR: every client trains every model each round), scale down in
+    place every fresh update whose influence on the *expected* step exceeds
+    ``factor`` times the round's reference, logging the client id, the model
+    and the numbers; nothing is rejected.
+
+    Over the sampling, the step of Eq. 18 is ``E[Delta] = sum_i d_{i,s} G_i``
+    (paper 003), so a client's influence on it is ``d_{i,s} ||G_i||`` whether
+    it is sampled or not: its stale term ``d beta h`` (``beta h`` is the
+    projection of ``G`` on ``h``) enters every round at its data share ``d``.
+    The reference is the lower median of the positive ``d ||G||`` of the
+    model's fresh updates this round (at least two). Runs before the policy
+    draws which updates count, so the draw, the counted updates, the stored
+    ``h`` and ``beta`` all read the bounded update.
+
+    Why: :func:`bound_influence` bounds the weights a counted update carries
+    in this round's step, ``d l / (B p)``; with small inclusion probabilities
+    those are many times ``d``, so its bound leaves a client with a large data
+    share free to move the expected step by several typical clients' worth in
+    every round, through its stale term (a sign-flipping client holding 0.2 of
+    Synthetic(1,1)'s data did in ``benchmarks/hostile_clients.py --field``).
+    Off unless ``influence_clip_factor`` is given (it trims honest clients
+    with large data shares too)."""
+    if factor is None:
+        return
+    for task, us in updates.items():
+        if len(us) < 2:
+            continue
+        norms = [l2_norm(u.delta) for u in us]
+        influence = [abs(u.data_share) * n for u, n in zip(us, norms)]
+        positive = [x for x in influence if x > 0]
+        if len(positive) < 2 or not all(math.isfinite(x) for x in influence):
+            log(INFO, "Expected-step influence bound: task %r not bounded this round (%s)",
+                task, "a share or norm is not finite" if len(positive) >= 2
+                else "fewer than two updates with a positive influence")
+            continue
+        ref = float(np.percentile(positive, 50, method="lower"))
+        _observe("expected-influence", task, influence, ref)
+        bound = factor * ref
+        for u, norm, x in zip(us, norms, influence):
+            if x > bound:
+                scale = bound / x
+                log(WARNING, "Client %s: clipped update for task %r: its influence on the "
+                    "expected step (data share %.4g x update norm %.4g = %.4g) exceeds %.4g "
+                    "(%g x the round's reference, %.4g); update norm scaled to %.4g", u.cid,
+                    task, abs(u.data_share), norm, x, bound, factor, ref, norm * scale)
+                u.delta = [d * scale for d in u.delta]
 
 
 def bound_fresh_influence(

@@ -45,7 +45,9 @@ def l2_norm(arrays: Iterable[np.ndarray]) -> float:
 #: ``f(kind, task, values, reference)``, called at every bound check with what
 #: was measured against the reference (``kind``: ``"update-norm"``,
 #: ``"query-loss"``, ``"train-loss"``, ``"influence"`` (each update's weight x
-#: norm, when the influence bound is on), or ``"direction"``: this round's
+#: norm, when the influence bound is on), ``"expected-influence"`` (under the
+#: oracle StaleVR with the influence bound on: each fresh update's data share x
+#: norm), or ``"direction"``: this round's
 #: clients' mean cosines against the median of all scores): a hook for measurements
 #: (``benchmarks/honest_spread.py`` records how close honest clients come to
 #: each bound). Observers must not

@@ -21,9 +21,9 @@ from mmfl_flwr.core.aggregators import Update
 from mmfl_flwr.strategy.validation import bound_expected_influence, l2_norm
 
 
-def upd(cid: str, values: list[float], share: float) -> Update:
+def upd(cid: str, values: list[float], share: float, prob: float = 0.5) -> Update:
     return Update(cid=cid, delta=[np.array(values, dtype=np.float64)], num_examples=10,
-                  data_share=share, prob=0.5)
+                  data_share=share, prob=prob)
 
 
 def run_bound(updates, factor):
@@ -41,8 +41,9 @@ def test_a_large_share_update_is_scaled_to_the_bound_and_named():
     """Shares 0.1, 0.1, 0.2, 0.6; norms 1, 2, 1, 5 (c3's (3, 4)): d ||G|| = 0.1,
     0.2, 0.2, 3.0; lower median 0.2, bound 3 x 0.2 = 0.6, so c3's update is
     scaled by 0.6 / 3 = 0.2 to (0.6, 0.8); the others are untouched, whatever
-    their inclusion probabilities (the bound reads d, not d / (B p))."""
-    us = {"a": [upd("c0", [1.0, 0.0], 0.1), upd("c1", [0.0, 2.0], 0.1),
+    their inclusion probabilities: c0's p of 0.01 would make its d / (B p) ||G||
+    10, far above any bound on those, but the bound reads d."""
+    us = {"a": [upd("c0", [1.0, 0.0], 0.1, prob=0.01), upd("c1", [0.0, 2.0], 0.1),
                 upd("c2", [1.0, 0.0], 0.2), upd("c3", [3.0, 4.0], 0.6)]}
     warnings = run_bound(us, 3.0)
     np.testing.assert_allclose(us["a"][3].delta[0], [0.6, 0.8])
@@ -71,10 +72,13 @@ def test_off_without_a_factor_and_with_one_update():
 def test_in_a_stalevr_run_no_fresh_update_moves_the_expected_step_beyond_the_bound(monkeypatch):
     """A real StaleVR run with the influence bound at 1 and client 3 sending -10x
     its update: in every round and model, every fresh update the policy draws
-    from and the aggregator reads holds ``d ||G|| <= 1 x`` the lower median of
-    ``d ||G||`` (scaling the ones above it leaves the median where it was), and
-    client 3 is named for it in the log. Before the bound, the counted weights'
-    bound left ``d ||G||`` up to several times the median (the test failed)."""
+    from, every counted update the aggregate and the stale store take, and every
+    fresh update the aggregator reads for beta holds ``d ||G|| <= 1 x`` the lower
+    median of the fresh ``d ||G||`` (scaling the ones above it leaves the median
+    where it was), and client 3 is named for it in the log. Before the bound, the
+    counted weights' bound left ``d ||G||`` up to several times the median (the
+    test failed); run after the draw, it would leave the counted updates and the
+    reads beta takes unbounded (they are copies made by the draw)."""
     import mmfl_flwr.strategy.aggregate as A
     from mmfl_flwr import runner
     from mmfl_flwr.testing import hostile as H
@@ -83,12 +87,14 @@ def test_in_a_stalevr_run_no_fresh_update_moves_the_expected_step_beyond_the_bou
     ratios: list[float] = []
 
     def round_spy(run_state, aggregator, plan, outcome, updates, shares, fresh=None):
-        for us in outcome.updates.values():
+        for task, us in outcome.updates.items():
             if len(us) < 2:
                 continue
             x = [u.data_share * l2_norm(u.delta) for u in us]
             ref = float(np.percentile([v for v in x if v > 0], 50, method="lower"))
-            ratios.append(max(x) / ref)
+            read = [u.data_share * l2_norm(fresh[task][u.cid]) for u in us]
+            counted = [u.data_share * l2_norm(u.delta) for u in updates[task]]
+            ratios.append(max(x + read + counted) / ref)
         return original_round(run_state, aggregator, plan, outcome, updates, shares, fresh)
 
     monkeypatch.setattr(A, "aggregate_round", round_spy)

@@ -208,10 +208,12 @@ def test_a_counted_update_whose_share_exceeds_its_weight_is_held_for_beta_too():
 
 
 def test_in_a_stalevr_run_beta_reads_the_bounded_updates(monkeypatch):
-    """In a real StaleVR run with the bound on, the fresh updates the aggregator
-    reads are the bounded ones: no pair's ``d ||G||`` exceeds its model's bound,
-    and a counted pair is read as its aggregated (bounded) delta or a scaled
-    copy of it. With the bound off, the aggregator reads the validated updates
+    """In a real StaleVR run with the counted-weight bound on (and the
+    expected-step bound, which runs before it, switched off so that this one
+    has uncounted updates to hold), the fresh updates the aggregator reads are
+    the bounded ones: no pair's ``d ||G||`` exceeds its model's bound, and a
+    counted pair is read as its aggregated (bounded) delta or a scaled copy of
+    it. With the factor off, the aggregator reads the validated updates
     themselves (the same arrays as before the bound existed)."""
     import mmfl_flwr.strategy.aggregate as A
     from mmfl_flwr import runner
@@ -244,8 +246,9 @@ def test_in_a_stalevr_run_beta_reads_the_bounded_updates(monkeypatch):
 
     monkeypatch.setattr(A, "bound_influence", bound_spy)
     monkeypatch.setattr(A, "aggregate_round", round_spy)
-    # the expected-step bound (tests/strategy/test_expected_influence.py) runs first and
-    # would leave nothing uncounted for this one to hold: off here, so this one is tested
+    # with the factor on, the expected-step bound (tests/strategy/test_expected_influence.py,
+    # which checks the reads of a run with both) runs first and leaves nothing uncounted for
+    # this bound to hold: switched off here, so that this bound's own hold is what is tested
     monkeypatch.setattr(A, "bound_expected_influence", lambda updates, factor: None)
     runner.run_inprocess(
         Settings(strategy="stalevr", tasks="digits,synthetic", num_clients=12, num_rounds=3,

@@ -15,8 +15,10 @@ epochs, in-process engine), with the honest and the attacker-absent runs (client
         --markdown docs/results/flip_scale.md
 
 It prints each model's drop of final accuracy against the honest run, per seed
-and as a mean with its 95% interval, and what the direction check saw in the last
-round it scored a model (:func:`mmfl_flwr.strategy.validation.check_directions`,
+and as a mean with its 95% interval, the same drop on the other clients' local
+test data (on ``synthetic``, the server's test set without client 3's own users:
+:func:`others_accuracy`), and what the direction check saw in the last round it
+scored a model (:func:`mmfl_flwr.strategy.validation.check_directions`,
 read through ``BOUND_OBSERVERS``): the lowest and second lowest score of that
 round's uploaders (a client's score is its mean cosine with the other clients'
 median update) and the median over every scored client, the check's ``m``. The
@@ -52,6 +54,29 @@ def _attack(scale: float | None) -> Any:
     return H.scaled_update(HOSTILE, scale)
 
 
+def others_accuracy(settings: Any, arrays: Any, excluded: str) -> dict[str, float]:
+    """Each model's accuracy on the local test data of every client but
+    ``excluded``: where the server's test set is the clients' test splits
+    (``synthetic``: every user's; ``digits``: the global test examples of each
+    client's labels, split among the holders), this leaves out the attacker's own
+    users, whose accuracy no bound on its updates can protect."""
+    from mmfl_flwr.client.trainer import evaluate_arrays
+    from mmfl_flwr.flower_app.data import federation_for
+    from mmfl_flwr.records import arrays_to_numpy
+    from mmfl_flwr.tasks.data import concat_datasets
+    from mmfl_flwr.tasks.models import make_model
+
+    fed = federation_for(settings)
+    out = {}
+    for task, record in arrays.items():
+        parts = [fed.client_data(k, task)[1] for k in range(fed.num_clients)
+                 if str(k) != excluded and bool(fed.eligible[task][k])]
+        data = concat_datasets([d for d in parts if len(d)])
+        _, out[task] = evaluate_arrays(lambda k=fed.kinds[task]: make_model(k),
+                                       arrays_to_numpy(record), data)
+    return out
+
+
 def _run(job: tuple[str, str, float | None, int, int]) -> dict[str, Any]:
     preset, defence, scale, seed, rounds = job
     from mmfl_flwr.runner import run_inprocess
@@ -82,6 +107,7 @@ def _run(job: tuple[str, str, float | None, int, int]) -> dict[str, Any]:
             h.setLevel(level)
     return {"preset": preset, "defence": defence, "scale": scale, "seed": seed,
             "accuracy": {t: r["accuracy"] for t, r in result.final().items()},
+            "others": others_accuracy(settings, result.arrays, HOSTILE),
             "scores": scores}
 
 
@@ -171,23 +197,30 @@ def main(argv: list[str] | None = None) -> int:
                   + " ".join(f"{t} {v:.3f}" for t, v in r["accuracy"].items()), flush=True)
     table = [f"`{command('flip_scale', argv)}`", "", f"Machine: {machine()}.", "",
              "| preset | defence | model | client 3 sends | accuracy | drop vs honest [95% CI] "
-             f"| drop per seed ({', '.join(map(str, seeds))}) |", "|---|---|---|---|---|---|---|"]
+             f"| drop per seed ({', '.join(map(str, seeds))}) | drop on the other clients' "
+             "test data [95% CI] |", "|---|---|---|---|---|---|---|---|"]
     rows = []
     for pr, d in pairs:
         tasks = sorted(done[(pr, d, "honest", seeds[0])]["accuracy"])
         for t in tasks:
             acc = {lab: {s: done[(pr, d, lab, s)]["accuracy"][t] for s in seeds}
                    for lab in map(_label, runs)}
+            oth = {lab: {s: done[(pr, d, lab, s)]["others"][t] for s in seeds}
+                   for lab in map(_label, runs)}
             for lab in map(_label, runs[1:]):
                 drop = paired_ci(acc["honest"], acc[lab])
+                drop_others = paired_ci(oth["honest"], oth[lab])
                 per = [acc["honest"][s] - acc[lab][s] for s in seeds]
                 rows.append({"preset": pr, "defence": d, "model": t, "sent": lab,
                              "accuracy": mean_ci(list(acc[lab].values()))[0], "drop": drop,
                              "per_seed": dict(zip(seeds, per)), "honest": acc["honest"],
-                             "attacked": acc[lab]})
+                             "attacked": acc[lab], "drop_others": drop_others,
+                             "honest_others": oth["honest"], "attacked_others": oth[lab]})
                 table.append(f"| {pr} | {d} | {t} | {lab} | {rows[-1]['accuracy']:.3f} | "
                              f"{drop['mean']:+.3f} [{drop['lo']:+.3f}, {drop['hi']:+.3f}] | "
-                             + " ".join(f"{x:+.3f}" for x in per) + " |")
+                             + " ".join(f"{x:+.3f}" for x in per) + " | "
+                             f"{drop_others['mean']:+.3f} [{drop_others['lo']:+.3f}, "
+                             f"{drop_others['hi']:+.3f}] |")
     flip = _label(-1.0) if -1.0 in scales else None
     which = "honest run" + (f" and client 3 sending {flip}" if flip else "")
     table += ["", "Direction scores in the last round the check scored the model: the "

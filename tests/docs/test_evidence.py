@@ -479,6 +479,8 @@ def test_flip_scale_smoke(tmp_path):
         per = {k: r["honest"][k] - r["attacked"][k] for k in ("0", "1")}
         assert r["per_seed"] == pytest.approx(per)
         assert r["drop"]["mean"] == pytest.approx((per["0"] + per["1"]) / 2)
+        other = [r["honest_others"][k] - r["attacked_others"][k] for k in ("0", "1")]
+        assert r["drop_others"]["mean"] == pytest.approx(sum(other) / 2)
     assert any(r["per_seed"]["0"] != 0 for r in rows if r["sent"] == "-1 x")
     scored = [x for x in payload["direction_scores"] if x["sent"] in ("honest", "-1 x")]
     assert len(scored) == 4
@@ -489,6 +491,7 @@ def test_flip_scale_smoke(tmp_path):
             assert v[-1] == pytest.approx(float(np.median(v[:-1])))
     text = md.read_text()
     assert text.startswith("`python benchmarks/flip_scale.py --presets stalevr")
+    assert "| drop on the other clients' test data [95% CI] |" in text
     line = next(x for x in text.splitlines()
                 if x.startswith("| stalevr | default | synthetic | 1 |"))
     assert line.count(" / ") == 4  # the honest and the flipped cell both hold scores
@@ -510,6 +513,48 @@ def test_flip_scale_runs_remove_their_observer_and_restore_logging():
     with pytest.raises(Exception):
         flip_scale._run(("no-such-preset", "default", None, 0, 1))
     assert (list(BOUND_OBSERVERS), logger.level, [h.level for h in logger.handlers]) == before
+
+
+def test_flip_scale_others_accuracy_leaves_out_the_attackers_users():
+    """``others_accuracy`` (flip_scale.py's last column): each model's accuracy on
+    every client's local test data but one. Checked against an independent
+    reading: each other client's test set evaluated on its own, the correct
+    predictions summed; on ``synthetic`` (the server's test set is every user's
+    test split) the excluded client's examples and the others' make up the
+    server's test set, so full x |all| = others x |others| + own x |own|."""
+    import flip_scale
+
+    from mmfl_flwr.client.trainer import evaluate_arrays
+    from mmfl_flwr.config import Settings
+    from mmfl_flwr.flower_app.data import federation_for
+    from mmfl_flwr.flower_app.server_app import initial_arrays
+    from mmfl_flwr.tasks.models import make_model
+
+    settings = Settings(tasks="digits,synthetic", num_clients=12, seed=5, output_dir="")
+    arrays = initial_arrays(settings)
+    got = flip_scale.others_accuracy(settings, arrays, "3")
+    fed = federation_for(settings)
+    assert sorted(got) == ["digits", "synthetic"]
+    from mmfl_flwr.records import arrays_to_numpy
+    for task in got:
+        w = arrays_to_numpy(arrays[task])
+        right = count = 0
+        for k in range(12):
+            test = fed.client_data(k, task)[1]
+            if k == 3 or not len(test):
+                continue
+            _, acc = evaluate_arrays(lambda: make_model(fed.kinds[task]), w, test)
+            right += acc * len(test)
+            count += len(test)
+        assert got[task] == pytest.approx(right / count)
+    own = fed.client_data(3, "synthetic")[1]
+    full = fed.server_test("synthetic")
+    w = arrays_to_numpy(arrays["synthetic"])
+    _, own_acc = evaluate_arrays(lambda: make_model("synthetic"), w, own)
+    _, full_acc = evaluate_arrays(lambda: make_model("synthetic"), w, full)
+    assert 0 < len(own) < len(full)
+    assert full_acc * len(full) == pytest.approx(
+        got["synthetic"] * (len(full) - len(own)) + own_acc * len(own))
 
 
 def test_int_list_takes_ranges():

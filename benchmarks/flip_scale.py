@@ -55,11 +55,13 @@ def _attack(scale: float | None) -> Any:
 
 
 def others_accuracy(settings: Any, arrays: Any, excluded: str) -> dict[str, float]:
-    """Each model's accuracy on the local test data of every client but
-    ``excluded``: where the server's test set is the clients' test splits
-    (``synthetic``: every user's; ``digits``: the global test examples of each
-    client's labels, split among the holders), this leaves out the attacker's own
-    users, whose accuracy no bound on its updates can protect."""
+    """Each model's accuracy on the local test data of every client eligible for
+    it but ``excluded``. On ``synthetic`` the server's test set is every user's
+    test split, so under a profile where every client holds the task this is the
+    server's test set without the excluded client's own users. On ``digits`` the
+    clients' local test sets split the global test set among the holders of each
+    label, so it leaves out only the excluded client's share of its labels'
+    test examples."""
     from mmfl_flwr.client.trainer import evaluate_arrays
     from mmfl_flwr.flower_app.data import federation_for
     from mmfl_flwr.records import arrays_to_numpy

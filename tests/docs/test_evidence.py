@@ -523,6 +523,7 @@ def test_flip_scale_others_accuracy_leaves_out_the_attackers_users():
     test split) the excluded client's examples and the others' make up the
     server's test set, so full x |all| = others x |others| + own x |own|."""
     import flip_scale
+    import numpy as np
 
     from mmfl_flwr.client.trainer import evaluate_arrays
     from mmfl_flwr.config import Settings
@@ -530,12 +531,18 @@ def test_flip_scale_others_accuracy_leaves_out_the_attackers_users():
     from mmfl_flwr.flower_app.server_app import initial_arrays
     from mmfl_flwr.tasks.models import make_model
 
+    from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
+
     settings = Settings(tasks="digits,synthetic", num_clients=12, seed=5, output_dir="")
-    arrays = initial_arrays(settings)
+    rng = np.random.default_rng(0)  # weights unlike the initial ones: the ones given are read
+    arrays = {t: numpy_to_arrays({k: v + rng.normal(0, 1, v.shape).astype(v.dtype)
+                                  for k, v in arrays_to_numpy(r).items()})
+              for t, r in initial_arrays(settings).items()}
     got = flip_scale.others_accuracy(settings, arrays, "3")
+    initial = flip_scale.others_accuracy(settings, initial_arrays(settings), "3")
+    assert got != initial
     fed = federation_for(settings)
     assert sorted(got) == ["digits", "synthetic"]
-    from mmfl_flwr.records import arrays_to_numpy
     for task in got:
         w = arrays_to_numpy(arrays[task])
         right = count = 0

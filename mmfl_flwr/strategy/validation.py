@@ -499,10 +499,11 @@ def bound_expected_influence(
         norms = [l2_norm(u.delta) for u in us]
         influence = [abs(u.data_share) * n for u, n in zip(us, norms)]
         positive = [x for x in influence if x > 0]
-        if len(positive) < 2 or not all(math.isfinite(x) for x in influence):
+        finite = all(math.isfinite(x) for x in influence)
+        if len(positive) < 2 or not finite:
             log(INFO, "Expected-step influence bound: task %r not bounded this round (%s)",
-                task, "a share or norm is not finite" if len(positive) >= 2
-                else "fewer than two updates with a positive influence")
+                task, "fewer than two updates with a positive influence" if finite
+                else "a share or norm is not finite")
             continue
         ref = float(np.percentile(positive, 50, method="lower"))
         _observe("expected-influence", task, influence, ref)

@@ -69,6 +69,20 @@ def test_off_without_a_factor_and_with_one_update():
     np.testing.assert_array_equal(even["a"][0].delta[0], [2.0])
 
 
+def test_a_non_finite_influence_leaves_the_model_unbounded_and_says_why(caplog):
+    """A NaN norm (the norm bounds reject such updates before this runs; here it
+    is given directly): no reference can be read, nothing is scaled, and the INFO
+    line gives that reason, not the count of positive influences."""
+    import logging as _logging
+
+    us = {"a": [upd("c0", [float("nan")], 0.5), upd("c1", [50.0], 0.2)]}
+    with caplog.at_level(_logging.INFO, logger="flwr"):
+        assert run_bound(us, 1.0) == []
+    np.testing.assert_array_equal(us["a"][1].delta[0], [50.0])
+    assert any("task 'a' not bounded this round (a share or norm is not finite)" in r.getMessage()
+               for r in caplog.records)
+
+
 def test_in_a_stalevr_run_no_fresh_update_moves_the_expected_step_beyond_the_bound(monkeypatch):
     """A real StaleVR run with the influence bound at 1 and client 3 sending -10x
     its update: in every round and model, every fresh update the policy draws

@@ -437,31 +437,54 @@ def bound_influence(
     for task, us in updates.items():
         if len(us) < 2:
             continue
-        weights = step_weights(us)
-        norms = [l2_norm(u.delta) for u in us]
-        influence = ([abs(w) * n for w, n in zip(weights, norms)]
-                     if weights is not None and len(weights) == len(us) else [])
-        positive = [x for x in influence if x > 0]
-        why = ("its aggregator gives no weights" if not influence
-               else "a weight or norm is not finite"
-               if not all(math.isfinite(x) for x in influence)
-               else "fewer than two updates with a positive influence"
-               if len(positive) < 2 else "")
-        if why:
-            log(INFO, "Influence bound: task %r not bounded this round (%s)", task, why)
-            continue
-        ref = float(np.percentile(positive, 50, method="lower"))
-        _observe("influence", task, influence, ref)
-        bound = bounds[task] = factor * ref
-        for u, w, norm, x in zip(us, weights, norms, influence):
-            if x > bound:
-                scale = bound / x
-                log(WARNING, "Client %s: clipped update for task %r: its influence on the step "
-                    "(weight %.4g x update norm %.4g = %.4g) exceeds %.4g (%g x the round's "
-                    "reference influence, %.4g); update norm scaled to %.4g", u.cid, task,
-                    abs(w), norm, x, bound, factor, ref, norm * scale)
-                u.delta = [d * scale for d in u.delta]
+        bound = _scale_influences(task, us, step_weights(us), factor, "influence",
+                                  ("Influence bound", "weight", "weight", "step",
+                                   "reference influence"))
+        if bound is not None:
+            bounds[task] = bound
     return bounds
+
+
+def _scale_influences(
+    task: str,
+    us: list[Update],
+    weights: Sequence[float] | None,
+    factor: float,
+    kind: str,
+    words: tuple[str, str, str, str, str],
+) -> float | None:
+    """The shared step of :func:`bound_influence` and
+    :func:`bound_expected_influence`: each update's influence ``|weight| x
+    norm``; the model's bound, ``factor`` times the lower median of the positive
+    ones; every update above it scaled down to it in place and logged. Returns
+    the bound, or None (logged at INFO, with why) where no reference can be
+    read. ``words``: the bound's name, the weight's name in the warning and in
+    the INFO line, the step it moves, and the reference's name."""
+    name, weight_name, weight_word, step, ref_name = words
+    norms = [l2_norm(u.delta) for u in us]
+    influence = ([abs(w) * n for w, n in zip(weights, norms)]
+                 if weights is not None and len(weights) == len(us) else [])
+    positive = [x for x in influence if x > 0]
+    why = ("its aggregator gives no weights" if not influence
+           else f"a {weight_word} or norm is not finite"
+           if not all(math.isfinite(x) for x in influence)
+           else "fewer than two updates with a positive influence"
+           if len(positive) < 2 else "")
+    if why:
+        log(INFO, "%s: task %r not bounded this round (%s)", name, task, why)
+        return None
+    ref = float(np.percentile(positive, 50, method="lower"))
+    _observe(kind, task, influence, ref)
+    bound = factor * ref
+    for u, w, norm, x in zip(us, weights or [], norms, influence):
+        if x > bound:
+            scale = bound / x
+            log(WARNING, "Client %s: clipped update for task %r: its influence on the %s "
+                "(%s %.4g x update norm %.4g = %.4g) exceeds %.4g (%g x the round's "
+                "%s, %.4g); update norm scaled to %.4g", u.cid, task, step, weight_name,
+                abs(w), norm, x, bound, factor, ref_name, ref, norm * scale)
+            u.delta = [d * scale for d in u.delta]
+    return bound
 
 
 def bound_expected_influence(
@@ -494,28 +517,11 @@ def bound_expected_influence(
     if factor is None:
         return
     for task, us in updates.items():
-        if len(us) < 2:
-            continue
-        norms = [l2_norm(u.delta) for u in us]
-        influence = [abs(u.data_share) * n for u, n in zip(us, norms)]
-        positive = [x for x in influence if x > 0]
-        finite = all(math.isfinite(x) for x in influence)
-        if len(positive) < 2 or not finite:
-            log(INFO, "Expected-step influence bound: task %r not bounded this round (%s)",
-                task, "fewer than two updates with a positive influence" if finite
-                else "a share or norm is not finite")
-            continue
-        ref = float(np.percentile(positive, 50, method="lower"))
-        _observe("expected-influence", task, influence, ref)
-        bound = factor * ref
-        for u, norm, x in zip(us, norms, influence):
-            if x > bound:
-                scale = bound / x
-                log(WARNING, "Client %s: clipped update for task %r: its influence on the "
-                    "expected step (data share %.4g x update norm %.4g = %.4g) exceeds %.4g "
-                    "(%g x the round's reference, %.4g); update norm scaled to %.4g", u.cid,
-                    task, abs(u.data_share), norm, x, bound, factor, ref, norm * scale)
-                u.delta = [d * scale for d in u.delta]
+        if len(us) >= 2:
+            _scale_influences(task, us, [u.data_share for u in us], factor,
+                              "expected-influence", ("Expected-step influence bound",
+                                                     "data share", "share", "expected step",
+                                                     "reference"))
 
 
 def bound_fresh_influence(

@@ -26,7 +26,8 @@ RESUME_MAY_CHANGE = ("num_rounds", "timeout", "clients_per_node")
 #: Settings added after runs were saved without them, with the value such a
 #: run's ``config.json`` implies (what the run computed), where that differs
 #: from today's default: :meth:`Settings.load` fills a missing key with it.
-ADDED_LATER = {"update-clip-factor": 0.0, "direction-factor": 0.0}
+ADDED_LATER = {"update-clip-factor": 0.0, "direction-factor": 0.0,
+               "reversed-influence-factor": 0.0}
 #: Settings that say where a run is written, not what it computes.
 _LOCATION = ("output_dir", "resume_from", "overwrite")
 #: Settings that name a folder: equal when they name the same one.
@@ -171,6 +172,12 @@ class Settings:
         measured setting, README *Hostile clients*). Under the oracle StaleVR it
         also bounds each fresh update's influence on the expected step (data
         share times norm).
+    reversed_influence_factor : float
+        The same bound, on by default at 4, held only on the updates that point
+        against their model's other updates: negative cosine with the
+        coordinate-wise median of the round's other updates, this round and
+        on average over the client's recent rounds (a sign flip, IPM); updates
+        the clients agree with keep their weight (0 = off).
     timeout : float
         Seconds to wait for the replies of one round trip.
     clients_per_node : str
@@ -223,6 +230,7 @@ class Settings:
     update_clip_factor: float = 3.0
     direction_factor: float = 3.0
     influence_clip_factor: float = 0.0
+    reversed_influence_factor: float = 4.0
     timeout: float = 600.0
     clients_per_node: str = "auto"
     dp: str = ""
@@ -665,6 +673,10 @@ def options() -> dict[str, Option]:
                                         "the round's lower median influence down to it "
                                         "(StaleVR: also data share x norm)",
                                         low=1, off="off"),
+        "reversed_influence_factor": Option("the same bound, held only on updates that "
+                                            "point against the model's other updates "
+                                            "(negative cosine with their median, this "
+                                            "round and on average)", low=1, off="off"),
         "loss_cap": Option("cap reported losses above this multiple of the task's reference "
                            "loss", low=1, low_open=True, off="off"),
         "count_cap": Option("use a client's sample count up to this multiple of the task's "

@@ -55,6 +55,7 @@ def strategy_from_settings(
         "update_clip_factor": s.update_clip_factor or None,
         "direction_factor": s.direction_factor or None,
         "influence_clip_factor": s.influence_clip_factor or None,
+        "reversed_influence_factor": s.reversed_influence_factor or None,
         "loss_cap": s.loss_cap or None,
         "count_cap": s.count_cap or None,
     }

@@ -18,6 +18,7 @@ from mmfl_flwr.core.policy import Policy
 from mmfl_flwr.records import NumpyWeights, arrays_to_numpy
 from mmfl_flwr.strategy.state import HookError, RoundPlan, RunState
 from mmfl_flwr.strategy.validation import (
+    InfluenceBound,
     Limits,
     TrainOutcome,
     bound_expected_influence,
@@ -73,7 +74,13 @@ def aggregate_train_replies(
 
     rejected = bound_update_norms(outcome.updates, run_state.norm_history,
                                   limits.update_norm_factor, model_norm, limits.update_clip_factor)
-    check_directions(outcome.updates, run_state.direction_history, limits.direction_factor)
+    # each update's cosine with the others', for the bound on reversed updates
+    cosines: dict[tuple[str, str], tuple[float, float, int]] | None = (
+        {} if limits.reversed_influence_factor is not None else None)
+    check_directions(outcome.updates, run_state.direction_history, limits.direction_factor,
+                     cosines)
+    rule = InfluenceBound.of(limits.influence_clip_factor, limits.reversed_influence_factor,
+                             cosines)
     for task, cid in rejected:
         outcome.rejected[task] += 1
         outcome.rejected_parts.append((cid, task))
@@ -83,13 +90,13 @@ def aggregate_train_replies(
         cap_train_losses(run_state, outcome, limits.loss_cap)
     policy.observe(plan.server_round, outcome.observed, plan.picks)
     if aggregator.needs_fresh:  # every client trained: bound the expected step too
-        bound_expected_influence(outcome.updates, limits.influence_clip_factor)
+        bound_expected_influence(outcome.updates, rule)
     updates = outcome.updates
     if policy.selects_after_training:
         updates = select_after_training(run_state, policy, aggregator, plan.server_round, updates)
     # after any selection: the weights are the ones the aggregate applies
-    bounds = bound_influence(updates, aggregator.step_weights, limits.influence_clip_factor)
-    fresh = (bound_fresh_influence(outcome.updates, updates, bounds)
+    refs = bound_influence(updates, aggregator.step_weights, rule)
+    fresh = (bound_fresh_influence(outcome.updates, updates, refs, rule)
              if aggregator.needs_fresh else None)
     return aggregate_round(run_state, aggregator, plan, outcome, updates, shares, fresh)
 

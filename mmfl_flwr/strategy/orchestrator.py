@@ -33,7 +33,12 @@ from mmfl_flwr.strategy.loss_query import accepted_losses, install_losses, loss_
 from mmfl_flwr.strategy.timing import PHASE_OBSERVERS, report, round_trip, timed
 from mmfl_flwr.strategy.result import EvaluateFn, MultiModelResult, RoundCallback
 from mmfl_flwr.strategy.state import HookError, RoundPlan, RunState
-from mmfl_flwr.strategy.validation import DIRECTION_FACTOR, UPDATE_CLIP_FACTOR, Limits
+from mmfl_flwr.strategy.validation import (
+    DIRECTION_FACTOR,
+    REVERSED_INFLUENCE_FACTOR,
+    UPDATE_CLIP_FACTOR,
+    Limits,
+)
 
 
 class MultiModelStrategy(Strategy):
@@ -90,7 +95,7 @@ class MultiModelStrategy(Strategy):
         this many clients are registered: a node hosting a shard of clients
         counts each of them (default 0: no wait for clients).
     max_loss, loss_cap, max_update_norm, update_norm_factor, count_cap, update_clip_factor,
-    direction_factor, influence_clip_factor
+    direction_factor, influence_clip_factor, reversed_influence_factor
         Bounds on what clients report (:class:`~.validation.Limits` documents
         them), each logged with the client id when it acts.
     on_round_end : callable, optional
@@ -137,6 +142,7 @@ class MultiModelStrategy(Strategy):
         update_clip_factor: float | None = UPDATE_CLIP_FACTOR,
         direction_factor: float | None = DIRECTION_FACTOR,
         influence_clip_factor: float | None = None,
+        reversed_influence_factor: float | None = REVERSED_INFLUENCE_FACTOR,
         client_arrivals: Mapping[str, int] | None = None,
         task_arrivals: Mapping[str, int] | None = None,
         trainable_keys: Mapping[str, Sequence[str]] | None = None,
@@ -162,7 +168,7 @@ class MultiModelStrategy(Strategy):
         self.node_wait_timeout = float(node_wait_timeout)
         self.limits = Limits(float(max_loss), loss_cap, max_update_norm, update_norm_factor,
                              count_cap, update_clip_factor, direction_factor,
-                             influence_clip_factor)  # checks them
+                             influence_clip_factor, reversed_influence_factor)  # checks them
         self.on_round_end = on_round_end
         self.checkpoint_path = checkpoint_path
         self._arrivals = (

@@ -65,6 +65,9 @@ UPDATE_CLIP_FACTOR = 3.0
 #: The factor ``influence_clip_factor`` is measured at (README, *Hostile clients*):
 #: the bound is off by default (:func:`bound_influence` says why).
 INFLUENCE_CLIP_FACTOR = 4.0
+#: The default ``reversed_influence_factor``: the influence bound held on updates
+#: that point against their model's other updates (:class:`InfluenceBound`).
+REVERSED_INFLUENCE_FACTOR = 4.0
 #: The default ``direction_factor``: see :class:`Limits` and :func:`check_directions`.
 DIRECTION_FACTOR = 3.0
 #: :func:`check_directions` judges a client of a model once it has this many cosines ...
@@ -122,6 +125,15 @@ class Limits:
         Under an aggregator that reads every client's fresh update (the oracle
         StaleVR) it also bounds each fresh update's influence on the expected
         step, data share times norm (:func:`bound_expected_influence`).
+    reversed_influence_factor : float or None
+        The same bound, held by default (:data:`REVERSED_INFLUENCE_FACTOR`, 4)
+        on the updates that point against their model's other updates: whose
+        cosine with the coordinate-wise median of the round's other updates is
+        negative this round and on average over the client's recent rounds of
+        the model (:func:`check_directions` reads the cosines;
+        :class:`InfluenceBound`). An update the clients agree with keeps its
+        weight, so honest runs keep the papers' weighting wherever clients do
+        not disagree (None: off).
     """
 
     max_loss: float = 1e6
@@ -132,6 +144,7 @@ class Limits:
     update_clip_factor: float | None = UPDATE_CLIP_FACTOR
     direction_factor: float | None = DIRECTION_FACTOR
     influence_clip_factor: float | None = None
+    reversed_influence_factor: float | None = REVERSED_INFLUENCE_FACTOR
 
     def __post_init__(self) -> None:
         if self.loss_cap is not None and not self.loss_cap > 1:
@@ -150,6 +163,10 @@ class Limits:
         if self.influence_clip_factor is not None and not self.influence_clip_factor >= 1:
             raise ValueError("influence_clip_factor must be >= 1 (a multiple of the reference "
                              "influence) or None")
+        if (self.reversed_influence_factor is not None
+                and not self.reversed_influence_factor >= 1):
+            raise ValueError("reversed_influence_factor must be >= 1 (a multiple of the "
+                             "reference influence) or None")
         if self.count_cap is not None and not self.count_cap >= 1:
             raise ValueError("count_cap must be >= 1 (a multiple of the median) or None")
 
@@ -319,6 +336,7 @@ def check_directions(
     updates: dict[str, list[Update]],
     history: dict[str, dict[str, list[float]]],
     factor: float | None,
+    cosines: dict[tuple[str, str], tuple[float, float, int]] | None = None,
 ) -> list[tuple[str, str]]:
     """Shrink the updates of clients whose updates of a model point, round after
     round, against the other clients' (a sign flip, inner-product manipulation)
@@ -353,8 +371,13 @@ def check_directions(
     not agree (median below :data:`DIRECTION_AGREEMENT`, as on Synthetic(1,1)
     with 5 local epochs) nobody is a suspect: there a flipped update looks like
     an honest one. Runs after the norm bounds, on the clipped updates.
+
+    ``cosines``, when given, receives each update's cosine of this round, its
+    client's score and the number of cosines the score averages, keyed by
+    ``(task, client id)`` (what :class:`InfluenceBound` reads); they are
+    computed (and ``history`` kept) even when ``factor`` is None.
     """
-    if factor is None:
+    if factor is None and cosines is None:
         return []
     for task, us in updates.items():
         if len(us) < 2:
@@ -367,6 +390,10 @@ def check_directions(
             c = _cosine(np.concatenate(rows[i]), ref)
             if c is not None:
                 past[u.cid] = (past.get(u.cid, []) + [c])[-DIRECTION_HISTORY:]
+                if cosines is not None:
+                    cosines[(task, u.cid)] = (c, float(np.mean(past[u.cid])), len(past[u.cid]))
+        if factor is None:
+            continue
         scores = {cid: float(np.mean(v)) for cid, v in past.items()
                   if len(v) >= DIRECTION_MIN_ROUNDS}
         if len(scores) < DIRECTION_MIN_CLIENTS:
@@ -393,17 +420,71 @@ def check_directions(
     return []
 
 
+@dataclass(frozen=True)
+class InfluenceBound:
+    """Which updates the influence bound holds, and at how many times the
+    round's reference influence: every update at ``factor``
+    (``influence_clip_factor``; None: none), and the updates that point against
+    their model's other updates at ``reversed_factor``
+    (``reversed_influence_factor``); the lower of the two where both apply.
+
+    ``reversed`` maps ``(task, client id)`` to the update's cosine with the
+    coordinate-wise median of the round's other updates, its client's mean
+    cosine over its recent rounds of the model, and how many rounds that mean
+    covers (:func:`check_directions`' ``cosines``), for the updates whose
+    cosine and mean are both negative: reversed this round and on average.
+    Requiring both keeps an honest client that disagrees in one round, or
+    disagreed earlier, at its weight (Synthetic(1,1)'s honest clients score
+    about 0 on average, half of them below in a round); a client that flips
+    its updates is below 0 in both."""
+
+    factor: float | None = None
+    reversed_factor: float | None = None
+    reversed: Mapping[tuple[str, str], tuple[float, float, int]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, factor: float | None, reversed_factor: float | None = None,
+           cosines: Mapping[tuple[str, str], tuple[float, float, int]] | None = None,
+           ) -> InfluenceBound:
+        """The bound of ``Limits`` factors, with the updates of ``cosines``
+        (:func:`check_directions`) that are reversed."""
+        rev = ({k: v for k, v in (cosines or {}).items() if v[0] < 0 and v[1] < 0}
+               if reversed_factor is not None else {})
+        return cls(factor, reversed_factor, rev)
+
+    def factor_for(self, task: str, cid: str) -> float | None:
+        """The factor that holds client ``cid``'s update of ``task``, or None."""
+        rev = self.reversed_factor if (task, cid) in self.reversed else None
+        if rev is None or (self.factor is not None and self.factor <= rev):
+            return self.factor
+        return rev
+
+    def why(self, task: str, cid: str) -> str:
+        """What the log adds where the reversed factor is the one that holds."""
+        if self.factor_for(task, cid) == self.factor:
+            return ""
+        c, mean, n = self.reversed[(task, cid)]
+        return (f"; it points against the model's other updates (cosine {c:.3f} with their "
+                f"median this round, mean {mean:.3f} over its last {n} rounds)")
+
+
+def _as_bound(factor: float | InfluenceBound | None) -> InfluenceBound:
+    return factor if isinstance(factor, InfluenceBound) else InfluenceBound(factor)
+
+
 def bound_influence(
     updates: dict[str, list[Update]],
     step_weights: Callable[[Sequence[Update]], list[float] | None],
-    factor: float | None,
+    factor: float | InfluenceBound | None,
 ) -> dict[str, float]:
     """Scale down every update whose influence on its model's step exceeds
-    ``factor`` times the round's reference influence, in place, logging the
-    client id, the model and the numbers; nothing is rejected. Returns each
-    bounded model's bound (``factor`` times its reference influence), which
-    :func:`bound_fresh_influence` applies to the fresh updates the oracle
-    StaleVR reads.
+    its factor times the round's reference influence, in place, logging the
+    client id, the model and the numbers; nothing is rejected. ``factor``: one
+    factor for every update, or an :class:`InfluenceBound` (every update at
+    ``influence_clip_factor``, the updates that point against the others at
+    ``reversed_influence_factor``). Returns each bounded model's reference
+    influence, which :func:`bound_fresh_influence` reads for the fresh updates
+    the oracle StaleVR reads.
 
     A client's influence is ``|c_k| ||G_k||``: its weight in the aggregate
     (``step_weights``, the aggregator's own: ``n_k / sum n`` for FedAvg, ``d /
@@ -429,37 +510,46 @@ def bound_influence(
     the unbiased rule, a rare pick with a large ``d / (B p)``) counts for less
     than its weight when its influence exceeds the bound (the step is then no
     longer unbiased); README, *Hostile clients*, has the measured cost, which is
-    why the bound is off unless ``influence_clip_factor`` is given.
+    why the bound on every update is off unless ``influence_clip_factor`` is
+    given. Held only on the updates that point against the others (by default,
+    ``reversed_influence_factor`` 4), it leaves alone the large honest updates
+    the clients agree with, and holds a reversed one (a sign flip, IPM) however
+    the clients disagree otherwise.
     """
-    bounds: dict[str, float] = {}
-    if factor is None:
-        return bounds
+    rule = _as_bound(factor)
+    refs: dict[str, float] = {}
     for task, us in updates.items():
         if len(us) < 2:
             continue
-        bound = _scale_influences(task, us, step_weights(us), factor, "influence",
-                                  ("Influence bound", "weight", "weight", "step",
-                                   "reference influence"))
-        if bound is not None:
-            bounds[task] = bound
-    return bounds
+        ref = _scale_influences(task, us, step_weights(us), rule, "influence",
+                                ("Influence bound", "weight", "weight", "step",
+                                 "reference influence"))
+        if ref is not None:
+            refs[task] = ref
+    return refs
 
 
 def _scale_influences(
     task: str,
     us: list[Update],
     weights: Sequence[float] | None,
-    factor: float,
+    rule: InfluenceBound,
     kind: str,
     words: tuple[str, str, str, str, str],
 ) -> float | None:
     """The shared step of :func:`bound_influence` and
     :func:`bound_expected_influence`: each update's influence ``|weight| x
-    norm``; the model's bound, ``factor`` times the lower median of the positive
-    ones; every update above it scaled down to it in place and logged. Returns
-    the bound, or None (logged at INFO, with why) where no reference can be
-    read. ``words``: the bound's name, the weight's name in the warning and in
-    the INFO line, the step it moves, and the reference's name."""
+    norm``; the model's reference, the lower median of the positive ones; every
+    update above its factor (``rule``) times the reference scaled down to it in
+    place and logged. Returns the reference (read while the rule is on, so
+    that :func:`bound_fresh_influence` can hold the fresh updates too), or None
+    where the rule is off or no reference can be read (logged at INFO, with
+    why, when an update has a factor).
+    ``words``: the bound's name, the weight's name in the warning and in the
+    INFO line, the step it moves, and the reference's name."""
+    if rule.factor is None and rule.reversed_factor is None:
+        return None
+    factors = [rule.factor_for(task, u.cid) for u in us]
     name, weight_name, weight_word, step, ref_name = words
     norms = [l2_norm(u.delta) for u in us]
     influence = ([abs(w) * n for w, n in zip(weights, norms)]
@@ -471,25 +561,28 @@ def _scale_influences(
            else "fewer than two updates with a positive influence"
            if len(positive) < 2 else "")
     if why:
-        log(INFO, "%s: task %r not bounded this round (%s)", name, task, why)
+        if any(f is not None for f in factors):
+            log(INFO, "%s: task %r not bounded this round (%s)", name, task, why)
         return None
     ref = float(np.percentile(positive, 50, method="lower"))
-    _observe(kind, task, influence, ref)
-    bound = factor * ref
-    for u, w, norm, x in zip(us, weights or [], norms, influence):
-        if x > bound:
-            scale = bound / x
-            log(WARNING, "Client %s: clipped update for task %r: its influence on the %s "
-                "(%s %.4g x update norm %.4g = %.4g) exceeds %.4g (%g x the round's "
-                "%s, %.4g); update norm scaled to %.4g", u.cid, task, step, weight_name,
-                abs(w), norm, x, bound, factor, ref_name, ref, norm * scale)
-            u.delta = [d * scale for d in u.delta]
-    return bound
+    if rule.factor is not None:  # what honest_spread.py reads: every update's ratio
+        _observe(kind, task, influence, ref)
+    for u, w, norm, x, f in zip(us, weights or [], norms, influence, factors):
+        if f is None or not x > f * ref:
+            continue
+        bound = f * ref
+        scale = bound / x
+        log(WARNING, "Client %s: clipped update for task %r: its influence on the %s "
+            "(%s %.4g x update norm %.4g = %.4g) exceeds %.4g (%g x the round's "
+            "%s, %.4g)%s; update norm scaled to %.4g", u.cid, task, step, weight_name,
+            abs(w), norm, x, bound, f, ref_name, ref, rule.why(task, u.cid), norm * scale)
+        u.delta = [d * scale for d in u.delta]
+    return ref
 
 
 def bound_expected_influence(
     updates: dict[str, list[Update]],
-    factor: float | None,
+    factor: float | InfluenceBound | None,
 ) -> None:
     """For an aggregator that reads every eligible client's fresh update (the
     oracle StaleVR: every client trains every model each round), scale down in
@@ -512,13 +605,13 @@ def bound_expected_influence(
     share free to move the expected step by several typical clients' worth in
     every round, through its stale term (a sign-flipping client holding 0.2 of
     Synthetic(1,1)'s data did in ``benchmarks/hostile_clients.py --field``).
-    Off unless ``influence_clip_factor`` is given (it trims honest clients
-    with large data shares too)."""
-    if factor is None:
-        return
+    Held on every update only when ``influence_clip_factor`` is given (it
+    trims honest clients with large data shares too); on the reversed ones
+    (``factor`` an :class:`InfluenceBound`) by default."""
+    rule = _as_bound(factor)
     for task, us in updates.items():
         if len(us) >= 2:
-            _scale_influences(task, us, [u.data_share for u in us], factor,
+            _scale_influences(task, us, [u.data_share for u in us], rule,
                               "expected-influence", ("Expected-step influence bound",
                                                      "data share", "share", "expected step",
                                                      "reference"))
@@ -527,7 +620,8 @@ def bound_expected_influence(
 def bound_fresh_influence(
     fresh: dict[str, list[Update]],
     counted: dict[str, list[Update]],
-    bounds: Mapping[str, float],
+    refs: Mapping[str, float],
+    factor: float | InfluenceBound | None,
 ) -> dict[str, dict[str, list[np.ndarray]]]:
     """The fresh updates an aggregator that reads every eligible client's fresh
     update (the oracle StaleVR's Eq. 20 ``beta = <G, h> / ||h||^2``) gets, with
@@ -541,26 +635,31 @@ def bound_fresh_influence(
     this, a client whose update was bounded when it counted moves its model
     through ``beta`` by its full unbounded norm in every later round. A model
     without a bound this round (:func:`bound_influence` logged why) is read as
-    its updates came."""
+    its updates came. ``refs``: each model's reference influence
+    (:func:`bound_influence`'s result); ``factor``: its factor or rule, so an
+    update is held to its factor times the reference."""
+    rule = _as_bound(factor)
     out: dict[str, dict[str, list[np.ndarray]]] = {}
     for task, us in fresh.items():
         kept = {u.cid: u.delta for u in counted.get(task, [])}
-        bound = bounds.get(task)
+        ref = refs.get(task)
         got: dict[str, list[np.ndarray]] = {}
         for u in us:
             delta = kept.get(u.cid, u.delta)
-            if bound is None:
+            f = rule.factor_for(task, u.cid)
+            if ref is None or f is None:
                 got[u.cid] = delta
                 continue
+            bound = f * ref
             norm = l2_norm(delta)
             x = abs(u.data_share) * norm
             if x > bound:
                 scale = bound / x
                 log(WARNING, "Client %s: clipped update for task %r: the fresh update its "
                     "stale update's weight is read from (data share %.4g x update norm "
-                    "%.4g = %.4g) exceeds the round's influence bound %.4g; update norm "
+                    "%.4g = %.4g) exceeds the round's influence bound %.4g%s; update norm "
                     "scaled to %.4g", u.cid, task, abs(u.data_share), norm, x, bound,
-                    norm * scale)
+                    rule.why(task, u.cid), norm * scale)
                 delta = [d * scale for d in delta]
             got[u.cid] = delta
         out[task] = got

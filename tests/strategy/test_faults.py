@@ -70,6 +70,10 @@ def make_strategy(config: str, **kwargs: Any) -> MultiModelStrategy:
     # (3 x the lower median, tests/strategy/test_update_clipping.py), which
     # would change the hand-computed FedAvg these fault tests check
     kwargs.setdefault("update_clip_factor", None)
+    # and the fakes' updates of a model point in opposite directions with unequal
+    # weights, so the bound on reversed updates (tests/strategy/test_reversed_influence.py)
+    # would scale the heavier one and change the same hand-computed FedAvg
+    kwargs.setdefault("reversed_influence_factor", None)
     return MultiModelStrategy(policy, agg, seed=3, **kwargs)
 
 

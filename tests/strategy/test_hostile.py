@@ -112,6 +112,10 @@ def run(fed: Fed, wrap, policy: Policy, aggregator=None, rounds: int = 2,
     # (its own tests: tests/strategy/test_update_clipping.py); these tests check
     # the validation and the rejection bound against FedAvg by hand
     kwargs.setdefault("update_clip_factor", None)
+    # and the fakes' updates of a model point in opposite directions with unequal
+    # weights, so the bound on reversed updates (tests/strategy/test_reversed_influence.py)
+    # would scale the heavier one and change the same hand-computed FedAvg
+    kwargs.setdefault("reversed_influence_factor", None)
     strategy = MultiModelStrategy(policy, aggregator or FedAvgAggregator(), seed=0,
                                   node_wait_timeout=0.0, max_loss=MAX_LOSS, **kwargs)
     start = initial() if init is None else init

@@ -164,7 +164,7 @@ def test_the_oracle_stalevr_reads_bounded_fresh_updates():
     stale weight beta = <G, h> / ||h||^2: z = beta h is G's projection on h, in
     the step with weight d. A pair that counted this round is read as bounded;
     one that did not is scaled so d ||G|| is at most the model's bound. Here the
-    bound is 0.6 (from :func:`bound_influence`); c4 (d 0.5, G = (3, 4), norm 5:
+    reference is 0.2 and the bound 3 x 0.2 = 0.6 (from :func:`bound_influence`); c4 (d 0.5, G = (3, 4), norm 5:
     2.5) is scaled by 0.6 / 2.5 to (0.72, 0.96); c5 (d 0.1, norm 5: 0.5) is not."""
     counted = {"a": [upd("c0", [1.0, 0.0], 10), upd("c1", [0.0, 2.0], 10),
                      upd("c2", [1.0, 0.0], 20), upd("c3", [3.0, 4.0], 60)]}
@@ -172,13 +172,13 @@ def test_the_oracle_stalevr_reads_bounded_fresh_updates():
                    upd("c2", [1.0, 0.0], 20), upd("c3", [3.0, 4.0], 60),
                    upd("c4", [3.0, 4.0], 60, share=0.5), upd("c5", [0.0, 5.0], 10, share=0.1)],
              "b": [upd("c0", [30.0], 10, share=0.9)]}
-    bounds = bound_influence(counted, FedAvgAggregator().step_weights, 3.0)  # c3 -> (0.6, 0.8)
-    assert bounds == {"a": pytest.approx(0.6)}
+    refs = bound_influence(counted, FedAvgAggregator().step_weights, 3.0)  # c3 -> (0.6, 0.8)
+    assert refs == {"a": pytest.approx(0.2)}
     tap = LogTap()
     logger = logging.getLogger("flwr")
     logger.addHandler(tap)
     try:
-        got = bound_fresh_influence(fresh, counted, bounds)
+        got = bound_fresh_influence(fresh, counted, refs, 3.0)
     finally:
         logger.removeHandler(tap)
     np.testing.assert_allclose(got["a"]["c3"][0], [0.6, 0.8])  # read as counted
@@ -202,7 +202,7 @@ def test_a_counted_update_whose_share_exceeds_its_weight_is_held_for_beta_too():
     the counted one."""
     u = Update(cid="c0", delta=[np.array([3.0, 4.0])], num_examples=10, data_share=0.9,
                processors=3, prob=0.6)
-    got = bound_fresh_influence({"a": [u]}, {"a": [u]}, {"a": 3.0})
+    got = bound_fresh_influence({"a": [u]}, {"a": [u]}, {"a": 1.0}, 3.0)
     np.testing.assert_allclose(got["a"]["c0"][0], [2.0, 8.0 / 3.0])
     np.testing.assert_array_equal(u.delta[0], [3.0, 4.0])
 
@@ -213,7 +213,8 @@ def test_in_a_stalevr_run_beta_reads_the_bounded_updates(monkeypatch):
     has uncounted updates to hold), the fresh updates the aggregator reads are
     the bounded ones: no pair's ``d ||G||`` exceeds its model's bound, and a
     counted pair is read as its aggregated (bounded) delta or a scaled copy of
-    it. With the factor off, the aggregator reads the validated updates
+    it. With the bound off (``influence-clip-factor`` 0 and
+    ``reversed-influence-factor`` 0), the aggregator reads the validated updates
     themselves (the same arrays as before the bound existed)."""
     import mmfl_flwr.strategy.aggregate as A
     from mmfl_flwr import runner
@@ -237,7 +238,8 @@ def test_in_a_stalevr_run_beta_reads_the_bounded_updates(monkeypatch):
             counted = {u.cid: u.delta for u in updates[task]}
             for u in us:
                 got = fresh[task][u.cid]
-                assert u.data_share * l2_norm(got) <= bounds[task] * (1 + 1e-9)
+                # factor 1: the bound is the reference influence itself
+                assert u.data_share * l2_norm(got) <= 1.0 * bounds[task] * (1 + 1e-9)
                 if u.cid in counted:
                     ratio = l2_norm(got) / l2_norm(counted[u.cid])
                     assert got is counted[u.cid] or ratio < 1
@@ -268,7 +270,8 @@ def test_in_a_stalevr_run_beta_reads_the_bounded_updates(monkeypatch):
     monkeypatch.setattr(A, "aggregate_round", round_off)
     runner.run_inprocess(
         Settings(strategy="stalevr", tasks="digits,synthetic", num_clients=12, num_rounds=2,
-                 local_epochs=1, budget_fraction=0.8, output_dir="", seed=1),
+                 local_epochs=1, budget_fraction=0.8, output_dir="", seed=1,
+                 reversed_influence_factor=0.0),
         wrap_client_app=H.scaled_update("3", -10.0))
     assert seen_off and all(seen_off)
 
@@ -357,9 +360,9 @@ def test_in_a_run_the_bound_names_a_heavy_flipper_and_changes_nothing_when_off()
         lines = [m for _, m in tap.records if "its influence on the step" in m]
         return result, lines
 
-    on, lines = run(influence_clip_factor=4.0)
+    on, lines = run(influence_clip_factor=4.0, reversed_influence_factor=0.0)
     assert any(m.startswith("Client 3: clipped update for task 'synthetic': its influence")
                for m in lines), lines
-    off, none = run()
+    off, none = run(reversed_influence_factor=0.0)
     assert none == []
     assert [r["accuracy"] for r in on.history] != [r["accuracy"] for r in off.history]

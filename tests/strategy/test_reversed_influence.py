@@ -1,0 +1,196 @@
+"""The influence bound on reversed updates (``reversed_influence_factor``, on by
+default at 4; issue 26): an update whose cosine with the coordinate-wise median
+of its model's other updates is negative this round and on average over its
+client's recent rounds is held to 4x the round's lower median influence, and
+named with the model; an update the clients agree with keeps its weight, however
+large. Numbers computed by hand; cosines checked against numpy directly."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from conftest import LogTap
+from mmfl_flwr.config import Settings
+from mmfl_flwr.core.aggregators import FedAvgAggregator, Update
+from mmfl_flwr.strategy.validation import (
+    REVERSED_INFLUENCE_FACTOR,
+    InfluenceBound,
+    Limits,
+    bound_expected_influence,
+    bound_influence,
+    check_directions,
+    l2_norm,
+)
+
+
+def upd(cid: str, values: list[float], n: int = 10, share: float = 0.25) -> Update:
+    return Update(cid=cid, delta=[np.array(values, dtype=np.float64)], num_examples=n,
+                  data_share=share)
+
+
+def logged(fn, *args):
+    tap = LogTap()
+    logger = logging.getLogger("flwr")
+    logger.addHandler(tap)
+    try:
+        fn(*args)
+    finally:
+        logger.removeHandler(tap)
+    return tap.records
+
+
+def heavy_pair():
+    """FedAvg weights from 10, 10, 40 and 40 examples: 0.1, 0.1, 0.4, 0.4; norms
+    1, 2, 5, 5; influences 0.1, 0.2, 2.0, 2.0. Lower median 0.2, so the bound at
+    4 is 0.8: c2 and c3 are both 10x the reference."""
+    return {"a": [upd("c0", [1.0, 0.0], 10), upd("c1", [0.0, 2.0], 10),
+                  upd("c2", [3.0, 4.0], 40), upd("c3", [-3.0, -4.0], 40)]}
+
+
+def test_only_the_reversed_heavy_update_is_held_and_named():
+    """c3 is reversed (cosine -0.5 this round, mean -0.4 over 3 rounds): scaled
+    by 0.8 / 2.0 to norm 2, (-1.2, -1.6), and named with why. c2, as heavy but
+    agreed with, keeps its weight: the papers' weighting is kept for it."""
+    us = heavy_pair()
+    rule = InfluenceBound(None, 4.0, {("a", "c3"): (-0.5, -0.4, 3)})
+    records = logged(bound_influence, us, FedAvgAggregator().step_weights, rule)
+    np.testing.assert_allclose(us["a"][3].delta[0], [-1.2, -1.6])
+    for u, v in zip(us["a"][:3], ([1.0, 0.0], [0.0, 2.0], [3.0, 4.0])):
+        np.testing.assert_array_equal(u.delta[0], v)
+    assert [m for lvl, m in records if lvl == logging.WARNING] == [
+        "Client c3: clipped update for task 'a': its influence on the step (weight 0.4 x "
+        "update norm 5 = 2) exceeds 0.8 (4 x the round's reference influence, 0.2); it "
+        "points against the model's other updates (cosine -0.500 with their median this "
+        "round, mean -0.400 over its last 3 rounds); update norm scaled to 2"]
+
+
+def test_with_no_reversed_update_nothing_moves_and_nothing_is_logged():
+    us = heavy_pair()
+    records = logged(bound_influence, us, FedAvgAggregator().step_weights,
+                     InfluenceBound(None, 4.0, {}))
+    assert records == []
+    assert [float(l2_norm(u.delta)) for u in us["a"]] == [1.0, 2.0, 5.0, 5.0]
+
+
+def test_reversed_means_negative_this_round_and_on_average():
+    """Of the cosines (this round, mean, rounds): c1 negative only this round,
+    c2 only on average, c3 both, c4 neither: only c3 is reversed. Off (factor
+    None) nothing is."""
+    cos = {("a", "c1"): (-0.2, 0.1, 3), ("a", "c2"): (0.3, -0.2, 3),
+           ("a", "c3"): (-0.1, -0.05, 2), ("a", "c4"): (0.4, 0.3, 2)}
+    assert set(InfluenceBound.of(None, 4.0, cos).reversed) == {("a", "c3")}
+    assert InfluenceBound.of(None, None, cos).reversed == {}
+
+
+def test_the_lower_factor_holds_and_the_log_says_which():
+    """With the bound on every update too, a reversed update is held to the
+    lower of the two factors; where that is the every-update factor, the line
+    is the every-update bound's (nothing about direction)."""
+    rev = {("a", "c3"): (-0.5, -0.4, 3)}
+    assert InfluenceBound(2.0, 4.0, rev).factor_for("a", "c3") == 2.0
+    assert InfluenceBound(6.0, 4.0, rev).factor_for("a", "c3") == 4.0
+    assert InfluenceBound(6.0, 4.0, rev).factor_for("a", "c2") == 6.0
+    assert InfluenceBound(None, 4.0, rev).factor_for("a", "c2") is None
+    assert InfluenceBound(4.0, 4.0, rev).why("a", "c3") == ""
+    us = heavy_pair()  # c2, c3 at 10x the reference 0.2: every update at 6 (1.2), c3 at 4
+    records = logged(bound_influence, us, FedAvgAggregator().step_weights,
+                     InfluenceBound(6.0, 4.0, rev))
+    assert l2_norm(us["a"][2].delta) == pytest.approx(5.0 * 1.2 / 2.0)
+    assert l2_norm(us["a"][3].delta) == pytest.approx(5.0 * 0.8 / 2.0)
+    lines = [m for lvl, m in records if lvl == logging.WARNING]
+    assert len(lines) == 2 and "points against" not in lines[0] and "points against" in lines[1]
+
+
+def test_the_expected_step_bound_holds_reversed_updates_only():
+    """Under the oracle StaleVR, data share x norm: shares 0.1, 0.1, 0.4, 0.4
+    with the norms above give the same 0.1, 0.2, 2, 2; only reversed c3 is held."""
+    us = {"a": [upd("c0", [1.0, 0.0], share=0.1), upd("c1", [0.0, 2.0], share=0.1),
+                upd("c2", [3.0, 4.0], share=0.4), upd("c3", [-3.0, -4.0], share=0.4)]}
+    records = logged(bound_expected_influence, us,
+                     InfluenceBound(None, 4.0, {("a", "c3"): (-0.5, -0.4, 3)}))
+    np.testing.assert_allclose(us["a"][3].delta[0], [-1.2, -1.6])
+    np.testing.assert_array_equal(us["a"][2].delta[0], [3.0, 4.0])
+    (line,) = [m for lvl, m in records if lvl == logging.WARNING]
+    assert line.startswith("Client c3: clipped update for task 'a': its influence on the "
+                           "expected step (data share 0.4 x update norm 5 = 2)")
+
+
+def test_check_directions_reports_each_cosine_and_mean_even_when_off():
+    """The cosines the bound reads: each update against the coordinate-wise
+    median of the round's others (computed here with numpy), and the mean of the
+    client's cosines so far; given with the direction check off too."""
+    rng = np.random.default_rng(0)
+    history: dict = {}
+    seen: dict = {}
+    for _ in range(2):
+        vecs = rng.normal(size=(5, 3))
+        us = {"a": [upd(f"c{i}", list(v)) for i, v in enumerate(vecs)]}
+        cos: dict = {}
+        assert check_directions(us, history, None, cos) == []
+        for i, v in enumerate(vecs):
+            others = np.median(np.delete(vecs, i, axis=0), axis=0)
+            want = float(v @ others / (np.linalg.norm(v) * np.linalg.norm(others)))
+            seen.setdefault(i, []).append(want)
+            c, mean, n = cos[("a", f"c{i}")]
+            assert c == pytest.approx(want)
+            assert mean == pytest.approx(np.mean(seen[i])) and n == len(seen[i])
+    assert check_directions({"a": [upd("c0", [1.0])]}, {}, None, None) == []
+
+
+def test_on_by_default_zero_is_off_and_old_runs_resume_without_it(tmp_path):
+    from mmfl_flwr.flower_app.server_app import strategy_from_settings
+
+    assert Limits().reversed_influence_factor == REVERSED_INFLUENCE_FACTOR == 4.0
+    assert Settings().reversed_influence_factor == 4.0
+    with pytest.raises(ValueError, match="reversed_influence_factor must be >= 1"):
+        Limits(reversed_influence_factor=0.5)
+    for value, expected in ((0.0, None), (4.0, 4.0), (2.5, 2.5)):
+        s = Settings(strategy="lvr", reversed_influence_factor=value)
+        assert strategy_from_settings(s).limits.reversed_influence_factor == expected
+    # a config.json written before the setting existed describes a run without it
+    path = tmp_path / "config.json"
+    Settings().save(str(path))
+    data = json.loads(path.read_text())
+    assert data.pop("reversed-influence-factor") == 4.0
+    path.write_text(json.dumps(data))
+    assert Settings.load(str(path)).reversed_influence_factor == 0.0
+
+
+def _run(strategy: str, attack: str, **kw):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import hostile_clients as HC
+
+    from mmfl_flwr.runner import run_inprocess
+
+    tap = LogTap()
+    logger = logging.getLogger("flwr")
+    logger.addHandler(tap)
+    try:
+        s = Settings(strategy=strategy, tasks="digits,synthetic", num_clients=12,
+                     num_rounds=4, local_epochs=5, output_dir="", seed=5, **kw)
+        result = run_inprocess(s, wrap_client_app=HC._field_attack(attack))
+    finally:
+        logger.removeHandler(tap)
+    return result, [m for _, m in tap.records if "points against the model's other" in m]
+
+
+@pytest.mark.parametrize("strategy", ["mfa-rr", "stalevr"])
+def test_by_default_a_heavy_sign_flipper_is_held_and_named(strategy):
+    """Real in-process runs (digits and synthetic, 12 clients, seed 5, where
+    client 3 holds the most synthetic data and flips its updates: the field's
+    worst case, where the norm clip and the direction check leave it free).
+    With the defaults the bound holds client 3's synthetic updates and names it
+    with the model; with ``reversed-influence-factor 0`` no such line appears
+    and the run differs."""
+    on, lines = _run(strategy, "flip1")
+    assert any(m.startswith("Client 3: clipped update for task 'synthetic'") for m in lines)
+    off, none = _run(strategy, "flip1", reversed_influence_factor=0.0)
+    assert none == []
+    assert ([r["accuracy"] for r in on.history] != [r["accuracy"] for r in off.history])

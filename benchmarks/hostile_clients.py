@@ -129,12 +129,16 @@ FIELD = {
     "flip10@synthetic": "-10 x on the synthetic model only",
     "lflip3@synthetic": "label flipping by clients 3, 7 and 9 on the synthetic model only",
 }
-#: "influence-clip": the defaults plus the influence bound at its measured
-#: factor (off by default); "no-direction": the clip without the direction
-#: check; "no-clip": neither (only the rejection bounds)
+#: "influence-clip": the defaults plus the influence bound on every update at
+#: its measured factor (off by default); "no-reversed": the defaults without the
+#: bound on reversed updates (the defaults before 2026-12-03); "no-direction": the
+#: clip alone, without the direction check and the bound on reversed updates;
+#: "no-clip": neither (only the rejection bounds)
 DEFENCES = {"default": {}, "influence-clip": {"influence_clip_factor": 4.0},  # INFLUENCE_CLIP_FACTOR
-            "no-direction": {"direction_factor": 0.0},
-            "no-clip": {"update_clip_factor": 0.0, "direction_factor": 0.0},
+            "no-reversed": {"reversed_influence_factor": 0.0},
+            "no-direction": {"direction_factor": 0.0, "reversed_influence_factor": 0.0},
+            "no-clip": {"update_clip_factor": 0.0, "direction_factor": 0.0,
+                        "reversed_influence_factor": 0.0},
             "median": {"aggregator": "median"},
             "centered-clip": {"aggregator": "centered-clip"}}
 
@@ -349,8 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--field", action="store_true",
                    help="run the attack families of the robust-FL benchmarks instead")
     p.add_argument("--defences", default="default,no-clip",
-                   help="--field: defence configurations (default, no-direction, no-clip, median, "
-                        "centered-clip)")
+                   help="--field: defence configurations (default, influence-clip, "
+                        "no-reversed, no-direction, no-clip, median, centered-clip)")
     p.add_argument("--workers", type=int, default=2, help="--field: parallel runs")
     p.add_argument("--cache", default="", help="--field: JSONL file of finished runs (reused)")
     p.add_argument("--presets", default="")

@@ -215,7 +215,10 @@ equivalence claims: 90% intervals). Differences between methods are paired per s
 same seed gives both methods the same federation, initial weights and data). Two 2-core
 machines of this project are both named "AMD EPYC, 2 cores" and rounded float32 differently
 (investigations, mnist-5k); sections recorded since the machine line names torch's vector
-kernels say which ("AVX512 kernels": the second machine), older ones do not.
+kernels say which ("AVX512 kernels": the second machine), older ones do not. Every run
+here predates the bound on reversed updates (`reversed-influence-factor`, on by default
+since 2026-12-03; README, *Hostile clients*): it ran without it, as with
+`--reversed-influence-factor 0`.
 {code}
 - generated {date}
 

@@ -422,6 +422,12 @@ def test_bad_arguments_are_refused_in_one_line(tmp_path, script, args, message):
     ("flip_scale.py", ["--json", "."], "--json .: a folder"),
     ("hostile_clients.py", ["--field", "--seeds"], "--seeds: expected one argument"),
     ("honest_defence_cost.py", ["--task", "nope"], "--task: invalid choice"),
+    ("honest_bound_cost.py", ["--seeds", "3"], "--seeds needs at least two seeds"),
+    ("honest_bound_cost.py", ["--presets", "mfa-rr,zz"], "--presets: unknown ['zz']"),
+    ("honest_bound_cost.py", ["--profile", "nope"], "--profile: choose from"),
+    ("honest_bound_cost.py", ["--num-rounds", "0"], "--num-rounds must be >= 1"),
+    ("honest_bound_cost.py", ["--margin", "1.5"], "--margin: expected a number in (0, 1)"),
+    ("honest_bound_cost.py", ["--workers", "0"], "--workers must be >= 1"),
 ])
 def test_markdown_scripts_refuse_bad_arguments_in_one_line(tmp_path, script, args, message):
     """hostile_clients.py, honest_defence_cost.py and flip_scale.py: one line,
@@ -452,6 +458,33 @@ def test_hostile_field_smoke(tmp_path):
     assert sorted(r["model"] for r in x50) == ["digits", "synthetic"]
     assert all(r["attacker_named"] > 0 and r["honest_rejected"] == 0 for r in x50)
     assert x50[0]["named_models"] == ["digits", "synthetic"]
+
+
+@pytest.mark.slow
+def test_honest_bound_cost_smoke(tmp_path):
+    """Two seeds of StaleVR on paper 003's profile, with the bound on reversed
+    updates and without: the difference is the per-seed means' paired mean, the
+    run without the bound logs no scaling, and the markdown names its command."""
+    import json
+
+    out, md = tmp_path / "c.json", tmp_path / "c.md"
+    proc = subprocess.run([sys.executable, str(BENCH / "honest_bound_cost.py"), "--presets",
+                           "stalevr", "--num-clients", "8", "--num-rounds", "2",
+                           "--local-epochs", "1", "--seeds", "0,1", "--workers", "1",
+                           "--json", str(out), "--markdown", str(md)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    payload = json.loads(out.read_text())
+    (row,) = payload["rows"]
+    runs = {(r["seed"], r["bound"]): r for r in payload["runs"]}
+    assert sorted(runs) == [(0, False), (0, True), (1, False), (1, True)]
+    assert all(runs[(s, False)]["scalings"] == 0 for s in (0, 1))
+    for s in ("0", "1"):
+        acc = runs[(int(s), True)]["accuracy"]
+        assert row["with"][s] == pytest.approx(sum(acc.values()) / len(acc))
+    diff = [row["with"][s] - row["without"][s] for s in ("0", "1")]
+    assert row["difference"]["mean"] == pytest.approx(sum(diff) / 2)
+    assert md.read_text().startswith("`python benchmarks/honest_bound_cost.py --presets stalevr")
 
 
 @pytest.mark.slow

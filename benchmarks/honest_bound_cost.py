@@ -8,9 +8,10 @@ skewed data sizes and label subsets):
         --num-rounds 10 --local-epochs 3 --seeds 1-3 \\
         --markdown docs/results/reversed_bound_cost_paper003.md
 
-Per preset: how many honest updates the bound scaled (per run, with the
-defaults) and the most it scaled one down (the update's influence over its
-bound), and the final accuracy with the bound and without it: the mean over the
+Per preset: how many scalings the bound logged per run (with the defaults; under
+the oracle StaleVR one update can be held on the expected step, the counted step
+and the read of its stale weight, a line each) and the most it scaled one down
+(the update's influence over its bound; 1.0x: none), and the final accuracy with the bound and without it: the mean over the
 models, per seed, and their difference (with minus without) paired over seeds,
 with its 95% t interval and a paired TOST against ``--margin``. The bound's
 scalings are read from the log lines that name an update pointing against the

@@ -14,8 +14,8 @@ whether those clips cost accuracy::
         --markdown docs/results/mnist5k/defence_cost.md
 
 Defence configurations (against the defaults): ``no-clip`` (neither the update
-clip nor the direction check; the rejection bounds stay), ``no-direction`` (the
-clip without the direction check), ``influence-clip`` (the defaults plus the
+clip, the direction check nor the bound on reversed updates; the rejection
+bounds stay), ``no-direction`` (the clip alone), ``influence-clip`` (the defaults plus the
 influence bound at its measured factor). The runs with the defaults have the
 same keys as ``paper001_group.py``'s, so a cache of its runs can be reused
 (copy its lines into ``--cache``).
@@ -44,8 +44,9 @@ import paper001_group as G
 NAME = "honest_defence_cost"
 #: the strategy bounds each configuration changes (the others stay at their defaults)
 DEFENCES: dict[str, dict[str, Any]] = {
-    "no-clip": {"update_clip_factor": None, "direction_factor": None},
-    "no-direction": {"direction_factor": None},
+    "no-clip": {"update_clip_factor": None, "direction_factor": None,
+                "reversed_influence_factor": None},
+    "no-direction": {"direction_factor": None, "reversed_influence_factor": None},
     "influence-clip": {"influence_clip_factor": 4.0},  # validation.INFLUENCE_CLIP_FACTOR
 }
 

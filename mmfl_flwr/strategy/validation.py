@@ -433,10 +433,12 @@ class InfluenceBound:
     cosine over its recent rounds of the model, and how many rounds that mean
     covers (:func:`check_directions`' ``cosines``), for the updates whose
     cosine and mean are both negative: reversed this round and on average.
-    Requiring both keeps an honest client that disagrees in one round, or
-    disagreed earlier, at its weight (Synthetic(1,1)'s honest clients score
-    about 0 on average, half of them below in a round); a client that flips
-    its updates is below 0 in both."""
+    Requiring both keeps at its weight an honest client that disagrees in one
+    round after agreeing before, or disagreed earlier (Synthetic(1,1)'s honest
+    clients score about 0 on average, half of them below in a round); a client
+    that flips its updates is below 0 in both. The mean includes this round's
+    cosine, so on a client's first cosine of a model one negative cosine is
+    enough."""
 
     factor: float | None = None
     reversed_factor: float | None = None
@@ -518,6 +520,8 @@ def bound_influence(
     """
     rule = _as_bound(factor)
     refs: dict[str, float] = {}
+    if rule.factor is None and rule.reversed_factor is None:
+        return refs
     for task, us in updates.items():
         if len(us) < 2:
             continue
@@ -561,7 +565,9 @@ def _scale_influences(
            else "fewer than two updates with a positive influence"
            if len(positive) < 2 else "")
     if why:
-        if any(f is not None for f in factors):
+        # a coordinate-wise rule (median, trimmed mean) has no weights to bound: said only
+        # when the bound on every update was asked for, not for the default reversed one
+        if any(f is not None for f in factors) and (rule.factor is not None or influence):
             log(INFO, "%s: task %r not bounded this round (%s)", name, task, why)
         return None
     ref = float(np.percentile(positive, 50, method="lower"))

@@ -1016,6 +1016,7 @@ def test_honest_defence_cost_builds_the_configuration_and_pairs_by_seed():
     _, no_clip, _ = H.G.build("consistent", "group", 0, 4, "digits", H.DEFENCES["no-clip"])
     assert default.limits.update_clip_factor == 3.0 and default.limits.direction_factor == 3.0
     assert no_clip.limits.update_clip_factor is None and no_clip.limits.direction_factor is None
+    assert no_clip.limits.reversed_influence_factor is None  # the clip-free run has none of them
     assert no_clip.limits.update_norm_factor == default.limits.update_norm_factor
 
     jobs = H.jobs_for("digits", ["consistent"], [0, 1], 20, "inprocess", ["no-clip"])

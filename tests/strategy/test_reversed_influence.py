@@ -16,11 +16,13 @@ import pytest
 from conftest import LogTap
 from mmfl_flwr.config import Settings
 from mmfl_flwr.core.aggregators import FedAvgAggregator, Update
+from mmfl_flwr.core.robust import MedianAggregator
 from mmfl_flwr.strategy.validation import (
     REVERSED_INFLUENCE_FACTOR,
     InfluenceBound,
     Limits,
     bound_expected_influence,
+    bound_fresh_influence,
     bound_influence,
     check_directions,
     l2_norm,
@@ -74,6 +76,40 @@ def test_with_no_reversed_update_nothing_moves_and_nothing_is_logged():
                      InfluenceBound(None, 4.0, {}))
     assert records == []
     assert [float(l2_norm(u.delta)) for u in us["a"]] == [1.0, 2.0, 5.0, 5.0]
+
+
+def test_the_fresh_updates_beta_reads_are_held_only_when_reversed():
+    """The oracle StaleVR's reads (d ||G||) at the reference 0.2 and factor 4:
+    bound 0.8. c4 (d 0.5, norm 5: 2.5) is reversed and read scaled by 0.8 / 2.5
+    to (0.96, 1.28); c5, as heavy but agreed with, is read as it came."""
+    fresh = {"a": [upd("c4", [3.0, 4.0], share=0.5), upd("c5", [3.0, 4.0], share=0.5)]}
+    rule = InfluenceBound(None, 4.0, {("a", "c4"): (-0.3, -0.2, 2)})
+    got: dict = {}
+    records = logged(lambda: got.update(bound_fresh_influence(fresh, {}, {"a": 0.2}, rule)))
+    np.testing.assert_allclose(got["a"]["c4"][0], [0.96, 1.28])
+    assert got["a"]["c5"] is fresh["a"][1].delta
+    (line,) = [m for lvl, m in records if lvl == logging.WARNING]
+    assert line.startswith("Client c4:") and "points against the model's other updates" in line
+
+
+def test_no_weights_no_line_unless_the_bound_on_every_update_was_asked_for():
+    """A coordinate-wise rule (the median) has no weights: the default reversed
+    bound leaves it alone without a line every round; asked for, the bound on
+    every update says once a round that it could not bound the model."""
+    rev = {("a", "c3"): (-0.5, -0.4, 3)}
+    for rule, lines in ((InfluenceBound(None, 4.0, rev), 0), (InfluenceBound(4.0, 4.0, rev), 1)):
+        us = heavy_pair()
+        records = logged(bound_influence, us, MedianAggregator().step_weights, rule)
+        assert len([m for lvl, m in records if lvl == logging.INFO]) == lines
+        assert [float(l2_norm(u.delta)) for u in us["a"]] == [1.0, 2.0, 5.0, 5.0]
+
+
+def test_off_the_aggregator_is_not_asked_for_weights():
+    """Both factors off: the path before the bound existed (no weights read)."""
+    def weights(_):
+        raise KeyError("not to be called")
+    assert bound_influence(heavy_pair(), weights, InfluenceBound(None, None, {})) == {}
+    assert bound_influence(heavy_pair(), weights, None) == {}
 
 
 def test_reversed_means_negative_this_round_and_on_average():
@@ -179,6 +215,29 @@ def _run(strategy: str, attack: str, **kw):
     finally:
         logger.removeHandler(tap)
     return result, [m for _, m in tap.records if "points against the model's other" in m]
+
+
+def test_off_no_cosines_are_read_and_the_direction_history_is_left_alone(monkeypatch):
+    """With the bound off (and the direction check off) the aggregation asks
+    for no cosines, as before the bound existed."""
+    import mmfl_flwr.strategy.aggregate as A
+    from mmfl_flwr.runner import run_inprocess
+
+    seen = []
+    original = A.check_directions
+
+    def spy(updates, history, factor, cosines=None):
+        seen.append((factor, cosines))
+        return original(updates, history, factor, cosines)
+
+    monkeypatch.setattr(A, "check_directions", spy)
+    for kw, want in (({"reversed_influence_factor": 0.0}, None), ({}, {})):
+        seen.clear()
+        run_inprocess(Settings(strategy="mfa-rr", tasks="digits,synthetic", num_clients=6,
+                               num_rounds=2, local_epochs=1, output_dir="", seed=0,
+                               direction_factor=0.0, **kw))
+        assert seen and all(f is None for f, _ in seen)
+        assert all((c is None) if want is None else isinstance(c, dict) for _, c in seen)
 
 
 @pytest.mark.parametrize("strategy", ["mfa-rr", "stalevr"])

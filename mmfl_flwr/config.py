@@ -673,10 +673,12 @@ def options() -> dict[str, Option]:
                                         "the round's lower median influence down to it "
                                         "(StaleVR: also data share x norm)",
                                         low=1, off="off"),
-        "reversed_influence_factor": Option("the same bound, held only on updates that "
-                                            "point against the model's other updates "
-                                            "(negative cosine with their median, this "
-                                            "round and on average)", low=1, off="off"),
+        "reversed_influence_factor": Option("scale updates that point against the "
+                                            "model's other updates (negative cosine with "
+                                            "their median, this round and on average) "
+                                            "whose influence on the step exceeds this "
+                                            "multiple of the round's lower median "
+                                            "influence down to it", low=1, off="off"),
         "loss_cap": Option("cap reported losses above this multiple of the task's reference "
                            "loss", low=1, low_open=True, off="off"),
         "count_cap": Option("use a client's sample count up to this multiple of the task's "

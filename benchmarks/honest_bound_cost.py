@@ -5,7 +5,7 @@ seed, on a data profile where honest clients differ (paper 003's by default:
 skewed data sizes and label subsets):
 
     python benchmarks/honest_bound_cost.py --profile paper003 --num-clients 20 \\
-        --num-rounds 10 --local-epochs 3 --seeds 1-3 \\
+        --num-rounds 10 --local-epochs 3 --seeds 1-6 \\
         --markdown docs/results/reversed_bound_cost_paper003.md
 
 Per preset: how many scalings the bound logged per run (with the defaults; under

@@ -41,6 +41,7 @@ from _evidence import (
     paired_ci,
     write_outputs,
 )
+from hostile_clients import _Tap
 
 #: What the bound's log lines say (and no other bound's).
 MARK = "points against the model's other updates"
@@ -48,15 +49,6 @@ MARK = "points against the model's other updates"
 #: ``... = <influence>) exceeds the round's influence bound <bound>`` in the
 #: fresh-update lines (the oracle StaleVR's reads).
 RATIO = re.compile(r"= ([0-9.e+-]+)\) exceeds (?:the round's influence bound )?([0-9.e+-]+)")
-
-
-class _Tap(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
 
 
 def _run(job: tuple[str, int, bool, str, int, int, int]) -> dict[str, Any]:
@@ -86,8 +78,8 @@ def _run(job: tuple[str, int, bool, str, int, int, int]) -> dict[str, Any]:
         for h, lvl in quiet:
             h.setLevel(lvl)
     acted = [m for m in tap.lines if MARK in m]
-    trims = [float(x) / float(b) for x, b in (RATIO.search(m).groups() for m in acted
-                                              if RATIO.search(m))]
+    found = [RATIO.search(m) for m in acted]
+    trims = [float(f.group(1)) / float(f.group(2)) for f in found if f]
     return {"preset": preset, "seed": seed, "bound": on,
             "accuracy": {t: r["accuracy"] for t, r in result.final().items()},
             "scalings": len(acted), "largest_trim": max(trims, default=1.0)}

@@ -52,44 +52,76 @@ class Parser(argparse.ArgumentParser):
     as ``mmfl`` refuses them."""
 
     def error(self, message: str) -> typing.NoReturn:
-        print(f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)",
-              file=sys.stderr, flush=True)
+        print(
+            f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)",
+            file=sys.stderr,
+            flush=True,
+        )
         raise SystemExit(2)
 
 
-def mode_args(parser: argparse.ArgumentParser, engine: str | None = "vectorized",
-              engine_why: str = "the fastest", workers_help: str = "default 1: the "
-              "vectorized engine already uses every core") -> argparse.ArgumentParser:
+def mode_args(
+    parser: argparse.ArgumentParser,
+    engine: str | None = "vectorized",
+    engine_why: str = "the fastest",
+    workers_help: str = "default 1: the vectorized engine already uses every core",
+) -> argparse.ArgumentParser:
     """Add ``--quick`` / ``--full`` / ``--smoke``, ``--engine``, ``--workers``, ``--out``,
     ``--cache`` and ``--from-csv``. ``engine`` is the default engine (None: the caller
     leaves it to each script); ``engine_why`` and ``workers_help`` go into ``--help``,
     which must state the defaults the script really uses."""
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--quick", dest="mode", action="store_const", const="quick",
-                       help="small scale, minutes on 2 cores (default)")
-    group.add_argument("--full", dest="mode", action="store_const", const="full",
-                       help="the scale reported in RESULTS.md")
-    group.add_argument("--smoke", dest="mode", action="store_const", const="smoke",
-                       help="the smallest scale that runs every step (seconds; what the "
-                            "test suite runs: its numbers mean nothing)")
+    group.add_argument(
+        "--quick",
+        dest="mode",
+        action="store_const",
+        const="quick",
+        help="small scale, minutes on 2 cores (default)",
+    )
+    group.add_argument(
+        "--full",
+        dest="mode",
+        action="store_const",
+        const="full",
+        help="the scale reported in RESULTS.md",
+    )
+    group.add_argument(
+        "--smoke",
+        dest="mode",
+        action="store_const",
+        const="smoke",
+        help="the smallest scale that runs every step (seconds; what the "
+        "test suite runs: its numbers mean nothing)",
+    )
     parser.set_defaults(mode="quick")
     shown = engine or "each script's own"
-    parser.add_argument("--engine", default=engine,
-                        choices=("vectorized", "inprocess", "simulation"),
-                        help=f"engine of every run (default: {shown}"
-                             + (f", {engine_why})" if engine_why else ")"))
-    parser.add_argument("--workers", type=int, default=1,
-                        help=f"runs in parallel (processes; {workers_help})")
-    parser.add_argument("--out", default=str(DEFAULT_OUT),
-                        help="folder of the CSV, PNG and Markdown outputs")
-    parser.add_argument("--cache", default="",
-                        help="JSON-lines file of finished runs: appended as runs finish, "
-                             "and runs already there are not run again (resume a stopped "
-                             "--full run)")
-    parser.add_argument("--from-csv", default="", metavar="CSV",
-                        help="run nothing: re-analyse the runs of this configuration from "
-                             "the long CSV a previous invocation wrote (refused if it lacks "
-                             "one of them); the section keeps the machine that ran them")
+    parser.add_argument(
+        "--engine",
+        default=engine,
+        choices=("vectorized", "inprocess", "simulation"),
+        help=f"engine of every run (default: {shown}" + (f", {engine_why})" if engine_why else ")"),
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, help=f"runs in parallel (processes; {workers_help})"
+    )
+    parser.add_argument(
+        "--out", default=str(DEFAULT_OUT), help="folder of the CSV, PNG and Markdown outputs"
+    )
+    parser.add_argument(
+        "--cache",
+        default="",
+        help="JSON-lines file of finished runs: appended as runs finish, "
+        "and runs already there are not run again (resume a stopped "
+        "--full run)",
+    )
+    parser.add_argument(
+        "--from-csv",
+        default="",
+        metavar="CSV",
+        help="run nothing: re-analyse the runs of this configuration from "
+        "the long CSV a previous invocation wrote (refused if it lacks "
+        "one of them); the section keeps the machine that ran them",
+    )
     return parser
 
 
@@ -111,12 +143,10 @@ def int_list(parser: argparse.ArgumentParser, name: str, text: str, low: int = 0
             first, dash, last = x.partition("-")
             part = list(range(int(first), int(last) + 1)) if first and dash else [int(x)]
             if not part:
-                parser.error(f"{name}: the range gives no value (write 2-5, not 5-2); got "
-                             f"{text!r}")
+                parser.error(f"{name}: the range gives no value (write 2-5, not 5-2); got {text!r}")
             values += part
     except ValueError:
-        parser.error(f"{name}: expected integers or ranges (0-7) separated by commas; "
-                     f"got {text!r}")
+        parser.error(f"{name}: expected integers or ranges (0-7) separated by commas; got {text!r}")
     if any(v < low for v in values):
         parser.error(f"{name}: every value must be >= {low}; got {text!r}")
     if any(v > INT_LIST_MAX for v in values):
@@ -126,8 +156,7 @@ def int_list(parser: argparse.ArgumentParser, name: str, text: str, low: int = 0
     return values
 
 
-def check_settings(parser: argparse.ArgumentParser,
-                   settings: Iterable[Mapping[str, Any]]) -> None:
+def check_settings(parser: argparse.ArgumentParser, settings: Iterable[Mapping[str, Any]]) -> None:
     """Refuse (``parser.error``: one line, exit code 2, before anything runs or is
     written) run settings that :class:`mmfl_flwr.config.Settings` refuses (a learning
     rate that is not a finite positive number, a budget outside [0, 1], an unknown
@@ -147,8 +176,7 @@ def check_settings(parser: argparse.ArgumentParser,
             parser.error(str(err).splitlines()[0] if str(err) else repr(err))
 
 
-def at_least_one(parser: argparse.ArgumentParser, args: argparse.Namespace,
-                 *dests: str) -> None:
+def at_least_one(parser: argparse.ArgumentParser, args: argparse.Namespace, *dests: str) -> None:
     """Refuse (``parser.error``: one line, exit code 2) any of the integer options
     ``dests`` (argparse dest names, e.g. ``num_rounds``) given below 1."""
     for dest in dests:
@@ -157,8 +185,13 @@ def at_least_one(parser: argparse.ArgumentParser, args: argparse.Namespace,
             parser.error(f"--{dest.replace('_', '-')} must be >= 1; got {value}")
 
 
-def name_list(parser: argparse.ArgumentParser, name: str, text: str,
-              known: Iterable[str] | Callable[[str], bool], shown: str = "") -> list[str]:
+def name_list(
+    parser: argparse.ArgumentParser,
+    name: str,
+    text: str,
+    known: Iterable[str] | Callable[[str], bool],
+    shown: str = "",
+) -> list[str]:
     """``"a,b"`` -> ``["a", "b"]``; an empty list, a name that is not ``known`` (a
     collection, or a test of one name) or a name given twice is refused through
     ``parser.error`` (one line, exit code 2, before anything is written): an empty
@@ -281,8 +314,7 @@ def _one(job: tuple[str, int, dict[str, Any], str]) -> list[dict[str, Any]]:
     wall = time.monotonic() - t0
     rows = []
     for r in result.history:
-        row = {"method": method, "seed": seed, **{k: v for k, v in r.items()
-                                                  if k != "seconds"}}
+        row = {"method": method, "seed": seed, **{k: v for k, v in r.items() if k != "seconds"}}
         row["run_seconds"] = round(wall, 3)
         rows.append(row)
     return rows
@@ -336,8 +368,10 @@ def _load_cache(path: Path | None) -> tuple[dict[str, Any], dict[str, str]]:
         except (json.JSONDecodeError, KeyError, TypeError):
             if k == len(lines) - 1 and line.startswith('{"key": '):
                 continue  # a line cut short by a killed run
-            _refuse(f"--cache {path}: line {k + 1} is not a cached run (not a cache "
-                    "file this script wrote?)")
+            _refuse(
+                f"--cache {path}: line {k + 1} is not a cached run (not a cache "
+                "file this script wrote?)"
+            )
         done[key] = result
         where[key] = entry.get("machine", "unknown machine")
     return done, where
@@ -383,8 +417,7 @@ def map_cached(
             # line would be joined to it (and the next resume would refuse the file)
             _drop_cut_line(path)
             with open(path, "a") as f:
-                f.write(json.dumps({"key": _key(job), "result": result, "machine": here})
-                        + "\n")
+                f.write(json.dumps({"key": _key(job), "result": result, "machine": here}) + "\n")
         print(f"  {label(job)}: done ({count[0]}/{len(jobs)})", flush=True)
 
     if workers <= 1:
@@ -399,8 +432,9 @@ def map_cached(
     return [done[_key(j)] for j in jobs]
 
 
-def run_jobs_keys(jobs: Sequence[tuple[str, int, Mapping[str, Any]]],
-                  engine: str) -> list[tuple[Any, ...]]:
+def run_jobs_keys(
+    jobs: Sequence[tuple[str, int, Mapping[str, Any]]], engine: str
+) -> list[tuple[Any, ...]]:
     """The :func:`map_cached` jobs that :func:`run_many` makes of ``jobs``."""
     return [(m, int(s), dict(kw), engine) for m, s, kw in jobs]
 
@@ -414,9 +448,11 @@ def check_cache(cache: str | Path | None, jobs: Sequence[Any]) -> None:
         return
     done, _ = _load_cache(Path(cache))
     if done and not any(_key(j) in done for j in jobs):
-        _refuse(f"--cache {cache}: none of its {len(done)} runs belongs to this "
-                "configuration (runs of another configuration are not mixed in; give "
-                "another file)")
+        _refuse(
+            f"--cache {cache}: none of its {len(done)} runs belongs to this "
+            "configuration (runs of another configuration are not mixed in; give "
+            "another file)"
+        )
 
 
 def run_many(
@@ -465,8 +501,9 @@ def write_long_csv(path: str | Path, rows: Sequence[Mapping[str, Any]]) -> Path:
         w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
         w.writeheader()
         for r in rows:
-            w.writerow({k: ("" if isinstance(v, float) and math.isnan(v) else v)
-                        for k, v in r.items()})
+            w.writerow(
+                {k: ("" if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+            )
     return path
 
 
@@ -483,9 +520,12 @@ def _cell(key: str, text: str) -> Any:
 
 
 def rows_from_csv(
-    parser: argparse.ArgumentParser, path: str | Path, keys: Sequence[str],
+    parser: argparse.ArgumentParser,
+    path: str | Path,
+    keys: Sequence[str],
     required: Iterable[tuple[Any, ...]],
-    rounds: int | Callable[[tuple[str, ...]], int] | None = None, longer: bool = False,
+    rounds: int | Callable[[tuple[str, ...]], int] | None = None,
+    longer: bool = False,
 ) -> list[dict[str, Any]]:
     """The rows of a long CSV written by :func:`write_long_csv` (numbers read back
     exactly: a float's text is its repr), for re-analysing published runs without
@@ -511,9 +551,11 @@ def rows_from_csv(
     have = {tuple(str(r[k]) for k in keys) for r in rows}
     lacking = sorted(want - have)
     if lacking:
-        parser.error(f"--from-csv {path}: lacks {len(lacking)} of the {len(want)} runs this "
-                     f"configuration needs (e.g. {dict(zip(keys, lacking[0]))}): it comes "
-                     "from another configuration")
+        parser.error(
+            f"--from-csv {path}: lacks {len(lacking)} of the {len(want)} runs this "
+            f"configuration needs (e.g. {dict(zip(keys, lacking[0]))}): it comes "
+            "from another configuration"
+        )
     kept = [r for r in rows if tuple(str(r[k]) for k in keys) in want]
     if rounds is not None:
         ends: dict[tuple[str, ...], int] = {}
@@ -521,16 +563,21 @@ def rows_from_csv(
             run = tuple(str(r[k]) for k in keys)
             ends[run] = max(ends.get(run, 0), int(r["round"]))
         length = rounds if callable(rounds) else (lambda run, n=rounds: n)
-        wrong = sorted((n, run) for run, n in ends.items()
-                       if n < length(run) or (n > length(run) and not longer))
+        wrong = sorted(
+            (n, run)
+            for run, n in ends.items()
+            if n < length(run) or (n > length(run) and not longer)
+        )
         if wrong:
             n, run = wrong[0]
-            parser.error(f"--from-csv {path}: its runs last {n} rounds (e.g. "
-                         f"{dict(zip(keys, run))}), this configuration's {length(run)}"
-                         + (" or more" if longer else "") + ": it comes from another "
-                         "configuration")
-        kept = [r for r in kept
-                if int(r["round"]) <= length(tuple(str(r[k]) for k in keys))]
+            parser.error(
+                f"--from-csv {path}: its runs last {n} rounds (e.g. "
+                f"{dict(zip(keys, run))}), this configuration's {length(run)}"
+                + (" or more" if longer else "")
+                + ": it comes from another "
+                "configuration"
+            )
+        kept = [r for r in kept if int(r["round"]) <= length(tuple(str(r[k]) for k in keys))]
     return kept
 
 
@@ -545,9 +592,15 @@ def model_names(kinds: Sequence[str]) -> list[str]:
     return names
 
 
-def check_csv_models(parser: argparse.ArgumentParser, csv_path: str | Path,
-                     rows: Sequence[dict[str, Any]], kinds: Sequence[str], flag: str, *,
-                     exact: bool = True) -> None:
+def check_csv_models(
+    parser: argparse.ArgumentParser,
+    csv_path: str | Path,
+    rows: Sequence[dict[str, Any]],
+    kinds: Sequence[str],
+    flag: str,
+    *,
+    exact: bool = True,
+) -> None:
     """Refuse (``parser.error``) re-analysing a CSV whose runs train other models than
     ``kinds`` (given by ``flag``): with ``exact`` the models' names must be
     :func:`model_names` of ``kinds``; without it (runs whose models differ, e.g. by
@@ -558,18 +611,23 @@ def check_csv_models(parser: argparse.ArgumentParser, csv_path: str | Path,
     if exact:
         want = sorted(model_names(kinds))
         if names != want:
-            parser.error(f"--from-csv {csv_path}: its runs train the models {names}, not "
-                         f"{want} ({flag} {','.join(kinds)})")
+            parser.error(
+                f"--from-csv {csv_path}: its runs train the models {names}, not "
+                f"{want} ({flag} {','.join(kinds)})"
+            )
         return
     got = sorted({re.sub(r"_\d+$", "", n) for n in names})
     if got != sorted(set(kinds)):
-        parser.error(f"--from-csv {csv_path}: its runs train models of kind "
-                     f"{', '.join(repr(k) for k in got)}, not "
-                     f"{', '.join(repr(k) for k in sorted(set(kinds)))} ({flag})")
+        parser.error(
+            f"--from-csv {csv_path}: its runs train models of kind "
+            f"{', '.join(repr(k) for k in got)}, not "
+            f"{', '.join(repr(k) for k in sorted(set(kinds)))} ({flag})"
+        )
 
 
-def check_configuration(parser: argparse.ArgumentParser, csv_path: str | Path, name: str,
-                        needles: Sequence[str]) -> None:
+def check_configuration(
+    parser: argparse.ArgumentParser, csv_path: str | Path, name: str, needles: Sequence[str]
+) -> None:
     """Refuse (``parser.error``: one line, exit code 2, nothing written) re-analysing a
     CSV whose runs were made with another configuration than this invocation's: the
     section ``<name>.md`` written beside the CSV with its runs must state each of
@@ -577,14 +635,18 @@ def check_configuration(parser: argparse.ArgumentParser, csv_path: str | Path, n
     the CSV itself does not record."""
     beside = Path(csv_path).with_name(f"{name}.md")
     if not beside.is_file():
-        parser.error(f"--from-csv {csv_path}: no {name}.md beside it, which states the "
-                     "configuration its runs were made with")
+        parser.error(
+            f"--from-csv {csv_path}: no {name}.md beside it, which states the "
+            "configuration its runs were made with"
+        )
     text = " ".join(beside.read_text().split())
     missing = [n for n in needles if " ".join(n.split()) not in text]
     if missing:
-        parser.error(f"--from-csv {csv_path}: its runs were made with another configuration "
-                     f"({beside} does not state {missing[0]!r}); give the mode and options "
-                     "they were run with")
+        parser.error(
+            f"--from-csv {csv_path}: its runs were made with another configuration "
+            f"({beside} does not state {missing[0]!r}); give the mode and options "
+            "they were run with"
+        )
 
 
 def reanalysed_machine(out: str | Path, name: str, csv_path: str | Path) -> str:
@@ -601,11 +663,15 @@ def reanalysed_machine(out: str | Path, name: str, csv_path: str | Path) -> str:
         text = path.read_text()
         # "Machine: X." / "machine: X; summed run time ..." / (Table 1 before it named
         # the machine) "engine `e`; X; summed run time ..."
-        found = (re.search(r"[Mm]achine: (.+)", text)
-                 or re.search(r"engine `\w+`; (.+?; (?:summed run time|run times not))", text))
+        found = re.search(r"[Mm]achine: (.+)", text) or re.search(
+            r"engine `\w+`; (.+?; (?:summed run time|run times not))", text
+        )
         if found:
-            ran = re.split(r" \(re-analysed|; summed run time|; run times not",
-                           found.group(1))[0].strip().rstrip(".")
+            ran = (
+                re.split(r" \(re-analysed|; summed run time|; run times not", found.group(1))[0]
+                .strip()
+                .rstrip(".")
+            )
     return f"{ran} (re-analysed from `{csv_path}` on {machine()})"
 
 
@@ -658,7 +724,9 @@ def paired_ci(
 
 
 def equivalence(
-    values: Mapping[int, float], reference: Mapping[int, float], margin: float,
+    values: Mapping[int, float],
+    reference: Mapping[int, float],
+    margin: float,
     level: float = 0.95,
 ) -> dict[str, Any]:
     """Paired TOST (two one-sided t tests) of ``values - reference`` against the
@@ -676,22 +744,28 @@ def equivalence(
     n = len(diffs)
     m = statistics.fmean(diffs)
     if n < 2:
-        return {"mean": m, "lo": -math.inf, "hi": math.inf, "p": 1.0, "n": n,
-                "margin": margin, "verdict": "not shown equivalent"}
+        return {
+            "mean": m,
+            "lo": -math.inf,
+            "hi": math.inf,
+            "p": 1.0,
+            "n": n,
+            "margin": margin,
+            "verdict": "not shown equivalent",
+        }
     se = statistics.stdev(diffs) / math.sqrt(n)
     alpha = 1.0 - level
     q = float(stats.t.ppf(1.0 - alpha, n - 1))
     if se == 0:
         p = 0.0 if abs(m) < margin else 1.0
     else:
-        p_low = float(stats.t.sf((m + margin) / se, n - 1))   # H0: diff <= -margin
+        p_low = float(stats.t.sf((m + margin) / se, n - 1))  # H0: diff <= -margin
         p_high = float(stats.t.cdf((m - margin) / se, n - 1))  # H0: diff >= +margin
         p = max(p_low, p_high)
     lo, hi = m - q * se, m + q * se
     # both one-sided tests reject exactly when the 1 - 2 alpha interval is inside
     verdict = "equivalent" if -margin < lo and hi < margin else "not shown equivalent"
-    return {"mean": m, "lo": lo, "hi": hi, "p": p, "n": n, "margin": margin,
-            "verdict": verdict}
+    return {"mean": m, "lo": lo, "hi": hi, "p": p, "n": n, "margin": margin, "verdict": verdict}
 
 
 def _nonzero_digits(x: float, digits: int, kind: str) -> str:
@@ -741,31 +815,41 @@ def brown_forsythe_greater(x: Sequence[float], y: Sequence[float]) -> dict[str, 
 
     dx = [abs(v - statistics.median(x)) for v in x]
     dy = [abs(v - statistics.median(y)) for v in y]
-    if (min(len(x), len(y)) < 3 or statistics.variance(dx) == 0
-            or statistics.variance(dy) == 0):
+    if min(len(x), len(y)) < 3 or statistics.variance(dx) == 0 or statistics.variance(dy) == 0:
         return {"t": math.nan, "p_greater": math.nan, "p_less": math.nan}
     t, _ = stats.ttest_ind(dx, dy, equal_var=False)
     vx, vy = statistics.variance(dx) / len(dx), statistics.variance(dy) / len(dy)
-    df_den = vx ** 2 / (len(dx) - 1) + vy ** 2 / (len(dy) - 1)
+    df_den = vx**2 / (len(dx) - 1) + vy**2 / (len(dy) - 1)
     df = (vx + vy) ** 2 / df_den if df_den > 0 else len(dx) + len(dy) - 2
-    return {"t": float(t), "p_greater": float(stats.t.sf(t, df)),
-            "p_less": float(stats.t.cdf(t, df))}
+    return {
+        "t": float(t),
+        "p_greater": float(stats.t.sf(t, df)),
+        "p_less": float(stats.t.cdf(t, df)),
+    }
 
 
-def spread_verdict(x: Sequence[float], y: Sequence[float], alpha: float = 0.05
-                   ) -> tuple[str, dict[str, float]]:
+def spread_verdict(
+    x: Sequence[float], y: Sequence[float], alpha: float = 0.05
+) -> tuple[str, dict[str, float]]:
     """The rule for a variance claim "x spreads more than y" on two independent
     samples (the data held fixed, only the sampling varied): **holds** when the
     one-sided Brown-Forsythe test shows it at ``alpha``, **does not hold** when it
     shows the reverse, **not resolved** otherwise. Returns the verdict and the test."""
     bf = brown_forsythe_greater(x, y)
-    verdict = ("holds" if bf["p_greater"] < alpha else
-               "does not hold" if bf["p_less"] < alpha else "not resolved")
+    verdict = (
+        "holds"
+        if bf["p_greater"] < alpha
+        else "does not hold"
+        if bf["p_less"] < alpha
+        else "not resolved"
+    )
     return verdict, bf
 
 
 def size_test(
-    values: Mapping[int, float], reference: Mapping[int, float], size: float,
+    values: Mapping[int, float],
+    reference: Mapping[int, float],
+    size: float,
     level: float = 0.95,
 ) -> dict[str, Any]:
     """Is the paired difference ``values - reference`` at least ``size``? One-sided
@@ -779,20 +863,28 @@ def size_test(
     n = len(diffs)
     m = statistics.fmean(diffs)
     if n < 2:
-        return {"mean": m, "lo": -math.inf, "hi": math.inf, "n": n, "size": size,
-                "verdict": "size not resolved"}
+        return {
+            "mean": m,
+            "lo": -math.inf,
+            "hi": math.inf,
+            "n": n,
+            "size": size,
+            "verdict": "size not resolved",
+        }
     half = float(stats.t.ppf(level, n - 1)) * statistics.stdev(diffs) / math.sqrt(n)
     lo, hi = m - half, m + half
-    verdict = ("size shown" if lo > size else "smaller than claimed" if hi < size
-               else "size not resolved")
+    verdict = (
+        "size shown" if lo > size else "smaller than claimed" if hi < size else "size not resolved"
+    )
     return {"mean": m, "lo": lo, "hi": hi, "n": n, "size": size, "verdict": verdict}
 
 
 def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     """Least-squares slope of ``ys`` against ``xs`` (at least two distinct ``xs``)."""
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    return (math.fsum((x - mx) * (y - my) for x, y in zip(xs, ys))
-            / math.fsum((x - mx) ** 2 for x in xs))
+    return math.fsum((x - mx) * (y - my) for x, y in zip(xs, ys)) / math.fsum(
+        (x - mx) ** 2 for x in xs
+    )
 
 
 def trend(per_seed: Mapping[int, Mapping[float, float]], level: float = 0.95) -> dict[str, Any]:
@@ -800,8 +892,11 @@ def trend(per_seed: Mapping[int, Mapping[float, float]], level: float = 0.95) ->
     (``per_seed[seed] = {x: y}``), then the t interval of the mean slope over seeds:
     ``widening`` when it lies above 0, ``narrowing`` below, ``no trend shown``
     otherwise."""
-    slopes = [slope(list(points), list(points.values())) for points in per_seed.values()
-              if len(set(points)) >= 2]
+    slopes = [
+        slope(list(points), list(points.values()))
+        for points in per_seed.values()
+        if len(set(points)) >= 2
+    ]
     if not slopes:
         raise ValueError("no seed with two distinct x")
     m, lo, hi = mean_ci(slopes, level)
@@ -820,12 +915,14 @@ def final_values(
         if v is None or v == "" or (isinstance(v, float) and math.isnan(v)):
             continue
         by.setdefault((r["method"], int(r["seed"])), {}).setdefault(int(r["round"]), []).append(
-            float(v))
+            float(v)
+        )
     out: dict[str, dict[int, float]] = {}
     for (method, seed), rounds in by.items():
         tail = sorted(rounds)[-last:]
         out.setdefault(method, {})[seed] = statistics.fmean(
-            statistics.fmean(rounds[r]) for r in tail)
+            statistics.fmean(rounds[r]) for r in tail
+        )
     return out
 
 
@@ -854,20 +951,28 @@ def compare_to_reference(
     rows = []
     for method, per_seed in finals.items():
         m, lo, hi = mean_ci(list(per_seed.values()), level)
-        row: dict[str, Any] = {"method": method, "mean": m, "lo": lo, "hi": hi,
-                               "seeds": len(per_seed)}
+        row: dict[str, Any] = {
+            "method": method,
+            "mean": m,
+            "lo": lo,
+            "hi": hi,
+            "seeds": len(per_seed),
+        }
         if method != reference and reference in finals:
             d = paired_ci(per_seed, finals[reference], level)
-            row.update({"diff": d["mean"], "diff_lo": d["lo"], "diff_hi": d["hi"],
-                        "verdict": d["verdict"]})
+            row.update(
+                {"diff": d["mean"], "diff_lo": d["lo"], "diff_hi": d["hi"], "verdict": d["verdict"]}
+            )
         rows.append(row)
     return rows
 
 
 def markdown_table(rows: Sequence[Mapping[str, Any]], reference: str, value: str) -> str:
     """A Markdown table of :func:`compare_to_reference` rows."""
-    lines = [f"| method | {value} (mean, 95% CI) | seeds | vs {reference} (paired, 95% CI) "
-             "| verdict |", "|---|---|---|---|---|"]
+    lines = [
+        f"| method | {value} (mean, 95% CI) | seeds | vs {reference} (paired, 95% CI) | verdict |",
+        "|---|---|---|---|---|",
+    ]
     for r in rows:
         ci = f"{r['mean']:.4f} [{r['lo']:.4f}, {r['hi']:.4f}]"
         if "diff" in r:
@@ -891,7 +996,8 @@ def _pyplot() -> Any:
 
 
 def curves(
-    rows: Sequence[Mapping[str, Any]], metric: str = "accuracy",
+    rows: Sequence[Mapping[str, Any]],
+    metric: str = "accuracy",
     key: Callable[[Mapping[str, Any]], str] = lambda r: str(r["method"]),
 ) -> dict[str, dict[int, dict[int, float]]]:
     """``{label: {seed: {round: metric averaged over the models}}}``."""
@@ -901,14 +1007,20 @@ def curves(
         if v is None or v == "" or (isinstance(v, float) and math.isnan(v)):
             continue
         acc.setdefault(key(r), {}).setdefault(int(r["seed"]), {}).setdefault(
-            int(r["round"]), []).append(float(v))
-    return {lab: {s: {rd: statistics.fmean(v) for rd, v in per.items()}
-                  for s, per in seeds.items()} for lab, seeds in acc.items()}
+            int(r["round"]), []
+        ).append(float(v))
+    return {
+        lab: {s: {rd: statistics.fmean(v) for rd, v in per.items()} for s, per in seeds.items()}
+        for lab, seeds in acc.items()
+    }
 
 
 def plot_curves(
-    path: str | Path, data: Mapping[str, Mapping[int, Mapping[int, float]]], title: str,
-    ylabel: str = "accuracy (mean over models)", xlabel: str = "round",
+    path: str | Path,
+    data: Mapping[str, Mapping[int, Mapping[int, float]]],
+    title: str,
+    ylabel: str = "accuracy (mean over models)",
+    xlabel: str = "round",
 ) -> Path:
     """Mean curve per label with a shaded 95% t band over seeds."""
     plt = _pyplot()
@@ -938,7 +1050,9 @@ def plot_curves(
 
 
 def plot_final(
-    path: str | Path, finals: Mapping[str, Mapping[int, float]], title: str,
+    path: str | Path,
+    finals: Mapping[str, Mapping[int, float]],
+    title: str,
     ylabel: str = "final accuracy (mean over models)",
 ) -> Path:
     """Box plot (with the per-seed points) of a final value per label."""

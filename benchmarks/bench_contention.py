@@ -33,9 +33,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def bench(engines: str, n: int, rounds: int, out: str) -> dict:
-    cmd = [sys.executable, os.path.join(HERE, "bench_engines.py"), "--workload", "paper003",
-           "--num-clients", str(n), "--num-rounds", str(rounds), "--engines", engines,
-           "--json", out]
+    cmd = [
+        sys.executable,
+        os.path.join(HERE, "bench_engines.py"),
+        "--workload",
+        "paper003",
+        "--num-clients",
+        str(n),
+        "--num-rounds",
+        str(rounds),
+        "--engines",
+        engines,
+        "--json",
+        out,
+    ]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     with open(out) as f:
         return json.load(f)
@@ -44,10 +55,10 @@ def bench(engines: str, n: int, rounds: int, out: str) -> dict:
 #: The floor's workloads: each prints its own seconds (one thread each).
 FLOORS = {
     "torch, 1 thread": "import time, torch\ntorch.set_num_threads(1)\n"
-                       "a = torch.randn(384, 384)\nt = time.perf_counter()\n"
-                       "for _ in range(1500):\n    a @ a\nprint(time.perf_counter() - t)",
+    "a = torch.randn(384, 384)\nt = time.perf_counter()\n"
+    "for _ in range(1500):\n    a @ a\nprint(time.perf_counter() - t)",
     "python loop": "import time\nt = time.perf_counter()\nx = 0\n"
-                   "for i in range(20_000_000):\n    x += i\nprint(time.perf_counter() - t)",
+    "for i in range(20_000_000):\n    x += i\nprint(time.perf_counter() - t)",
 }
 
 
@@ -55,16 +66,22 @@ def floor(repeats: int = 3) -> dict[str, float]:
     """Median seconds of each floor workload over ``repeats`` runs."""
     out = {}
     for name, code in FLOORS.items():
-        times = sorted(float(subprocess.run([sys.executable, "-c", code], check=True,
-                                            capture_output=True, text=True).stdout.split()[-1])
-                       for _ in range(repeats))
+        times = sorted(
+            float(
+                subprocess.run(
+                    [sys.executable, "-c", code], check=True, capture_output=True, text=True
+                ).stdout.split()[-1]
+            )
+            for _ in range(repeats)
+        )
         out[name] = times[len(times) // 2]
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--num-clients", type=int, default=120)
     p.add_argument("--num-rounds", type=int, default=4)
     p.add_argument("--engines", default="vectorized,inprocess,sim-half")
@@ -85,8 +102,10 @@ def main(argv: list[str] | None = None) -> int:
             spin.kill()
             spin.wait()
     engines = [e for e in a.engines.split(",") if e in idle["engines"]]
-    print(f"\n{os.cpu_count()} CPUs; paper-003 round, N = {a.num_clients}, mean s/round over "
-          f"rounds 2..{a.num_rounds}")
+    print(
+        f"\n{os.cpu_count()} CPUs; paper-003 round, N = {a.num_clients}, mean s/round over "
+        f"rounds 2..{a.num_rounds}"
+    )
     print(f"{'engine':<12}{'idle':>9}{'contended':>11}{'ratio':>8}")
     rows = {}
     for e in engines:
@@ -94,8 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         b = busy["engines"][e]["mean_excl_round1"]
         rows[e] = {"idle": i, "contended": b, "ratio": b / i}
         print(f"{e:<12}{i:>9.3f}{b:>11.3f}{b / i:>8.2f}")
-    print(f"\nthe machine's floor: one thread's seconds, median of 3, idle and beside the "
-          "same process")
+    print(
+        f"\nthe machine's floor: one thread's seconds, median of 3, idle and beside the "
+        "same process"
+    )
     floors = {}
     for name in FLOORS:
         i, b = idle_floor[name], busy_floor[name]
@@ -103,8 +124,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<18}{i:>9.3f}{b:>11.3f}{b / i:>8.2f}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"num_clients": a.num_clients, "num_rounds": a.num_rounds,
-                       "cpus": os.cpu_count(), "engines": rows, "floor": floors}, f, indent=2)
+            json.dump(
+                {
+                    "num_clients": a.num_clients,
+                    "num_rounds": a.num_rounds,
+                    "cpus": os.cpu_count(),
+                    "engines": rows,
+                    "floor": floors,
+                },
+                f,
+                indent=2,
+            )
     return 0
 
 

@@ -74,8 +74,10 @@ def breakdown(x: np.ndarray, s: int, reps: int) -> None:
         tot_km3, tot_km1, tot_sil = tot_km3 + m3, tot_km1 + m1, tot_sil + ms
         print(f"{k:>3} {m3:>15.3f}s {m1:>15.3f}s {ms:>16.3f}s")
     print(f"sum {tot_km3:>15.3f}s {tot_km1:>15.3f}s {tot_sil:>16.3f}s")
-    print(f"K-means restarts are {tot_km3 / (tot_km3 + tot_sil):.0%} of the C-step; "
-          f"the silhouette {tot_sil / (tot_km3 + tot_sil):.0%}.")
+    print(
+        f"K-means restarts are {tot_km3 / (tot_km3 + tot_sil):.0%} of the C-step; "
+        f"the silhouette {tot_sil / (tot_km3 + tot_sil):.0%}."
+    )
 
     print("\nc_step with other parameters (median of", reps, "runs):")
     variants = [
@@ -107,16 +109,24 @@ def main() -> None:
     times, cl = timed(lambda: c_step(x, min_clusters=s), args.reps, cpu)
     med = statistics.median(times)
     ari = adjusted_rand_score(truth, cl.labels)  # type: ignore[attr-defined]
-    print(f"N = {args.clients} clients, S = {s} models, {args.planted} planted clusters; "
-          f"min_clusters = {s}, max_clusters = {s + 4} (default), silhouette_sample = 2000, "
-          f"n_init = {inspect.signature(c_step).parameters['n_init'].default} (defaults)")
-    print("runs (wall):", ", ".join(f"{t:.3f} s" for t in times),
-          "| CPU (all threads):", ", ".join(f"{t:.3f} s" for t in cpu))
+    print(
+        f"N = {args.clients} clients, S = {s} models, {args.planted} planted clusters; "
+        f"min_clusters = {s}, max_clusters = {s + 4} (default), silhouette_sample = 2000, "
+        f"n_init = {inspect.signature(c_step).parameters['n_init'].default} (defaults)"
+    )
+    print(
+        "runs (wall):",
+        ", ".join(f"{t:.3f} s" for t in times),
+        "| CPU (all threads):",
+        ", ".join(f"{t:.3f} s" for t in cpu),
+    )
     try:
         import os
 
-        print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs "
-              "(wall times grow with other load)")
+        print(
+            f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs "
+            "(wall times grow with other load)"
+        )
     except OSError:  # pragma: no cover
         pass
     print(f"C-step {args.clients}x{s}: {med:.3f} s (target < {args.target:g} s)")

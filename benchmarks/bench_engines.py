@@ -109,8 +109,7 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 #: defaults of the workload options when neither the command line nor a preset sets them
 DEFAULTS: dict[str, Any] = {"strategy": "mfa-rr", "tasks": "digits,synthetic,digits"}
 #: workload options passed on to the engine subprocesses when set
-PASSED = ("local_epochs", "lr", "batch_size", "clients_per_round", "profile",
-          "budget_fraction")
+PASSED = ("local_epochs", "lr", "batch_size", "clients_per_round", "profile", "budget_fraction")
 
 #: phases of a round, in print order: (key, label); keys starting with "  " are
 #: parts of the phase above them
@@ -132,42 +131,68 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Time an MMFL workload on Flower's simulation engine, the "
         "in-process engine, the vectorised engine and a plain PyTorch loop."
     )
-    p.add_argument("--workload", default="", choices=list(WORKLOADS),
-                   help="preset of the workload options not given explicitly; "
-                   "paper003 = --strategy lvr --profile paper003 --tasks "
-                   "digits,digits,digits --local-epochs 5 --budget-fraction 0.1 "
-                   "--batch-size 10000")
+    p.add_argument(
+        "--workload",
+        default="",
+        choices=list(WORKLOADS),
+        help="preset of the workload options not given explicitly; "
+        "paper003 = --strategy lvr --profile paper003 --tasks "
+        "digits,digits,digits --local-epochs 5 --budget-fraction 0.1 "
+        "--batch-size 10000",
+    )
     p.add_argument("--num-clients", type=int, default=10)
     p.add_argument("--num-rounds", type=int, default=5)
     p.add_argument("--tasks", default=None, help=f"default: {DEFAULTS['tasks']}")
     p.add_argument("--strategy", default=None, help=f"default: {DEFAULTS['strategy']}")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", default=None, help="default: the Settings default")
-    p.add_argument("--budget-fraction", type=float, default=None,
-                   help="default: the Settings default (0 = auto)")
-    p.add_argument("--local-epochs", type=int, default=None,
-                   help="default: the Settings default")
+    p.add_argument(
+        "--budget-fraction",
+        type=float,
+        default=None,
+        help="default: the Settings default (0 = auto)",
+    )
+    p.add_argument("--local-epochs", type=int, default=None, help="default: the Settings default")
     p.add_argument("--lr", type=float, default=None, help="default: the Settings default")
-    p.add_argument("--batch-size", type=int, default=None,
-                   help="default: the Settings default")
-    p.add_argument("--clients-per-round", type=int, default=None,
-                   help="default: the Settings default (0 = all)")
-    p.add_argument("--vector-chunk", type=int, default=None,
-                   help="clients per batched training call of the vectorised engine "
-                   "(default: the engine's own)")
-    p.add_argument("--vector-threads", type=int, default=None,
-                   help="pin the vectorised engine's process to this many CPUs (its "
-                   "torch threads); default: every usable CPU, as the engine does")
-    p.add_argument("--engines", default=",".join(ENGINES),
-                   help="comma-separated subset of " + ",".join(ENGINES) + " (plain "
-                   "needs one of inprocess, vectorized, simulation: it replays its "
-                   "assignments)")
-    p.add_argument("--timeout", type=float, default=3600.0,
-                   help="seconds allowed per engine subprocess")
-    p.add_argument("--json", default="", metavar="PATH",
-                   help="write the measured numbers to this JSON file")
-    p.add_argument("--show-logs", action="store_true",
-                   help="print each engine's own output (progress lines, Ray logs)")
+    p.add_argument("--batch-size", type=int, default=None, help="default: the Settings default")
+    p.add_argument(
+        "--clients-per-round",
+        type=int,
+        default=None,
+        help="default: the Settings default (0 = all)",
+    )
+    p.add_argument(
+        "--vector-chunk",
+        type=int,
+        default=None,
+        help="clients per batched training call of the vectorised engine "
+        "(default: the engine's own)",
+    )
+    p.add_argument(
+        "--vector-threads",
+        type=int,
+        default=None,
+        help="pin the vectorised engine's process to this many CPUs (its "
+        "torch threads); default: every usable CPU, as the engine does",
+    )
+    p.add_argument(
+        "--engines",
+        default=",".join(ENGINES),
+        help="comma-separated subset of " + ",".join(ENGINES) + " (plain "
+        "needs one of inprocess, vectorized, simulation: it replays its "
+        "assignments)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=3600.0, help="seconds allowed per engine subprocess"
+    )
+    p.add_argument(
+        "--json", default="", metavar="PATH", help="write the measured numbers to this JSON file"
+    )
+    p.add_argument(
+        "--show-logs",
+        action="store_true",
+        help="print each engine's own output (progress lines, Ray logs)",
+    )
     # Internal: one engine in this process.
     p.add_argument("--_engine", default="", help=argparse.SUPPRESS)
     p.add_argument("--_json", default="", help=argparse.SUPPRESS)
@@ -297,8 +322,7 @@ def child_flower(args: argparse.Namespace, engine: str) -> dict[str, Any]:
         "round_seconds": _round_seconds(result.history),
         "accuracy": _accuracies(result.history),
         "assignments": {
-            int(r): [[c, t, int(n)] for c, t, n in picks]
-            for r, picks in result.assignments.items()
+            int(r): [[c, t, int(n)] for c, t, n in picks] for r, picks in result.assignments.items()
         },
         "weights_file": weights_file,
         "flwr_imported": "flwr" in sys.modules,
@@ -338,10 +362,13 @@ def child_plain(args: argparse.Namespace) -> dict[str, Any]:
 
     t_start = time.perf_counter()
     fed = build_federation(
-        s.task_kinds, s.num_clients, s.seed,
+        s.task_kinds,
+        s.num_clients,
+        s.seed,
         labels_per_client=s.labels_per_client,
         max_synthetic_samples=s.synthetic_max_samples or None,
-        profile=s.profile, data_root=s.data_root,
+        profile=s.profile,
+        data_root=s.data_root,
     )
     s = resolved_budget(s, fed)
     # Seeded initial weights, as the ServerApp makes them (seed and model name).
@@ -390,8 +417,9 @@ def child_plain(args: argparse.Namespace) -> dict[str, Any]:
             keep = n.sum(axis=0) > 0
             m = resolve_budget(None, s.budget_fraction, int(procs[keep].sum()))
             prob = np.zeros_like(n)
-            prob[:, keep] = lvr_probabilities(losses[:, keep], data_shares(n[:, keep]),
-                                              procs[keep], m)
+            prob[:, keep] = lvr_probabilities(
+                losses[:, keep], data_shares(n[:, keep]), procs[keep], m
+            )
             share = data_shares(n)
             ph["plan"] = time.perf_counter() - t1
         t1 = time.perf_counter()
@@ -405,8 +433,11 @@ def child_plain(args: argparse.Namespace) -> dict[str, Any]:
         for cid, mine in by_client.items():
             for task, count in mine:
                 new, n_i, _loss = trainer(int(cid), task).train(
-                    weights[task], s.local_epochs, s.lr,
-                    training_seed(s.seed, rnd, cid, task), s.batch_size,
+                    weights[task],
+                    s.local_epochs,
+                    s.lr,
+                    training_seed(s.seed, rnd, cid, task),
+                    s.batch_size,
                 )
                 if prob is not None:
                     i, j = row[task], int(cid)
@@ -422,8 +453,7 @@ def child_plain(args: argparse.Namespace) -> dict[str, Any]:
                 continue
             keys = list(weights[task])
             old = [weights[task][k] for k in keys]
-            deltas = [[w.astype(np.float64) - lw[k] for w, k in zip(old, keys)]
-                      for lw, _, _ in ups]
+            deltas = [[w.astype(np.float64) - lw[k] for w, k in zip(old, keys)] for lw, _, _ in ups]
             if prob is not None:
                 coeffs = [c for _, _, c in ups]
             else:
@@ -471,15 +501,31 @@ def run_child(
     log_file = os.path.join(workdir, f"{engine}.log")
     # The resolved workload options, passed on explicitly (never the parent's --json).
     clean = [
-        "--num-clients", str(args.num_clients), "--num-rounds", str(args.num_rounds),
-        "--tasks", args.tasks, "--strategy", args.strategy, "--seed", str(args.seed),
+        "--num-clients",
+        str(args.num_clients),
+        "--num-rounds",
+        str(args.num_rounds),
+        "--tasks",
+        args.tasks,
+        "--strategy",
+        args.strategy,
+        "--seed",
+        str(args.seed),
     ]
     for name in (*PASSED, "vector_chunk", "vector_threads"):
         value = getattr(args, name)
         if value is not None:
             clean += ["--" + name.replace("_", "-"), str(value)]
-    cmd = [sys.executable, os.path.abspath(__file__), *clean,
-           "--_engine", engine, "--_json", out_json, *extra]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        *clean,
+        "--_engine",
+        engine,
+        "--_json",
+        out_json,
+        *extra,
+    ]
     env = dict(os.environ)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     env.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
@@ -489,9 +535,11 @@ def run_child(
     t0 = time.perf_counter()
     with open(log_file, "w") as log:
         proc = subprocess.Popen(
-            cmd, stdout=None if args.show_logs else log,
+            cmd,
+            stdout=None if args.show_logs else log,
             stderr=subprocess.STDOUT if not args.show_logs else None,
-            env=env, start_new_session=True,
+            env=env,
+            start_new_session=True,
         )
         try:
             rc = proc.wait(timeout=args.timeout)
@@ -527,8 +575,11 @@ def _mean(xs: list[float]) -> float:
 
 
 def _fmt(x: float | None, width: int = 11, prec: int = 3) -> str:
-    return f"{'-':>{width}}" if x is None or (isinstance(x, float) and math.isnan(x)) \
+    return (
+        f"{'-':>{width}}"
+        if x is None or (isinstance(x, float) and math.isnan(x))
         else f"{x:>{width}.{prec}f}"
+    )
 
 
 def _ratio(a: float, b: float) -> float:
@@ -544,8 +595,9 @@ TIME_ROWS = (
 )
 
 
-def _phase_means(phases: dict[int, dict[str, float]], rounds: list[int],
-                 round_seconds: dict[int, float]) -> dict[str, float]:
+def _phase_means(
+    phases: dict[int, dict[str, float]], rounds: list[int], round_seconds: dict[int, float]
+) -> dict[str, float]:
     """Mean seconds per round of every phase over ``rounds`` (0 where a round
     has none); ``other`` is the round's time minus its top-level phases."""
     out: dict[str, float] = {}
@@ -554,10 +606,12 @@ def _phase_means(phases: dict[int, dict[str, float]], rounds: list[int],
             continue
         out[key] = _mean([phases.get(r, {}).get(key, 0.0) for r in rounds])
     top = [k for k, label in PHASES if not label.startswith(" ") and k != "other"]
-    out["other"] = _mean([
-        round_seconds.get(r, math.nan) - sum(phases.get(r, {}).get(k, 0.0) for k in top)
-        for r in rounds
-    ])
+    out["other"] = _mean(
+        [
+            round_seconds.get(r, math.nan) - sum(phases.get(r, {}).get(k, 0.0) for k in top)
+            for r in rounds
+        ]
+    )
     return out
 
 
@@ -588,7 +642,8 @@ def summarize(reps: dict[str, dict[str, Any]], num_rounds: int) -> dict[str, Any
         for _, metric in TIME_ROWS:
             for eng in stats:
                 ratios.setdefault(f"to_{base}", {}).setdefault(metric, {})[eng] = _ratio(
-                    stats[eng][metric], stats[base][metric])
+                    stats[eng][metric], stats[base][metric]
+                )
     return {"engines": stats, "ratios": ratios}
 
 
@@ -596,8 +651,7 @@ def _norm_assignments(a: dict[int, list[list[Any]]]) -> dict[int, list[tuple[str
     return {int(r): sorted((str(c), str(t), int(n)) for c, t, n in p) for r, p in a.items()}
 
 
-def compare(reps: dict[str, dict[str, Any]], num_rounds: int, source: str | None
-            ) -> dict[str, Any]:
+def compare(reps: dict[str, dict[str, Any]], num_rounds: int, source: str | None) -> dict[str, Any]:
     import numpy as np
 
     out: dict[str, Any] = {}
@@ -608,7 +662,7 @@ def compare(reps: dict[str, dict[str, Any]], num_rounds: int, source: str | None
         e: {t: reps[e]["accuracy"].get(num_rounds, {}).get(t, math.nan) for t in tasks}
         for e in engines
     }
-    pairs = [(a, b) for i, a in enumerate(engines) for b in engines[i + 1:]]
+    pairs = [(a, b) for i, a in enumerate(engines) for b in engines[i + 1 :]]
     out["max_abs_diff_final_accuracy"] = {}
     out["max_abs_diff_accuracy_all_rounds"] = {}
     out["max_abs_diff_final_weights"] = {}
@@ -618,7 +672,8 @@ def compare(reps: dict[str, dict[str, Any]], num_rounds: int, source: str | None
         out["max_abs_diff_final_accuracy"][key] = max(abs(fa[t] - fb[t]) for t in tasks)
         diffs = [
             abs(reps[a]["accuracy"][r][t] - reps[b]["accuracy"][r][t])
-            for r in range(num_rounds + 1) for t in tasks
+            for r in range(num_rounds + 1)
+            for t in tasks
             if r in reps[a]["accuracy"] and r in reps[b]["accuracy"]
         ]
         out["max_abs_diff_accuracy_all_rounds"][key] = max(diffs) if diffs else math.nan
@@ -662,9 +717,11 @@ def machine_info() -> dict[str, Any]:
     except OSError:
         pass
     info: dict[str, Any] = {
-        "cpu": cpu, "cpus": os.cpu_count(),
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
         "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "platform": platform.platform(), "python": platform.python_version(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
     }
     try:
         from importlib.metadata import version
@@ -685,9 +742,14 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
-def print_report(settings: Any, summary: dict[str, Any], cmp: dict[str, Any],
-                 load: tuple[tuple[float, ...], tuple[float, ...]],
-                 machine: dict[str, Any], workload: str) -> None:
+def print_report(
+    settings: Any,
+    summary: dict[str, Any],
+    cmp: dict[str, Any],
+    load: tuple[tuple[float, ...], tuple[float, ...]],
+    machine: dict[str, Any],
+    workload: str,
+) -> None:
     st = summary["engines"]
     engines = [e for e in ENGINES if e in st]
     R = settings.num_rounds
@@ -695,20 +757,28 @@ def print_report(settings: Any, summary: dict[str, Any], cmp: dict[str, Any],
     lw = 36
     v = machine.get("versions", {})
     print()
-    print(f"machine: {machine['cpu']}, {machine['cpus']} CPUs ({machine['affinity']} usable); "
-          f"torch {v.get('torch', '?')}, flwr {v.get('flwr', '?')}, ray {v.get('ray', '?')}, "
-          f"python {machine['python']}; device {machine['device']}")
-    print(f"load average (1/5/15 min) before {'/'.join(f'{x:.2f}' for x in load[0])}, "
-          f"after {'/'.join(f'{x:.2f}' for x in load[1])}")
-    print(f"workload{f' ({workload})' if workload else ''}: strategy={settings.strategy} "
-          f"profile={settings.profile} tasks={settings.tasks} "
-          f"num-clients={settings.num_clients} num-rounds={R} "
-          f"local-epochs={settings.local_epochs} lr={settings.lr} "
-          f"batch-size={settings.batch_size} budget-fraction={settings.budget_fraction} "
-          f"clients-per-round={settings.clients_per_round} seed={settings.seed}")
+    print(
+        f"machine: {machine['cpu']}, {machine['cpus']} CPUs ({machine['affinity']} usable); "
+        f"torch {v.get('torch', '?')}, flwr {v.get('flwr', '?')}, ray {v.get('ray', '?')}, "
+        f"python {machine['python']}; device {machine['device']}"
+    )
+    print(
+        f"load average (1/5/15 min) before {'/'.join(f'{x:.2f}' for x in load[0])}, "
+        f"after {'/'.join(f'{x:.2f}' for x in load[1])}"
+    )
+    print(
+        f"workload{f' ({workload})' if workload else ''}: strategy={settings.strategy} "
+        f"profile={settings.profile} tasks={settings.tasks} "
+        f"num-clients={settings.num_clients} num-rounds={R} "
+        f"local-epochs={settings.local_epochs} lr={settings.lr} "
+        f"batch-size={settings.batch_size} budget-fraction={settings.budget_fraction} "
+        f"clients-per-round={settings.clients_per_round} seed={settings.seed}"
+    )
     if "plain" in st:
-        print(f"plain loop: replays the {cmp['plain_replays']} run's picks; "
-              f"aggregation rule {'unbiased d*l/(B p), p from its own loss query' if st['plain'].get('rule', '') == 'lvr' else 'as run'}")
+        print(
+            f"plain loop: replays the {cmp['plain_replays']} run's picks; "
+            f"aggregation rule {'unbiased d*l/(B p), p from its own loss query' if st['plain'].get('rule', '') == 'lvr' else 'as run'}"
+        )
     print()
     print("Per-round wall time (s); round 0 (initial evaluation) excluded")
     print(f"{'':<{lw}}" + "".join(f"{e:>{w}}" for e in engines))
@@ -724,12 +794,14 @@ def print_report(settings: Any, summary: dict[str, Any], cmp: dict[str, Any],
         name = base.removeprefix("to_")
         for label, key in TIME_ROWS[:2]:
             lab = f"ratio to {name}, " + label.split(", ", 1)[1]
-            print(f"{lab:<{lw}}" + "".join(_fmt(ratios[key].get(e, math.nan), w, 2)
-                                          for e in engines))
+            print(
+                f"{lab:<{lw}}" + "".join(_fmt(ratios[key].get(e, math.nan), w, 2) for e in engines)
+            )
         for label, key in TIME_ROWS[2:]:
             lab = f"ratio to {name}, " + label.split(" incl.")[0].removeprefix("total ")
-            print(f"{lab:<{lw}}" + "".join(_fmt(ratios[key].get(e, math.nan), w, 2)
-                                          for e in engines))
+            print(
+                f"{lab:<{lw}}" + "".join(_fmt(ratios[key].get(e, math.nan), w, 2) for e in engines)
+            )
     with_phases = [e for e in engines if "phases_mean_excl_round1" in st[e]]
     if with_phases:
         print()
@@ -747,8 +819,10 @@ def print_report(settings: Any, summary: dict[str, Any], cmp: dict[str, Any],
         for e in with_phases:
             if "message_counts" in st[e]:
                 c = st[e]["message_counts"]
-                print(f"  {e}: {c.get('vectorized', 0)} messages served in batches, "
-                      f"{c.get('per-client', 0)} through the ClientApp")
+                print(
+                    f"  {e}: {c.get('vectorized', 0)} messages served in batches, "
+                    f"{c.get('per-client', 0)} through the ClientApp"
+                )
     print()
     print(f"Final server-side accuracy (round {R})")
     print(f"{'task':<{lw}}" + "".join(f"{e:>{w}}" for e in engines))
@@ -758,11 +832,15 @@ def print_report(settings: Any, summary: dict[str, Any], cmp: dict[str, Any],
         print()
         print("Agreement")
         for key, val in cmp["max_abs_diff_final_accuracy"].items():
-            print(f"  {key:<24} max |d final acc| = {val:.3g}   "
-                  f"max |d acc| over rounds 0..{R} = {cmp['max_abs_diff_accuracy_all_rounds'][key]:.3g}   "
-                  f"max |d final weights| = {cmp['max_abs_diff_final_weights'][key]:.3g}")
-        print(f"  max abs difference of final accuracy across all engines: "
-              f"{cmp['max_abs_diff_final_accuracy_all']:.3g}")
+            print(
+                f"  {key:<24} max |d final acc| = {val:.3g}   "
+                f"max |d acc| over rounds 0..{R} = {cmp['max_abs_diff_accuracy_all_rounds'][key]:.3g}   "
+                f"max |d final weights| = {cmp['max_abs_diff_final_weights'][key]:.3g}"
+            )
+        print(
+            f"  max abs difference of final accuracy across all engines: "
+            f"{cmp['max_abs_diff_final_accuracy_all']:.3g}"
+        )
         for key, same in cmp["same_assignments"].items():
             a, b = key.split(" vs ")
             extra = "" if same else f" (first differing round {cmp['first_differing_round'][key]})"
@@ -774,12 +852,16 @@ def print_report(settings: Any, summary: dict[str, Any], cmp: dict[str, Any],
                 print("  plain process imported flwr: no")
     print()
     if any(e in st for e in SIM_NODES):
-        print("Note: the simulation's rounds are the strategy's own seconds, which stop "
-              "before the server evaluation (its ServerApp runs in another process); the "
-              "other engines' rounds include it.")
-    print("Note: one measurement per engine, wall clock; on a shared machine other processes "
-          "(e.g. test runs) may compete for the CPUs (see the load averages), so treat the "
-          "numbers as noisy.")
+        print(
+            "Note: the simulation's rounds are the strategy's own seconds, which stop "
+            "before the server evaluation (its ServerApp runs in another process); the "
+            "other engines' rounds include it."
+        )
+    print(
+        "Note: one measurement per engine, wall clock; on a shared machine other processes "
+        "(e.g. test runs) may compete for the CPUs (see the load averages), so treat the "
+        "numbers as noisy."
+    )
 
 
 def parent_main(args: argparse.Namespace) -> None:
@@ -790,8 +872,10 @@ def parent_main(args: argparse.Namespace) -> None:
         raise SystemExit(f"unknown engines {unknown}; choose from {', '.join(ENGINES)}")
     source = next((e for e in FLOWER_ENGINES if e in engines), None)
     if "plain" in engines and source is None:
-        raise SystemExit("the plain loop replays an engine run's assignments: include "
-                         "inprocess, vectorized or simulation in --engines")
+        raise SystemExit(
+            "the plain loop replays an engine run's assignments: include "
+            "inprocess, vectorized or simulation in --engines"
+        )
     machine = machine_info()
     load_before = os.getloadavg()
     reps: dict[str, dict[str, Any]] = {}

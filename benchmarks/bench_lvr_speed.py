@@ -50,27 +50,37 @@ def main() -> None:
 
     loss, d, b, m = make_instance(args.clients, args.tasks)
     V = int(b.sum())
-    print(f"N = {args.clients} clients, S = {args.tasks} tasks, V = {V} processors, "
-          f"eligible pairs {int((d > 0).sum())} ({(d > 0).mean():.1%}), m = {m:.1f}")
+    print(
+        f"N = {args.clients} clients, S = {args.tasks} tasks, V = {V} processors, "
+        f"eligible pairs {int((d > 0).sum())} ({(d > 0).mean():.1%}), m = {m:.1f}"
+    )
 
     p = lvr_probabilities(loss, d, b, m)
     realised = float((b * p.sum(axis=0)).sum())
     capped = int((p.sum(axis=0) >= 1 - 1e-12).sum())
-    print(f"sum B p = {realised:.6f} (m = {m:.1f}), capped clients: {capped}, "
-          f"finite: {bool(np.isfinite(p).all())}")
+    print(
+        f"sum B p = {realised:.6f} (m = {m:.1f}), capped clients: {capped}, "
+        f"finite: {bool(np.isfinite(p).all())}"
+    )
 
     t = timeit(lambda: lvr_probabilities(loss, d, b, m), args.reps)
     tag = "OK" if statistics.median(t) < args.target_ms else "SLOW"
-    print(f"lvr_probabilities {args.clients}x{args.tasks}: median {statistics.median(t):.1f} ms "
-          f"(target < {args.target_ms:.0f} ms), min {min(t):.1f} ms [{tag}]")
+    print(
+        f"lvr_probabilities {args.clients}x{args.tasks}: median {statistics.median(t):.1f} ms "
+        f"(target < {args.target_ms:.0f} ms), min {min(t):.1f} ms [{tag}]"
+    )
 
     rng = np.random.default_rng(1)
     t = timeit(lambda: sample_processors(p, b, rng), args.reps)
-    print(f"sample_processors {args.clients}x{args.tasks} (V = {V}): median "
-          f"{statistics.median(t):.1f} ms, min {min(t):.1f} ms")
+    print(
+        f"sample_processors {args.clients}x{args.tasks} (V = {V}): median "
+        f"{statistics.median(t):.1f} ms, min {min(t):.1f} ms"
+    )
     counts = sample_processors(p, b, rng)
-    print(f"one draw: {int(counts.sum())} (processor, task) updates, "
-          f"{int((counts > 0).sum())} (client, task) picks")
+    print(
+        f"one draw: {int(counts.sum())} (processor, task) updates, "
+        f"{int((counts > 0).sum())} (client, task) picks"
+    )
 
 
 if __name__ == "__main__":

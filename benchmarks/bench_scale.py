@@ -117,22 +117,32 @@ class TreeSampler(threading.Thread):
                 todo.extend(tree.get(p, ()))
             sizes = [_rss(p) for p in pids]
             if sum(sizes) > self.peak_total:
-                self.at_peak = sorted(((_name(p), r) for p, r in zip(pids, sizes)),
-                                      key=lambda x: -x[1])
+                self.at_peak = sorted(
+                    ((_name(p), r) for p, r in zip(pids, sizes)), key=lambda x: -x[1]
+                )
             self.peak_total = max(self.peak_total, sum(sizes))
             self.peak_single = max(self.peak_single, max(sizes, default=0))
             self.peak_pss = max(self.peak_pss, sum(_pss(p) for p in pids))
             self.stop.wait(self.every)
 
 
-def child(engine: str, n: int, rounds: int, max_samples: int, out: str,
-          per_node: str = "auto") -> None:
+def child(
+    engine: str, n: int, rounds: int, max_samples: int, out: str, per_node: str = "auto"
+) -> None:
     from mmfl_flwr.config import Settings
     from mmfl_flwr.runner import run
 
-    s = Settings(strategy="lvr", tasks="synthetic,synthetic", num_clients=n,
-                 num_rounds=rounds, local_epochs=1, synthetic_max_samples=max_samples,
-                 output_dir="", seed=0, clients_per_node=per_node)
+    s = Settings(
+        strategy="lvr",
+        tasks="synthetic,synthetic",
+        num_clients=n,
+        num_rounds=rounds,
+        local_epochs=1,
+        synthetic_max_samples=max_samples,
+        output_dir="",
+        seed=0,
+        clients_per_node=per_node,
+    )
     t0 = time.perf_counter()
     result = run(s, engine=engine)
     wall = time.perf_counter() - t0
@@ -144,19 +154,37 @@ def child(engine: str, n: int, rounds: int, max_samples: int, out: str,
     final = {t: round(float(v["accuracy"]), 4) for t, v in result.final().items()}
     uploads = sum(len(p) for p in result.assignments.values())
     with open(out, "w") as f:
-        json.dump({"wall": wall, "seconds": seconds, "final": final, "uploads": uploads,
-                   "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}, f)
+        json.dump(
+            {
+                "wall": wall,
+                "seconds": seconds,
+                "final": final,
+                "uploads": uploads,
+                "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            },
+            f,
+        )
 
 
-def measure(engine: str, n: int, rounds: int, max_samples: int, timeout: float,
-            per_node: str = "auto") -> dict[str, Any]:
+def measure(
+    engine: str, n: int, rounds: int, max_samples: int, timeout: float, per_node: str = "auto"
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench_scale_") as tmp:
         out = os.path.join(tmp, "out.json")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-        cmd = [sys.executable, os.path.abspath(__file__), "--_child", engine, str(n),
-               str(rounds), str(max_samples), out, per_node]
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--_child",
+            engine,
+            str(n),
+            str(rounds),
+            str(max_samples),
+            out,
+            per_node,
+        ]
         with open(os.path.join(tmp, "log"), "w") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
             sampler = TreeSampler(proc.pid)
@@ -174,9 +202,14 @@ def measure(engine: str, n: int, rounds: int, max_samples: int, timeout: float,
             return {"engine": engine, "n": n, "error": f"exit {rc}", "tail": tail}
         with open(out) as f:
             rep = json.load(f)
-    rep.update(engine=engine, n=n, peak_tree=sampler.peak_total,
-               peak_single=sampler.peak_single, peak_pss=sampler.peak_pss,
-               at_peak=sampler.at_peak)
+    rep.update(
+        engine=engine,
+        n=n,
+        peak_tree=sampler.peak_total,
+        peak_single=sampler.peak_single,
+        peak_pss=sampler.peak_pss,
+        at_peak=sampler.at_peak,
+    )
     return rep
 
 
@@ -185,16 +218,24 @@ def main(argv: list[str] | None = None) -> int:
         engine, n, rounds, max_samples, out, per_node = sys.argv[2:8]
         child(engine, int(n), int(rounds), int(max_samples), out, per_node)
         return 0
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--num-clients", type=int, nargs="+", default=[1000, 10000, 100000])
     p.add_argument("--engines", default="vectorized,simulation")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--max-samples", type=int, default=20,
-                   help="synthetic-max-samples: training samples per client at most")
-    p.add_argument("--clients-per-node", default="auto",
-                   help="clients-per-node of the simulation and vectorized engines: "
-                        "auto (one node per CPU Ray sees; one node for vectorized) or K")
+    p.add_argument(
+        "--max-samples",
+        type=int,
+        default=20,
+        help="synthetic-max-samples: training samples per client at most",
+    )
+    p.add_argument(
+        "--clients-per-node",
+        default="auto",
+        help="clients-per-node of the simulation and vectorized engines: "
+        "auto (one node per CPU Ray sees; one node for vectorized) or K",
+    )
     p.add_argument("--timeout", type=float, default=3600.0)
     p.add_argument("--json", default="")
     a = p.parse_args(argv)
@@ -205,11 +246,16 @@ def main(argv: list[str] | None = None) -> int:
     per = a.clients_per_node.strip()
     if per != "auto" and not (per.isdigit() and int(per) >= 1):
         p.error(f"--clients-per-node {per!r}: expected auto or a whole number >= 1")
-    print(f"machine: {os.cpu_count()} CPUs; workload: lvr, synthetic,synthetic, local "
-          f"epochs 1, synthetic-max-samples {a.max_samples}, {a.rounds} rounds, "
-          f"clients-per-node {per}", flush=True)
-    head = (f"{'engine':<11}{'N':>8}{'round 1 s':>11}{'later s/round':>15}"
-            f"{'peak GB':>9}{'PSS GB':>8}{'largest proc GB':>17}{'uploads':>9}  final accuracy")
+    print(
+        f"machine: {os.cpu_count()} CPUs; workload: lvr, synthetic,synthetic, local "
+        f"epochs 1, synthetic-max-samples {a.max_samples}, {a.rounds} rounds, "
+        f"clients-per-node {per}",
+        flush=True,
+    )
+    head = (
+        f"{'engine':<11}{'N':>8}{'round 1 s':>11}{'later s/round':>15}"
+        f"{'peak GB':>9}{'PSS GB':>8}{'largest proc GB':>17}{'uploads':>9}  final accuracy"
+    )
     print(head, flush=True)
     reps = []
     for n in a.num_clients:
@@ -217,19 +263,27 @@ def main(argv: list[str] | None = None) -> int:
             rep = measure(engine, n, a.rounds, a.max_samples, a.timeout, a.clients_per_node)
             reps.append(rep)
             if "error" in rep:
-                print(f"{engine:<11}{n:>8}  FAILED ({rep['error']}): "
-                      + " | ".join(rep["tail"][-3:]), flush=True)
+                print(
+                    f"{engine:<11}{n:>8}  FAILED ({rep['error']}): " + " | ".join(rep["tail"][-3:]),
+                    flush=True,
+                )
                 continue
             sec = {int(k): v for k, v in rep["seconds"].items()}
             later = [v for k, v in sec.items() if k >= 2]
             peak = rep["maxrss"] if engine != "simulation" else rep["peak_tree"]
             single = rep["maxrss"] if engine != "simulation" else rep["peak_single"]
-            print(f"{engine:<11}{n:>8}{sec.get(1, float('nan')):>11.2f}"
-                  f"{sum(later) / len(later):>15.2f}{peak / 1e9:>9.2f}{rep['peak_pss'] / 1e9:>8.2f}"
-                  f"{single / 1e9:>17.2f}{rep['uploads']:>9}  {rep['final']}", flush=True)
+            print(
+                f"{engine:<11}{n:>8}{sec.get(1, float('nan')):>11.2f}"
+                f"{sum(later) / len(later):>15.2f}{peak / 1e9:>9.2f}{rep['peak_pss'] / 1e9:>8.2f}"
+                f"{single / 1e9:>17.2f}{rep['uploads']:>9}  {rep['final']}",
+                flush=True,
+            )
             if engine == "simulation":
-                print("           at the peak (RSS): " + ", ".join(
-                    f"{name} {size / 1e9:.2f}" for name, size in rep["at_peak"][:8]), flush=True)
+                print(
+                    "           at the peak (RSS): "
+                    + ", ".join(f"{name} {size / 1e9:.2f}" for name, size in rep["at_peak"][:8]),
+                    flush=True,
+                )
     if a.json:
         with open(a.json, "w") as f:
             json.dump(reps, f, indent=2)

@@ -52,11 +52,21 @@ def main(argv: list[str] | None = None) -> int:
     from mmfl_flwr.records import numpy_to_arrays
     from mmfl_flwr.tasks.models import make_model
 
-    s = Settings(strategy="lvr", tasks="synthetic,synthetic", num_clients=a.num_clients,
-                 synthetic_max_samples=20, local_epochs=1)
+    s = Settings(
+        strategy="lvr",
+        tasks="synthetic,synthetic",
+        num_clients=a.num_clients,
+        synthetic_max_samples=20,
+        local_epochs=1,
+    )
     t0 = time.perf_counter()
-    node_ctx = Context(run_id=1, node_id=1, node_config={"clients": f"0-{a.clients - 1}"},
-                       state=RecordDict(), run_config={})
+    node_ctx = Context(
+        run_id=1,
+        node_id=1,
+        node_config={"clients": f"0-{a.clients - 1}"},
+        state=RecordDict(),
+        run_config={},
+    )
     specs = client_spec(node_ctx, s)  # what a SuperNode started with clients="0-(K-1)" builds
     built = time.perf_counter() - t0
     content = RecordDict()
@@ -64,24 +74,30 @@ def main(argv: list[str] | None = None) -> int:
         with torch.random.fork_rng(devices=[]):
             model = make_model(kind)
         content[P.arrays_key(task)] = numpy_to_arrays(
-            {k: v.detach().numpy() for k, v in model.state_dict().items()})
+            {k: v.detach().numpy() for k, v in model.state_dict().items()}
+        )
     for q in range(a.clients):
         content[P.client_key(P.CONFIG_KEY, str(q))] = ConfigRecord(
-            {P.CFG_TASKS: s.model_names, P.CFG_ROUND: 1})
+            {P.CFG_TASKS: s.model_names, P.CFG_ROUND: 1}
+        )
     ensure_task_identity()
     mtype = P.QUERY_LOSSES if a.type == "query.losses" else MessageType.EVALUATE
     msg = Message(content, dst_node_id=1, message_type=mtype, group_id="1")
     node = ShardComputer()
     ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {a.clients} clients "
-          f"of {a.num_clients} (built in {built:.1f} s); {a.type}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; {a.clients} clients "
+        f"of {a.num_clients} (built in {built:.1f} s); {a.type}"
+    )
     for i in range(a.repeats):
         gc.collect()
         t0 = time.perf_counter()
         reply = node.reply(specs, msg, ctx, None)  # type: ignore[arg-type]
         dt = time.perf_counter() - t0
-        print(f"reply {i + 1}: {dt:.2f} s ({dt / a.clients * 1e6:.1f} us a client), "
-              f"{len(reply)} records, resident {_rss_gb():.2f} GB")
+        print(
+            f"reply {i + 1}: {dt:.2f} s ({dt / a.clients * 1e6:.1f} us a client), "
+            f"{len(reply)} records, resident {_rss_gb():.2f} GB"
+        )
         del reply
     return 0
 

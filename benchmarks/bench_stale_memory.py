@@ -41,8 +41,9 @@ def dir_bytes(path: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--clients", type=int, default=120)
     p.add_argument("--tasks", type=int, default=5)
     p.add_argument("--params", type=int, default=1_000_000)
@@ -60,8 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [(a.params // 2,), (a.params - a.params // 2,)]
     update = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     pairs = a.clients * a.tasks
-    print(f"{a.clients} clients x {a.tasks} tasks x {a.params:,} parameters "
-          f"= {pairs} stored updates")
+    print(
+        f"{a.clients} clients x {a.tasks} tasks x {a.params:,} parameters = {pairs} stored updates"
+    )
     print(f"{'storage':<8} {'nbytes':>12} {'RSS growth':>12} {'on disk':>12} {'seconds':>8}")
     for storage in ("float32", "float16", "disk"):
         gc.collect()
@@ -75,12 +77,16 @@ def main(argv: list[str] | None = None) -> int:
             seconds = time.perf_counter() - t0
             grown = rss_bytes() - before
             disk = dir_bytes(tmp) if storage == "disk" else 0
-            print(f"{storage:<8} {store.nbytes() / 2**30:>10.2f} GiB {grown / 2**30:>10.2f} GiB "
-                  f"{disk / 2**30:>10.2f} GiB {seconds:>8.1f}")
+            print(
+                f"{storage:<8} {store.nbytes() / 2**30:>10.2f} GiB {grown / 2**30:>10.2f} GiB "
+                f"{disk / 2**30:>10.2f} GiB {seconds:>8.1f}"
+            )
             del store
             gc.collect()
-    print("('disk' keeps one float32 .npy file per tensor and only file names in "
-          "memory; nbytes is then the bytes on disk)")
+    print(
+        "('disk' keeps one float32 .npy file per tensor and only file names in "
+        "memory; nbytes is then the bytes on disk)"
+    )
     round_table(a.round_clients, a.round_params, a.round_sampled)
     return 0
 
@@ -96,18 +102,30 @@ def round_table(clients: int, params: int, sampled: int) -> None:
     shares = {c: 1 / clients for c in cids}
 
     def update(cid: str, prob: float) -> Update:
-        return Update(cid=cid, delta=[rng.standard_normal(params)], num_examples=1,
-                      data_share=1 / clients, processors=1, prob=prob, count=1)
+        return Update(
+            cid=cid,
+            delta=[rng.standard_normal(params)],
+            num_examples=1,
+            data_share=1 / clients,
+            processors=1,
+            prob=prob,
+            count=1,
+        )
 
     first = [update(c, 1.0) for c in cids]
     fresh = {c: [rng.standard_normal(params)] for c in cids}
     picked = [update(c, 0.1) for c in cids[:sampled]]
     weights = [np.zeros(params, dtype=np.float32)]
-    print(f"\none round: {clients} clients with a stored update of {params:,} parameters, "
-          f"{sampled} sampled")
+    print(
+        f"\none round: {clients} clients with a stored update of {params:,} parameters, "
+        f"{sampled} sampled"
+    )
     print(f"{'rule':<9} {'storage':<8} {'seconds':>8} {'reads':>6}")
-    for name, make in (("fedvarp", FedVARPAggregator), ("stalevr", StaleVRAggregator),
-                       ("stalevre", StaleVREAggregator)):
+    for name, make in (
+        ("fedvarp", FedVARPAggregator),
+        ("stalevr", StaleVRAggregator),
+        ("stalevre", StaleVREAggregator),
+    ):
         for storage in ("float32", "float16", "disk"):
             with tempfile.TemporaryDirectory(prefix="mmfl-stale-bench-") as tmp:
                 agg = make(storage=storage, directory=tmp if storage == "disk" else None)

@@ -20,8 +20,9 @@ import time
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=200, help="timed calls per preset")
-    parser.add_argument("--limit-ms", type=float, default=50.0,
-                        help="the target per call (issue 23: 50 ms)")
+    parser.add_argument(
+        "--limit-ms", type=float, default=50.0, help="the target per call (issue 23: 50 ms)"
+    )
     a = parser.parse_args(argv)
     if a.reps < 1:
         parser.error("--reps must be >= 1")
@@ -31,8 +32,7 @@ def main(argv: list[str] | None = None) -> int:
 
     Settings(strategy=cards()[0].name).validate()
     first = time.perf_counter() - t0
-    print(f"machine: {platform.processor() or platform.machine()}, Python "
-          f"{sys.version.split()[0]}")
+    print(f"machine: {platform.processor() or platform.machine()}, Python {sys.version.split()[0]}")
     print(f"first call of the process, imports included: {first * 1e3:.0f} ms")
     print(f"{'preset':<18} {'median ms':>10} {'max ms':>8}")
     worst = 0.0
@@ -45,8 +45,7 @@ def main(argv: list[str] | None = None) -> int:
             s.validate()
             times.append(time.perf_counter() - t)
         worst = max(worst, max(times))
-        print(f"{card.name:<18} {statistics.median(times) * 1e3:>10.3f} "
-              f"{max(times) * 1e3:>8.3f}")
+        print(f"{card.name:<18} {statistics.median(times) * 1e3:>10.3f} {max(times) * 1e3:>8.3f}")
     verdict = "under" if worst * 1e3 < a.limit_ms else "OVER"
     print(f"largest call {worst * 1e3:.3f} ms: {verdict} the {a.limit_ms:g} ms target")
     return 0

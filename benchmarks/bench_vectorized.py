@@ -41,9 +41,18 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(n: int, rounds: int, budget: float, epochs: int, lr: float, batch: int,
-            seed: int, device: torch.device, chunk: int | None,
-            wastes: list[float | None]) -> list[dict]:
+def measure(
+    n: int,
+    rounds: int,
+    budget: float,
+    epochs: int,
+    lr: float,
+    batch: int,
+    seed: int,
+    device: torch.device,
+    chunk: int | None,
+    wastes: list[float | None],
+) -> list[dict]:
     from mmfl_flwr.client import vectorized as V
     from mmfl_flwr.client.trainer import TorchTrainer, initial_weights
     from mmfl_flwr.tasks.federation import build_federation
@@ -55,16 +64,17 @@ def measure(n: int, rounds: int, budget: float, epochs: int, lr: float, batch: i
     for c, t in pairs:
         train, test = fed.client_data(c, t)
         trainers[c, t] = TorchTrainer(lambda k=fed.kinds[t]: make_model(k), train, test, batch)
-    weights = {t: initial_weights(lambda k=fed.kinds[t]: make_model(k), seed + i)
-               for i, t in enumerate(fed.tasks)}
+    weights = {
+        t: initial_weights(lambda k=fed.kinds[t]: make_model(k), seed + i)
+        for i, t in enumerate(fed.tasks)
+    }
     models = {t: V.VectorModel(lambda k=fed.kinds[t]: make_model(k), device) for t in fed.tasks}
     m = max(1, round(budget * int(np.sum(fed.processors))))
     rng = np.random.default_rng(seed)
     times: dict = {"per-client": [], **{w: [] for w in wastes}}
     worst_update = worst_loss = 0.0
     for r in range(rounds + 1):
-        picks = [pairs[i] for i in rng.choice(len(pairs), size=min(m, len(pairs)),
-                                              replace=False)]
+        picks = [pairs[i] for i in rng.choice(len(pairs), size=min(m, len(pairs)), replace=False)]
         seeds = {p: int(rng.integers(2**62)) for p in picks}
         # per-client path
         _sync(device)
@@ -86,10 +96,17 @@ def measure(n: int, rounds: int, budget: float, epochs: int, lr: float, batch: i
                 data = [V.ClientData(*trainers[p].train_tensors()) for p in mine]
                 vec_loss.update(zip(mine, V.batched_losses(models[t], weights[t], data)))
                 chosen = [p for p in picks if p[1] == t]
-                jobs = [V.TrainJob(V.ClientData(*trainers[p].train_tensors()), seeds[p])
-                        for p in chosen]
-                vec.update(zip(chosen, V.batched_train(models[t], weights[t], jobs, epochs,
-                                                       lr, batch, chunk=chunk, waste=waste)))
+                jobs = [
+                    V.TrainJob(V.ClientData(*trainers[p].train_tensors()), seeds[p]) for p in chosen
+                ]
+                vec.update(
+                    zip(
+                        chosen,
+                        V.batched_train(
+                            models[t], weights[t], jobs, epochs, lr, batch, chunk=chunk, waste=waste
+                        ),
+                    )
+                )
             _sync(device)
             t2 = time.perf_counter()
             if r > 0:
@@ -107,18 +124,28 @@ def measure(n: int, rounds: int, budget: float, epochs: int, lr: float, batch: i
         for t in fed.tasks:
             done = [ref[p][0] for p in picks if p[1] == t]
             if done:
-                weights[t] = {k: np.mean([d[k] for d in done], axis=0).astype(weights[t][k].dtype)
-                              for k in weights[t]}
+                weights[t] = {
+                    k: np.mean([d[k] for d in done], axis=0).astype(weights[t][k].dtype)
+                    for k in weights[t]
+                }
     per = float(np.mean(times["per-client"]))
     out = []
     for waste in wastes:
         vec_s = float(np.mean(times[waste]))
-        out.append({
-            "num_clients": n, "pairs": len(pairs), "trainings_per_round": m,
-            "rounds": rounds, "waste": waste, "per_client_s_per_round": per,
-            "vectorized_s_per_round": vec_s, "speedup": per / vec_s,
-            "max_update_gap": worst_update, "max_loss_gap": worst_loss,
-        })
+        out.append(
+            {
+                "num_clients": n,
+                "pairs": len(pairs),
+                "trainings_per_round": m,
+                "rounds": rounds,
+                "waste": waste,
+                "per_client_s_per_round": per,
+                "vectorized_s_per_round": vec_s,
+                "speedup": per / vec_s,
+                "max_update_gap": worst_update,
+                "max_loss_gap": worst_loss,
+            }
+        )
     return out
 
 
@@ -133,13 +160,19 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.add_argument("--chunk", type=int, default=None)
-    p.add_argument("--waste", default="",
-                   help="comma-separated padding allowances of the batched calls to "
-                        "compare (default: the device's default only)")
+    p.add_argument(
+        "--waste",
+        default="",
+        help="comma-separated padding allowances of the batched calls to "
+        "compare (default: the device's default only)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    p.add_argument("--tf32", action="store_true",
-                   help="allow TF32 convolutions and matmuls on the GPU (default: off, so "
-                        "both paths compute in float32 and their results can be compared)")
+    p.add_argument(
+        "--tf32",
+        action="store_true",
+        help="allow TF32 convolutions and matmuls on the GPU (default: off, so "
+        "both paths compute in float32 and their results can be compared)",
+    )
     p.add_argument("--json", default=None)
     args = p.parse_args()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -152,25 +185,49 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
-    print(f"device {device} ({name}); torch {torch.__version__}; "
-          f"{torch.get_num_threads()} threads; TF32 {'on' if args.tf32 else 'off'}", flush=True)
+    print(
+        f"device {device} ({name}); torch {torch.__version__}; "
+        f"{torch.get_num_threads()} threads; TF32 {'on' if args.tf32 else 'off'}",
+        flush=True,
+    )
     wastes = [float(w) for w in args.waste.split(",") if w.strip()] or [None]
     rows = []
     for n in args.num_clients:
-        for row in measure(n, args.rounds, args.budget_fraction, args.local_epochs, args.lr,
-                           args.batch_size, args.seed, device, args.chunk, wastes):
+        for row in measure(
+            n,
+            args.rounds,
+            args.budget_fraction,
+            args.local_epochs,
+            args.lr,
+            args.batch_size,
+            args.seed,
+            device,
+            args.chunk,
+            wastes,
+        ):
             rows.append(row)
             label = "" if row["waste"] is None else f" waste {row['waste']:g}"
-            print(f"N={n:5d} ({row['pairs']} pairs, {row['trainings_per_round']} "
-                  f"trainings/round){label}: per-client {row['per_client_s_per_round']:.3f} "
-                  f"s/round, vectorized {row['vectorized_s_per_round']:.3f} s/round, "
-                  f"speed-up {row['speedup']:.1f}x; max update gap "
-                  f"{row['max_update_gap']:.1e}, loss gap {row['max_loss_gap']:.1e}",
-                  flush=True)
+            print(
+                f"N={n:5d} ({row['pairs']} pairs, {row['trainings_per_round']} "
+                f"trainings/round){label}: per-client {row['per_client_s_per_round']:.3f} "
+                f"s/round, vectorized {row['vectorized_s_per_round']:.3f} s/round, "
+                f"speed-up {row['speedup']:.1f}x; max update gap "
+                f"{row['max_update_gap']:.1e}, loss gap {row['max_loss_gap']:.1e}",
+                flush=True,
+            )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": str(device), "name": name, "torch": torch.__version__,
-                       "threads": torch.get_num_threads(), "rows": rows}, f, indent=1)
+            json.dump(
+                {
+                    "device": str(device),
+                    "name": name,
+                    "torch": torch.__version__,
+                    "threads": torch.get_num_threads(),
+                    "rows": rows,
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

@@ -39,12 +39,24 @@ def policy_only(seeds: list[int], rounds: int, window: int) -> None:
 
     one = [np.ones(1, dtype=np.float32)]
     for seed in seeds:
-        f = federation_for(Settings(strategy="random", tasks="digits,digits,digits",
-                                    profile="paper003", num_clients=120, seed=seed))
+        f = federation_for(
+            Settings(
+                strategy="random",
+                tasks="digits,digits,digits",
+                profile="paper003",
+                num_clients=120,
+                seed=seed,
+            )
+        )
         table = ClientTable()
         for c in range(f.num_clients):
-            table.upsert(ClientInfo(cid=str(c), num_examples=dict(f.num_examples(c)),
-                                    processors=int(f.processors[c])))
+            table.upsert(
+                ClientInfo(
+                    cid=str(c),
+                    num_examples=dict(f.num_examples(c)),
+                    processors=int(f.processors[c]),
+                )
+            )
         tasks = list(f.tasks)
         policy, agg = RandomAllocation(budget_fraction=0.1), UnbiasedAggregator()
         shares = {t: table.data_share(t) for t in tasks}
@@ -54,14 +66,20 @@ def policy_only(seeds: list[int], rounds: int, window: int) -> None:
         for r in range(rounds):
             ups: dict[str, list[Update]] = {t: [] for t in tasks}
             for pk in policy.assign(table, tasks, r + 1, rng):
-                ups[pk.task].append(Update(pk.cid, one, 1, shares[pk.task][pk.cid],
-                                           procs[pk.cid], pk.prob, pk.count))
+                ups[pk.task].append(
+                    Update(
+                        pk.cid, one, 1, shares[pk.task][pk.cid], procs[pk.cid], pk.prob, pk.count
+                    )
+                )
             for j, t in enumerate(tasks):
                 sums[r, j] = agg.coefficient_sum(t, ups[t], shares=shares[t])
         per_round = sums.mean(axis=1)
         se = per_round.std(ddof=1) / math.sqrt(rounds)
-        print(f"seed {seed}: rounds 1-{window} {sums[:window].mean():.4f}; rounds 1-{rounds} "
-              f"{sums.mean():.4f} (se {se:.4f}, z = {(sums.mean() - 1) / se:+.2f})", flush=True)
+        print(
+            f"seed {seed}: rounds 1-{window} {sums[:window].mean():.4f}; rounds 1-{rounds} "
+            f"{sums.mean():.4f} (se {se:.4f}, z = {(sums.mean() - 1) / se:+.2f})",
+            flush=True,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,12 +88,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-rounds", type=int, default=300)
     p.add_argument("--seed", type=int, default=11)
     p.add_argument("--engine", default="inprocess", choices=("inprocess", "vectorized"))
-    p.add_argument("--policy-only", metavar="SEEDS", default="",
-                   help="no training: draw --num-rounds rounds of random allocation on the "
-                        "federation of each seed (e.g. 0-7) and print the mean coef_sum of "
-                        "the first --window rounds and of all")
-    p.add_argument("--window", type=int, default=40,
-                   help="with --policy-only: the first rounds read apart (default 40)")
+    p.add_argument(
+        "--policy-only",
+        metavar="SEEDS",
+        default="",
+        help="no training: draw --num-rounds rounds of random allocation on the "
+        "federation of each seed (e.g. 0-7) and print the mean coef_sum of "
+        "the first --window rounds and of all",
+    )
+    p.add_argument(
+        "--window",
+        type=int,
+        default=40,
+        help="with --policy-only: the first rounds read apart (default 40)",
+    )
     a = p.parse_args(argv)
     if a.num_rounds < 1:
         p.error(f"--num-rounds must be >= 1; got {a.num_rounds}")
@@ -84,21 +110,35 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--policy-only draws random allocation only")
         if not 1 <= a.window <= a.num_rounds:
             p.error(f"--window must be in [1, --num-rounds]; got {a.window}")
-        policy_only(E.int_list(p, "--policy-only", a.policy_only, low=0), a.num_rounds,
-                    a.window)
+        policy_only(E.int_list(p, "--policy-only", a.policy_only, low=0), a.num_rounds, a.window)
         return 0
     from mmfl_flwr.config import Settings
     from mmfl_flwr.runner import run
 
-    s = Settings(strategy=a.strategy, tasks="digits,digits,digits", profile="paper003",
-                 num_clients=120, num_rounds=a.num_rounds, local_epochs=1, lr=0.001,
-                 batch_size=16, budget_fraction=0.1, output_dir="", seed=a.seed)
+    s = Settings(
+        strategy=a.strategy,
+        tasks="digits,digits,digits",
+        profile="paper003",
+        num_clients=120,
+        num_rounds=a.num_rounds,
+        local_epochs=1,
+        lr=0.001,
+        batch_size=16,
+        budget_fraction=0.1,
+        output_dir="",
+        seed=a.seed,
+    )
     res = run(s, engine=a.engine)
-    v = [float(r["coef_sum"]) for r in res.history
-         if r["round"] >= 1 and r["coef_sum"] not in ("", None)]
+    v = [
+        float(r["coef_sum"])
+        for r in res.history
+        if r["round"] >= 1 and r["coef_sum"] not in ("", None)
+    ]
     mean, se = statistics.fmean(v), statistics.stdev(v) / math.sqrt(len(v))
-    print(f"{a.strategy}: {len(v)} (round, model) values, mean coef_sum {mean:.4f}, "
-          f"se {se:.4f}, z = {(mean - 1) / se:+.2f}")
+    print(
+        f"{a.strategy}: {len(v)} (round, model) values, mean coef_sum {mean:.4f}, "
+        f"se {se:.4f}, z = {(mean - 1) / se:+.2f}"
+    )
     return 0
 
 

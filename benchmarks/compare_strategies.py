@@ -34,8 +34,9 @@ def _one(args: tuple[str, int, dict[str, Any]]) -> dict[str, Any]:
     from mmfl_flwr.runner import run
 
     # the budget applies to the budgeted presets only (others refuse the setting)
-    mine = {k: v for k, v in base.items()
-            if k != "budget_fraction" or strategy in presets_taking(k)}
+    mine = {
+        k: v for k, v in base.items() if k != "budget_fraction" or strategy in presets_taking(k)
+    }
     s = Settings(**{**mine, "strategy": strategy, "seed": seed, "output_dir": ""})
     t0 = time.monotonic()
     result = run(s, engine="inprocess")
@@ -87,14 +88,23 @@ def main(argv: list[str] | None = None) -> int:
         "batch_size": a.batch_size,
     }
     jobs = [(st, sd, base) for sd in seeds for st in strategies]
-    print(f"{len(jobs)} runs ({', '.join(strategies)} x seeds {seeds}) on {a.workers} "
-          f"worker(s): {base}", flush=True)
+    print(
+        f"{len(jobs)} runs ({', '.join(strategies)} x seeds {seeds}) on {a.workers} "
+        f"worker(s): {base}",
+        flush=True,
+    )
     t0 = time.monotonic()
-    runs = run_jobs(_one, jobs, a.workers, lambda r: (
-        f"{r['strategy']:<12} seed {r['seed']}: mean final acc "
-        f"{r['mean_final_accuracy']:.4f} "
-        f"({', '.join(f'{k}={v:.3f}' for k, v in r['final_accuracy'].items())}) "
-        f"uploads/round {r['uploads_per_round']:.1f}  {r['seconds']:.0f}s"))
+    runs = run_jobs(
+        _one,
+        jobs,
+        a.workers,
+        lambda r: (
+            f"{r['strategy']:<12} seed {r['seed']}: mean final acc "
+            f"{r['mean_final_accuracy']:.4f} "
+            f"({', '.join(f'{k}={v:.3f}' for k, v in r['final_accuracy'].items())}) "
+            f"uploads/round {r['uploads_per_round']:.1f}  {r['seconds']:.0f}s"
+        ),
+    )
 
     by = {(r["strategy"], r["seed"]): r for r in runs}
     ref = "full" if "full" in strategies else None
@@ -102,34 +112,45 @@ def main(argv: list[str] | None = None) -> int:
     for st in strategies:
         vals = [by[(st, sd)]["mean_final_accuracy"] for sd in seeds]
         rel = (
-            [by[(st, sd)]["mean_final_accuracy"] / by[(ref, sd)]["mean_final_accuracy"] for sd in seeds]
-            if ref else []
+            [
+                by[(st, sd)]["mean_final_accuracy"] / by[(ref, sd)]["mean_final_accuracy"]
+                for sd in seeds
+            ]
+            if ref
+            else []
         )
         mean, std = mean_sd(vals)
         rel_mean, rel_std = mean_sd(rel) if rel else (None, 0.0)
-        rows.append({
-            "strategy": st,
-            "mean": mean,
-            "std": std,
-            "relative": rel_mean,
-            "relative_std": rel_std,
-            "uploads_per_round": statistics.fmean(by[(st, sd)]["uploads_per_round"] for sd in seeds),
-            "last5": statistics.fmean(by[(st, sd)]["mean_accuracy_last5"] for sd in seeds),
-        })
+        rows.append(
+            {
+                "strategy": st,
+                "mean": mean,
+                "std": std,
+                "relative": rel_mean,
+                "relative_std": rel_std,
+                "uploads_per_round": statistics.fmean(
+                    by[(st, sd)]["uploads_per_round"] for sd in seeds
+                ),
+                "last5": statistics.fmean(by[(st, sd)]["mean_accuracy_last5"] for sd in seeds),
+            }
+        )
     lines = [
         "| strategy | final mean accuracy (± sd over seeds) | relative to full | mean acc., last 5 rounds | uploads / round |",
         "|---|---|---|---|---|",
     ]
     for r in rows:
         rel = f"{r['relative']:.3f} ± {r['relative_std']:.3f}" if r["relative"] is not None else "–"
-        lines.append(f"| {r['strategy']} | {r['mean']:.3f} ± {r['std']:.3f} | {rel} | "
-                     f"{r['last5']:.3f} | {r['uploads_per_round']:.1f} |")
+        lines.append(
+            f"| {r['strategy']} | {r['mean']:.3f} ± {r['std']:.3f} | {rel} | "
+            f"{r['last5']:.3f} | {r['uploads_per_round']:.1f} |"
+        )
     table = "\n".join(lines)
     print()
     print(table)
     print(f"\n{len(runs)} runs in {time.monotonic() - t0:.0f}s")
-    write_outputs(a.json, a.markdown,
-                  {"settings": base, "seeds": seeds, "runs": runs, "summary": rows}, table)
+    write_outputs(
+        a.json, a.markdown, {"settings": base, "seeds": seeds, "runs": runs, "summary": rows}, table
+    )
     return 0
 
 

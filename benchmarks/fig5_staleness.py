@@ -37,8 +37,9 @@ def method_strategy(method: str, seed: int, base: dict[str, Any]):  # type: igno
     from mmfl_flwr.core.stalevr import StaleVRAggregator
     from mmfl_flwr.strategy import MultiModelStrategy
 
-    kw = dict(local_epochs=base["local_epochs"], lr=base["lr"], batch_size=base["batch_size"],
-              seed=seed)
+    kw = dict(
+        local_epochs=base["local_epochs"], lr=base["lr"], batch_size=base["batch_size"], seed=seed
+    )
     if method == "stalevr":
         return MultiModelStrategy(FixedRates(GROUPS, train_all=True), StaleVRAggregator(), **kw)
     if method == "fedvarp":
@@ -54,9 +55,17 @@ def _one(args: tuple[str, int, dict[str, Any]]) -> dict[str, Any]:
     from mmfl_flwr.config import Settings
     from mmfl_flwr.runner import run_inprocess
 
-    s = Settings(tasks="digits", strategy="random", seed=seed, output_dir="",
-                 num_clients=base["num_clients"], num_rounds=base["num_rounds"],
-                 local_epochs=base["local_epochs"], lr=base["lr"], batch_size=base["batch_size"])
+    s = Settings(
+        tasks="digits",
+        strategy="random",
+        seed=seed,
+        output_dir="",
+        num_clients=base["num_clients"],
+        num_rounds=base["num_rounds"],
+        local_epochs=base["local_epochs"],
+        lr=base["lr"],
+        batch_size=base["batch_size"],
+    )
     t0 = time.monotonic()
     import io
     import contextlib
@@ -76,10 +85,10 @@ def _one(args: tuple[str, int, dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = Parser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--methods", default="stalevr,fedstale-0.6,fedstale-0.7,fedstale-0.8,"
-                                        "fedstale-0.9,fedvarp")
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--methods", default="stalevr,fedstale-0.6,fedstale-0.7,fedstale-0.8,fedstale-0.9,fedvarp"
+    )
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--num-clients", type=int, default=120)
     p.add_argument("--num-rounds", type=int, default=100)
@@ -93,17 +102,30 @@ def main(argv: list[str] | None = None) -> int:
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
     seeds = int_list(p, "--seeds", a.seeds, low=0)
     at_least_one(p, a, "num_clients", "num_rounds", "local_epochs", "batch_size", "workers")
-    base = {"num_clients": a.num_clients, "num_rounds": a.num_rounds,
-            "local_epochs": a.local_epochs, "lr": a.lr, "batch_size": a.batch_size}
+    base = {
+        "num_clients": a.num_clients,
+        "num_rounds": a.num_rounds,
+        "local_epochs": a.local_epochs,
+        "lr": a.lr,
+        "batch_size": a.batch_size,
+    }
     jobs = [(m, sd, base) for sd in seeds for m in methods]
     print(f"{len(jobs)} runs, groups {GROUPS}, {base}", flush=True)
     t0 = time.monotonic()
-    runs = run_jobs(_one, jobs, a.workers, lambda r: (
-        f"{r['method']:<14} seed {r['seed']}: final {r['final_accuracy']:.4f} "
-        f"last-10 mean {r['last10']:.4f} uploads/round {r['uploads_per_round']:.1f} "
-        f"{r['seconds']:.0f}s"))
-    lines = ["| method | final accuracy (± sd over seeds) | mean accuracy, last 10 rounds |",
-             "|---|---|---|"]
+    runs = run_jobs(
+        _one,
+        jobs,
+        a.workers,
+        lambda r: (
+            f"{r['method']:<14} seed {r['seed']}: final {r['final_accuracy']:.4f} "
+            f"last-10 mean {r['last10']:.4f} uploads/round {r['uploads_per_round']:.1f} "
+            f"{r['seconds']:.0f}s"
+        ),
+    )
+    lines = [
+        "| method | final accuracy (± sd over seeds) | mean accuracy, last 10 rounds |",
+        "|---|---|---|",
+    ]
     summary = []
     for m in methods:
         fin = [r["final_accuracy"] for r in runs if r["method"] == m]
@@ -113,8 +135,12 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {m} | {final:.3f} ± {sd:.3f} | {statistics.fmean(l10):.3f} |")
     table = "\n".join(lines)
     print("\n" + table + f"\n\n{len(runs)} runs in {time.monotonic() - t0:.0f}s")
-    write_outputs(a.json, a.markdown,
-                  {"settings": base, "groups": GROUPS, "runs": runs, "summary": summary}, table)
+    write_outputs(
+        a.json,
+        a.markdown,
+        {"settings": base, "groups": GROUPS, "runs": runs, "summary": summary},
+        table,
+    )
     return 0
 
 

@@ -71,11 +71,15 @@ def others_accuracy(settings: Any, arrays: Any, excluded: str) -> dict[str, floa
     fed = federation_for(settings)
     out = {}
     for task, record in arrays.items():
-        parts = [fed.client_data(k, task)[1] for k in range(fed.num_clients)
-                 if str(k) != excluded and bool(fed.eligible[task][k])]
+        parts = [
+            fed.client_data(k, task)[1]
+            for k in range(fed.num_clients)
+            if str(k) != excluded and bool(fed.eligible[task][k])
+        ]
         data = concat_datasets([d for d in parts if len(d)])
-        _, out[task] = evaluate_arrays(lambda k=fed.kinds[task]: make_model(k),
-                                       arrays_to_numpy(record), data)
+        _, out[task] = evaluate_arrays(
+            lambda k=fed.kinds[task]: make_model(k), arrays_to_numpy(record), data
+        )
     return out
 
 
@@ -107,10 +111,15 @@ def _run(job: tuple[str, str, float | None, int, int]) -> dict[str, Any]:
         logger.setLevel(saved[0])
         for h, level in saved[1]:
             h.setLevel(level)
-    return {"preset": preset, "defence": defence, "scale": scale, "seed": seed,
-            "accuracy": {t: r["accuracy"] for t, r in result.final().items()},
-            "others": others_accuracy(settings, result.arrays, HOSTILE),
-            "scores": scores}
+    return {
+        "preset": preset,
+        "defence": defence,
+        "scale": scale,
+        "seed": seed,
+        "accuracy": {t: r["accuracy"] for t, r in result.final().items()},
+        "others": others_accuracy(settings, result.arrays, HOSTILE),
+        "scores": scores,
+    }
 
 
 def _label(scale: float | None) -> str:
@@ -132,18 +141,27 @@ def _scores_text(s: list[float] | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = Parser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--presets", default="mfa-rr,stalevr", help="comma-separated presets")
-    p.add_argument("--defences", default="default,influence-clip",
-                   help="comma-separated defence configurations of hostile_clients.py --field")
-    p.add_argument("--scales", default="0,-0.1,-0.3,-1",
-                   help="multiples of client 3's honest update it sends (0: a zero update); "
-                        "write --scales=-1,-0.1 when the first is negative")
+    p.add_argument(
+        "--defences",
+        default="default,influence-clip",
+        help="comma-separated defence configurations of hostile_clients.py --field",
+    )
+    p.add_argument(
+        "--scales",
+        default="0,-0.1,-0.3,-1",
+        help="multiples of client 3's honest update it sends (0: a zero update); "
+        "write --scales=-1,-0.1 when the first is negative",
+    )
     p.add_argument("--seeds", default="0-5", help="seeds, e.g. 0-5 or 0,2,4 (at least two)")
     p.add_argument("--num-rounds", type=int, default=8)
-    p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
-                   help="runs in parallel (processes; default 2, or 1 on a one-core machine)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="runs in parallel (processes; default 2, or 1 on a one-core machine)",
+    )
     p.add_argument("--json", default="", help="write the rows and the scores here")
     p.add_argument("--markdown", default="", help="write the tables here")
     a = p.parse_args(argv)
@@ -161,8 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     if not scales or any(not abs(x) < float("inf") for x in scales):
         p.error(f"--scales takes finite numbers, got {a.scales!r}")
     if len({_label(x) for x in scales}) < len(scales):
-        p.error(f"--scales: give each value once (values equal to 6 significant digits "
-                f"count as one), got {a.scales!r}")
+        p.error(
+            f"--scales: give each value once (values equal to 6 significant digits "
+            f"count as one), got {a.scales!r}"
+        )
     for name, path in (("--json", a.json), ("--markdown", a.markdown)):
         if path and os.path.isdir(path):
             p.error(f"{name} {path}: a folder; give a file name")
@@ -177,11 +197,17 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--defences takes some of {list(DEFENCES)}")
     if len(set(presets)) < len(presets) or len(set(defences)) < len(defences):
         p.error("--presets and --defences: give each name once")
-    pairs = [(pr, d) for pr in presets for d in defences
-             if d not in ("median", "centered-clip") or takes_aggregator(pr)]
+    pairs = [
+        (pr, d)
+        for pr in presets
+        for d in defences
+        if d not in ("median", "centered-clip") or takes_aggregator(pr)
+    ]
     if not pairs:
-        p.error("nothing to run: the median and centered-clip defences take a preset with "
-                "a replaceable aggregator")
+        p.error(
+            "nothing to run: the median and centered-clip defences take a preset with "
+            "a replaceable aggregator"
+        )
     for pr in presets:
         for d in defences:
             if (pr, d) not in pairs:
@@ -195,41 +221,72 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(a.workers) as ex:
         for r in ex.map(_run, jobs):
             done[(r["preset"], r["defence"], _label(r["scale"]), r["seed"])] = r
-            print(f"  {r['preset']} {r['defence']} {_label(r['scale'])} seed {r['seed']}: "
-                  + " ".join(f"{t} {v:.3f}" for t, v in r["accuracy"].items()), flush=True)
-    table = [f"`{command('flip_scale', argv)}`", "", f"Machine: {machine()}.", "",
-             "| preset | defence | model | client 3 sends | accuracy | drop vs honest [95% CI] "
-             f"| drop per seed ({', '.join(map(str, seeds))}) | drop on the other clients' "
-             "test data [95% CI] |", "|---|---|---|---|---|---|---|---|"]
+            print(
+                f"  {r['preset']} {r['defence']} {_label(r['scale'])} seed {r['seed']}: "
+                + " ".join(f"{t} {v:.3f}" for t, v in r["accuracy"].items()),
+                flush=True,
+            )
+    table = [
+        f"`{command('flip_scale', argv)}`",
+        "",
+        f"Machine: {machine()}.",
+        "",
+        "| preset | defence | model | client 3 sends | accuracy | drop vs honest [95% CI] "
+        f"| drop per seed ({', '.join(map(str, seeds))}) | drop on the other clients' "
+        "test data [95% CI] |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     rows = []
     for pr, d in pairs:
         tasks = sorted(done[(pr, d, "honest", seeds[0])]["accuracy"])
         for t in tasks:
-            acc = {lab: {s: done[(pr, d, lab, s)]["accuracy"][t] for s in seeds}
-                   for lab in map(_label, runs)}
-            oth = {lab: {s: done[(pr, d, lab, s)]["others"][t] for s in seeds}
-                   for lab in map(_label, runs)}
+            acc = {
+                lab: {s: done[(pr, d, lab, s)]["accuracy"][t] for s in seeds}
+                for lab in map(_label, runs)
+            }
+            oth = {
+                lab: {s: done[(pr, d, lab, s)]["others"][t] for s in seeds}
+                for lab in map(_label, runs)
+            }
             for lab in map(_label, runs[1:]):
                 drop = paired_ci(acc["honest"], acc[lab])
                 drop_others = paired_ci(oth["honest"], oth[lab])
                 per = [acc["honest"][s] - acc[lab][s] for s in seeds]
-                rows.append({"preset": pr, "defence": d, "model": t, "sent": lab,
-                             "accuracy": mean_ci(list(acc[lab].values()))[0], "drop": drop,
-                             "per_seed": dict(zip(seeds, per)), "honest": acc["honest"],
-                             "attacked": acc[lab], "drop_others": drop_others,
-                             "honest_others": oth["honest"], "attacked_others": oth[lab]})
-                table.append(f"| {pr} | {d} | {t} | {lab} | {rows[-1]['accuracy']:.3f} | "
-                             f"{drop['mean']:+.3f} [{drop['lo']:+.3f}, {drop['hi']:+.3f}] | "
-                             + " ".join(f"{x:+.3f}" for x in per) + " | "
-                             f"{drop_others['mean']:+.3f} [{drop_others['lo']:+.3f}, "
-                             f"{drop_others['hi']:+.3f}] |")
+                rows.append(
+                    {
+                        "preset": pr,
+                        "defence": d,
+                        "model": t,
+                        "sent": lab,
+                        "accuracy": mean_ci(list(acc[lab].values()))[0],
+                        "drop": drop,
+                        "per_seed": dict(zip(seeds, per)),
+                        "honest": acc["honest"],
+                        "attacked": acc[lab],
+                        "drop_others": drop_others,
+                        "honest_others": oth["honest"],
+                        "attacked_others": oth[lab],
+                    }
+                )
+                table.append(
+                    f"| {pr} | {d} | {t} | {lab} | {rows[-1]['accuracy']:.3f} | "
+                    f"{drop['mean']:+.3f} [{drop['lo']:+.3f}, {drop['hi']:+.3f}] | "
+                    + " ".join(f"{x:+.3f}" for x in per)
+                    + " | "
+                    f"{drop_others['mean']:+.3f} [{drop_others['lo']:+.3f}, "
+                    f"{drop_others['hi']:+.3f}] |"
+                )
     flip = _label(-1.0) if -1.0 in scales else None
     which = "honest run" + (f" and client 3 sending {flip}" if flip else "")
-    table += ["", "Direction scores in the last round the check scored the model: the "
-              "lowest / second lowest score of that round's uploaders (mean cosines; no client "
-              f"ids) / the median over every scored client, {which}:", "",
-              "| preset | defence | model | seed | honest | " + (f"{flip} |" if flip else ""),
-              "|---|---|---|---|---|" + ("---|" if flip else "")]
+    table += [
+        "",
+        "Direction scores in the last round the check scored the model: the "
+        "lowest / second lowest score of that round's uploaders (mean cosines; no client "
+        f"ids) / the median over every scored client, {which}:",
+        "",
+        "| preset | defence | model | seed | honest | " + (f"{flip} |" if flip else ""),
+        "|---|---|---|---|---|" + ("---|" if flip else ""),
+    ]
     for pr, d in pairs:
         for t in sorted(done[(pr, d, "honest", seeds[0])]["accuracy"]):
             for s in seeds:
@@ -237,10 +294,22 @@ def main(argv: list[str] | None = None) -> int:
                 f = _scores_text(done[(pr, d, flip, s)]["scores"].get(t)) if flip else ""
                 table.append(f"| {pr} | {d} | {t} | {s} | {h} | " + (f"{f} |" if flip else ""))
     print("\n".join(table))
-    scores = [{"preset": r["preset"], "defence": r["defence"], "sent": _label(r["scale"]),
-               "seed": r["seed"], "scores": r["scores"]} for r in done.values()]
-    write_outputs(a.json, a.markdown, {"rows": rows, "seeds": seeds, "scales": scales,
-                                       "direction_scores": scores}, "\n".join(table))
+    scores = [
+        {
+            "preset": r["preset"],
+            "defence": r["defence"],
+            "sent": _label(r["scale"]),
+            "seed": r["seed"],
+            "scores": r["scores"],
+        }
+        for r in done.values()
+    ]
+    write_outputs(
+        a.json,
+        a.markdown,
+        {"rows": rows, "seeds": seeds, "scales": scales, "direction_scores": scores},
+        "\n".join(table),
+    )
     return 0
 
 

@@ -34,16 +34,32 @@ from typing import Any
 from _evidence import Parser, at_least_one, int_list, mean_sd, run_jobs, write_outputs
 
 SCENARIOS: dict[str, dict[str, Any]] = {
-    "consistent": {"tasks": "digits,digits,digits", "profile": "clusters-consistent",
-                   "num_clients": 30, "variant": "consistent"},
-    "inconsistent": {"tasks": "digits,digits,digits", "profile": "clusters-inconsistent",
-                     "num_clients": 30, "variant": "modified"},
-    "clients": {"tasks": "digits,digits,digits", "profile": "clusters-consistent",
-                "num_clients": 60, "variant": "consistent",
-                "client_arrivals": "exponential:static=24,rate=0.1"},
-    "tasks": {"tasks": "digits,digits,digits,digits,digits", "profile": "clusters-consistent",
-              "num_clients": 30, "variant": "consistent",
-              "task_arrivals": "digits_4:30,digits_5:60"},
+    "consistent": {
+        "tasks": "digits,digits,digits",
+        "profile": "clusters-consistent",
+        "num_clients": 30,
+        "variant": "consistent",
+    },
+    "inconsistent": {
+        "tasks": "digits,digits,digits",
+        "profile": "clusters-inconsistent",
+        "num_clients": 30,
+        "variant": "modified",
+    },
+    "clients": {
+        "tasks": "digits,digits,digits",
+        "profile": "clusters-consistent",
+        "num_clients": 60,
+        "variant": "consistent",
+        "client_arrivals": "exponential:static=24,rate=0.1",
+    },
+    "tasks": {
+        "tasks": "digits,digits,digits,digits,digits",
+        "profile": "clusters-consistent",
+        "num_clients": 30,
+        "variant": "consistent",
+        "task_arrivals": "digits_4:30,digits_5:60",
+    },
 }
 METHODS = ("group", "rr-random-groups", "random")
 
@@ -75,11 +91,19 @@ def _one(args: tuple[str, str, int, dict[str, Any]]) -> dict[str, Any]:
 
     sc = dict(SCENARIOS[scenario])
     variant = sc.pop("variant")
-    s = Settings(strategy="group", seed=seed, output_dir="", num_rounds=base["num_rounds"],
-                 local_epochs=base["local_epochs"], lr=base["lr"],
-                 batch_size=base["batch_size"], **sc)
-    kw: dict[str, Any] = dict(local_epochs=s.local_epochs, lr=s.lr, batch_size=s.batch_size,
-                              seed=seed)
+    s = Settings(
+        strategy="group",
+        seed=seed,
+        output_dir="",
+        num_rounds=base["num_rounds"],
+        local_epochs=base["local_epochs"],
+        lr=base["lr"],
+        batch_size=base["batch_size"],
+        **sc,
+    )
+    kw: dict[str, Any] = dict(
+        local_epochs=s.local_epochs, lr=s.lr, batch_size=s.batch_size, seed=seed
+    )
     if s.client_arrivals:
         kw["client_arrivals"] = s.client_arrival_rounds()
     if s.task_arrivals:
@@ -87,8 +111,7 @@ def _one(args: tuple[str, str, int, dict[str, Any]]) -> dict[str, Any]:
     if method == "group":
         policy = GroupSampling(1 / 6, variant, seed=seed)
     elif method == "rr-random-groups":
-        policy = GroupSampling(1 / 6, "consistent", seed=seed, grouping="random",
-                               random_groups=5)
+        policy = GroupSampling(1 / 6, "consistent", seed=seed, grouping="random", random_groups=5)
     else:
         policy = random_allocation(1 / 6)
     strategy = MultiModelStrategy(policy, MeanAggregator(), **kw)
@@ -96,14 +119,18 @@ def _one(args: tuple[str, str, int, dict[str, Any]]) -> dict[str, Any]:
     with contextlib.redirect_stdout(io.StringIO()):
         result = run_inprocess(s, strategy)
     final = {t: float(r["accuracy"]) for t, r in result.final().items()}
-    return {"scenario": scenario, "method": method, "seed": seed, "final_accuracy": final,
-            "mean_final_accuracy": statistics.fmean(final.values()),
-            "seconds": time.monotonic() - t0}
+    return {
+        "scenario": scenario,
+        "method": method,
+        "seed": seed,
+        "final_accuracy": final,
+        "mean_final_accuracy": statistics.fmean(final.values()),
+        "seconds": time.monotonic() - t0,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = Parser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--seeds", default="0,1,2")
@@ -119,14 +146,24 @@ def main(argv: list[str] | None = None) -> int:
     methods = [x for x in a.methods.split(",") if x]
     seeds = int_list(p, "--seeds", a.seeds, low=0)
     at_least_one(p, a, "num_rounds", "local_epochs", "batch_size", "workers")
-    base = {"num_rounds": a.num_rounds, "local_epochs": a.local_epochs, "lr": a.lr,
-            "batch_size": a.batch_size}
+    base = {
+        "num_rounds": a.num_rounds,
+        "local_epochs": a.local_epochs,
+        "lr": a.lr,
+        "batch_size": a.batch_size,
+    }
     jobs = [(sc, m, sd, base) for sc in scenarios for sd in seeds for m in methods]
     print(f"{len(jobs)} runs: {base}", flush=True)
     t0 = time.monotonic()
-    runs = run_jobs(_one, jobs, a.workers, lambda r: (
-        f"{r['scenario']:<13} {r['method']:<17} seed {r['seed']}: "
-        f"{r['mean_final_accuracy']:.4f} {r['seconds']:.0f}s"))
+    runs = run_jobs(
+        _one,
+        jobs,
+        a.workers,
+        lambda r: (
+            f"{r['scenario']:<13} {r['method']:<17} seed {r['seed']}: "
+            f"{r['mean_final_accuracy']:.4f} {r['seconds']:.0f}s"
+        ),
+    )
     lines = ["| scenario | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
     summary = []
     for sc in scenarios:

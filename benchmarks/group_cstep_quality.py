@@ -57,16 +57,22 @@ def one(job: tuple[str, int, int]) -> list[dict[str, Any]]:
         if task not in planted:
             planted[task] = planted_clusters(s, task)
         truth = [planted[task][cid] for cid in c["clients"]]
-        rows.append({"scenario": scenario, "seed": seed, "round": c["round"],
-                     "clients": len(c["clients"]), "k": c["k"],
-                     "ari": float(adjusted_rand_score(truth, c["labels"])),
-                     "largest_group": max(c["labels"].count(g) for g in set(c["labels"]))})
+        rows.append(
+            {
+                "scenario": scenario,
+                "seed": seed,
+                "round": c["round"],
+                "clients": len(c["clients"]),
+                "k": c["k"],
+                "ari": float(adjusted_rand_score(truth, c["labels"])),
+                "largest_group": max(c["labels"].count(g) for g in set(c["labels"])),
+            }
+        )
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = E.Parser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = E.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scenarios", default="consistent,clients-static")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--num-rounds", type=int, default=90)
@@ -82,8 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--workers must be >= 1")
     jobs = [(sc, sd, a.num_rounds) for sd in seeds for sc in scenarios]
     E.check_cache(a.cache, jobs)
-    results = E.map_cached(one, jobs, a.workers, a.cache,
-                           label=lambda j: f"{j[0]} seed {j[1]}")
+    results = E.map_cached(one, jobs, a.workers, a.cache, label=lambda j: f"{j[0]} seed {j[1]}")
     rows = [r for rs in results for r in rs]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -92,17 +97,20 @@ def main(argv: list[str] | None = None) -> int:
         w.writeheader()
         w.writerows(rows)
     third = max(a.num_rounds // 3, 1)
-    print(f"{'scenario':<20} {'rounds':<9} {'C-steps':>7} {'mean k':>7} {'k = 5':>6} "
-          f"{'mean ARI':>9}")
+    print(
+        f"{'scenario':<20} {'rounds':<9} {'C-steps':>7} {'mean k':>7} {'k = 5':>6} {'mean ARI':>9}"
+    )
     for sc in scenarios:
         for lo, hi in ((1, third), (third + 1, a.num_rounds)):
             sub = [r for r in rows if r["scenario"] == sc and lo <= r["round"] <= hi]
             if not sub:
                 continue
-            print(f"{sc:<20} {lo:>3}-{hi:<5} {len(sub):>7} "
-                  f"{statistics.fmean(r['k'] for r in sub):>7.2f} "
-                  f"{sum(r['k'] == 5 for r in sub) / len(sub):>6.0%} "
-                  f"{statistics.fmean(r['ari'] for r in sub):>9.3f}")
+            print(
+                f"{sc:<20} {lo:>3}-{hi:<5} {len(sub):>7} "
+                f"{statistics.fmean(r['k'] for r in sub):>7.2f} "
+                f"{sum(r['k'] == 5 for r in sub) / len(sub):>6.0%} "
+                f"{statistics.fmean(r['ari'] for r in sub):>9.3f}"
+            )
     print(f"\nwrote {out / 'group_cstep_quality.csv'} ({len(rows)} C-steps)")
     return 0
 

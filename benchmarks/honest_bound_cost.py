@@ -59,9 +59,16 @@ def _run(job: tuple[str, int, bool, str, int, int, int]) -> dict[str, Any]:
 
     if preset == "group" and profile == "uniform":
         profile = "clusters-consistent"  # MMFL-Group needs clustered clients
-    s = Settings(strategy=preset, profile=profile, num_clients=clients, num_rounds=rounds,
-                 local_epochs=epochs, seed=seed, output_dir="",
-                 reversed_influence_factor=4.0 if on else 0.0)
+    s = Settings(
+        strategy=preset,
+        profile=profile,
+        num_clients=clients,
+        num_rounds=rounds,
+        local_epochs=epochs,
+        seed=seed,
+        output_dir="",
+        reversed_influence_factor=4.0 if on else 0.0,
+    )
     logger = logging.getLogger("flwr")
     level, quiet = logger.level, [(h, h.level) for h in logger.handlers]
     logger.setLevel(logging.WARNING)
@@ -80,9 +87,14 @@ def _run(job: tuple[str, int, bool, str, int, int, int]) -> dict[str, Any]:
     acted = [m for m in tap.lines if MARK in m]
     found = [RATIO.search(m) for m in acted]
     trims = [float(f.group(1)) / float(f.group(2)) for f in found if f]
-    return {"preset": preset, "seed": seed, "bound": on,
-            "accuracy": {t: r["accuracy"] for t, r in result.final().items()},
-            "scalings": len(acted), "largest_trim": max(trims, default=1.0)}
+    return {
+        "preset": preset,
+        "seed": seed,
+        "bound": on,
+        "accuracy": {t: r["accuracy"] for t, r in result.final().items()},
+        "scalings": len(acted),
+        "largest_trim": max(trims, default=1.0),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,10 +105,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-rounds", type=int, default=10)
     p.add_argument("--local-epochs", type=int, default=3)
     p.add_argument("--seeds", default="1-3", help="seeds, e.g. 1-3 (at least two)")
-    p.add_argument("--margin", default="0.05",
-                   help="the equivalence margin of the paired TOST, in accuracy (0, 1)")
-    p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
-                   help="runs in parallel (processes)")
+    p.add_argument(
+        "--margin",
+        default="0.05",
+        help="the equivalence margin of the paired TOST, in accuracy (0, 1)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="runs in parallel (processes)",
+    )
     p.add_argument("--json", default="", help="write the runs and the rows here")
     p.add_argument("--markdown", default="", help="write the table here")
     a = p.parse_args(argv)
@@ -110,8 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     if len(seeds) < 2:
         p.error("--seeds needs at least two seeds (the differences are paired by seed)")
     margin = margin_arg(p, a.margin)
-    for name, value in (("--num-clients", a.num_clients), ("--num-rounds", a.num_rounds),
-                        ("--local-epochs", a.local_epochs), ("--workers", a.workers)):
+    for name, value in (
+        ("--num-clients", a.num_clients),
+        ("--num-rounds", a.num_rounds),
+        ("--local-epochs", a.local_epochs),
+        ("--workers", a.workers),
+    ):
         if value < 1:
             p.error(f"{name} must be >= 1")
     for name, path in (("--json", a.json), ("--markdown", a.markdown)):
@@ -119,8 +142,12 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"{name} {path}: a folder; give a file name")
         if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             p.error(f"{name} {path}: its folder does not exist")
-    jobs = [(pr, s, on, a.profile, a.num_clients, a.num_rounds, a.local_epochs)
-            for pr in presets for s in seeds for on in (True, False)]
+    jobs = [
+        (pr, s, on, a.profile, a.num_clients, a.num_rounds, a.local_epochs)
+        for pr in presets
+        for s in seeds
+        for on in (True, False)
+    ]
     print(f"{len(jobs)} runs", flush=True)
     from concurrent.futures import ProcessPoolExecutor
 
@@ -128,32 +155,56 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(a.workers) as ex:
         for r in ex.map(_run, jobs):
             done[(r["preset"], r["seed"], r["bound"])] = r
-            print(f"  {r['preset']} seed {r['seed']} {'with' if r['bound'] else 'without'} the "
-                  f"bound: scalings {r['scalings']}, accuracy "
-                  + " ".join(f"{t} {v:.3f}" for t, v in r["accuracy"].items()), flush=True)
-    table = [f"`{command('honest_bound_cost', argv)}`", "", f"Machine: {machine()}.", "",
-             f"Every client honest; profile `{a.profile}`, {a.num_clients} clients, "
-             f"{a.num_rounds} rounds, {a.local_epochs} local epochs, in-process engine, seeds "
-             f"{', '.join(map(str, seeds))}. Accuracy: final, mean over the models.", "",
-             "| preset | scalings per run | largest trim | accuracy with the bound | without "
-             f"| with - without [95% CI] | TOST at +-{margin:g} [90% CI] |",
-             "|---|---|---|---|---|---|---|"]
+            print(
+                f"  {r['preset']} seed {r['seed']} {'with' if r['bound'] else 'without'} the "
+                f"bound: scalings {r['scalings']}, accuracy "
+                + " ".join(f"{t} {v:.3f}" for t, v in r["accuracy"].items()),
+                flush=True,
+            )
+    table = [
+        f"`{command('honest_bound_cost', argv)}`",
+        "",
+        f"Machine: {machine()}.",
+        "",
+        f"Every client honest; profile `{a.profile}`, {a.num_clients} clients, "
+        f"{a.num_rounds} rounds, {a.local_epochs} local epochs, in-process engine, seeds "
+        f"{', '.join(map(str, seeds))}. Accuracy: final, mean over the models.",
+        "",
+        "| preset | scalings per run | largest trim | accuracy with the bound | without "
+        f"| with - without [95% CI] | TOST at +-{margin:g} [90% CI] |",
+        "|---|---|---|---|---|---|---|",
+    ]
     rows = []
     for pr in presets:
+
         def mean_acc(on: bool) -> dict[int, float]:
-            return {s: sum(done[(pr, s, on)]["accuracy"].values())
-                    / len(done[(pr, s, on)]["accuracy"]) for s in seeds}
+            return {
+                s: sum(done[(pr, s, on)]["accuracy"].values()) / len(done[(pr, s, on)]["accuracy"])
+                for s in seeds
+            }
+
         with_, without = mean_acc(True), mean_acc(False)
         d, eq = paired_ci(with_, without), equivalence(with_, without, margin)
         scalings = [done[(pr, s, True)]["scalings"] for s in seeds]
         trim = max(done[(pr, s, True)]["largest_trim"] for s in seeds)
-        rows.append({"preset": pr, "with": with_, "without": without, "difference": d,
-                     "equivalence": eq, "scalings": scalings, "largest_trim": trim})
-        table.append(f"| {pr} | {sum(scalings) / len(seeds):.1f} | {trim:.1f}x | "
-                     f"{mean_ci(list(with_.values()))[0]:.3f} | "
-                     f"{mean_ci(list(without.values()))[0]:.3f} | {d['mean']:+.3f} "
-                     f"[{d['lo']:+.3f}, {d['hi']:+.3f}] | {eq['verdict']} "
-                     f"[{eq['lo']:+.3f}, {eq['hi']:+.3f}] |")
+        rows.append(
+            {
+                "preset": pr,
+                "with": with_,
+                "without": without,
+                "difference": d,
+                "equivalence": eq,
+                "scalings": scalings,
+                "largest_trim": trim,
+            }
+        )
+        table.append(
+            f"| {pr} | {sum(scalings) / len(seeds):.1f} | {trim:.1f}x | "
+            f"{mean_ci(list(with_.values()))[0]:.3f} | "
+            f"{mean_ci(list(without.values()))[0]:.3f} | {d['mean']:+.3f} "
+            f"[{d['lo']:+.3f}, {d['hi']:+.3f}] | {eq['verdict']} "
+            f"[{eq['lo']:+.3f}, {eq['hi']:+.3f}] |"
+        )
     print("\n".join(table))
     payload = {"rows": rows, "runs": list(done.values()), "seeds": seeds, "margin": margin}
     write_outputs(a.json, a.markdown, payload, "\n".join(table))

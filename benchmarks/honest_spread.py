@@ -37,19 +37,23 @@ import logging
 import sys
 
 
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--profile", default="uniform")
     p.add_argument("--presets", default="")
     p.add_argument("--num-clients", type=int, default=20)
     p.add_argument("--num-rounds", type=int, default=6)
     p.add_argument("--local-epochs", type=int, default=3)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--influence-clip-factor", type=float, default=0.0,
-                   help="run with the influence bound at this factor (0: off, the default), "
-                        "so that ``influence`` is measured")
+    p.add_argument(
+        "--influence-clip-factor",
+        type=float,
+        default=0.0,
+        help="run with the influence bound at this factor (0: off, the default), "
+        "so that ``influence`` is measured",
+    )
     a = p.parse_args(argv)
     if a.influence_clip_factor != 0 and not a.influence_clip_factor >= 1:
         p.error(f"--influence-clip-factor must be 0 (off) or >= 1; got {a.influence_clip_factor}")
@@ -61,8 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     from mmfl_flwr.strategy.validation import BOUND_OBSERVERS
 
     stats: dict[str, float] = collections.defaultdict(float)
-    short = {"update-norm": "norm", "query-loss": "query", "train-loss": "train",
-             "influence": "influence", "expected-influence": "expected"}
+    short = {
+        "update-norm": "norm",
+        "query-loss": "query",
+        "train-loss": "train",
+        "influence": "influence",
+        "expected-influence": "expected",
+    }
 
     def record(kind: str, task: str, values: list[float], reference: float) -> None:
         if kind == "direction":  # the lowest honest mean cosine, and how far below the median
@@ -76,19 +85,30 @@ def main(argv: list[str] | None = None) -> int:
 
     BOUND_OBSERVERS.append(record)
     names = a.presets.split(",") if a.presets else list(PRESETS)
-    print(f"profile {a.profile}, {a.num_clients} clients, {a.num_rounds} rounds, "
-          f"{a.local_epochs} local epochs, seed {a.seed}")
+    print(
+        f"profile {a.profile}, {a.num_clients} clients, {a.num_rounds} rounds, "
+        f"{a.local_epochs} local epochs, seed {a.seed}"
+    )
     for name in names:
         stats.clear()
-        kw = dict(strategy=name, profile=a.profile, num_rounds=a.num_rounds, output_dir="",
-                  num_clients=a.num_clients, local_epochs=a.local_epochs, seed=a.seed,
-                  influence_clip_factor=a.influence_clip_factor)
+        kw = dict(
+            strategy=name,
+            profile=a.profile,
+            num_rounds=a.num_rounds,
+            output_dir="",
+            num_clients=a.num_clients,
+            local_epochs=a.local_epochs,
+            seed=a.seed,
+            influence_clip_factor=a.influence_clip_factor,
+        )
         if name == "group" and a.profile == "uniform":
             kw["profile"] = "clusters-consistent"
         with contextlib.redirect_stdout(io.StringIO()):
             runner.run(Settings(**kw), engine="inprocess")
-        print(f"  {name:14s} " + "  ".join(f"{k} {v:.2f}" for k, v in sorted(stats.items())),
-              flush=True)
+        print(
+            f"  {name:14s} " + "  ".join(f"{k} {v:.2f}" for k, v in sorted(stats.items())),
+            flush=True,
+        )
     return 0
 
 

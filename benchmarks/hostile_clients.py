@@ -46,8 +46,16 @@ from typing import Any
 from _evidence import Parser, int_list, write_outputs
 
 HOSTILE = "3"
-ATTACKS = ("huge-weights", "scaled-x1000", "count-registration", "count-train", "lying-loss",
-           "replay", "squat", "squat-pinned")
+ATTACKS = (
+    "huge-weights",
+    "scaled-x1000",
+    "count-registration",
+    "count-train",
+    "lying-loss",
+    "replay",
+    "squat",
+    "squat-pinned",
+)
 SQUATTER = "1"  # claims client 3's id; client 3 is late (its first info query fails)
 SECRET = "client-3-secret"
 
@@ -72,8 +80,11 @@ def _attack(name: str) -> Any:
         "lying-loss": lambda: H.lying_loss(HOSTILE, 1e5),
         "replay": lambda: H.replay(HOSTILE),
         "squat": lambda: H.chain(H.impersonate(SQUATTER, HOSTILE), H.late_registration(HOSTILE)),
-        "squat-pinned": lambda: H.chain(H.impersonate(SQUATTER, HOSTILE), H.late_registration(HOSTILE),
-                                        H.with_token(HOSTILE, SECRET)),
+        "squat-pinned": lambda: H.chain(
+            H.impersonate(SQUATTER, HOSTILE),
+            H.late_registration(HOSTILE),
+            H.with_token(HOSTILE, SECRET),
+        ),
     }[name]()
 
 
@@ -81,8 +92,15 @@ def _run(preset: str, attack: str | None, seed: int, rounds: int, aggregator: st
     from mmfl_flwr.config import Settings
     from mmfl_flwr.runner import run_inprocess
 
-    kw: dict[str, Any] = dict(strategy=preset, num_clients=10, num_rounds=rounds,
-                              local_epochs=2, output_dir="", seed=seed, aggregator=aggregator)
+    kw: dict[str, Any] = dict(
+        strategy=preset,
+        num_clients=10,
+        num_rounds=rounds,
+        local_epochs=2,
+        output_dir="",
+        seed=seed,
+        aggregator=aggregator,
+    )
     if preset in ("lvr", "stalevre", "random"):
         kw["budget_fraction"] = 0.3
     if preset in ("ranklist-ucb", "pareto-ucb"):
@@ -95,8 +113,9 @@ def _run(preset: str, attack: str | None, seed: int, rounds: int, aggregator: st
     logging.getLogger("flwr").addHandler(tap)
     try:
         with contextlib.redirect_stdout(io.StringIO()):
-            result = run_inprocess(Settings(**kw),
-                                   wrap_client_app=_attack(attack) if attack else None)
+            result = run_inprocess(
+                Settings(**kw), wrap_client_app=_attack(attack) if attack else None
+            )
     finally:
         logging.getLogger("flwr").removeHandler(tap)
     mine = [m for m in tap.lines if m.startswith(f"Client {HOSTILE}:")]
@@ -106,8 +125,9 @@ def _run(preset: str, attack: str | None, seed: int, rounds: int, aggregator: st
         "ignored": sum("ignored" in m for m in mine),
         "bounded": sum(("clipped" in m) or ("capped" in m) or ("are used" in m) for m in mine),
     }
-    trained = sum(1 for rnd, picks in result.assignments.items()
-                  for cid, _, _ in picks if cid == HOSTILE)
+    trained = sum(
+        1 for rnd, picks in result.assignments.items() for cid, _, _ in picks if cid == HOSTILE
+    )
     acc = statistics.fmean(r["accuracy"] for r in result.final().values())
     return acc, counts, trained
 
@@ -134,13 +154,19 @@ FIELD = {
 #: bound on reversed updates (the defaults before 2026-12-03); "no-direction": the
 #: clip alone, without the direction check and the bound on reversed updates;
 #: "no-clip": neither (only the rejection bounds)
-DEFENCES = {"default": {}, "influence-clip": {"influence_clip_factor": 4.0},  # INFLUENCE_CLIP_FACTOR
-            "no-reversed": {"reversed_influence_factor": 0.0},
-            "no-direction": {"direction_factor": 0.0, "reversed_influence_factor": 0.0},
-            "no-clip": {"update_clip_factor": 0.0, "direction_factor": 0.0,
-                        "reversed_influence_factor": 0.0},
-            "median": {"aggregator": "median"},
-            "centered-clip": {"aggregator": "centered-clip"}}
+DEFENCES = {
+    "default": {},
+    "influence-clip": {"influence_clip_factor": 4.0},  # INFLUENCE_CLIP_FACTOR
+    "no-reversed": {"reversed_influence_factor": 0.0},
+    "no-direction": {"direction_factor": 0.0, "reversed_influence_factor": 0.0},
+    "no-clip": {
+        "update_clip_factor": 0.0,
+        "direction_factor": 0.0,
+        "reversed_influence_factor": 0.0,
+    },
+    "median": {"aggregator": "median"},
+    "centered-clip": {"aggregator": "centered-clip"},
+}
 
 
 def _defence(preset: str, defence: str) -> dict[str, Any]:
@@ -162,12 +188,15 @@ def _field_attack(name: str) -> Any:
     if name == "honest":
         return None
     if name == "absent":
+
         def absent(app: Any) -> Any:
             def call(msg: Any, ctx: Any) -> Any:
                 if H._is(ctx, HOSTILE) and msg.metadata.message_type == "train":
                     raise RuntimeError("client 3 is absent")
                 return app(msg, ctx)
+
             return call
+
         return absent
     name, _, task = name.partition("@")
     tasks = {task} if task else None
@@ -191,7 +220,7 @@ def _attackers(name: str) -> set[str]:
     """The hostile clients of a field attack."""
     for family in ("alie", "lflip"):
         if name.startswith(family):
-            return set(COLLUDERS[:int(name[len(family):].partition("@")[0])])
+            return set(COLLUDERS[: int(name[len(family) :].partition("@")[0])])
     return {HOSTILE}
 
 
@@ -210,9 +239,16 @@ def field_settings(preset: str, defence: str, seed: int, rounds: int = 8) -> Any
     epochs, in-process engine, no outputs, with the defence's settings."""
     from mmfl_flwr.config import Settings
 
-    return Settings(strategy=preset, tasks="digits,synthetic", num_clients=12,
-                    num_rounds=rounds, local_epochs=5, output_dir="", seed=seed,
-                    **_defence(preset, defence))
+    return Settings(
+        strategy=preset,
+        tasks="digits,synthetic",
+        num_clients=12,
+        num_rounds=rounds,
+        local_epochs=5,
+        output_dir="",
+        seed=seed,
+        **_defence(preset, defence),
+    )
 
 
 def _field_run(job: tuple[str, str, str, int]) -> dict[str, Any]:
@@ -227,22 +263,33 @@ def _field_run(job: tuple[str, str, str, int]) -> dict[str, Any]:
     logger.addHandler(tap)
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            result = run_inprocess(field_settings(preset, defence, seed),
-                                   wrap_client_app=_field_attack(attack),
-                                   client_hook=_field_hook(attack))
+            result = run_inprocess(
+                field_settings(preset, defence, seed),
+                wrap_client_app=_field_attack(attack),
+                client_hook=_field_hook(attack),
+            )
     finally:
         logger.removeHandler(tap)
     hostile = _attackers(attack)
     acted = [m for m in tap.lines if "clipped update" in m or "rejected update" in m]
     who = [m.split(":", 1)[0].removeprefix("Client ") for m in acted]
-    return {"preset": preset, "defence": defence, "attack": attack, "seed": seed,
-            "accuracy": {t: r["accuracy"] for t, r in result.final().items()},
-            "attacker_named": sum(w in hostile for w in who),
-            "attacker_named_tasks": sorted({m.split("task ", 1)[1].split(":", 1)[0].strip("'")
-                                            for m, w in zip(acted, who) if w in hostile}),
-            "honest_clipped": sum(w not in hostile and "clipped" in m for m, w in zip(acted, who)),
-            "honest_rejected": sum(w not in hostile and "rejected" in m
-                                   for m, w in zip(acted, who))}
+    return {
+        "preset": preset,
+        "defence": defence,
+        "attack": attack,
+        "seed": seed,
+        "accuracy": {t: r["accuracy"] for t, r in result.final().items()},
+        "attacker_named": sum(w in hostile for w in who),
+        "attacker_named_tasks": sorted(
+            {
+                m.split("task ", 1)[1].split(":", 1)[0].strip("'")
+                for m, w in zip(acted, who)
+                if w in hostile
+            }
+        ),
+        "honest_clipped": sum(w not in hostile and "clipped" in m for m, w in zip(acted, who)),
+        "honest_rejected": sum(w not in hostile and "rejected" in m for m, w in zip(acted, who)),
+    }
 
 
 def field(a: argparse.Namespace) -> int:
@@ -257,8 +304,9 @@ def field(a: argparse.Namespace) -> int:
     attacks = a.attacks.split(",") if a.attacks else list(FIELD)
     unknown = [x for x in attacks if x not in FIELD]
     if unknown:
-        print(f"error: unknown attack(s) {unknown}: expected some of {list(FIELD)}",
-              file=sys.stderr)
+        print(
+            f"error: unknown attack(s) {unknown}: expected some of {list(FIELD)}", file=sys.stderr
+        )
         return 2
     presets = a.presets.split(",") if a.presets else ["mfa-rr", "lvr", "stalevr"]
     from mmfl_flwr.presets import PRESETS
@@ -274,9 +322,14 @@ def field(a: argparse.Namespace) -> int:
         for d in ("median", "centered-clip"):
             if d in defences and not takes_aggregator(p):
                 print(f"note: {p} has its own aggregator; the {d} defence is not run for it")
-    jobs = [(p, d, x, s) for p in presets for d in defences
-            if d not in ("median", "centered-clip") or takes_aggregator(p)
-            for x in ["honest", "absent"] + attacks for s in seeds]
+    jobs = [
+        (p, d, x, s)
+        for p in presets
+        for d in defences
+        if d not in ("median", "centered-clip") or takes_aggregator(p)
+        for x in ["honest", "absent"] + attacks
+        for s in seeds
+    ]
     cache = Path(a.cache) if a.cache else None
     done: dict[tuple, dict[str, Any]] = {}
     if cache and cache.exists():
@@ -291,70 +344,114 @@ def field(a: argparse.Namespace) -> int:
             if cache:
                 with cache.open("a") as f:
                     f.write(json.dumps(r) + "\n")
-            print(f"  {r['preset']} {r['defence']} {r['attack']} seed {r['seed']}: "
-                  + " ".join(f"{t} {v:.3f}" for t, v in r["accuracy"].items()), flush=True)
+            print(
+                f"  {r['preset']} {r['defence']} {r['attack']} seed {r['seed']}: "
+                + " ".join(f"{t} {v:.3f}" for t, v in r["accuracy"].items()),
+                flush=True,
+            )
     rows, worst = [], []
-    table = ["| preset | defence | attack | model | accuracy | drop vs honest [95% CI] "
-             "| absent's drop [95% CI] | contained | attacker named (models) "
-             "| honest clipped / rejected |", "|---|---|---|---|---|---|---|---|---|---|"]
+    table = [
+        "| preset | defence | attack | model | accuracy | drop vs honest [95% CI] "
+        "| absent's drop [95% CI] | contained | attacker named (models) "
+        "| honest clipped / rejected |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for p in presets:
         for d in defences:
             if (p, d, "honest", seeds[0]) not in done:
                 continue
-            runs = {x: {s: done[(p, d, x, s)] for s in seeds} for x in ["honest", "absent"]
-                    + attacks}
+            runs = {
+                x: {s: done[(p, d, x, s)] for s in seeds} for x in ["honest", "absent"] + attacks
+            }
             tasks = sorted(runs["honest"][seeds[0]]["accuracy"])
             for t in tasks:
                 acc = {x: {s: r["accuracy"][t] for s, r in rs.items()} for x, rs in runs.items()}
                 ab = paired_ci(acc["honest"], acc["absent"])
                 floor_acc = min(mean_ci(list(acc[x].values()))[0] for x in attacks)
-                worst.append({"preset": p, "defence": d, "model": t,
-                              "honest": mean_ci(list(acc["honest"].values()))[0],
-                              "worst": floor_acc})
+                worst.append(
+                    {
+                        "preset": p,
+                        "defence": d,
+                        "model": t,
+                        "honest": mean_ci(list(acc["honest"].values()))[0],
+                        "worst": floor_acc,
+                    }
+                )
                 for x in ["absent"] + attacks:
                     drop = paired_ci(acc["honest"], acc[x])
                     ok = x == "absent" or drop["mean"] <= ab["hi"] + 0.05
                     named = sum(r["attacker_named"] for r in runs[x].values())
-                    named_t = sorted({n for r in runs[x].values() for n in r["attacker_named_tasks"]})
+                    named_t = sorted(
+                        {n for r in runs[x].values() for n in r["attacker_named_tasks"]}
+                    )
                     hc = sum(r["honest_clipped"] for r in runs[x].values())
                     hr = sum(r["honest_rejected"] for r in runs[x].values())
-                    row = {"preset": p, "defence": d, "attack": x, "model": t,
-                           "accuracy": mean_ci(list(acc[x].values()))[0], "drop": drop,
-                           "absent_drop": ab, "contained": ok, "attacker_named": named,
-                           "named_models": named_t, "honest_clipped": hc,
-                           "honest_rejected": hr}
+                    row = {
+                        "preset": p,
+                        "defence": d,
+                        "attack": x,
+                        "model": t,
+                        "accuracy": mean_ci(list(acc[x].values()))[0],
+                        "drop": drop,
+                        "absent_drop": ab,
+                        "contained": ok,
+                        "attacker_named": named,
+                        "named_models": named_t,
+                        "honest_clipped": hc,
+                        "honest_rejected": hr,
+                    }
                     rows.append(row)
                     table.append(
                         f"| {p} | {d} | {x} | {t} | {row['accuracy']:.3f} | "
                         f"{drop['mean']:+.3f} [{drop['lo']:+.3f}, {drop['hi']:+.3f}] | "
                         f"{ab['mean']:+.3f} [{ab['lo']:+.3f}, {ab['hi']:+.3f}] | "
                         f"{'-' if x == 'absent' else 'yes' if ok else '**no**'} | "
-                        f"{named} ({', '.join(named_t) or '-'}) | {hc} / {hr} |")
-    table += ["", "Per defence (mean accuracy over seeds, per model; the minimum over the "
-              "attacks is ByzFL's worst case; \"not contained\" counts (attack, model) rows):",
-              "", "| preset | defence | model | honest | minimum over attacks | not contained "
-              "| honest clients rejected |", "|---|---|---|---|---|---|---|"]
+                        f"{named} ({', '.join(named_t) or '-'}) | {hc} / {hr} |"
+                    )
+    table += [
+        "",
+        "Per defence (mean accuracy over seeds, per model; the minimum over the "
+        'attacks is ByzFL\'s worst case; "not contained" counts (attack, model) rows):',
+        "",
+        "| preset | defence | model | honest | minimum over attacks | not contained "
+        "| honest clients rejected |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for w in worst:
-        mine = [r for r in rows if (r["preset"], r["defence"], r["model"])
-                == (w["preset"], w["defence"], w["model"]) and r["attack"] != "absent"]
-        table.append(f"| {w['preset']} | {w['defence']} | {w['model']} | {w['honest']:.3f} | "
-                     f"{w['worst']:.3f} | {sum(not r['contained'] for r in mine)} of "
-                     f"{len(mine)} | {sum(r['honest_rejected'] for r in mine)} |")
+        mine = [
+            r
+            for r in rows
+            if (r["preset"], r["defence"], r["model"]) == (w["preset"], w["defence"], w["model"])
+            and r["attack"] != "absent"
+        ]
+        table.append(
+            f"| {w['preset']} | {w['defence']} | {w['model']} | {w['honest']:.3f} | "
+            f"{w['worst']:.3f} | {sum(not r['contained'] for r in mine)} of "
+            f"{len(mine)} | {sum(r['honest_rejected'] for r in mine)} |"
+        )
     print("\n".join(table))
-    write_outputs(a.json, a.markdown, {"rows": rows, "worst": worst, "seeds": seeds,
-                                       "attacks": {x: FIELD[x] for x in attacks}},
-                  "\n".join(table))
+    write_outputs(
+        a.json,
+        a.markdown,
+        {"rows": rows, "worst": worst, "seeds": seeds, "attacks": {x: FIELD[x] for x in attacks}},
+        "\n".join(table),
+    )
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = Parser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--field", action="store_true",
-                   help="run the attack families of the robust-FL benchmarks instead")
-    p.add_argument("--defences", default="default,no-clip",
-                   help="--field: defence configurations (default, influence-clip, "
-                        "no-reversed, no-direction, no-clip, median, centered-clip)")
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--field",
+        action="store_true",
+        help="run the attack families of the robust-FL benchmarks instead",
+    )
+    p.add_argument(
+        "--defences",
+        default="default,no-clip",
+        help="--field: defence configurations (default, influence-clip, "
+        "no-reversed, no-direction, no-clip, median, centered-clip)",
+    )
     p.add_argument("--workers", type=int, default=2, help="--field: parallel runs")
     p.add_argument("--cache", default="", help="--field: JSONL file of finished runs (reused)")
     p.add_argument("--presets", default="")
@@ -368,11 +465,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--workers must be >= 1")
     a.seed_list = int_list(p, "--seeds", a.seeds, low=0)
     given = {opt for opt in (argv if argv is not None else sys.argv[1:])}
-    only = (["--defences", "--workers", "--cache"] if not a.field else ["--num-rounds"])
+    only = ["--defences", "--workers", "--cache"] if not a.field else ["--num-rounds"]
     used = [o for o in only if any(g == o or g.startswith(o + "=") for g in given)]
     if used:
-        p.error(f"{used[0]} {'needs' if not a.field else 'does not apply to'} --field"
-                + ("" if not a.field else " (its runs have 8 rounds)"))
+        p.error(
+            f"{used[0]} {'needs' if not a.field else 'does not apply to'} --field"
+            + ("" if not a.field else " (its runs have 8 rounds)")
+        )
     if a.field:
         return field(a)
     a.presets = a.presets or "mfa-rr,lvr,ranklist-ucb,stalevre"
@@ -386,37 +485,60 @@ def main(argv: list[str] | None = None) -> int:
         honest_runs = [_run(preset, None, s, a.num_rounds) for s in seeds]
         h = statistics.fmean(r[0] for r in honest_runs)
         honest_tried = sum(r[2] for r in honest_runs)
-        print(f"{preset}: honest {h:.3f}, client {HOSTILE} trains {honest_tried} times",
-              flush=True)
+        print(f"{preset}: honest {h:.3f}, client {HOSTILE} trains {honest_tried} times", flush=True)
         for attack in a.attacks.split(","):
             variants = [("default", "")]
             if takes_aggregator(preset):
                 variants.append(("median", "median"))
             for label, agg in variants:
                 runs = [_run(preset, attack, s, a.num_rounds, agg) for s in seeds]
-                base = h if not agg else statistics.fmean(
-                    _run(preset, None, s, a.num_rounds, agg)[0] for s in seeds)
+                base = (
+                    h
+                    if not agg
+                    else statistics.fmean(
+                        _run(preset, None, s, a.num_rounds, agg)[0] for s in seeds
+                    )
+                )
                 acc = statistics.fmean(r[0] for r in runs)
                 tried = sum(r[2] for r in runs)
                 c = {k: sum(r[1][k] for r in runs) for k in ("rejected", "ignored", "bounded")}
-                row = {"preset": preset, "attack": attack, "aggregator": label,
-                       "honest_trainings": honest_tried, "hostile_trainings": tried, **c, "honest_accuracy": base,
-                       "attack_accuracy": acc, "cost": base - acc}
+                row = {
+                    "preset": preset,
+                    "attack": attack,
+                    "aggregator": label,
+                    "honest_trainings": honest_tried,
+                    "hostile_trainings": tried,
+                    **c,
+                    "honest_accuracy": base,
+                    "attack_accuracy": acc,
+                    "cost": base - acc,
+                }
                 rows.append(row)
-                print(f"  {attack:19s} {label:8s} trainings {tried:3d} rejected {c['rejected']:3d} "
-                      f"ignored {c['ignored']:3d} bounded {c['bounded']:3d} | honest {base:.3f} "
-                      f"attack {acc:.3f} cost {base - acc:+.3f}", flush=True)
-    table = ["| preset | attack | aggregator | trainings of id 3 (honest / attacked) | rejected "
-             "| ignored | bounded | honest acc. | attacked acc. | cost |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+                print(
+                    f"  {attack:19s} {label:8s} trainings {tried:3d} rejected {c['rejected']:3d} "
+                    f"ignored {c['ignored']:3d} bounded {c['bounded']:3d} | honest {base:.3f} "
+                    f"attack {acc:.3f} cost {base - acc:+.3f}",
+                    flush=True,
+                )
+    table = [
+        "| preset | attack | aggregator | trainings of id 3 (honest / attacked) | rejected "
+        "| ignored | bounded | honest acc. | attacked acc. | cost |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        table.append(f"| {r['preset']} | {r['attack']} | {r['aggregator']} | "
-                     f"{r['honest_trainings']} / {r['hostile_trainings']} | {r['rejected']} | "
-                     f"{r['ignored']} | "
-                     f"{r['bounded']} | {r['honest_accuracy']:.3f} | {r['attack_accuracy']:.3f} | "
-                     f"{r['cost']:+.3f} |")
-    write_outputs(a.json, a.markdown, {"rows": rows, "seeds": seeds,
-                                       "num_rounds": a.num_rounds}, "\n".join(table))
+        table.append(
+            f"| {r['preset']} | {r['attack']} | {r['aggregator']} | "
+            f"{r['honest_trainings']} / {r['hostile_trainings']} | {r['rejected']} | "
+            f"{r['ignored']} | "
+            f"{r['bounded']} | {r['honest_accuracy']:.3f} | {r['attack_accuracy']:.3f} | "
+            f"{r['cost']:+.3f} |"
+        )
+    write_outputs(
+        a.json,
+        a.markdown,
+        {"rows": rows, "seeds": seeds, "num_rounds": a.num_rounds},
+        "\n".join(table),
+    )
     return 0
 
 

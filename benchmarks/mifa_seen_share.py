@@ -46,10 +46,22 @@ def main(argv: list[str] | None = None) -> int:
     per_seed: dict[int, dict[int, float]] = {}
     for seed in range(a.seeds):
         seen.clear()
-        run(Settings(strategy="mifa", tasks="digits,digits,digits", profile="paper003",
-                     num_clients=120, num_rounds=a.rounds, local_epochs=1, lr=0.1,
-                     batch_size=16, budget_fraction=0.1, seed=seed, output_dir=""),
-            engine="vectorized")
+        run(
+            Settings(
+                strategy="mifa",
+                tasks="digits,digits,digits",
+                profile="paper003",
+                num_clients=120,
+                num_rounds=a.rounds,
+                local_epochs=1,
+                lr=0.1,
+                batch_size=16,
+                budget_fraction=0.1,
+                seed=seed,
+                output_dir="",
+            ),
+            engine="vectorized",
+        )
         per_seed[seed] = {r: statistics.fmean(v) for r, v in seen.items()}
     print("| round | share of d with an upload (mean over models and seeds) | min | max |")
     print("|---|---|---|---|")

@@ -31,15 +31,39 @@ import fig5_staleness as F5  # GROUPS and method_strategy
 
 NAME = "paper003_fig5"
 SCALES = {
-    "quick": dict(num_clients=40, num_rounds=10, local_epochs=1, seeds=[0, 1, 2], last=3,
-                  methods=["stalevr", "stalevre", "fedstale-0.6", "fedstale-0.8",
-                           "fedvarp", "mifa"]),
-    "smoke": dict(num_clients=10, num_rounds=3, local_epochs=1, seeds=[0, 1], last=2,
-                  methods=["stalevr", "stalevre", "fedstale-0.6", "fedstale-0.8",
-                           "fedvarp", "mifa"]),
-    "full": dict(num_clients=40, num_rounds=150, local_epochs=5, seeds=list(range(10)),
-                 last=10, methods=["stalevr", "stalevre", "fedstale-0.6", "fedstale-0.7",
-                                   "fedstale-0.8", "fedstale-0.9", "fedvarp", "mifa"]),
+    "quick": dict(
+        num_clients=40,
+        num_rounds=10,
+        local_epochs=1,
+        seeds=[0, 1, 2],
+        last=3,
+        methods=["stalevr", "stalevre", "fedstale-0.6", "fedstale-0.8", "fedvarp", "mifa"],
+    ),
+    "smoke": dict(
+        num_clients=10,
+        num_rounds=3,
+        local_epochs=1,
+        seeds=[0, 1],
+        last=2,
+        methods=["stalevr", "stalevre", "fedstale-0.6", "fedstale-0.8", "fedvarp", "mifa"],
+    ),
+    "full": dict(
+        num_clients=40,
+        num_rounds=150,
+        local_epochs=5,
+        seeds=list(range(10)),
+        last=10,
+        methods=[
+            "stalevr",
+            "stalevre",
+            "fedstale-0.6",
+            "fedstale-0.7",
+            "fedstale-0.8",
+            "fedstale-0.9",
+            "fedvarp",
+            "mifa",
+        ],
+    ),
 }
 
 
@@ -49,8 +73,9 @@ def strategy(method: str, seed: int, base: dict[str, Any]):  # type: ignore[no-u
     from mmfl_flwr.core.stalevr import StaleVREAggregator
     from mmfl_flwr.strategy import MultiModelStrategy
 
-    kw = dict(local_epochs=base["local_epochs"], lr=base["lr"],
-              batch_size=base["batch_size"], seed=seed)
+    kw = dict(
+        local_epochs=base["local_epochs"], lr=base["lr"], batch_size=base["batch_size"], seed=seed
+    )
     if method == "stalevre":
         return MultiModelStrategy(FixedRates(F5.GROUPS), StaleVREAggregator(), **kw)
     if method == "mifa":
@@ -76,17 +101,31 @@ def one(job: tuple[str, int, dict[str, Any], str]) -> list[dict[str, Any]]:
     from mmfl_flwr.config import Settings
     from mmfl_flwr.runner import run_inprocess, run_vectorized
 
-    s = Settings(tasks=base["tasks"], strategy="random", seed=seed, output_dir="",
-                 num_clients=base["num_clients"], num_rounds=base["num_rounds"],
-                 local_epochs=base["local_epochs"], lr=base["lr"],
-                 batch_size=base["batch_size"])
+    s = Settings(
+        tasks=base["tasks"],
+        strategy="random",
+        seed=seed,
+        output_dir="",
+        num_clients=base["num_clients"],
+        num_rounds=base["num_rounds"],
+        local_epochs=base["local_epochs"],
+        lr=base["lr"],
+        batch_size=base["batch_size"],
+    )
     fn = run_vectorized if engine == "vectorized" else run_inprocess
     t0 = time.monotonic()
     with contextlib.redirect_stdout(io.StringIO()):
         result = fn(s, strategy(method, seed, base))
     wall = round(time.monotonic() - t0, 3)
-    return [{"method": method, "seed": seed, **{k: v for k, v in r.items() if k != "seconds"},
-             "run_seconds": wall} for r in result.history]
+    return [
+        {
+            "method": method,
+            "seed": seed,
+            **{k: v for k, v in r.items() if k != "seconds"},
+            "run_seconds": wall,
+        }
+        for r in result.history
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,13 +147,23 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--num-rounds must be >= 1; got {a.num_rounds}")
         sc["num_rounds"] = a.num_rounds
     if a.methods is not None:
-        sc["methods"] = E.name_list(p, "--methods", a.methods, known_method,
-                                    "stalevr, stalevre, mifa, fedvarp, fedstale-<beta in "
-                                    "[0, 1]>")
+        sc["methods"] = E.name_list(
+            p,
+            "--methods",
+            a.methods,
+            known_method,
+            "stalevr, stalevre, mifa, fedvarp, fedstale-<beta in [0, 1]>",
+        )
     if len([t for t in a.tasks.split(",") if t.strip()]) != 1:
         p.error(f"--tasks: Fig. 5 trains one model, give one task; got {a.tasks!r}")
-    base = dict(tasks=a.tasks, num_clients=sc["num_clients"], num_rounds=sc["num_rounds"],
-                local_epochs=sc["local_epochs"], lr=a.lr, batch_size=16)
+    base = dict(
+        tasks=a.tasks,
+        num_clients=sc["num_clients"],
+        num_rounds=sc["num_rounds"],
+        local_epochs=sc["local_epochs"],
+        lr=a.lr,
+        batch_size=16,
+    )
     E.check_settings(p, [{**base, "strategy": "random"}])
     jobs = [(m, s, base, a.engine) for s in sc["seeds"] for m in sc["methods"]]
     print(f"{len(jobs)} runs on {a.engine}: {base}, groups {F5.GROUPS}", flush=True)
@@ -122,18 +171,28 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     if a.from_csv:
         # a run's first rounds are the shorter run (no arrivals, no schedule by length)
-        rows = E.rows_from_csv(p, a.from_csv, ("method", "seed"),
-                               [(m, s_) for m, s_, _, _ in jobs], rounds=sc["num_rounds"],
-                               longer=True)
-        E.check_configuration(p, a.from_csv, NAME, [
-            f"engine `{a.engine}`",
-            f"task `{a.tasks}` (1 model), {sc['num_clients']} clients",
-            f"{sc['local_epochs']} local epochs, lr {base['lr']}, batch 16"])
+        rows = E.rows_from_csv(
+            p,
+            a.from_csv,
+            ("method", "seed"),
+            [(m, s_) for m, s_, _, _ in jobs],
+            rounds=sc["num_rounds"],
+            longer=True,
+        )
+        E.check_configuration(
+            p,
+            a.from_csv,
+            NAME,
+            [
+                f"engine `{a.engine}`",
+                f"task `{a.tasks}` (1 model), {sc['num_clients']} clients",
+                f"{sc['local_epochs']} local epochs, lr {base['lr']}, batch 16",
+            ],
+        )
         machine = E.reanalysed_machine(out, NAME, a.from_csv)
     else:
         E.check_cache(a.cache, jobs)
-        results = E.map_cached(one, jobs, a.workers, a.cache,
-                               label=lambda j: f"{j[0]} seed {j[1]}")
+        results = E.map_cached(one, jobs, a.workers, a.cache, label=lambda j: f"{j[0]} seed {j[1]}")
         rows = [row for rs in results for row in rs]
         machine = E.machines_used()
         E.write_long_csv(os.path.join(out, f"{NAME}.csv"), rows)
@@ -141,10 +200,16 @@ def main(argv: list[str] | None = None) -> int:
     finals = E.final_values(rows, "accuracy", last=sc["last"])
     ref = "stalevr"
     cmp_rows = E.compare_to_reference({m: finals[m] for m in sc["methods"]}, ref)
-    E.plot_curves(os.path.join(out, f"{NAME}.png"), E.curves(rows),
-                  "Paper 003 Fig. 5: staleness weights, fixed sampling (4% / 16%)")
-    E.plot_final(os.path.join(out, f"{NAME}_final.png"), finals,
-                 f"Paper 003 Fig. 5: final accuracy (last {sc['last']} rounds)")
+    E.plot_curves(
+        os.path.join(out, f"{NAME}.png"),
+        E.curves(rows),
+        "Paper 003 Fig. 5: staleness weights, fixed sampling (4% / 16%)",
+    )
+    E.plot_final(
+        os.path.join(out, f"{NAME}_final.png"),
+        finals,
+        f"Paper 003 Fig. 5: final accuracy (last {sc['last']} rounds)",
+    )
     static = [m for m in sc["methods"] if m.startswith("fedstale") or m == "fedvarp"]
     best = max(static, key=lambda m: sum(finals[m].values()) / len(finals[m]))
     d = E.paired_ci(finals[ref], finals[best])
@@ -155,8 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     mid_rows = E.compare_to_reference({m: mid[m] for m in sc["methods"] if m in mid}, ref)
     best_mid = max(static, key=lambda m: sum(mid[m].values()) / len(mid[m]))
     dm = E.paired_ci(mid[ref], mid[best_mid])
-    verdict_mid = {"better": "holds", "worse": "does not hold"}.get(dm["verdict"],
-                                                                    "not resolved")
+    verdict_mid = {"better": "holds", "worse": "does not hold"}.get(dm["verdict"], "not resolved")
     cmd = E.command(NAME, argv)
     text = f"""### Paper 003, Fig. 5: dynamic vs static staleness weights
 
@@ -165,39 +229,39 @@ Paper's claim (Fig. 5, EMNIST, S = 1, 40 clients in two halves with participatio
 Eq. 20, reaches a final accuracy of 0.74, above FedStale (beta 0.6-0.9) and FedVARP
 (beta = 1), best 0.71.
 
-Final accuracy = mean over the last {sc['last']} rounds; reference `{ref}` (differences
+Final accuracy = mean over the last {sc["last"]} rounds; reference `{ref}` (differences
 are method - stalevr: negative means StaleVR is better). MIFA and StaleVRE (the
 linear-decay estimate of beta, Eq. 21) are extra rows, not in the paper's figure.
 
-{E.markdown_table(cmp_rows, ref, 'final accuracy')}
+{E.markdown_table(cmp_rows, ref, "final accuracy")}
 
-StaleVR - best static weight ({best}, chosen by mean): {d['mean']:+.4f}
-[{d['lo']:+.4f}, {d['hi']:+.4f}] (paired, n = {d['n']}).
+StaleVR - best static weight ({best}, chosen by mean): {d["mean"]:+.4f}
+[{d["lo"]:+.4f}, {d["hi"]:+.4f}] (paired, n = {d["n"]}).
 
 ![accuracy per round](docs/results/{NAME}.png)
 ![final accuracy](docs/results/{NAME}_final.png)
 
 Verdict (final accuracy, StaleVR above the best FedStale / FedVARP): {verdict}. Found:
 StaleVR {statistics.fmean(finals[ref].values()):.3f}, minus the best static weight
-({best}) {d['mean']:+.4f} [{d['lo']:+.4f}, {d['hi']:+.4f}]. Paper: StaleVR 0.74, the best
+({best}) {d["mean"]:+.4f} [{d["lo"]:+.4f}, {d["hi"]:+.4f}]. Paper: StaleVR 0.74, the best
 static weight 0.71 (EMNIST).
 
 Mid-training accuracy (mean over rounds {lo_r}-{hi_r}, before the rules saturate), same
 comparison:
 
-{E.markdown_table(mid_rows, ref, f'accuracy, rounds {lo_r}-{hi_r}')}
+{E.markdown_table(mid_rows, ref, f"accuracy, rounds {lo_r}-{hi_r}")}
 
-StaleVR - best static weight mid-training ({best_mid}): {dm['mean']:+.4f}
-[{dm['lo']:+.4f}, {dm['hi']:+.4f}] (paired, n = {dm['n']}).
+StaleVR - best static weight mid-training ({best_mid}): {dm["mean"]:+.4f}
+[{dm["lo"]:+.4f}, {dm["hi"]:+.4f}] (paired, n = {dm["n"]}).
 
 Verdict (mid-training, StaleVR above the best FedStale / FedVARP): {verdict_mid}. Found:
-StaleVR minus the best static weight ({best_mid}) {dm['mean']:+.4f} [{dm['lo']:+.4f},
-{dm['hi']:+.4f}] over rounds {lo_r}-{hi_r}. Paper: no claim before the end (its text
+StaleVR minus the best static weight ({best_mid}) {dm["mean"]:+.4f} [{dm["lo"]:+.4f},
+{dm["hi"]:+.4f}] over rounds {lo_r}-{hi_r}. Paper: no claim before the end (its text
 gives the final 0.74 against at most 0.71, Fig. 5); this reading is the project's.
 
-Command: `{cmd}`; scale: task `{a.tasks}` (1 model), {sc['num_clients']} clients, groups
-{F5.GROUPS} (fraction, rate), {sc['num_rounds']} rounds, {sc['local_epochs']} local
-epochs, lr {base['lr']}, batch 16, seeds {sc['seeds']}; engine `{a.engine}`;
+Command: `{cmd}`; scale: task `{a.tasks}` (1 model), {sc["num_clients"]} clients, groups
+{F5.GROUPS} (fraction, rate), {sc["num_rounds"]} rounds, {sc["local_epochs"]} local
+epochs, lr {base["lr"]}, batch 16, seeds {sc["seeds"]}; engine `{a.engine}`;
 machine: {machine}; {E.run_time_text(rows, wall)}.
 """
     E.write_fragment(out, NAME, text)

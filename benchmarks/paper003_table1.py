@@ -35,12 +35,32 @@ from typing import Any
 import _evidence as E
 
 NAME = "paper003_table1"
-METHODS = ["full", "random", "lvr", "gvr", "stalevr", "stalevre", "fedvarp", "mifa",
-           "scaffold", "rr-gvr", "mifa-uploaded", "stalevre-b0-0.5"]
+METHODS = [
+    "full",
+    "random",
+    "lvr",
+    "gvr",
+    "stalevr",
+    "stalevre",
+    "fedvarp",
+    "mifa",
+    "scaffold",
+    "rr-gvr",
+    "mifa-uploaded",
+    "stalevre-b0-0.5",
+]
 UNBIASED = ["random", "lvr", "gvr"]  # d/(B p) aggregation: E[||H||_1] = 1 per model
-PAPER_REL = {"fedvarp": 0.681, "mifa": 0.854, "scaffold": 0.783, "gvr": 0.886,
-             "random": 0.792, "full": 1.000, "lvr": 0.896, "stalevr": 0.943,
-             "stalevre": 0.918}
+PAPER_REL = {
+    "fedvarp": 0.681,
+    "mifa": 0.854,
+    "scaffold": 0.783,
+    "gvr": 0.886,
+    "random": 0.792,
+    "full": 1.000,
+    "lvr": 0.896,
+    "stalevr": 0.943,
+    "stalevre": 0.918,
+}
 FRACTIONS = (0.5, 0.6, 0.7, 0.8, 0.9)
 #: The paper's proposed methods and the uniform-sampling baselines its Table 1 claim
 #: names ("every proposed method beats the uniform-sampling baselines").
@@ -58,26 +78,47 @@ VARIANTS = {
 #: What each variant changes (the note under the relative-accuracy table says it).
 VARIANT_TEXT = {
     "mifa-uploaded": "MIFA with `mifa-start = uploaded`, which averages only the (client, "
-                     "model) pairs that have uploaded instead of counting the others as zero "
-                     "updates (README, Algorithm notes)",
+    "model) pairs that have uploaded instead of counting the others as zero "
+    "updates (README, Algorithm notes)",
     "stalevre-b0-0.5": "MMFL-StaleVRE with `stalevre-b0 = 0.5` instead of the paper's b0 of "
-                       "about 1 (the default 1.0): Eq. 21's starting beta (held until a "
-                       "pair's second upload) and the upper end of its clip [0, b0] (README, "
-                       "Algorithm notes, MMFL-StaleVRE; docs/results/investigations.md, why "
-                       "StaleVRE dips)",
+    "about 1 (the default 1.0): Eq. 21's starting beta (held until a "
+    "pair's second upload) and the upper end of its clip [0, b0] (README, "
+    "Algorithm notes, MMFL-StaleVRE; docs/results/investigations.md, why "
+    "StaleVRE dips)",
 }
 
 SCALES = {
     # budget_fraction 0 = auto: the smallest hundredth giving 5 expected uploads per
     # model (0.1 V gives ~1-2 per model at 16 clients, too few to train)
-    "quick": dict(num_clients=16, num_rounds=6, local_epochs=1, seeds=[0, 1, 2],
-                  budget_fraction=0.0, last=3, lengths=(4, 6)),
-    "smoke": dict(num_clients=8, num_rounds=3, local_epochs=1, seeds=[0, 1],
-                  budget_fraction=0.0, last=2, lengths=(3,)),
+    "quick": dict(
+        num_clients=16,
+        num_rounds=6,
+        local_epochs=1,
+        seeds=[0, 1, 2],
+        budget_fraction=0.0,
+        last=3,
+        lengths=(4, 6),
+    ),
+    "smoke": dict(
+        num_clients=8,
+        num_rounds=3,
+        local_epochs=1,
+        seeds=[0, 1],
+        budget_fraction=0.0,
+        last=2,
+        lengths=(3,),
+    ),
     # 150 rounds: Table 1 at 40 (the published length), 80 and 150 rounds from the same
     # runs (a run's first 40 rounds are the 40-round run: nothing depends on the total)
-    "full": dict(num_clients=120, num_rounds=150, local_epochs=5, seeds=list(range(8)),
-                 budget_fraction=0.1, last=5, lengths=(40, 80, 150)),
+    "full": dict(
+        num_clients=120,
+        num_rounds=150,
+        local_epochs=5,
+        seeds=list(range(8)),
+        budget_fraction=0.1,
+        last=5,
+        lengths=(40, 80, 150),
+    ),
 }
 
 
@@ -85,10 +126,17 @@ def settings_for(method: str, sc: dict[str, Any], tasks: str) -> dict[str, Any]:
     from mmfl_flwr.presets import presets_taking
 
     preset, extra = VARIANTS.get(method, (method, {}))
-    kw: dict[str, Any] = dict(strategy=preset, **extra, tasks=tasks,
-                              profile=sc.get("profile", "paper003"),
-                              num_clients=sc["num_clients"], num_rounds=sc["num_rounds"],
-                              local_epochs=sc["local_epochs"], lr=sc.get("lr", 0.1), batch_size=16)
+    kw: dict[str, Any] = dict(
+        strategy=preset,
+        **extra,
+        tasks=tasks,
+        profile=sc.get("profile", "paper003"),
+        num_clients=sc["num_clients"],
+        num_rounds=sc["num_rounds"],
+        local_epochs=sc["local_epochs"],
+        lr=sc.get("lr", 0.1),
+        batch_size=16,
+    )
     if preset in presets_taking("budget_fraction"):
         kw["budget_fraction"] = sc["budget_fraction"]
     return kw
@@ -128,25 +176,32 @@ def data_sizes(sc: dict[str, Any], tasks: str) -> str:
     high: list[int] = []
     n_models = len(tasks.split(","))
     for seed in sc["seeds"]:
-        f = federation_for(Settings(strategy="lvr", tasks=tasks,
-                                    profile=sc.get("profile", "paper003"),
-                                    num_clients=sc["num_clients"], seed=seed))
+        f = federation_for(
+            Settings(
+                strategy="lvr",
+                tasks=tasks,
+                profile=sc.get("profile", "paper003"),
+                num_clients=sc["num_clients"],
+                seed=seed,
+            )
+        )
         for t in f.tasks:
-            ns = sorted(n for c in range(f.num_clients)
-                        if (n := f.num_examples(c).get(t, 0)) > 0)
+            ns = sorted(n for c in range(f.num_clients) if (n := f.num_examples(c).get(t, 0)) > 0)
             cut = int(round(0.9 * len(ns)))
             low += ns[:cut]
             high += ns[cut:]
     if not low or not high:
         return "client data sizes: too few clients to split 90/10"
-    return (f"the 90% of each model's holders with the least data have a median of "
-            f"{statistics.median(low):g} training samples (range {min(low)}-{max(low)}), "
-            f"the other 10% a median of {statistics.median(high):g} "
-            f"({min(high)}-{max(high)}), over the {len(sc['seeds'])} seeds' federations; "
-            f"paper 003: about 12 and about 120. A model's clients hold "
-            f"{(sum(low) + sum(high)) / (len(sc['seeds']) * n_models):.0f} training samples "
-            f"in all; the paper's sizes would need about "
-            f"{0.9 * sc['num_clients'] * 12 + 0.1 * sc['num_clients'] * 120:.0f}")
+    return (
+        f"the 90% of each model's holders with the least data have a median of "
+        f"{statistics.median(low):g} training samples (range {min(low)}-{max(low)}), "
+        f"the other 10% a median of {statistics.median(high):g} "
+        f"({min(high)}-{max(high)}), over the {len(sc['seeds'])} seeds' federations; "
+        f"paper 003: about 12 and about 120. A model's clients hold "
+        f"{(sum(low) + sum(high)) / (len(sc['seeds']) * n_models):.0f} training samples "
+        f"in all; the paper's sizes would need about "
+        f"{0.9 * sc['num_clients'] * 12 + 0.1 * sc['num_clients'] * 120:.0f}"
+    )
 
 
 # ---------------------------------------------------------------------------- Fig. 2
@@ -171,8 +226,9 @@ def rounds_to(curve: dict[int, float], target: float, cap: int) -> int:
     return cap + 1
 
 
-def plot_fig4(path: str, table: dict[str, dict[float, list[int]]], targets: dict[float, float],
-              cap: int) -> None:
+def plot_fig4(
+    path: str, table: dict[str, dict[float, list[int]]], targets: dict[float, float], cap: int
+) -> None:
     plt = E._pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for method, per in table.items():
@@ -201,19 +257,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", default="digits,digits,digits")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--seeds", default=None, help="override the mode's seeds (e.g. 0,1,2)")
-    p.add_argument("--num-rounds", type=int, default=None,
-                   help="override the mode's rounds (Table 1 at that length only)")
-    p.add_argument("--lengths", default=None,
-                   help="run lengths at which Table 1 is read, e.g. 40,80,150 (the runs last "
-                        "the longest; Table 1's main table and Fig. 2 use the first)")
+    p.add_argument(
+        "--num-rounds",
+        type=int,
+        default=None,
+        help="override the mode's rounds (Table 1 at that length only)",
+    )
+    p.add_argument(
+        "--lengths",
+        default=None,
+        help="run lengths at which Table 1 is read, e.g. 40,80,150 (the runs last "
+        "the longest; Table 1's main table and Fig. 2 use the first)",
+    )
     p.add_argument("--num-clients", type=int, default=None, help="override the mode's clients")
     p.add_argument("--lr", type=float, default=0.1, help="client learning rate (default 0.1)")
-    p.add_argument("--profile", default="paper003", choices=["paper003", "paper003-sizes"],
-                   help="client heterogeneity (default paper003, which shares out an image "
-                        "task's whole pool; paper003-sizes: paper 003's data sizes, about "
-                        "12 / 120 examples, where the pool is large enough)")
-    p.add_argument("--budget-fraction", type=float, default=None,
-                   help="override the mode's m / V")
+    p.add_argument(
+        "--profile",
+        default="paper003",
+        choices=["paper003", "paper003-sizes"],
+        help="client heterogeneity (default paper003, which shares out an image "
+        "task's whole pool; paper003-sizes: paper 003's data sizes, about "
+        "12 / 120 examples, where the pool is large enough)",
+    )
+    p.add_argument("--budget-fraction", type=float, default=None, help="override the mode's m / V")
     a = p.parse_args(argv)
     sc = dict(SCALES[a.mode])
     if a.seeds is not None:
@@ -230,8 +296,10 @@ def main(argv: list[str] | None = None) -> int:
         sc["lengths"] = tuple(lengths)
         sc["num_rounds"] = lengths[-1]
     if min(sc["lengths"]) < sc["last"]:
-        p.error(f"--lengths/--num-rounds: every length must be >= {sc['last']} (the rounds "
-                f"averaged for the final accuracy); got {list(sc['lengths'])}")
+        p.error(
+            f"--lengths/--num-rounds: every length must be >= {sc['last']} (the rounds "
+            f"averaged for the final accuracy); got {list(sc['lengths'])}"
+        )
     if a.num_clients is not None:
         if a.num_clients < 1:
             p.error(f"--num-clients must be >= 1; got {a.num_clients}")
@@ -245,24 +313,39 @@ def main(argv: list[str] | None = None) -> int:
     sc["profile"] = a.profile
     from mmfl_flwr.presets import PRESETS
 
-    methods = E.name_list(p, "--methods", a.methods, [*PRESETS, *VARIANTS],
-                          f"the presets ({', '.join(PRESETS)}) and {', '.join(VARIANTS)}")
+    methods = E.name_list(
+        p,
+        "--methods",
+        a.methods,
+        [*PRESETS, *VARIANTS],
+        f"the presets ({', '.join(PRESETS)}) and {', '.join(VARIANTS)}",
+    )
     jobs = [(m, s, settings_for(m, sc, a.tasks)) for s in sc["seeds"] for m in methods]
     E.check_settings(p, [kw for _, _, kw in jobs])
     out = a.out
     cmd = E.command(NAME, argv)
     if a.from_csv:
         # a run's first rounds are the shorter run: longer runs are read at this length
-        rows = E.rows_from_csv(p, a.from_csv, ("method", "seed"),
-                               [(m, s_) for m, s_, _ in jobs], rounds=sc["num_rounds"],
-                               longer=True)
-        E.check_csv_models(p, a.from_csv, rows, [t.strip() for t in a.tasks.split(",")],
-                           "--tasks")
-        E.check_configuration(p, a.from_csv, NAME, [
-            f"engine `{a.engine}`",
-            f"{sc['num_clients']} clients (profile {sc['profile']}), tasks `{a.tasks}`",
-            f"{sc['local_epochs']} local epochs, lr {sc['lr']}, batch 16, budget fraction "
-            f"{sc['budget_fraction'] or 'auto (5 expected uploads per model)'}"])
+        rows = E.rows_from_csv(
+            p,
+            a.from_csv,
+            ("method", "seed"),
+            [(m, s_) for m, s_, _ in jobs],
+            rounds=sc["num_rounds"],
+            longer=True,
+        )
+        E.check_csv_models(p, a.from_csv, rows, [t.strip() for t in a.tasks.split(",")], "--tasks")
+        E.check_configuration(
+            p,
+            a.from_csv,
+            NAME,
+            [
+                f"engine `{a.engine}`",
+                f"{sc['num_clients']} clients (profile {sc['profile']}), tasks `{a.tasks}`",
+                f"{sc['local_epochs']} local epochs, lr {sc['lr']}, batch 16, budget fraction "
+                f"{sc['budget_fraction'] or 'auto (5 expected uploads per model)'}",
+            ],
+        )
         machine = E.reanalysed_machine(out, NAME, a.from_csv)
         print(f"re-analysing {len(jobs)} runs from {a.from_csv}", flush=True)
         t0 = time.monotonic()
@@ -278,12 +361,14 @@ def main(argv: list[str] | None = None) -> int:
     if not a.from_csv:
         E.write_long_csv(os.path.join(out, f"{NAME}.csv"), rows)
     n_models = len(a.tasks.split(","))
-    scale = (f"{sc['num_clients']} clients (profile {sc['profile']}), tasks `{a.tasks}` "
-             f"({n_models} models), {sc['num_rounds']} rounds, {sc['local_epochs']} local "
-             f"epochs, lr {sc['lr']}, batch 16, budget fraction "
-             f"{sc['budget_fraction'] or 'auto (5 expected uploads per model)'}, seeds "
-             f"{sc['seeds']}; engine `{a.engine}`; machine: {machine}; "
-             f"{E.run_time_text(rows, wall)}")
+    scale = (
+        f"{sc['num_clients']} clients (profile {sc['profile']}), tasks `{a.tasks}` "
+        f"({n_models} models), {sc['num_rounds']} rounds, {sc['local_epochs']} local "
+        f"epochs, lr {sc['lr']}, batch 16, budget fraction "
+        f"{sc['budget_fraction'] or 'auto (5 expected uploads per model)'}, seeds "
+        f"{sc['seeds']}; engine `{a.engine}`; machine: {machine}; "
+        f"{E.run_time_text(rows, wall)}"
+    )
 
     # ---------------------------------------------------------------- Table 1
     lengths = [L for L in sc["lengths"] if L <= sc["num_rounds"]]
@@ -291,15 +376,24 @@ def main(argv: list[str] | None = None) -> int:
     rows_all = rows
     rows = [r for r in rows_all if int(r["round"]) <= primary]
     ref = "full" if "full" in methods else methods[0]
-    finals_at = {L: {m: v for m, v in E.final_values(
-        [r for r in rows_all if int(r["round"]) <= L], "accuracy", last=sc["last"]).items()
-        if m in methods} for L in lengths}
+    finals_at = {
+        L: {
+            m: v
+            for m, v in E.final_values(
+                [r for r in rows_all if int(r["round"]) <= L], "accuracy", last=sc["last"]
+            ).items()
+            if m in methods
+        }
+        for L in lengths
+    }
     finals = finals_at[primary]
     cmp_rows = E.compare_to_reference(finals, ref)
 
     def relative(fin: dict[str, dict[int, float]]) -> dict[str, dict[int, float]]:
-        return {m: {s_: v / fin[ref][s_] for s_, v in per.items() if fin[ref].get(s_)}
-                for m, per in fin.items()}
+        return {
+            m: {s_: v / fin[ref][s_] for s_, v in per.items() if fin[ref].get(s_)}
+            for m, per in fin.items()
+        }
 
     rel_at = {L: relative(finals_at[L]) for L in lengths}
     rel = rel_at[primary]
@@ -311,8 +405,10 @@ def main(argv: list[str] | None = None) -> int:
     for L in lengths:
         for r in E.compare_to_reference(rel_at[L], ref):
             rel_cells.setdefault(r["method"], []).append(fmt(r["mean"], r["lo"], r["hi"], 3))
-    lines = ["| method | " + " | ".join(f"{L} rounds" for L in lengths)
-             + " | paper 003 (3 tasks) |", "|---|" + "---|" * (len(lengths) + 1)]
+    lines = [
+        "| method | " + " | ".join(f"{L} rounds" for L in lengths) + " | paper 003 (3 tasks) |",
+        "|---|" + "---|" * (len(lengths) + 1),
+    ]
     for m, cells in rel_cells.items():
         paper = f"{PAPER_REL[m]:.3f}" if m in PAPER_REL else "not in Table 1"
         lines.append(f"| {label(m)} | " + " | ".join(cells) + f" | {paper} |")
@@ -323,11 +419,16 @@ def main(argv: list[str] | None = None) -> int:
         return " > ".join(ms)
 
     ranked = [m for m in methods if m != ref and m not in VARIANTS]
-    order_lines = ["| run length | all methods, by mean final accuracy | the baselines "
-                   "(paper: " + " > ".join(PAPER_BASELINE_ORDER) + ") |", "|---|---|---|"]
+    order_lines = [
+        "| run length | all methods, by mean final accuracy | the baselines "
+        "(paper: " + " > ".join(PAPER_BASELINE_ORDER) + ") |",
+        "|---|---|---|",
+    ]
     for L in lengths:
-        order_lines.append(f"| {L} rounds | {order(finals_at[L], ranked)} | "
-                           f"{order(finals_at[L], PAPER_BASELINE_ORDER)} |")
+        order_lines.append(
+            f"| {L} rounds | {order(finals_at[L], ranked)} | "
+            f"{order(finals_at[L], PAPER_BASELINE_ORDER)} |"
+        )
 
     def by_length(verdicts: dict[int, str]) -> str:
         vs = list(verdicts.values())
@@ -341,8 +442,11 @@ def main(argv: list[str] | None = None) -> int:
         out_: dict[int, list[dict[str, Any]]] = {}
         for L in lengths:
             fin = finals_at[L]
-            out_[L] = [{**E.paired_ci(fin[h], fin[l_]), "hi_m": h, "lo_m": l_}
-                       for h, l_ in pairs if h in fin and l_ in fin]
+            out_[L] = [
+                {**E.paired_ci(fin[h], fin[l_]), "hi_m": h, "lo_m": l_}
+                for h, l_ in pairs
+                if h in fin and l_ in fin
+            ]
         return out_
 
     def diff_text(d: dict[str, Any]) -> str:
@@ -355,21 +459,30 @@ def main(argv: list[str] | None = None) -> int:
         if not any(res.values()):
             claims.append((title, "", "not resolved (methods not run)", "", paper))
             return
-        tab = ["| claim | " + " | ".join(f"{L} rounds" for L in lengths) + " |",
-               "|---|" + "---|" * len(lengths)]
+        tab = [
+            "| claim | " + " | ".join(f"{L} rounds" for L in lengths) + " |",
+            "|---|" + "---|" * len(lengths),
+        ]
         # the pairs that ran (the same at every length), each named by its own entry
         for k, d0 in enumerate(res[lengths[0]]):
-            tab.append(f"| {d0['hi_m']} > {d0['lo_m']} | " + " | ".join(
-                f"{diff_text(res[L][k])} {res[L][k]['verdict']}" for L in lengths) + " |")
+            tab.append(
+                f"| {d0['hi_m']} > {d0['lo_m']} | "
+                + " | ".join(f"{diff_text(res[L][k])} {res[L][k]['verdict']}" for L in lengths)
+                + " |"
+            )
         verdicts = {L: verdict(res[L]) for L in lengths}
         found = []
-        named_methods = sorted({m for d in res[lengths[0]] for m in (d["hi_m"], d["lo_m"])},
-                               key=methods.index)
+        named_methods = sorted(
+            {m for d in res[lengths[0]] for m in (d["hi_m"], d["lo_m"])}, key=methods.index
+        )
         for L in lengths:
             # the paper's unit first: each method's accuracy relative to the reference
             # (only against full participation, the paper's unit: without it, nothing)
-            of_ref = ", ".join(f"{m} {statistics.fmean(rel_at[L][m].values()):.3f}"
-                               for m in named_methods if m != ref and rel_at[L].get(m))
+            of_ref = ", ".join(
+                f"{m} {statistics.fmean(rel_at[L][m].values()):.3f}"
+                for m in named_methods
+                if m != ref and rel_at[L].get(m)
+            )
             lead = f"of full at {L} rounds {of_ref}; " if of_ref and ref == "full" else ""
             if len(res[L]) == 1:
                 d = res[L][0]
@@ -379,6 +492,7 @@ def main(argv: list[str] | None = None) -> int:
 
             def named(ds: list[dict[str, Any]]) -> str:
                 return "; ".join(f"{d['hi_m']} - {d['lo_m']} {diff_text(d)}" for d in ds)
+
             # every pair that is not above 0 is named; where all are, the closest one
             text = f"{lead}at {L} rounds {len(c['better'])} of {len(res[L])} pairs above 0"
             if not c["level"] and not c["worse"]:
@@ -386,104 +500,159 @@ def main(argv: list[str] | None = None) -> int:
                 text += f", none level or below (closest to 0: {named([low])})"
             else:
                 text += f", {len(c['level'])} level" + (
-                    f" ({named(c['level'])})" if c["level"] else "")
+                    f" ({named(c['level'])})" if c["level"] else ""
+                )
                 text += f", {len(c['worse'])} below" + (
-                    f" ({named(c['worse'])})" if c["worse"] else "")
+                    f" ({named(c['worse'])})" if c["worse"] else ""
+                )
             found.append(text)
-        claims.append((title, "\n".join(tab) + (f"\n\n{note}" if note else ""),
-                       by_length(verdicts), "; ".join(found), paper))
+        claims.append(
+            (
+                title,
+                "\n".join(tab) + (f"\n\n{note}" if note else ""),
+                by_length(verdicts),
+                "; ".join(found),
+                paper,
+            )
+        )
 
-    claim("MMFL-LVR above MMFL-GVR", [("lvr", "gvr")],
-          "LVR 0.896, GVR 0.886 of full (3 tasks)")
+    claim("MMFL-LVR above MMFL-GVR", [("lvr", "gvr")], "LVR 0.896, GVR 0.886 of full (3 tasks)")
     others = [m for m in ranked if m != "stalevr"]
-    claim("MMFL-StaleVR highest", [("stalevr", m) for m in others],
-          "StaleVR 0.943 of full, the next StaleVRE 0.918")
-    claim("every proposed method above every uniform-sampling baseline",
-          [(h, l_) for h in PROPOSED for l_ in BASELINES],
-          "proposed 0.886-0.943 of full, baselines 0.681-0.854",
-          note=("Proposed: MMFL-LVR, GVR, StaleVR, StaleVRE; baselines: random, FedVARP, "
-                "MIFA, SCAFFOLD (paired against each, not only random)."))
+    claim(
+        "MMFL-StaleVR highest",
+        [("stalevr", m) for m in others],
+        "StaleVR 0.943 of full, the next StaleVRE 0.918",
+    )
+    claim(
+        "every proposed method above every uniform-sampling baseline",
+        [(h, l_) for h in PROPOSED for l_ in BASELINES],
+        "proposed 0.886-0.943 of full, baselines 0.681-0.854",
+        note=(
+            "Proposed: MMFL-LVR, GVR, StaleVR, StaleVRE; baselines: random, FedVARP, "
+            "MIFA, SCAFFOLD (paired against each, not only random)."
+        ),
+    )
     if "mifa-uploaded" in methods:
-        claim("every proposed method above MIFA with the uploaded start (sensitivity)",
-              [(h, "mifa-uploaded") for h in PROPOSED],
-              "not in the paper (MIFA's start is not stated)")
+        claim(
+            "every proposed method above MIFA with the uploaded start (sensitivity)",
+            [(h, "mifa-uploaded") for h in PROPOSED],
+            "not in the paper (MIFA's start is not stated)",
+        )
     if "stalevre-b0-0.5" in methods:
-        claim("StaleVRE with b0 = 0.5 above every uniform-sampling baseline (sensitivity)",
-              [("stalevre-b0-0.5", l_) for l_ in BASELINES],
-              "not in the paper (its StaleVRE uses b0 of about 1)")
-    claim("the baselines in Table 1's order, MIFA > Random > SCAFFOLD > FedVARP",
-          list(zip(PAPER_BASELINE_ORDER, PAPER_BASELINE_ORDER[1:])),
-          "MIFA 0.854 > Random 0.792 > SCAFFOLD 0.783 > FedVARP 0.681 of full")
+        claim(
+            "StaleVRE with b0 = 0.5 above every uniform-sampling baseline (sensitivity)",
+            [("stalevre-b0-0.5", l_) for l_ in BASELINES],
+            "not in the paper (its StaleVRE uses b0 of about 1)",
+        )
+    claim(
+        "the baselines in Table 1's order, MIFA > Random > SCAFFOLD > FedVARP",
+        list(zip(PAPER_BASELINE_ORDER, PAPER_BASELINE_ORDER[1:])),
+        "MIFA 0.854 > Random 0.792 > SCAFFOLD 0.783 > FedVARP 0.681 of full",
+    )
     claims_text = []
     for title, tab, v, found, paper in claims:
-        claims_text.append(f"**{title}** (paired per seed, final accuracy):\n\n{tab}\n\n"
-                           f"Verdict ({title}): {v}. Found: {found}. Paper: {paper}.")
-    E.plot_curves(os.path.join(out, f"{NAME}.png"), E.curves(rows_all),
-                  f"Paper 003 Table 1 runs: accuracy per round ({a.tasks})")
-    E.plot_final(os.path.join(out, f"{NAME}_final.png"), finals,
-                 f"Paper 003 Table 1: final accuracy at {primary} rounds (last {sc['last']})")
+        claims_text.append(
+            f"**{title}** (paired per seed, final accuracy):\n\n{tab}\n\n"
+            f"Verdict ({title}): {v}. Found: {found}. Paper: {paper}."
+        )
+    E.plot_curves(
+        os.path.join(out, f"{NAME}.png"),
+        E.curves(rows_all),
+        f"Paper 003 Table 1 runs: accuracy per round ({a.tasks})",
+    )
+    E.plot_final(
+        os.path.join(out, f"{NAME}_final.png"),
+        finals,
+        f"Paper 003 Table 1: final accuracy at {primary} rounds (last {sc['last']})",
+    )
     notes = []
     for v, (base, _) in VARIANTS.items():
         if v in finals and base in finals:  # finals holds only --methods
             gap = {L: E.paired_ci(finals_at[L][v], finals_at[L][base]) for L in lengths}
-            notes.append(f"`{v}` is a sensitivity row, not the paper's rule: {VARIANT_TEXT[v]}. "
-                         f"Paired {v} - {base}, in accuracy: "
-                         + "; ".join(f"{L} rounds {diff_text(gap[L])}" for L in lengths) + ".")
+            notes.append(
+                f"`{v}` is a sensitivity row, not the paper's rule: {VARIANT_TEXT[v]}. "
+                f"Paired {v} - {base}, in accuracy: "
+                + "; ".join(f"{L} rounds {diff_text(gap[L])}" for L in lengths)
+                + "."
+            )
     variant_notes = "\n\n".join(notes)
 
     # ---------------------------------------------------------------- Fig. 2
     cs = coef_sums(rows)
-    fig2_rows = [{"method": m, "seed": s, "round": rd, "coef_sum_total": v}
-                 for m, seeds in cs.items() for s, per in seeds.items()
-                 for rd, v in sorted(per.items())]
+    fig2_rows = [
+        {"method": m, "seed": s, "round": rd, "coef_sum_total": v}
+        for m, seeds in cs.items()
+        for s, per in seeds.items()
+        for rd, v in sorted(per.items())
+    ]
     E.write_long_csv(os.path.join(out, "paper003_fig2.csv"), fig2_rows)
     shown = [m for m in UNBIASED + ["full"] if m in cs]
-    E.plot_curves(os.path.join(out, "paper003_fig2.png"), {m: cs[m] for m in shown},
-                  f"Paper 003 Fig. 2: summed global step size sum_s ||H_s||_1 "
-                  f"(expectation {n_models})", ylabel="sum over models of coef_sum")
-    f2 = ["| method | mean of sum_s ||H_s||_1 over rounds (95% CI over seeds) | "
-          "variance over rounds (95% CI) |", "|---|---|---|"]
+    E.plot_curves(
+        os.path.join(out, "paper003_fig2.png"),
+        {m: cs[m] for m in shown},
+        f"Paper 003 Fig. 2: summed global step size sum_s ||H_s||_1 (expectation {n_models})",
+        ylabel="sum over models of coef_sum",
+    )
+    f2 = [
+        "| method | mean of sum_s ||H_s||_1 over rounds (95% CI over seeds) | "
+        "variance over rounds (95% CI) |",
+        "|---|---|---|",
+    ]
     variances: dict[str, dict[int, float]] = {}
     for m in shown:
         means = [statistics.fmean(per.values()) for per in cs[m].values()]
         variances[m] = {s: statistics.pvariance(per.values()) for s, per in cs[m].items()}
-        f2.append(f"| {m} | {fmt(*E.mean_ci(means), 3)} | "
-                  f"{fmt(*E.mean_ci(list(variances[m].values())), 3)} |")
+        f2.append(
+            f"| {m} | {fmt(*E.mean_ci(means), 3)} | "
+            f"{fmt(*E.mean_ci(list(variances[m].values())), 3)} |"
+        )
     f2_claim = []
     if "gvr" in variances and "lvr" in variances:
         d = E.paired_ci(variances["gvr"], variances["lvr"])
         f2_claim.append(d)
         f2.append("")
-        f2.append(f"Paired variance difference GVR - LVR: {d['mean']:+.3f} "
-                  f"[{d['lo']:+.3f}, {d['hi']:+.3f}] (n = {d['n']}, {d['verdict']}).")
+        f2.append(
+            f"Paired variance difference GVR - LVR: {d['mean']:+.3f} "
+            f"[{d['lo']:+.3f}, {d['hi']:+.3f}] (n = {d['n']}, {d['verdict']})."
+        )
         f2.append("")
-        f2.append("Test: each seed's variance over rounds of the sum, GVR's minus LVR's, by "
-                  "a paired t interval over the seeds. The two runs of a seed share its "
-                  "federation and initial weights; nothing else is held fixed (the seed "
-                  "changes the data as well as the sampling), so the interval covers "
-                  "both. It assumes the per-seed differences are roughly normal and the "
-                  "seeds independent; the rounds of a run are correlated, which is why "
-                  "the unit is the seed, not the round.")
+        f2.append(
+            "Test: each seed's variance over rounds of the sum, GVR's minus LVR's, by "
+            "a paired t interval over the seeds. The two runs of a seed share its "
+            "federation and initial weights; nothing else is held fixed (the seed "
+            "changes the data as well as the sampling), so the interval covers "
+            "both. It assumes the per-seed differences are roughly normal and the "
+            "seeds independent; the rounds of a run are correlated, which is why "
+            "the unit is the seed, not the round."
+        )
         # the same by phase of training: first and last third of the rounds
         third = max(primary // 3, 2)
         phases = {"first": (1, third), "last": (primary - third + 1, primary)}
-        f2 += ["", "Variance over rounds by phase (95% CI over seeds):", "",
-               "| method | " + " | ".join(f"rounds {a}-{b}" for a, b in phases.values())
-               + " |", "|---|" + "---|" * len(phases)]
+        f2 += [
+            "",
+            "Variance over rounds by phase (95% CI over seeds):",
+            "",
+            "| method | " + " | ".join(f"rounds {a}-{b}" for a, b in phases.values()) + " |",
+            "|---|" + "---|" * len(phases),
+        ]
         by_phase: dict[str, dict[str, dict[int, float]]] = {}
         for m in shown:
             cells = []
             for ph, (a0, b0) in phases.items():
-                v = {s_: statistics.pvariance([x for rd, x in per.items() if a0 <= rd <= b0])
-                     for s_, per in cs[m].items()}
+                v = {
+                    s_: statistics.pvariance([x for rd, x in per.items() if a0 <= rd <= b0])
+                    for s_, per in cs[m].items()
+                }
                 by_phase.setdefault(ph, {})[m] = v
                 cells.append(fmt(*E.mean_ci(list(v.values())), 3))
             f2.append(f"| {m} | " + " | ".join(cells) + " |")
         f2.append("")
         for ph, (a0, b0) in phases.items():
             dp = E.paired_ci(by_phase[ph]["gvr"], by_phase[ph]["lvr"])
-            f2.append(f"Paired GVR - LVR, rounds {a0}-{b0}: {dp['mean']:+.3f} "
-                      f"[{dp['lo']:+.3f}, {dp['hi']:+.3f}] ({dp['verdict']}).")
+            f2.append(
+                f"Paired GVR - LVR, rounds {a0}-{b0}: {dp['mean']:+.3f} "
+                f"[{dp['lo']:+.3f}, {dp['hi']:+.3f}] ({dp['verdict']})."
+            )
 
     # ---------------------------------------------------------------- Fig. 4
     cur = E.curves(rows_all)
@@ -499,12 +668,22 @@ def main(argv: list[str] | None = None) -> int:
             for s in sorted(cur[m]):
                 n = rounds_to(cur[m][s], t, cap)
                 f4.setdefault(m, {}).setdefault(f, []).append(n)
-                fig4_rows.append({"method": m, "seed": s, "fraction": f, "target": t,
-                                  "rounds": n, "reached": int(n <= cap)})
+                fig4_rows.append(
+                    {
+                        "method": m,
+                        "seed": s,
+                        "fraction": f,
+                        "target": t,
+                        "rounds": n,
+                        "reached": int(n <= cap),
+                    }
+                )
     E.write_long_csv(os.path.join(out, "paper003_fig4.csv"), fig4_rows)
     plot_fig4(os.path.join(out, "paper003_fig4.png"), f4, targets, cap)
-    f4l = ["| method | " + " | ".join(f"{f:.0%} of full ({t:.3f})" for f, t in targets.items())
-           + " |", "|---|" + "---|" * len(targets)]
+    f4l = [
+        "| method | " + " | ".join(f"{f:.0%} of full ({t:.3f})" for f, t in targets.items()) + " |",
+        "|---|" + "---|" * len(targets),
+    ]
     for m, per in f4.items():
         cells = []
         for f in targets:
@@ -520,60 +699,98 @@ def main(argv: list[str] | None = None) -> int:
             if m in f4:
                 seeds = sorted(cur[m])
                 d = E.paired_ci(dict(zip(seeds, f4[m][mid])), dict(zip(seeds, f4["gvr"][mid])))
-                f4l.append(f"Paired rounds {m} - gvr at {mid:.0%} of full: {d['mean']:+.2f} "
-                           f"[{d['lo']:+.2f}, {d['hi']:+.2f}] (n = {d['n']}).")
+                f4l.append(
+                    f"Paired rounds {m} - gvr at {mid:.0%} of full: {d['mean']:+.2f} "
+                    f"[{d['lo']:+.2f}, {d['hi']:+.2f}] (n = {d['n']})."
+                )
     if "gvr" in f4 and "rr-gvr" in f4:
-        f4l += ["", "RoundRobin-GVR against MMFL-GVR, paired per seed (rounds rr-gvr - gvr; "
-                "positive = MMFL-GVR faster):", "",
-                "| target | paired rounds rr-gvr - gvr (95% CI) | n | verdict |",
-                "|---|---|---|---|"]
+        f4l += [
+            "",
+            "RoundRobin-GVR against MMFL-GVR, paired per seed (rounds rr-gvr - gvr; "
+            "positive = MMFL-GVR faster):",
+            "",
+            "| target | paired rounds rr-gvr - gvr (95% CI) | n | verdict |",
+            "|---|---|---|---|",
+        ]
         seeds = sorted(cur["gvr"])
         for f in FRACTIONS:
             d = E.paired_ci(dict(zip(seeds, f4["rr-gvr"][f])), dict(zip(seeds, f4["gvr"][f])))
             f4_claim.append(d)
-            f4l.append(f"| {f:.0%} of full | {d['mean']:+.2f} [{d['lo']:+.2f}, {d['hi']:+.2f}]"
-                       f" | {d['n']} | {d['verdict']} |")
-    f4_verdict = (verdict(f4_claim) + " (MMFL-GVR needs fewer rounds than RoundRobin-GVR at "
-                  "every target: every interval above 0 to hold)") if f4_claim else (
-        "not resolved (rr-gvr or gvr not run)")
+            f4l.append(
+                f"| {f:.0%} of full | {d['mean']:+.2f} [{d['lo']:+.2f}, {d['hi']:+.2f}]"
+                f" | {d['n']} | {d['verdict']} |"
+            )
+    f4_verdict = (
+        (
+            verdict(f4_claim) + " (MMFL-GVR needs fewer rounds than RoundRobin-GVR at "
+            "every target: every interval above 0 to hold)"
+        )
+        if f4_claim
+        else ("not resolved (rr-gvr or gvr not run)")
+    )
     f4_found = ""
     f4_dir_found = "not run"
     if f4_claim:
         above = sum(d["verdict"] == "better" for d in f4_claim)
-        f4_dir_found = ("rr-gvr - gvr rounds " + ", ".join(
-            f"{d['mean']:+.1f} [{d['lo']:+.1f}, {d['hi']:+.1f}]" for d in f4_claim)
+        f4_dir_found = (
+            "rr-gvr - gvr rounds "
+            + ", ".join(f"{d['mean']:+.1f} [{d['lo']:+.1f}, {d['hi']:+.1f}]" for d in f4_claim)
             + f" at {', '.join(f'{f:.0%}' for f in FRACTIONS)} of full; {above} of "
-            f"{len(f4_claim)} above 0")
+            f"{len(f4_claim)} above 0"
+        )
     widen_verdict = "not resolved (rr-gvr or gvr not run)"
     if "gvr" in f4 and "rr-gvr" in f4:
         seeds = sorted(cur["gvr"])
         # x in tenths of full's accuracy: the slope is in rounds per 10% of full
-        gaps = {s_: {10 * f: f4["rr-gvr"][f][k] - f4["gvr"][f][k] for f in FRACTIONS}
-                for k, s_ in enumerate(seeds)}
+        gaps = {
+            s_: {10 * f: f4["rr-gvr"][f][k] - f4["gvr"][f][k] for f in FRACTIONS}
+            for k, s_ in enumerate(seeds)
+        }
         censored = sum(x > cap for f in FRACTIONS for x in f4["rr-gvr"][f])
         tr = E.trend(gaps)
-        mean_gaps = ", ".join(f"{statistics.fmean(g[10 * f] for g in gaps.values()):+.1f}"
-                              for f in FRACTIONS)
-        f4_found = (f"gaps (rr-gvr - gvr rounds) {mean_gaps} at the targets "
-                    f"{', '.join(f'{f:.0%}' for f in FRACTIONS)} of full; slope "
-                    f"{tr['mean']:+.1f} [{tr['lo']:+.1f}, {tr['hi']:+.1f}] rounds per 10% of "
-                    f"full; {censored} of {len(seeds) * len(FRACTIONS)} rr-gvr "
-                    f"times censored at {cap + 1}")
-        widen_verdict = ("holds" if tr["verdict"] == "widening" else "does not hold"
-                         if tr["verdict"] == "narrowing" else "not resolved")
-        f4l += ["", f"Widening: per seed, the least-squares slope of the gap against the "
-                f"target: {tr['mean']:+.1f} [{tr['lo']:+.1f}, {tr['hi']:+.1f}] rounds per 10% "
-                f"of full's accuracy (n = {tr['n']}, {tr['verdict']})"
-                + (f"; {censored} rr-gvr times are censored (never reached in {cap} rounds), "
-                   "so those gaps are lower bounds." if censored else "; no time censored.")]
+        mean_gaps = ", ".join(
+            f"{statistics.fmean(g[10 * f] for g in gaps.values()):+.1f}" for f in FRACTIONS
+        )
+        f4_found = (
+            f"gaps (rr-gvr - gvr rounds) {mean_gaps} at the targets "
+            f"{', '.join(f'{f:.0%}' for f in FRACTIONS)} of full; slope "
+            f"{tr['mean']:+.1f} [{tr['lo']:+.1f}, {tr['hi']:+.1f}] rounds per 10% of "
+            f"full; {censored} of {len(seeds) * len(FRACTIONS)} rr-gvr "
+            f"times censored at {cap + 1}"
+        )
+        widen_verdict = (
+            "holds"
+            if tr["verdict"] == "widening"
+            else "does not hold"
+            if tr["verdict"] == "narrowing"
+            else "not resolved"
+        )
+        f4l += [
+            "",
+            f"Widening: per seed, the least-squares slope of the gap against the "
+            f"target: {tr['mean']:+.1f} [{tr['lo']:+.1f}, {tr['hi']:+.1f}] rounds per 10% "
+            f"of full's accuracy (n = {tr['n']}, {tr['verdict']})"
+            + (
+                f"; {censored} rr-gvr times are censored (never reached in {cap} rounds), "
+                "so those gaps are lower bounds."
+                if censored
+                else "; no time censored."
+            ),
+        ]
     f2_found = ""
     if f2_claim:
         d = f2_claim[0]
-        lead = ("LVR's variance above GVR's" if d["verdict"] == "worse" else
-                "GVR's variance above LVR's" if d["verdict"] == "better" else
-                "no difference shown")
-        f2_found = (f"{lead}, paired GVR - LVR {d['mean']:+.3f} [{d['lo']:+.3f}, "
-                    f"{d['hi']:+.3f}] over {d['n']} seeds ({primary} rounds)")
+        lead = (
+            "LVR's variance above GVR's"
+            if d["verdict"] == "worse"
+            else "GVR's variance above LVR's"
+            if d["verdict"] == "better"
+            else "no difference shown"
+        )
+        f2_found = (
+            f"{lead}, paired GVR - LVR {d['mean']:+.3f} [{d['lo']:+.3f}, "
+            f"{d['hi']:+.3f}] over {d['n']} seeds ({primary} rounds)"
+        )
 
     if "rr-gvr" in methods:
         f4_short = f4_verdict.split(" (")[0]
@@ -581,11 +798,13 @@ def main(argv: list[str] | None = None) -> int:
 Found: {f4_dir_found}. Paper: MMFL-GVR lower at every target (Fig. 4, no numbers
 given).
 
-Verdict (the gap widens with the target): {widen_verdict}. Found: {f4_found or 'not run'}.
+Verdict (the gap widens with the target): {widen_verdict}. Found: {f4_found or "not run"}.
 Paper: "as the target accuracy increases, the gap between the two methods widens"."""
     else:  # the claims compare MMFL-GVR with RoundRobin-GVR: no verdict without it
-        f4_verdicts = ("RoundRobin-GVR (`rr-gvr`) was not run (not in `--methods`), so "
-                       "Fig. 4's claims get no verdict here.")
+        f4_verdicts = (
+            "RoundRobin-GVR (`rr-gvr`) was not run (not in `--methods`), so "
+            "Fig. 4's claims get no verdict here."
+        )
     on = on_tasks(a.tasks, a.profile)
     lens = ", ".join(str(L) for L in lengths)
     text = f"""### Paper 003, Table 1: MMFL-LVR / GVR / StaleVR / StaleVRE vs baselines{on}
@@ -602,10 +821,10 @@ Data: {data_sizes(sc, a.tasks)}.
 
 Runs: `{cmd}` (the scale and run time at the end of the Fig. 4 section); machine: {machine}.
 
-Final accuracy = mean over the models and the last {sc['last']} rounds; reference `{ref}`;
+Final accuracy = mean over the models and the last {sc["last"]} rounds; reference `{ref}`;
 at {primary} rounds:
 
-{E.markdown_table(cmp_rows, ref, 'final accuracy')}
+{E.markdown_table(cmp_rows, ref, "final accuracy")}
 
 Relative accuracy (method / full, per seed), by run length:
 
@@ -636,8 +855,9 @@ d_i,s / (B_i p_i,s); plotted summed over the models, for the unbiased d/(Bp) met
 
 ![summed global step size]({out}/paper003_fig2.png)
 
-Verdict (GVR's summed step size fluctuates more than LVR's): {verdict(f2_claim) if f2_claim
-else 'not resolved'}. Found: {f2_found or 'not run'}. Paper: Fig. 2 shows GVR's sum
+Verdict (GVR's summed step size fluctuates more than LVR's): {
+        verdict(f2_claim) if f2_claim else "not resolved"
+    }. Found: {f2_found or "not run"}. Paper: Fig. 2 shows GVR's sum
 fluctuating more (no number given).
 
 ### Paper 003, Fig. 4: rounds to a target accuracy{on}

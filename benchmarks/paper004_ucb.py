@@ -38,13 +38,27 @@ UCB = ("ranklist-ucb", "pareto-ucb")
 DATA_LABEL = {"synthetic-1-1": "Synthetic(1,1)", "synthetic-iid": "Synthetic-IID"}
 MODES: dict[str, dict[str, Any]] = {
     # rounds per K: K = 64 costs 32x the training of K = 2 per round
-    "quick": {"datasets": ["synthetic-1-1"], "num_clients": 100, "rounds": {2: 40, 64: 15},
-              "synthetic_max_samples": 100, "seeds": [0, 1, 2, 3, 4]},
-    "smoke": {"datasets": ["synthetic-1-1"], "num_clients": 64, "rounds": {2: 3, 64: 2},
-              "synthetic_max_samples": 20, "seeds": [0, 1]},
-    "full": {"datasets": ["synthetic-1-1", "synthetic-iid"], "num_clients": 100,
-             "rounds": {2: 60, 64: 30},
-             "synthetic_max_samples": 200, "seeds": list(range(8))},
+    "quick": {
+        "datasets": ["synthetic-1-1"],
+        "num_clients": 100,
+        "rounds": {2: 40, 64: 15},
+        "synthetic_max_samples": 100,
+        "seeds": [0, 1, 2, 3, 4],
+    },
+    "smoke": {
+        "datasets": ["synthetic-1-1"],
+        "num_clients": 64,
+        "rounds": {2: 3, 64: 2},
+        "synthetic_max_samples": 20,
+        "seeds": [0, 1],
+    },
+    "full": {
+        "datasets": ["synthetic-1-1", "synthetic-iid"],
+        "num_clients": 100,
+        "rounds": {2: 60, 64: 30},
+        "synthetic_max_samples": 200,
+        "seeds": list(range(8)),
+    },
 }
 BASE = {"local_epochs": 1, "lr": 0.05, "batch_size": 10, "ucb_gamma": 0.9}
 
@@ -52,25 +66,40 @@ BASE = {"local_epochs": 1, "lr": 0.05, "batch_size": 10, "ucb_gamma": 0.9}
 def jobs_for(dataset: str, k: int, mode: dict[str, Any]) -> list[tuple[str, int, dict[str, Any]]]:
     """``run_many`` jobs of one (dataset, K); ``fedavg-single`` is one job per model
     (method label ``fedavg-single|<task>``, merged afterwards)."""
-    common = {**BASE, "num_clients": mode["num_clients"], "num_rounds": mode["rounds"][k],
-              "synthetic_max_samples": mode["synthetic_max_samples"]}
+    common = {
+        **BASE,
+        "num_clients": mode["num_clients"],
+        "num_rounds": mode["rounds"][k],
+        "synthetic_max_samples": mode["synthetic_max_samples"],
+    }
     tasks = DATASETS[dataset]
     jobs = []
     for seed in mode["seeds"]:
         for pol in POLICIES:
             if pol == "fedavg-single":
                 for task in tasks.split(","):
-                    jobs.append((f"fedavg-single|{task}", seed,
-                                 {**common, "tasks": task, "strategy": "multi-fedavg",
-                                  "clients_per_round": max(1, k // 2)}))
+                    jobs.append(
+                        (
+                            f"fedavg-single|{task}",
+                            seed,
+                            {
+                                **common,
+                                "tasks": task,
+                                "strategy": "multi-fedavg",
+                                "clients_per_round": max(1, k // 2),
+                            },
+                        )
+                    )
             else:
-                jobs.append((pol, seed, {**common, "tasks": tasks, "strategy": pol,
-                                         "clients_per_round": k}))
+                jobs.append(
+                    (pol, seed, {**common, "tasks": tasks, "strategy": pol, "clients_per_round": k})
+                )
     return jobs
 
 
-def claim_verdicts(dataset: str, k: int, finals: dict[str, dict[int, float]],
-                   margin: float = 0.02) -> list[tuple[str, str, dict[str, Any]]]:
+def claim_verdicts(
+    dataset: str, k: int, finals: dict[str, dict[int, float]], margin: float = 0.02
+) -> list[tuple[str, str, dict[str, Any]]]:
     """The paper's claims for (dataset, K): (claim, verdict, paired difference).
     Direction claims by the paired 95% interval; "level" claims by TOST with the
     equivalence margin ``margin`` (accuracy)."""
@@ -85,9 +114,9 @@ def claim_verdicts(dataset: str, k: int, finals: dict[str, dict[int, float]],
         # an equivalence claim: TOST against +-margin (accuracy), not "the interval
         # covers 0" (absence of evidence); the 90% interval is reported
         d = E.equivalence(finals[a], finals[b], margin)
-        out.append((f"{claim} (within +-{margin:g})",
-                    E.equivalence_verdict(d),
-                    d | {"a": a, "b": b}))
+        out.append(
+            (f"{claim} (within +-{margin:g})", E.equivalence_verdict(d), d | {"a": a, "b": b})
+        )
 
     iid = dataset == "synthetic-iid"
     if k <= 2 or iid:
@@ -102,18 +131,28 @@ def claim_verdicts(dataset: str, k: int, finals: dict[str, dict[int, float]],
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = E.Parser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    E.mode_args(p, "inprocess", "faster than the vectorized engine on these small "
-                "logistic-regression models with a few trainers per round", "default 2, or 1 on a one-core machine")
+    p = E.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    E.mode_args(
+        p,
+        "inprocess",
+        "faster than the vectorized engine on these small "
+        "logistic-regression models with a few trainers per round",
+        "default 2, or 1 on a one-core machine",
+    )
     p.set_defaults(workers=min(2, os.cpu_count() or 1))
     p.add_argument("--ks", default="2,64")
     p.add_argument("--seeds", default=None, help="override the mode's seeds (0,1,2)")
-    p.add_argument("--datasets", default=None,
-                   help=f"override the mode's data sets (from {', '.join(DATASETS)})")
-    p.add_argument("--margin", default="0.02",
-                   help="equivalence margin of the 'level with' claims, in accuracy "
-                        "(default 0.02: TOST, the 90%% interval inside +-margin)")
+    p.add_argument(
+        "--datasets",
+        default=None,
+        help=f"override the mode's data sets (from {', '.join(DATASETS)})",
+    )
+    p.add_argument(
+        "--margin",
+        default="0.02",
+        help="equivalence margin of the 'level with' claims, in accuracy "
+        "(default 0.02: TOST, the 90%% interval inside +-margin)",
+    )
     a = p.parse_args(argv)
     margin = E.margin_arg(p, a.margin)
     mode = dict(MODES[a.mode])
@@ -123,38 +162,47 @@ def main(argv: list[str] | None = None) -> int:
         mode["seeds"] = E.int_list(p, "--seeds", a.seeds, low=0)
     ks = E.int_list(p, "--ks", a.ks, low=2)
     if any(k % 2 for k in ks):
-        p.error(f"--ks: every K must be even (single-model FedAvg trains each model with "
-                f"K/2 clients a round); got {a.ks!r}")
+        p.error(
+            f"--ks: every K must be even (single-model FedAvg trains each model with "
+            f"K/2 clients a round); got {a.ks!r}"
+        )
     mode["rounds"] = dict(mode["rounds"])
     for k in ks:
         mode["rounds"].setdefault(k, max(mode["rounds"].values()))
         if k > mode["num_clients"]:
-            p.error(f"--ks: K={k} needs at least {k} clients (mode has "
-                    f"{mode['num_clients']})")
+            p.error(f"--ks: K={k} needs at least {k} clients (mode has {mode['num_clients']})")
     out = Path(a.out)
     seeds = mode["seeds"]
     plan = [(d, k) for d in mode["datasets"] for k in ks]
     n_jobs = sum(len(jobs_for(d, k, mode)) for d, k in plan)
-    print(f"{NAME}: {n_jobs} runs ({a.mode}: {mode['num_clients']} clients, rounds "
-          f"{mode['rounds']}, seeds {seeds}, engine {a.engine}, {a.workers} workers)",
-          flush=True)
+    print(
+        f"{NAME}: {n_jobs} runs ({a.mode}: {mode['num_clients']} clients, rounds "
+        f"{mode['rounds']}, seeds {seeds}, engine {a.engine}, {a.workers} workers)",
+        flush=True,
+    )
     t0 = time.monotonic()
     rows: list[dict[str, Any]] = []
     machine = E.machines_used()
     if not a.from_csv:
-        E.check_cache(a.cache, [j for d, k in plan
-                                for j in E.run_jobs_keys(jobs_for(d, k, mode), a.engine)])
+        E.check_cache(
+            a.cache, [j for d, k in plan for j in E.run_jobs_keys(jobs_for(d, k, mode), a.engine)]
+        )
     if a.from_csv:
-        need = [(d, k, m.split("|")[0], s) for d, k in plan
-                for m, s, _ in jobs_for(d, k, mode)]
-        rows = E.rows_from_csv(p, a.from_csv, ("dataset", "K", "method", "seed"), need,
-                               rounds=lambda run: mode["rounds"][int(run[1])])
+        need = [(d, k, m.split("|")[0], s) for d, k in plan for m, s, _ in jobs_for(d, k, mode)]
+        rows = E.rows_from_csv(
+            p,
+            a.from_csv,
+            ("dataset", "K", "method", "seed"),
+            need,
+            rounds=lambda run: mode["rounds"][int(run[1])],
+        )
         E.check_configuration(p, a.from_csv, NAME, [f"engine `{a.engine}`"])
         machine = E.reanalysed_machine(out, NAME, a.from_csv)
     else:
         for d, k in plan:
-            for r in E.run_many(jobs_for(d, k, mode), engine=a.engine, workers=a.workers,
-                                cache=a.cache):
+            for r in E.run_many(
+                jobs_for(d, k, mode), engine=a.engine, workers=a.workers, cache=a.cache
+            ):
                 r = {"dataset": d, "K": k, **r}
                 r.pop("run_seconds", None)  # outputs must not depend on timing
                 r["method"] = str(r["method"]).split("|")[0]
@@ -166,8 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = f"python benchmarks/{NAME}.py --{a.mode}"
     if a.engine != "inprocess":
         cmd += f" --engine {a.engine}"
-    if (a.seeds is not None or a.ks != "2,64" or a.datasets is not None
-            or a.margin != "0.02"):
+    if a.seeds is not None or a.ks != "2,64" or a.datasets is not None or a.margin != "0.02":
         cmd = E.command(NAME, argv)
     sections, all_claims = [], []
     for d, k in plan:
@@ -180,40 +227,55 @@ def main(argv: list[str] | None = None) -> int:
         tag = f"{d}_K{k}"
         png, box = out / f"{NAME}_{tag}.png", out / f"{NAME}_{tag}_final.png"
         label = f"{DATA_LABEL[d]}, K = {k}"
-        E.plot_curves(png, E.curves(sub),
-                      f"Paper 004 {label}: {mode['num_clients']} clients, "
-                      f"{mode['rounds'][k]} rounds")
+        E.plot_curves(
+            png,
+            E.curves(sub),
+            f"Paper 004 {label}: {mode['num_clients']} clients, {mode['rounds'][k]} rounds",
+        )
         E.plot_final(box, finals, f"{label}: final accuracy ({len(seeds)} seeds)")
         claim_lines = "\n".join(
             f"| {c} | {x['mean']:+.4f} [{x['lo']:+.4f}, {x['hi']:+.4f}]"
             f"{' (90%, TOST)' if 'margin' in x else ''} | {v} |"
-            for c, v, x in claims)
+            for c, v, x in claims
+        )
         sections.append(
             f"**{label}** ({mode['rounds'][k]} rounds). Final accuracy (last round, mean "
             f"over the two models); paired column: *method − single-model FedAvg (K/2 "
-            f"each)* per seed:\n\n" + E.markdown_table(table, REFERENCE, "final accuracy")
+            f"each)* per seed:\n\n"
+            + E.markdown_table(table, REFERENCE, "final accuracy")
             + "\n\n| claim | paired difference (95% CI) | verdict |\n|---|---|---|\n"
-            + claim_lines + f"\n\n![{label} curves]({_rel(png)}) "
-            f"![{label} final]({_rel(box)})\n")
+            + claim_lines
+            + f"\n\n![{label} curves]({_rel(png)}) "
+            f"![{label} final]({_rel(box)})\n"
+        )
     vs = [c[3] for c in all_claims]
-    overall = ("holds" if all(v == "holds" for v in vs) else
-               "does not hold" if any(v == "does not hold" for v in vs) else "not resolved")
+    overall = (
+        "holds"
+        if all(v == "holds" for v in vs)
+        else "does not hold"
+        if any(v == "does not hold" for v in vs)
+        else "not resolved"
+    )
     # (a "level" claim that TOST does not show leaves the overall verdict not resolved)
     n_hold = sum(v == "holds" for v in vs)
     iid_run = "synthetic-iid" in mode["datasets"]
-    others = [f"{DATA_LABEL[d]} K={k}, {c}: {v}, {x['mean']:+.4f} [{x['lo']:+.4f}, "
-              f"{x['hi']:+.4f}]{' (90%)' if 'margin' in x else ''}"
-              for d, k, c, v, x in all_claims if v != "holds"]
-    found = f"{n_hold} of {len(vs)} claims hold" + (
-        "; " + "; ".join(others) if others else "")
-    iid_claim = ("On Synthetic-IID the UCB policies beat Multi-FedAvg and FedAvg at both K, "
-                 "and Multi-FedAvg is similar to FedAvg (\"under all our test scenarios\", "
-                 "Section VI)."
-                 if iid_run else
-                 "(The paper also claims that on Synthetic-IID the UCB policies beat "
-                 "Multi-FedAvg and FedAvg at both K; Synthetic-IID was not run for this "
-                 "section, so that claim is not tested here: `--datasets "
-                 "synthetic-1-1,synthetic-iid` adds it.)")
+    others = [
+        f"{DATA_LABEL[d]} K={k}, {c}: {v}, {x['mean']:+.4f} [{x['lo']:+.4f}, "
+        f"{x['hi']:+.4f}]{' (90%)' if 'margin' in x else ''}"
+        for d, k, c, v, x in all_claims
+        if v != "holds"
+    ]
+    found = f"{n_hold} of {len(vs)} claims hold" + ("; " + "; ".join(others) if others else "")
+    iid_claim = (
+        "On Synthetic-IID the UCB policies beat Multi-FedAvg and FedAvg at both K, "
+        'and Multi-FedAvg is similar to FedAvg ("under all our test scenarios", '
+        "Section VI)."
+        if iid_run
+        else "(The paper also claims that on Synthetic-IID the UCB policies beat "
+        "Multi-FedAvg and FedAvg at both K; Synthetic-IID was not run for this "
+        "section, so that claim is not tested here: `--datasets "
+        "synthetic-1-1,synthetic-iid` adds it.)"
+    )
     text = f"""### Paper 004: Multi-FedAvg and the bandit policies with scarce (K = 2) and plentiful (K = 64) clients
 
 **Claim (paper 004, Section V; figures only, no numbers in the text).** On Synthetic(1,1)
@@ -226,11 +288,11 @@ half the clients. {iid_claim}
 against a margin of +-{margin:g} accuracy (the 90% interval of the paired difference
 must lie inside it; an interval that merely covers 0 is not equivalence).
 
-Scale: two logistic-regression models, {mode['num_clients']} clients, rounds
-{', '.join(f'K={k}: {mode["rounds"][k]}' for k in ks)}, one local epoch (SGD, lr 0.05,
+Scale: two logistic-regression models, {mode["num_clients"]} clients, rounds
+{", ".join("K={}: {}".format(k, mode["rounds"][k]) for k in ks)}, one local epoch (SGD, lr 0.05,
 batch 10), gamma 0.9, loss-query initialisation, Synthetic users capped at
-{mode['synthetic_max_samples']} samples, {len(seeds)} seeds
-({', '.join(map(str, seeds))}), engine `{a.engine}`. Machine: {machine}.
+{mode["synthetic_max_samples"]} samples, {len(seeds)} seeds
+({", ".join(map(str, seeds))}), engine `{a.engine}`. Machine: {machine}.
 
 ```bash
 {cmd}
@@ -247,8 +309,10 @@ up), gamma, the number of clients (paper 004's text does not state it) and the p
 sample cap.
 """
     E.write_fragment(out, NAME, text)
-    print(f"\n{NAME}: {n_jobs} runs in {wall:.0f}s; verdict {overall} "
-          f"({n_hold}/{len(vs)} claims hold)")
+    print(
+        f"\n{NAME}: {n_jobs} runs in {wall:.0f}s; verdict {overall} "
+        f"({n_hold}/{len(vs)} claims hold)"
+    )
     for d, k, c, v, x in all_claims:
         print(f"  {d} K={k}: {c}: {x['mean']:+.4f} [{x['lo']:+.4f}, {x['hi']:+.4f}] -> {v}")
     for d, k in plan:

@@ -43,15 +43,15 @@ import _evidence as E
 
 
 def norm(arrays: list[np.ndarray]) -> float:
-    return float(np.sqrt(sum(float(np.square(np.asarray(a, np.float64)).sum())
-                             for a in arrays)))
+    return float(np.sqrt(sum(float(np.square(np.asarray(a, np.float64)).sum()) for a in arrays)))
 
 
 Pair = tuple[int, float, float, bool]  # (k, beta applied, beta*, uploaded once)
 
 
-def run(seed: int, num_rounds: int, b0: float = 1.0
-        ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Pair]]:
+def run(
+    seed: int, num_rounds: int, b0: float = 1.0
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Pair]]:
     """One StaleVRE run: (history rows, per (round, model) records, per sampled pair
     with a stored h: (k, beta applied, beta*, whether it had uploaded only once))."""
     from mmfl_flwr.config import Settings
@@ -88,8 +88,11 @@ def run(seed: int, num_rounds: int, b0: float = 1.0
             h = self.store.get(u.cid, task)
             beta = self.beta(u.cid, task, server_round) if h is not None else 0.0
             g = [np.asarray(a, np.float64) for a in u.delta]
-            term = [c * (x - beta * np.asarray(y, np.float64)) for x, y in zip(g, h)] \
-                if h is not None else [c * x for x in g]
+            term = (
+                [c * (x - beta * np.asarray(y, np.float64)) for x, y in zip(g, h)]
+                if h is not None
+                else [c * x for x in g]
+            )
             size = norm(term)
             entry = self.schedule.get((u.cid, task))
             k = server_round - entry[0] if entry is not None else 0
@@ -100,27 +103,34 @@ def run(seed: int, num_rounds: int, b0: float = 1.0
                 once = entry is not None and entry[1] is None  # beta = b0: no beta* yet
                 top = dict(size=size, c=c, beta=beta, star=star, k=k, once=once)
             corr = term if corr is None else [x + y for x, y in zip(corr, term)]
-        new = original(self, task, weights, updates, server_round, shares=shares,
-                       fresh=fresh)
+        new = original(self, task, weights, updates, server_round, shares=shares, fresh=fresh)
         # the two parts add up to the step the aggregator applied (checked by the tests)
-        step = [np.asarray(w, np.float64) - np.asarray(n, np.float64)
-                for w, n in zip(weights, new)]
+        step = [np.asarray(w, np.float64) - np.asarray(n, np.float64) for w, n in zip(weights, new)]
         parts = [np.zeros_like(x) for x in step]
         for part in (stale_sum, corr):
             if part is not None:
                 parts = [x + y for x, y in zip(parts, part)]
-        records.append(dict(round=server_round, task=task,
-                            stale=norm(stale_sum) if stale_sum else 0.0,
-                            correction=norm(corr) if corr else 0.0, uploads=len(updates),
-                            b0_pairs=b0_pairs, b0_share=b0_share, step=norm(step),
-                            unexplained=norm([x - y for x, y in zip(step, parts)]),
-                            **{f"top_{k}": v for k, v in top.items()}))
+        records.append(
+            dict(
+                round=server_round,
+                task=task,
+                stale=norm(stale_sum) if stale_sum else 0.0,
+                correction=norm(corr) if corr else 0.0,
+                uploads=len(updates),
+                b0_pairs=b0_pairs,
+                b0_share=b0_share,
+                step=norm(step),
+                unexplained=norm([x - y for x, y in zip(step, parts)]),
+                **{f"top_{k}": v for k, v in top.items()},
+            )
+        )
         return new
 
     StaleVREAggregator.aggregate = aggregate  # type: ignore[method-assign]
     try:
-        result = run_settings(Settings(**{**kw, "seed": seed, "output_dir": ""}),
-                              engine="vectorized")
+        result = run_settings(
+            Settings(**{**kw, "seed": seed, "output_dir": ""}), engine="vectorized"
+        )
     finally:
         StaleVREAggregator.aggregate = original  # type: ignore[method-assign]
     return list(result.history), records, pairs
@@ -137,18 +147,32 @@ def main(argv: list[str] | None = None) -> int:
     p = E.Parser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", default="1", help="seeds of the runs (default 1)")
     p.add_argument("--num-rounds", type=int, default=150, help="rounds (default 150)")
-    p.add_argument("--dip", type=float, default=0.1,
-                   help="a dip round lies at least this far below the best so far "
-                        "(default 0.1)")
-    p.add_argument("--b0", type=float, default=1.0,
-                   help="StaleVRE's starting beta b0 (Eq. 21; default 1.0, the paper's ~1)")
-    p.add_argument("--big", type=float, default=5.0,
-                   help="a dip's step counts as made by one pair when that pair's term is "
-                        "at least this many times the median top-pair term (default 5)")
-    p.add_argument("--workers", type=int, default=1,
-                   help="runs in parallel (processes; default 1)")
-    p.add_argument("--after", type=int, default=40,
-                   help="dips and medians are read after this round (default 40)")
+    p.add_argument(
+        "--dip",
+        type=float,
+        default=0.1,
+        help="a dip round lies at least this far below the best so far (default 0.1)",
+    )
+    p.add_argument(
+        "--b0",
+        type=float,
+        default=1.0,
+        help="StaleVRE's starting beta b0 (Eq. 21; default 1.0, the paper's ~1)",
+    )
+    p.add_argument(
+        "--big",
+        type=float,
+        default=5.0,
+        help="a dip's step counts as made by one pair when that pair's term is "
+        "at least this many times the median top-pair term (default 5)",
+    )
+    p.add_argument("--workers", type=int, default=1, help="runs in parallel (processes; default 1)")
+    p.add_argument(
+        "--after",
+        type=int,
+        default=40,
+        help="dips and medians are read after this round (default 40)",
+    )
     a = p.parse_args(argv)
     seeds = E.int_list(p, "--seeds", a.seeds, low=0)
     if a.num_rounds < 2:
@@ -167,8 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     gaps: dict[tuple[int, bool], list[float]] = defaultdict(list)
     totals: dict[str, int] = defaultdict(int)
     finals: list[float] = []
-    results = E.map_cached(_job, [(seed, a.num_rounds, a.b0) for seed in seeds], a.workers,
-                           label=lambda j: f"seed {j[0]}")
+    results = E.map_cached(
+        _job,
+        [(seed, a.num_rounds, a.b0) for seed in seeds],
+        a.workers,
+        label=lambda j: f"seed {j[0]}",
+    )
     for seed, (history, records, pairs, seconds) in zip(seeds, results):
         acc: dict[int, list[float]] = defaultdict(list)
         for r in history:
@@ -177,20 +205,24 @@ def main(argv: list[str] | None = None) -> int:
         by_round: dict[int, list[dict[str, Any]]] = defaultdict(list)
         for rec in records:
             by_round[rec["round"]].append(rec)
-        print(f"\nseed {seed} (b0 {a.b0:g}): {a.num_rounds} rounds in "
-              f"{seconds:.0f} s; mean accuracy at the last round "
-              f"{mean[a.num_rounds]:.3f}")
+        print(
+            f"\nseed {seed} (b0 {a.b0:g}): {a.num_rounds} rounds in "
+            f"{seconds:.0f} s; mean accuracy at the last round "
+            f"{mean[a.num_rounds]:.3f}"
+        )
         late = [rec for rec in records if rec["round"] > a.after]
 
         def med(key: str) -> float:
             vals = [float(r[key]) for r in late if key in r]
             return statistics.median(vals) if vals else float("nan")
 
-        print(f"  medians over the (round, model) pairs after round {a.after}: stale "
-              f"{med('stale'):.3f}, correction {med('correction'):.3f}, top pair "
-              f"||c (G - beta h)|| {med('top_size'):.3f} (c {med('top_c'):.2f}, k "
-              f"{med('top_k'):.0f}), b0 pairs {med('b0_pairs'):.0f} holding "
-              f"{med('b0_share'):.2f} of the data")
+        print(
+            f"  medians over the (round, model) pairs after round {a.after}: stale "
+            f"{med('stale'):.3f}, correction {med('correction'):.3f}, top pair "
+            f"||c (G - beta h)|| {med('top_size'):.3f} (c {med('top_c'):.2f}, k "
+            f"{med('top_k'):.0f}), b0 pairs {med('b0_pairs'):.0f} holding "
+            f"{med('b0_share'):.2f} of the data"
+        )
         best = max(mean[rd] for rd in range(0, a.after + 1))
         in_dip = False
         onsets: list[tuple[int, dict[str, Any]]] = []
@@ -202,54 +234,71 @@ def main(argv: list[str] | None = None) -> int:
                 dipping.add(rd)
             if dip and not in_dip:
                 onsets.append((rd, max(by_round[rd], key=lambda r: r.get("top_size", 0.0))))
-                print(f"  dip from round {rd}: mean accuracy {mean[rd - 1]:.3f} -> "
-                      f"{mean[rd]:.3f} (best so far {best:.3f}); its step, per model:")
+                print(
+                    f"  dip from round {rd}: mean accuracy {mean[rd - 1]:.3f} -> "
+                    f"{mean[rd]:.3f} (best so far {best:.3f}); its step, per model:"
+                )
                 for rec in sorted(by_round[rd], key=lambda r: r["task"]):
-                    print(f"    {rec['task']:9s} stale {rec['stale']:.3f}  correction "
-                          f"{rec['correction']:.3f}  uploads {rec['uploads']}  top pair "
-                          f"{rec.get('top_size', 0):.3f} (c {rec.get('top_c', 0):.2f}, "
-                          f"beta {rec.get('top_beta', 0):.2f}, beta* "
-                          f"{rec.get('top_star', float('nan')):+.2f}, k "
-                          f"{rec.get('top_k', 0)}{', one upload' if rec.get('top_once') else ''})"
-                          f"  b0 pairs {rec['b0_pairs']} "
-                          f"({rec['b0_share']:.2f} of the data)")
+                    print(
+                        f"    {rec['task']:9s} stale {rec['stale']:.3f}  correction "
+                        f"{rec['correction']:.3f}  uploads {rec['uploads']}  top pair "
+                        f"{rec.get('top_size', 0):.3f} (c {rec.get('top_c', 0):.2f}, "
+                        f"beta {rec.get('top_beta', 0):.2f}, beta* "
+                        f"{rec.get('top_star', float('nan')):+.2f}, k "
+                        f"{rec.get('top_k', 0)}{', one upload' if rec.get('top_once') else ''})"
+                        f"  b0 pairs {rec['b0_pairs']} "
+                        f"({rec['b0_share']:.2f} of the data)"
+                    )
             in_dip = dip
         large = a.big * med("top_size")
         big = [(rd, r) for rd, r in onsets if r.get("top_size", 0.0) >= large]
         rounds_big = {r["round"] for r in late if r.get("top_size", 0.0) >= large}
         starts = {rd for rd, _ in onsets}
-        print(f"  {len(rounds_big)} of the {a.num_rounds - a.after} rounds after round "
-              f"{a.after} have a model whose step holds one pair's term at least {a.big:g} x "
-              f"the median: {len(rounds_big & starts)} start a dip, "
-              f"{len((rounds_big & dipping) - starts)} fall in one, "
-              f"{len(rounds_big - dipping)} are not dip rounds")
-        print(f"  {len(onsets)} dips; in {len(big)} of them one pair's term "
-              f"||c (G - beta h)|| is at least {a.big:g} x the median"
-              + (": beta " + ", ".join(f"{r['top_beta']:.2f}" for _, r in big)
-                 + " applied where beta* was " + ", ".join(f"{r['top_star']:+.2f}" for _, r
-                                                        in big)
-                 + f"; {sum(bool(r.get('top_once')) for _, r in big)} of those pairs had "
-                 "uploaded once" if big else ""))
+        print(
+            f"  {len(rounds_big)} of the {a.num_rounds - a.after} rounds after round "
+            f"{a.after} have a model whose step holds one pair's term at least {a.big:g} x "
+            f"the median: {len(rounds_big & starts)} start a dip, "
+            f"{len((rounds_big & dipping) - starts)} fall in one, "
+            f"{len(rounds_big - dipping)} are not dip rounds"
+        )
+        print(
+            f"  {len(onsets)} dips; in {len(big)} of them one pair's term "
+            f"||c (G - beta h)|| is at least {a.big:g} x the median"
+            + (
+                ": beta "
+                + ", ".join(f"{r['top_beta']:.2f}" for _, r in big)
+                + " applied where beta* was "
+                + ", ".join(f"{r['top_star']:+.2f}" for _, r in big)
+                + f"; {sum(bool(r.get('top_once')) for _, r in big)} of those pairs had "
+                "uploaded once"
+                if big
+                else ""
+            )
+        )
         for k, beta, star, once in pairs:
             gaps[(min(k, 20), once)].append(abs(beta - star))
         totals["dips"] += len(onsets)
         totals["big"] += len(big)
         totals["once"] += sum(bool(r.get("top_once")) for _, r in big)
         finals.append(mean[a.num_rounds])
-    print(f"\nall {len(seeds)} seeds (b0 {a.b0:g}): {totals['dips']} dips, {totals['big']} of "
-          f"them starting with one pair's term at least {a.big:g} x the median "
-          f"({totals['once']} of those pairs had uploaded once); mean accuracy at the last "
-          f"round {statistics.fmean(finals):.3f} (per seed "
-          + ", ".join(f"{v:.3f}" for v in finals) + ")")
-    print("\nmean |beta applied - beta* (Eq. 20, on the fresh G)| over the sampled pairs "
-          "with a stored h, by k (rounds since h was stored; 20 = 20 or more), for pairs "
-          "on Eq. 21's line and for pairs that had uploaded once (beta = b0):")
+    print(
+        f"\nall {len(seeds)} seeds (b0 {a.b0:g}): {totals['dips']} dips, {totals['big']} of "
+        f"them starting with one pair's term at least {a.big:g} x the median "
+        f"({totals['once']} of those pairs had uploaded once); mean accuracy at the last "
+        f"round {statistics.fmean(finals):.3f} (per seed "
+        + ", ".join(f"{v:.3f}" for v in finals)
+        + ")"
+    )
+    print(
+        "\nmean |beta applied - beta* (Eq. 20, on the fresh G)| over the sampled pairs "
+        "with a stored h, by k (rounds since h was stored; 20 = 20 or more), for pairs "
+        "on Eq. 21's line and for pairs that had uploaded once (beta = b0):"
+    )
     for k in sorted({k for k, _ in gaps}):
         cells = []
         for once, what in ((False, "line"), (True, "uploaded once")):
             v = gaps.get((k, once))
-            cells.append(f"{what} {statistics.fmean(v):.3f} over {len(v)}" if v
-                         else f"{what} -")
+            cells.append(f"{what} {statistics.fmean(v):.3f} over {len(v)}" if v else f"{what} -")
         print(f"  k {k:2d}: " + "; ".join(cells))
     return 0
 

@@ -30,24 +30,37 @@ import _evidence as E
 
 def main(argv: list[str] | None = None) -> int:
     p = E.Parser(description=__doc__.splitlines()[0])
-    p.add_argument("--csv", default=str(E.REPO / "docs" / "results" / "paper003_table1.csv"),
-                   help="the long CSV of paper003_table1.py (default: the published one)")
+    p.add_argument(
+        "--csv",
+        default=str(E.REPO / "docs" / "results" / "paper003_table1.csv"),
+        help="the long CSV of paper003_table1.py (default: the published one)",
+    )
     p.add_argument("--methods", default="", help="methods to show (default: every one)")
-    p.add_argument("--rounds", type=int, default=40,
-                   help="uploads over rounds 1..R, and low and dips over rounds R+1 to "
-                        "the last (default 40; none when R is the last round)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=40,
+        help="uploads over rounds 1..R, and low and dips over rounds R+1 to "
+        "the last (default 40; none when R is the last round)",
+    )
     p.add_argument("--at", default="40,80,120,150", help="rounds of the accuracy columns")
-    p.add_argument("--late-from", type=int, default=100,
-                   help="the fall is measured from the best round from here on (default 100)")
-    p.add_argument("--dip", type=float, default=0.1,
-                   help="a dip is a round at least this far below the best so far "
-                        "(default 0.1)")
+    p.add_argument(
+        "--late-from",
+        type=int,
+        default=100,
+        help="the fall is measured from the best round from here on (default 100)",
+    )
+    p.add_argument(
+        "--dip",
+        type=float,
+        default=0.1,
+        help="a dip is a round at least this far below the best so far (default 0.1)",
+    )
     a = p.parse_args(argv)
     try:
         with open(a.csv, newline="") as f:
             rows = list(csv.DictReader(f))
-        acc: dict[tuple[str, int], dict[int, list[float]]] = defaultdict(
-            lambda: defaultdict(list))
+        acc: dict[tuple[str, int], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
         ups: dict[tuple[str, int], dict[int, float]] = defaultdict(lambda: defaultdict(float))
         for r in rows:
             key, rd = (r["method"], int(r["seed"])), int(r["round"])
@@ -57,11 +70,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--csv {a.csv}: not a long CSV of paper003_table1.py ({err})")
     if not rows:
         p.error(f"--csv {a.csv}: holds no run")
-    gaps = [f"{m} seed {sd}" for (m, sd), by in acc.items() if sorted(by) != list(range(
-        max(by) + 1))]
+    gaps = [
+        f"{m} seed {sd}" for (m, sd), by in acc.items() if sorted(by) != list(range(max(by) + 1))
+    ]
     if gaps:
-        p.error(f"--csv {a.csv}: rounds missing in {', '.join(sorted(gaps)[:3])}"
-                f"{' ...' if len(gaps) > 3 else ''} (every run needs rounds 0 to its last)")
+        p.error(
+            f"--csv {a.csv}: rounds missing in {', '.join(sorted(gaps)[:3])}"
+            f"{' ...' if len(gaps) > 3 else ''} (every run needs rounds 0 to its last)"
+        )
     known = sorted({m for m, _ in acc})
     methods = E.name_list(p, "--methods", a.methods, known) if a.methods else known
     at = E.int_list(p, "--at", a.at, low=1)
@@ -77,19 +93,29 @@ def main(argv: list[str] | None = None) -> int:
         return statistics.fmean(acc[key][rd])
 
     print(f"{a.csv}: {len(acc)} runs, {last} rounds")
-    print(f"\nuploads per round (summed over the models), rounds 1-{a.rounds}, "
-          "mean over seeds of each seed's mean and population variance:")
+    print(
+        f"\nuploads per round (summed over the models), rounds 1-{a.rounds}, "
+        "mean over seeds of each seed's mean and population variance:"
+    )
     for m in methods:
         seeds = sorted(s for mm, s in acc if mm == m)
         per = [[ups[(m, s)][rd] for rd in range(1, a.rounds + 1)] for s in seeds]
-        print(f"  {m:14s} mean {statistics.fmean(statistics.fmean(v) for v in per):7.2f}  "
-              f"variance {statistics.fmean(statistics.pvariance(v) for v in per):7.2f}  "
-              f"({len(seeds)} seeds)")
-    print(f"\nmean accuracy over the models at rounds {', '.join(map(str, at))}; fall = best "
-          f"of rounds {a.late_from}-{last} minus round {last}"
-          + (f"; low = the lowest of rounds {a.rounds + 1}-{last} (its round); dips = how "
-             f"many of those rounds lie at least {a.dip:g} below the best round so far"
-             if a.rounds < last else "") + ":")
+        print(
+            f"  {m:14s} mean {statistics.fmean(statistics.fmean(v) for v in per):7.2f}  "
+            f"variance {statistics.fmean(statistics.pvariance(v) for v in per):7.2f}  "
+            f"({len(seeds)} seeds)"
+        )
+    print(
+        f"\nmean accuracy over the models at rounds {', '.join(map(str, at))}; fall = best "
+        f"of rounds {a.late_from}-{last} minus round {last}"
+        + (
+            f"; low = the lowest of rounds {a.rounds + 1}-{last} (its round); dips = how "
+            f"many of those rounds lie at least {a.dip:g} below the best round so far"
+            if a.rounds < last
+            else ""
+        )
+        + ":"
+    )
     for m in methods:
         for s in sorted(s for mm, s in acc if mm == m):
             key = (m, s)

@@ -40,8 +40,9 @@ def _run(tasks: str, strategy: str, k: int, seed: int, base: dict[str, Any]) -> 
     from mmfl_flwr.config import Settings
     from mmfl_flwr.runner import run
 
-    s = Settings(tasks=tasks, strategy=strategy, clients_per_round=k, seed=seed,
-                 output_dir="", **base)
+    s = Settings(
+        tasks=tasks, strategy=strategy, clients_per_round=k, seed=seed, output_dir="", **base
+    )
     with contextlib.redirect_stdout(io.StringIO()):
         result = run(s, engine="inprocess")
     return {t: float(r["accuracy"]) for t, r in result.final().items()}
@@ -57,14 +58,19 @@ def _one(args: tuple[str, str, int, int, dict[str, Any]]) -> dict[str, Any]:
             accs.update(_run(task, "multi-fedavg", max(1, k // 2), seed, base))
     else:
         accs = _run(tasks, policy, k, seed, base)
-    return {"dataset": dataset, "policy": policy, "k": k, "seed": seed,
-            "final_accuracy": accs, "mean_final_accuracy": statistics.fmean(accs.values()),
-            "seconds": time.monotonic() - t0}
+    return {
+        "dataset": dataset,
+        "policy": policy,
+        "k": k,
+        "seed": seed,
+        "final_accuracy": accs,
+        "mean_final_accuracy": statistics.fmean(accs.values()),
+        "seconds": time.monotonic() - t0,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = Parser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--datasets", default=",".join(DATASETS))
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--ks", default="2,64")
@@ -84,24 +90,37 @@ def main(argv: list[str] | None = None) -> int:
     ks = int_list(p, "--ks", a.ks, low=1)
     seeds = int_list(p, "--seeds", a.seeds, low=0)
     at_least_one(p, a, "num_clients", "num_rounds", "local_epochs", "batch_size", "workers")
-    base = {"num_clients": a.num_clients, "num_rounds": a.num_rounds,
-            "local_epochs": a.local_epochs, "lr": a.lr, "batch_size": a.batch_size,
-            "ucb_gamma": a.ucb_gamma}
+    base = {
+        "num_clients": a.num_clients,
+        "num_rounds": a.num_rounds,
+        "local_epochs": a.local_epochs,
+        "lr": a.lr,
+        "batch_size": a.batch_size,
+        "ucb_gamma": a.ucb_gamma,
+    }
     jobs = [(d, pol, k, sd, base) for d in datasets for k in ks for sd in seeds for pol in policies]
     print(f"{len(jobs)} runs: {base}", flush=True)
     t0 = time.monotonic()
-    runs = run_jobs(_one, jobs, a.workers, lambda r: (
-        f"{r['dataset']:<15} K={r['k']:<3} {r['policy']:<14} seed {r['seed']}: "
-        f"{r['mean_final_accuracy']:.4f} {r['seconds']:.0f}s"))
-    lines = ["| dataset | K | " + " | ".join(policies) + " |",
-             "|---|---|" + "---|" * len(policies)]
+    runs = run_jobs(
+        _one,
+        jobs,
+        a.workers,
+        lambda r: (
+            f"{r['dataset']:<15} K={r['k']:<3} {r['policy']:<14} seed {r['seed']}: "
+            f"{r['mean_final_accuracy']:.4f} {r['seconds']:.0f}s"
+        ),
+    )
+    lines = ["| dataset | K | " + " | ".join(policies) + " |", "|---|---|" + "---|" * len(policies)]
     summary = []
     for d in datasets:
         for k in ks:
             cells = []
             for pol in policies:
-                v = [r["mean_final_accuracy"] for r in runs
-                     if r["dataset"] == d and r["k"] == k and r["policy"] == pol]
+                v = [
+                    r["mean_final_accuracy"]
+                    for r in runs
+                    if r["dataset"] == d and r["k"] == k and r["policy"] == pol
+                ]
                 m, sd = mean_sd(v)
                 summary.append({"dataset": d, "k": k, "policy": pol, "mean": m, "sd": sd})
                 cells.append(f"{m:.3f} ± {sd:.3f}")

@@ -49,8 +49,7 @@ def _add_settings_args(p: argparse.ArgumentParser) -> None:
         default = getattr(defaults, name)
         text = setting_help(name).replace("%", "%%")  # argparse expands %-formats
         if isinstance(default, bool):  # a switch: --overwrite
-            p.add_argument(_flag(name), action="store_true", default=argparse.SUPPRESS,
-                           help=text)
+            p.add_argument(_flag(name), action="store_true", default=argparse.SUPPRESS, help=text)
             continue
         p.add_argument(_flag(name), type=type(default), default=argparse.SUPPRESS, help=text)
 
@@ -77,64 +76,88 @@ def build_parser() -> argparse.ArgumentParser:
 
     compare.add_parser(sub)
     p_run.add_argument(
-        "--engine", choices=ENGINES, default="simulation",
+        "--engine",
+        choices=ENGINES,
+        default="simulation",
         help="simulation: Flower's Ray simulation engine (default); inprocess: the same "
-             "ServerApp and ClientApp in one process, one ClientApp call per message; "
-             "vectorized: in one process, each round trip computed per model for all "
-             "its clients at once with torch.func (CUDA when available)",
+        "ServerApp and ClientApp in one process, one ClientApp call per message; "
+        "vectorized: in one process, each round trip computed per model for all "
+        "its clients at once with torch.func (CUDA when available)",
     )
-    p_run.add_argument("--num-cpus", type=int, default=None,
-                       help="CPUs Ray may use (simulation engine; default: all)")
     p_run.add_argument(
-        "--num-gpus-per-client", type=float, default=None, metavar="F",
+        "--num-cpus",
+        type=int,
+        default=None,
+        help="CPUs Ray may use (simulation engine; default: all)",
+    )
+    p_run.add_argument(
+        "--num-gpus-per-client",
+        type=float,
+        default=None,
+        metavar="F",
         help="each client's share of a GPU with one client per Flower node (simulation "
-             "engine; --clients-per-node auto then means 1): 0.25 runs 4 clients per "
-             "GPU at a time; a value in [0, 1] or a whole number; refused where Ray sees "
-             "no GPU (default: 0, CPUs only)",
+        "engine; --clients-per-node auto then means 1): 0.25 runs 4 clients per "
+        "GPU at a time; a value in [0, 1] or a whole number; refused where Ray sees "
+        "no GPU (default: 0, CPUs only)",
     )
     p_run.add_argument(
-        "--num-gpus-per-node", type=float, default=None, metavar="F",
+        "--num-gpus-per-node",
+        type=float,
+        default=None,
+        metavar="F",
         help="each Flower node's share of a GPU, a node hosting --clients-per-node "
-             "clients (simulation engine; with --clients-per-node auto: one node per "
-             "GPU share Ray sees): 1 puts each node on a GPU of its own; a value in "
-             "[0, 1] or a whole number; refused where Ray sees no GPU",
+        "clients (simulation engine; with --clients-per-node auto: one node per "
+        "GPU share Ray sees): 1 puts each node on a GPU of its own; a value in "
+        "[0, 1] or a whole number; refused where Ray sees no GPU",
     )
     p_run.add_argument(
-        "--ray-address", default=None, metavar="ADDR",
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
         help="run the clients on the existing Ray cluster at ADDR (the head's HOST:PORT, "
-             "or auto for the one `ray start` started here; simulation engine; default: "
-             "$RAY_ADDRESS, else a Ray instance of this machine)",
+        "or auto for the one `ray start` started here; simulation engine; default: "
+        "$RAY_ADDRESS, else a Ray instance of this machine)",
     )
     p_run.add_argument("--verbose", action="store_true", help="show Flower's and Ray's logs")
     p_run.add_argument(
-        "--vector-chunk", type=int, default=None, metavar="C",
+        "--vector-chunk",
+        type=int,
+        default=None,
+        metavar="C",
         help="clients trained in one batched call (vectorized engine; default: as many "
-             "as fit in half of the free GPU memory, 64 on the CPU)",
+        "as fit in half of the free GPU memory, 64 on the CPU)",
     )
     p_run.add_argument(
-        "--threads", default=None, metavar="K",
+        "--threads",
+        default=None,
+        metavar="K",
         help="torch threads of the vectorized engine: auto (default) uses the cores "
-             "other processes leave free (at most OMP_NUM_THREADS where it is set), "
-             "checked before every round trip; K fixes them",
+        "other processes leave free (at most OMP_NUM_THREADS where it is set), "
+        "checked before every round trip; K fixes them",
     )
     p_run.add_argument(
-        "--config", metavar="FILE", default=None,
+        "--config",
+        metavar="FILE",
+        default=None,
         help="a TOML file of run-config keys (e.g. configs/paper003-3task.toml); "
-             "setting flags given on the command line override it",
+        "setting flags given on the command line override it",
     )
     p_run.add_argument(
-        "--resume", metavar="DIR", default=None,
+        "--resume",
+        metavar="DIR",
+        default=None,
         help="continue the run whose output folder is DIR from its last checkpoint "
-             "(its config.json gives every setting; --num-rounds may extend it, "
-             "--timeout and --clients-per-node may change, any other setting flag must "
-             "match config.json)",
+        "(its config.json gives every setting; --num-rounds may extend it, "
+        "--timeout and --clients-per-node may change, any other setting flag must "
+        "match config.json)",
     )
     p_run.add_argument(
-        "--sequential", action="store_true",
+        "--sequential",
+        action="store_true",
         help="instead of the multi-model run: train the models one after another, each "
-             "alone with all clients (the full preset, FedAvg), and write their accuracy "
-             "per round to OUTPUT-DIR/single.csv (the single-model curves of "
-             "mmfl_flwr.gain)",
+        "alone with all clients (the full preset, FedAvg), and write their accuracy "
+        "per round to OUTPUT-DIR/single.csv (the single-model curves of "
+        "mmfl_flwr.gain)",
     )
     _add_settings_args(p_run)
     return parser
@@ -157,11 +180,14 @@ def _resumed_settings(folder: str, given: dict[str, Any]) -> Settings:
     the flags of :data:`RESUME_MAY_CHANGE` applied; any other given flag must
     equal the run's value."""
     if not (Path(folder) / "config.json").is_file():
-        raise ValueError(f"--resume {folder}: no config.json there (not an output folder "
-                         "of mmfl run?)")
+        raise ValueError(
+            f"--resume {folder}: no config.json there (not an output folder of mmfl run?)"
+        )
     if not (Path(folder) / CHECKPOINT_FILE).is_file():
-        raise ValueError(f"--resume {folder}: no {CHECKPOINT_FILE} there (the run wrote "
-                         "none: was its output-dir empty?)")
+        raise ValueError(
+            f"--resume {folder}: no {CHECKPOINT_FILE} there (the run wrote "
+            "none: was its output-dir empty?)"
+        )
     settings = Settings.load(str(Path(folder) / "config.json"))
     settings.output_dir = settings.resume_from = folder
     for name, value in given.items():
@@ -244,11 +270,11 @@ def _check_pins_provable(settings: Settings) -> None:
             f"--client-pins: the nodes of mmfl run's engines carry no client-token and no "
             f"SuperNode key, so every client pinned ({', '.join(named[:3])}"
             f"{', ...' if len(named) > 3 else ''}) would be refused; pins apply to a "
-            f"deployment (flwr run on a SuperLink, docs/deploy.md)")
+            f"deployment (flwr run on a SuperLink, docs/deploy.md)"
+        )
 
 
-def check_ray_options(args: argparse.Namespace,
-                      settings: Settings | None = None) -> dict[str, Any]:
+def check_ray_options(args: argparse.Namespace, settings: Settings | None = None) -> dict[str, Any]:
     """The Ray options given on the command line (``--num-gpus-per-client``,
     ``--num-gpus-per-node``, ``--ray-address``) as keyword arguments of :func:`~mmfl_flwr.runner.run`,
     checked before the run: refused with another engine than ``simulation``;
@@ -258,13 +284,17 @@ def check_ray_options(args: argparse.Namespace,
     ``RAY_ADDRESS``)."""
     from os import environ
 
-    given = {name: getattr(args, name)
-             for name in ("num_gpus_per_client", "num_gpus_per_node", "ray_address")
-             if getattr(args, name, None) is not None}
+    given = {
+        name: getattr(args, name)
+        for name in ("num_gpus_per_client", "num_gpus_per_node", "ray_address")
+        if getattr(args, name, None) is not None
+    }
     for name in given:
         if args.engine != "simulation":
-            raise ValueError(f"{_flag(name)} applies to --engine simulation (Flower's Ray "
-                             f"engine) only, not to --engine {args.engine}")
+            raise ValueError(
+                f"{_flag(name)} applies to --engine simulation (Flower's Ray "
+                f"engine) only, not to --engine {args.engine}"
+            )
         if getattr(args, "sequential", False):
             raise ValueError(f"{_flag(name)} does not apply to --sequential yet")
     if args.engine == "simulation" and (given or environ.get("RAY_ADDRESS", "").strip()):
@@ -272,10 +302,17 @@ def check_ray_options(args: argparse.Namespace,
 
         from mmfl_flwr.flower_app.launch import resolve_clients_per_node
 
-        plan = plan_ray(given.get("num_gpus_per_client", 0.0), given.get("ray_address"),
-                        args.num_cpus, given.get("num_gpus_per_node"))
-        resolve_clients_per_node(settings or settings_from_args(args), plan,
-                                 per_client_gpus=bool(given.get("num_gpus_per_client")))
+        plan = plan_ray(
+            given.get("num_gpus_per_client", 0.0),
+            given.get("ray_address"),
+            args.num_cpus,
+            given.get("num_gpus_per_node"),
+        )
+        resolve_clients_per_node(
+            settings or settings_from_args(args),
+            plan,
+            per_client_gpus=bool(given.get("num_gpus_per_client")),
+        )
     return given
 
 
@@ -306,18 +343,27 @@ def interrupted_message(settings: Settings, engine: str = "simulation") -> str:
 
     out = settings.output_dir
     if not out:
-        return ("mmfl run: interrupted; nothing was written (no --output-dir), so "
-                "nothing can be resumed")
+        return (
+            "mmfl run: interrupted; nothing was written (no --output-dir), so "
+            "nothing can be resumed"
+        )
     try:
         done = int(load_checkpoint(out)["round"])
     except Exception:  # no checkpoint yet: the folder holds no run to continue
-        return (f"mmfl run: interrupted before the first evaluation; {out} holds no "
-                f"checkpoint, so start the run again")
+        return (
+            f"mmfl run: interrupted before the first evaluation; {out} holds no "
+            f"checkpoint, so start the run again"
+        )
     on = "" if engine == "simulation" else f" --engine {engine}"
-    where = (f"the finished rounds are in {out} (metrics.csv, assignments.csv, "
-             f"accuracy.png)" if done else "no round had finished")
-    return (f"mmfl run: interrupted after round {done} of {settings.num_rounds}; {where}; "
-            f"continue with: mmfl run --resume {shlex.quote(out)}{on}")
+    where = (
+        f"the finished rounds are in {out} (metrics.csv, assignments.csv, accuracy.png)"
+        if done
+        else "no round had finished"
+    )
+    return (
+        f"mmfl run: interrupted after round {done} of {settings.num_rounds}; {where}; "
+        f"continue with: mmfl run --resume {shlex.quote(out)}{on}"
+    )
 
 
 def colour_logs_only_on_a_terminal() -> None:
@@ -346,17 +392,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = settings_from_args(args)
         ray_options = check_ray_options(args, settings)
         if args.vector_chunk is not None and args.engine != "vectorized":
-            raise ValueError("--vector-chunk applies to --engine vectorized only, not to "
-                             f"--engine {args.engine}")
+            raise ValueError(
+                f"--vector-chunk applies to --engine vectorized only, not to --engine {args.engine}"
+            )
         if args.vector_chunk is not None and args.vector_chunk < 1:
             raise ValueError(f"--vector-chunk must be >= 1, got {args.vector_chunk}")
         if args.threads is not None:
             from mmfl_flwr.client.threads import parse_threads
 
             if args.engine != "vectorized":
-                raise ValueError("--threads applies to --engine vectorized only, not to "
-                                 f"--engine {args.engine} (a simulation node's threads are "
-                                 "its CPUs)")
+                raise ValueError(
+                    "--threads applies to --engine vectorized only, not to "
+                    f"--engine {args.engine} (a simulation node's threads are "
+                    "its CPUs)"
+                )
             if args.sequential:
                 raise ValueError("--threads does not apply to --sequential yet")
             parse_threads(args.threads)
@@ -373,8 +422,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from mmfl_flwr.sequential import run_sequential
 
         chunk = {} if args.vector_chunk is None else {"vector_chunk": args.vector_chunk}
-        run_sequential(settings, engine=args.engine, num_cpus=args.num_cpus,
-                       verbose=args.verbose, **chunk)
+        run_sequential(
+            settings, engine=args.engine, num_cpus=args.num_cpus, verbose=args.verbose, **chunk
+        )
         return 0
     print(
         f"[mmfl] {settings.strategy} on {settings.engine_label(args.engine)}: "
@@ -388,14 +438,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         vector["threads"] = args.threads
     try:
         with _sigterm_as_interrupt():
-            result = run(settings, engine=args.engine, num_cpus=args.num_cpus,
-                         verbose=args.verbose, **ray_options, **vector)
+            result = run(
+                settings,
+                engine=args.engine,
+                num_cpus=args.num_cpus,
+                verbose=args.verbose,
+                **ray_options,
+                **vector,
+            )
     except KeyboardInterrupt:
         print(interrupted_message(settings, args.engine), file=sys.stderr, flush=True)
         return 130
     final = {t: round(r["accuracy"], 4) for t, r in result.final().items()}
-    print(f"[mmfl] done in {time.monotonic() - t0:.1f}s; final accuracy "
-          f"{json.dumps(final)}", flush=True)
+    print(
+        f"[mmfl] done in {time.monotonic() - t0:.1f}s; final accuracy {json.dumps(final)}",
+        flush=True,
+    )
     return 0
 
 

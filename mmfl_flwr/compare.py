@@ -54,8 +54,13 @@ class _Run:
     over models (NaN where no model has a finite value in that round)."""
 
     def __init__(
-        self, folder: Path, strategy: str, seed: Any, config: dict[str, Any],
-        accuracy: dict[int, float], loss: dict[int, float],
+        self,
+        folder: Path,
+        strategy: str,
+        seed: Any,
+        config: dict[str, Any],
+        accuracy: dict[int, float],
+        loss: dict[int, float],
     ) -> None:
         self.folder = folder
         self.strategy = strategy
@@ -113,8 +118,12 @@ def read_run(folder: str | os.PathLike[str]) -> _Run:
         config = {**config, "engine": summary["engine"]}
     seed = summary.get("seed", config.get("seed"))
     return _Run(
-        path, strategy, seed, config,
-        _mean_over_models(rows, "accuracy"), _mean_over_models(rows, "loss"),
+        path,
+        strategy,
+        seed,
+        config,
+        _mean_over_models(rows, "accuracy"),
+        _mean_over_models(rows, "loss"),
     )
 
 
@@ -139,8 +148,9 @@ def _value_key(key: str, value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-def differing_settings(runs: Sequence[_Run],
-                       ignore: set[str] = frozenset()) -> dict[str, list[Any]]:
+def differing_settings(
+    runs: Sequence[_Run], ignore: set[str] = frozenset()
+) -> dict[str, list[Any]]:
     """Setting -> its distinct values (in run order), for every setting other than
     the seed, the locations and ``ignore`` on which ``runs`` disagree (a folder
     spelled two ways is one value)."""
@@ -192,15 +202,17 @@ def aggregate(runs: Sequence[_Run]) -> list[dict[str, Any]]:
             present = [run for run in members if rnd in run.accuracy]
             acc_mean, acc_std = _mean_std([run.accuracy[rnd] for run in present])
             loss_mean, loss_std = _mean_std([run.loss[rnd] for run in present])
-            out.append({
-                "strategy": strategy,
-                "round": rnd,
-                "runs": len(present),
-                "accuracy_mean": acc_mean,
-                "accuracy_std": acc_std,
-                "loss_mean": loss_mean,
-                "loss_std": loss_std,
-            })
+            out.append(
+                {
+                    "strategy": strategy,
+                    "round": rnd,
+                    "runs": len(present),
+                    "accuracy_mean": acc_mean,
+                    "accuracy_std": acc_std,
+                    "loss_mean": loss_mean,
+                    "loss_std": loss_std,
+                }
+            )
     return out
 
 
@@ -217,8 +229,12 @@ def write_csv(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> N
             w.writerow(cells)
 
 
-def plot(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str], num_runs: int,
-         differ: dict[str, list[Any]] | None = None) -> Any:
+def plot(
+    rows: Sequence[dict[str, Any]],
+    path: str | os.PathLike[str],
+    num_runs: int,
+    differ: dict[str, list[Any]] | None = None,
+) -> Any:
     """Draw the comparison PNG; returns the matplotlib Figure. ``differ`` (the
     settings the runs disagree on besides strategy and seed) is named under the
     title."""
@@ -247,10 +263,13 @@ def plot(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str], num_runs:
                     [r["round"] for r in band],
                     [r[f"{key}_mean"] - r[f"{key}_std"] for r in band],
                     [r[f"{key}_mean"] + r[f"{key}_std"] for r in band],
-                    color=color, alpha=0.2, linewidth=0,
+                    color=color,
+                    alpha=0.2,
+                    linewidth=0,
                 )
-    style_panels(ax_acc, ax_loss, "test accuracy\n(mean over models)",
-                 "test loss\n(mean over models)")
+    style_panels(
+        ax_acc, ax_loss, "test accuracy\n(mean over models)", "test loss\n(mean over models)"
+    )
     handles, labels = ax_acc.get_legend_handles_labels()
     if any_band:
         from matplotlib.patches import Patch
@@ -329,12 +348,24 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "as CSV."
         ),
     )
-    p.add_argument("dirs", metavar="DIR", nargs="+",
-                   help="a run's output folder (with metrics.csv and summary.json)")
-    p.add_argument("--output", metavar="FILE.png", default="comparison.png",
-                   help="the plot (default: comparison.png in the current folder)")
-    p.add_argument("--csv", metavar="FILE", default=None,
-                   help="the table (default: the --output path with .csv)")
+    p.add_argument(
+        "dirs",
+        metavar="DIR",
+        nargs="+",
+        help="a run's output folder (with metrics.csv and summary.json)",
+    )
+    p.add_argument(
+        "--output",
+        metavar="FILE.png",
+        default="comparison.png",
+        help="the plot (default: comparison.png in the current folder)",
+    )
+    p.add_argument(
+        "--csv",
+        metavar="FILE",
+        default=None,
+        help="the table (default: the --output path with .csv)",
+    )
     return p
 
 
@@ -353,15 +384,21 @@ def main(args: argparse.Namespace) -> int:
     for w in caught:
         print(f"mmfl compare: warning: {w.message}", file=sys.stderr, flush=True)
     if differ:
-        print(f"[mmfl] settings that differ between the runs (besides strategy and seed): "
-              f"{describe_differences(differ)}", flush=True)
+        print(
+            f"[mmfl] settings that differ between the runs (besides strategy and seed): "
+            f"{describe_differences(differ)}",
+            flush=True,
+        )
     last: dict[str, dict[str, Any]] = {}
     for row in rows:
         if row["accuracy_mean"] is not None:
             last[row["strategy"]] = row
     for strategy, row in last.items():
         spread = f" ± {row['accuracy_std']:.4f}" if row["accuracy_std"] is not None else ""
-        print(f"[mmfl] {strategy}: round {row['round']}, {row['runs']} run(s), "
-              f"accuracy {row['accuracy_mean']:.4f}{spread}", flush=True)
+        print(
+            f"[mmfl] {strategy}: round {row['round']}, {row['runs']} run(s), "
+            f"accuracy {row['accuracy_mean']:.4f}{spread}",
+            flush=True,
+        )
     print(f"[mmfl] comparison written to {png} and {table}", flush=True)
     return 0

@@ -17,8 +17,14 @@ from typing import Any
 from mmfl_flwr.core.card import Option, setting_option, setting_parameters
 from mmfl_flwr.core.policy import MIN_UPLOADS_PER_MODEL
 
-__all__ = ["MIN_UPLOADS_PER_MODEL", "RESUME_MAY_CHANGE", "Option", "Settings", "options",
-           "setting_help"]
+__all__ = [
+    "MIN_UPLOADS_PER_MODEL",
+    "RESUME_MAY_CHANGE",
+    "Option",
+    "Settings",
+    "options",
+    "setting_help",
+]
 
 #: Settings that a resumed run may change: they do not alter what the rounds
 #: compute (``num_rounds`` extends or finishes the run).
@@ -26,8 +32,7 @@ RESUME_MAY_CHANGE = ("num_rounds", "timeout", "clients_per_node")
 #: Settings added after runs were saved without them, with the value such a
 #: run's ``config.json`` implies (what the run computed), where that differs
 #: from today's default: :meth:`Settings.load` fills a missing key with it.
-ADDED_LATER = {"update-clip-factor": 0.0, "direction-factor": 0.0,
-               "reversed-influence-factor": 0.0}
+ADDED_LATER = {"update-clip-factor": 0.0, "direction-factor": 0.0, "reversed-influence-factor": 0.0}
 #: Settings that say where a run is written, not what it computes.
 _LOCATION = ("output_dir", "resume_from", "overwrite")
 #: Settings that name a folder: equal when they name the same one.
@@ -264,9 +269,7 @@ class Settings:
             return {}
         kind, _, params = spec.partition(":")
         if kind != "exponential":
-            raise ValueError(
-                f"client-arrivals={spec!r}: expected 'exponential:static=N,rate=R'"
-            )
+            raise ValueError(f"client-arrivals={spec!r}: expected 'exponential:static=N,rate=R'")
         values: dict[str, float] = {"static": 0.0, "rate": 0.1}
         for item in params.split(","):
             key, _, val = item.partition("=")
@@ -279,8 +282,9 @@ class Settings:
             except ValueError:
                 raise ValueError(f"client-arrivals={spec!r}: bad value {item!r}") from None
         static, rate = values["static"], values["rate"]
-        if not (math.isfinite(static) and static == int(static)
-                and 0 <= static <= self.num_clients):
+        if not (
+            math.isfinite(static) and static == int(static) and 0 <= static <= self.num_clients
+        ):
             raise ValueError(
                 f"client-arrivals={spec!r}: static must be an integer in "
                 f"[0, num-clients={self.num_clients}]"
@@ -307,9 +311,11 @@ class Settings:
         except ValueError:
             k = 0
         if k < 1 or str(k) != text.lstrip("+"):
-            raise ValueError(f"clients-per-node={self.clients_per_node!r}: must be auto or a "
-                             "whole number >= 1 (clients each node hosts; 1 is one node "
-                             "per client)")
+            raise ValueError(
+                f"clients-per-node={self.clients_per_node!r}: must be auto or a "
+                "whole number >= 1 (clients each node hosts; 1 is one node "
+                "per client)"
+            )
         return k
 
     def client_pin_map(self) -> dict[str, str]:
@@ -385,8 +391,9 @@ class Settings:
                 out[f.name.replace("_", "-")] = getattr(self, f.name)
         return out
 
-    def save(self, path: str, effective: Mapping[str, Any] | None = None,
-             engine: str | None = None) -> None:
+    def save(
+        self, path: str, effective: Mapping[str, Any] | None = None, engine: str | None = None
+    ) -> None:
         """Write the settings as JSON (``config.json`` of an output folder); with
         ``effective`` (run-config key -> the value the run uses for an automatic
         setting, :func:`~mmfl_flwr.flower_app.data.effective_settings`) also an
@@ -496,17 +503,25 @@ class Settings:
         self.clients_per_node_count()
         self.target_accuracies()
         if self.dp and self.dp_sampled_clients < 1:
-            raise ValueError(f"dp={self.dp!r} needs dp-sampled-clients >= 1: the clients m of "
-                             "a model's aggregate in the noise std z C / m")
-        if self.dp.endswith("adaptive") and 0 < self.dp_noise_multiplier and \
-                self.dp_sampled_clients <= 10 * self.dp_noise_multiplier:
+            raise ValueError(
+                f"dp={self.dp!r} needs dp-sampled-clients >= 1: the clients m of "
+                "a model's aggregate in the noise std z C / m"
+            )
+        if (
+            self.dp.endswith("adaptive")
+            and 0 < self.dp_noise_multiplier
+            and self.dp_sampled_clients <= 10 * self.dp_noise_multiplier
+        ):
             raise ValueError(
                 f"dp={self.dp!r} with dp-noise-multiplier={self.dp_noise_multiplier:g} needs "
                 f"dp-sampled-clients > {10 * self.dp_noise_multiplier:g}: the clipped count's "
-                "noise (std dp-sampled-clients / 20) must stay above half the noise multiplier")
+                "noise (std dp-sampled-clients / 20) must stay above half the noise multiplier"
+            )
         if self.dp_sampled_clients > self.num_clients:
-            raise ValueError(f"dp-sampled-clients={self.dp_sampled_clients} is more than the "
-                             f"{self.num_clients} clients")
+            raise ValueError(
+                f"dp-sampled-clients={self.dp_sampled_clients} is more than the "
+                f"{self.num_clients} clients"
+            )
         arrivals = self.task_arrival_rounds()
         unknown_tasks = set(arrivals) - set(self.model_names)
         if unknown_tasks:
@@ -517,8 +532,7 @@ class Settings:
         outside = {t: r for t, r in arrivals.items() if not 0 <= r <= self.num_rounds}
         if outside:
             raise ValueError(
-                f"task-arrivals rounds must be in [0, num-rounds={self.num_rounds}]; "
-                f"got {outside}"
+                f"task-arrivals rounds must be in [0, num-rounds={self.num_rounds}]; got {outside}"
             )
         self.check_algorithm()
 
@@ -534,8 +548,9 @@ class Settings:
         values = dataclasses.asdict(self)
         try:
             check_unused_settings(algorithm, values, dataclasses.asdict(Settings()))
-            algorithm.components(self.aggregator or None, self.seed,
-                                 **algorithm.settings_values(values))
+            algorithm.components(
+                self.aggregator or None, self.seed, **algorithm.settings_values(values)
+            )
         except ValueError as err:
             raise ValueError(f"strategy={self.strategy!r}: {err}") from err
 
@@ -551,8 +566,10 @@ def _with_algorithm_settings(cls: type) -> type:
         param = users[0][1]
         notes[fld] = param.type.__name__
         setattr(cls, fld, param.default)
-        docs.append(f"    {fld} : {param.type.__name__}\n        {setting_option(fld).help} "
-                    f"(strategies: {', '.join(c.name for c, _ in users)}).")
+        docs.append(
+            f"    {fld} : {param.type.__name__}\n        {setting_option(fld).help} "
+            f"(strategies: {', '.join(c.name for c, _ in users)})."
+        )
     notes["extra"] = extra
     cls.__doc__ = (cls.__doc__ or "").rstrip() + "\n" + "\n".join(docs) + "\n    "
     return dataclass(cls)
@@ -595,19 +612,26 @@ def options() -> dict[str, Option]:
     :class:`Settings` but ``extra``, in field order."""
     table = {
         "strategy": Option("the preset (policy and aggregator) to run", _presets),
-        "aggregator": Option("override the preset's aggregator", _aggregators,
-                             empty="the preset's own"),
-        "tasks": Option("the task kinds, one model each; repeats are separate models "
-                        "(digits,digits -> digits, digits_2)", _kinds, listed=True),
-        "num_clients": Option("clients in the federation (simulation: virtual SuperNodes)",
-                              low=1),
+        "aggregator": Option(
+            "override the preset's aggregator", _aggregators, empty="the preset's own"
+        ),
+        "tasks": Option(
+            "the task kinds, one model each; repeats are separate models "
+            "(digits,digits -> digits, digits_2)",
+            _kinds,
+            listed=True,
+        ),
+        "num_clients": Option("clients in the federation (simulation: virtual SuperNodes)", low=1),
         "num_rounds": Option("training rounds (with --resume: continue to this many)", low=0),
         "local_epochs": Option("local SGD epochs per round", low=1),
         "lr": Option("client learning rate (plain SGD)", low=0, low_open=True, finite=True),
         "batch_size": Option("client mini-batch size", low=1),
         "labels_per_client": Option(
             "fraction of the labels each client holds per image task (label skew)",
-            low=0, low_open=True, high=1),
+            low=0,
+            low_open=True,
+            high=1,
+        ),
         "profile": Option(
             "client heterogeneity: uniform (all tasks, one processor), paper003 (10% "
             "high-data clients per task, 10% without one task, 1 to |S_i| processors), "
@@ -617,95 +641,162 @@ def options() -> dict[str, Option]:
             "task, one client map for all tasks or one per task), and "
             "clusters-consistent-sizes / clusters-inconsistent-sizes (the same with papers "
             "000/001's data sizes, 30-40 examples per client and task, or all of a smaller "
-            "share)", _profiles),
-        "data_root": Option("folder of the real datasets",
-                            form="a folder (relative to the working directory)"),
-        "download": Option("fetch missing mnist, fashion-mnist, emnist and cifar10 data into "
-                           "data-root with torchvision before the run (needs internet)",
-                           form="a switch (no value)"),
-        "synthetic_max_samples": Option("cap on a Synthetic(1,1) user's samples", low=0,
-                                        zero="no cap"),
-        "fraction_evaluate": Option("fraction of clients that also evaluate on local data "
-                                    "each round", low=0, high=1),
+            "share)",
+            _profiles,
+        ),
+        "data_root": Option(
+            "folder of the real datasets", form="a folder (relative to the working directory)"
+        ),
+        "download": Option(
+            "fetch missing mnist, fashion-mnist, emnist and cifar10 data into "
+            "data-root with torchvision before the run (needs internet)",
+            form="a switch (no value)",
+        ),
+        "synthetic_max_samples": Option(
+            "cap on a Synthetic(1,1) user's samples", low=0, zero="no cap"
+        ),
+        "fraction_evaluate": Option(
+            "fraction of clients that also evaluate on local data each round", low=0, high=1
+        ),
         "client_arrivals": Option(
             "simulated late clients: clients 0..static-1 from the start, the others arrive "
             "in id order with exponential inter-arrival times of that rate per round",
             form='"" (all from the start) or exponential:static=N,rate=R with N an '
-                 "integer in [0, num-clients] and R a finite number > 0"),
+            "integer in [0, num-clients] and R a finite number > 0",
+        ),
         "task_arrivals": Option(
             "models that join during training",
             form='"" (none) or name:round pairs separated by commas (digits_2:30,'
-                 "synthetic:60), each a model of the run at most once, each round in "
-                 "[0, num-rounds]"),
+            "synthetic:60), each a model of the run at most once, each round in "
+            "[0, num-rounds]",
+        ),
         "client_pins": Option(
             "pinned client ids: a claim of a pinned id without its credential is refused",
             form='"" (no pins) or id=pin pairs separated by commas, pin token:<sha256 '
-                 "hex> or key:<sha256 hex>, or *=key:first-use (see README)"),
+            "hex> or key:<sha256 hex>, or *=key:first-use (see README)",
+        ),
         "target_accuracy": Option(
             "target accuracy per model: summary.json records the rounds to reach it "
             "(rounds_to_target, rounds_to_target_all)",
             form='"" (none), one accuracy in (0, 1] for every model (0.8) or '
-                 "model:accuracy pairs separated by commas (digits:0.8,synthetic:0.6)"),
+            "model:accuracy pairs separated by commas (digits:0.8,synthetic:0.6)",
+        ),
         "seed": Option("the one seed of the run", low=0),
-        "data_seed": Option("seed of the clients' data and the server's test sets; -1 = "
-                            "seed (fix it to hold the data fixed while seed varies)", low=-1),
-        "model_seed": Option("seed of the models' initial weights; -1 = seed (fix it "
-                             "and data-seed to vary only sampling and training)", low=-1),
-        "output_dir": Option("folder of metrics.csv, summary.json, accuracy.png and the "
-                             "checkpoint", form='a folder; "" writes nothing'),
-        "overwrite": Option("start a new run in an output folder that holds another run's "
-                            "checkpoint.pkl (without it such a run is refused)",
-                            form="a switch (no value)"),
-        "resume_from": Option("a checkpoint (file, or folder holding checkpoint.pkl) to "
-                              "continue", form='a file or folder; "" starts fresh'),
-        "max_update_norm": Option("reject updates whose L2 norm exceeds this", low=0,
-                                  zero="none"),
-        "update_norm_factor": Option("reject updates above this multiple of the model's "
-                                     "reference norm", low=1, low_open=True, off="off"),
-        "update_clip_factor": Option("scale updates above this multiple of the model's "
-                                     "reference norm down to it", low=1, off="off"),
-        "direction_factor": Option("scale a client's updates of a model down to the "
-                                   "reference norm when they point against the other "
-                                   "clients' by more than this many robust deviations",
-                                   low=0, low_open=True, off="off"),
-        "influence_clip_factor": Option("scale updates whose influence on the step (weight "
-                                        "in the aggregate x norm) exceeds this multiple of "
-                                        "the round's lower median influence down to it "
-                                        "(StaleVR: also data share x norm)",
-                                        low=1, off="off"),
-        "reversed_influence_factor": Option("scale updates that point against the "
-                                            "model's other updates (negative cosine with "
-                                            "their median, this round and on average) "
-                                            "whose influence on the step exceeds this "
-                                            "multiple of the round's lower median "
-                                            "influence down to it", low=1, off="off"),
-        "loss_cap": Option("cap reported losses above this multiple of the task's reference "
-                           "loss", low=1, low_open=True, off="off"),
-        "count_cap": Option("use a client's sample count up to this multiple of the task's "
-                            "median count", low=1, off="off"),
-        "timeout": Option("seconds to wait for the replies of one round trip", low=0,
-                          low_open=True),
+        "data_seed": Option(
+            "seed of the clients' data and the server's test sets; -1 = "
+            "seed (fix it to hold the data fixed while seed varies)",
+            low=-1,
+        ),
+        "model_seed": Option(
+            "seed of the models' initial weights; -1 = seed (fix it "
+            "and data-seed to vary only sampling and training)",
+            low=-1,
+        ),
+        "output_dir": Option(
+            "folder of metrics.csv, summary.json, accuracy.png and the checkpoint",
+            form='a folder; "" writes nothing',
+        ),
+        "overwrite": Option(
+            "start a new run in an output folder that holds another run's "
+            "checkpoint.pkl (without it such a run is refused)",
+            form="a switch (no value)",
+        ),
+        "resume_from": Option(
+            "a checkpoint (file, or folder holding checkpoint.pkl) to continue",
+            form='a file or folder; "" starts fresh',
+        ),
+        "max_update_norm": Option("reject updates whose L2 norm exceeds this", low=0, zero="none"),
+        "update_norm_factor": Option(
+            "reject updates above this multiple of the model's reference norm",
+            low=1,
+            low_open=True,
+            off="off",
+        ),
+        "update_clip_factor": Option(
+            "scale updates above this multiple of the model's reference norm down to it",
+            low=1,
+            off="off",
+        ),
+        "direction_factor": Option(
+            "scale a client's updates of a model down to the "
+            "reference norm when they point against the other "
+            "clients' by more than this many robust deviations",
+            low=0,
+            low_open=True,
+            off="off",
+        ),
+        "influence_clip_factor": Option(
+            "scale updates whose influence on the step (weight "
+            "in the aggregate x norm) exceeds this multiple of "
+            "the round's lower median influence down to it "
+            "(StaleVR: also data share x norm)",
+            low=1,
+            off="off",
+        ),
+        "reversed_influence_factor": Option(
+            "scale updates that point against the "
+            "model's other updates (negative cosine with "
+            "their median, this round and on average) "
+            "whose influence on the step exceeds this "
+            "multiple of the round's lower median "
+            "influence down to it",
+            low=1,
+            off="off",
+        ),
+        "loss_cap": Option(
+            "cap reported losses above this multiple of the task's reference loss",
+            low=1,
+            low_open=True,
+            off="off",
+        ),
+        "count_cap": Option(
+            "use a client's sample count up to this multiple of the task's median count",
+            low=1,
+            off="off",
+        ),
+        "timeout": Option(
+            "seconds to wait for the replies of one round trip", low=0, low_open=True
+        ),
         "clients_per_node": Option(
             "clients each Flower node hosts and computes per model at once (simulation "
             "engine: ceil(num-clients / K) virtual nodes; 1 = one node per client)",
             form="auto (one node per CPU, or per GPU with --num-gpus-per-node, that Ray "
-                 "sees) or a whole number >= 1"),
-        "dp": Option("per-model differential privacy (mmfl_flwr.privacy): clip every "
-                     "update, noise every model's aggregate, report epsilon per model",
-                     _dp_kinds, empty="off"),
-        "dp_noise_multiplier": Option("noise multiplier z of the DP noise (std z C / m)",
-                                      low=0, finite=True),
-        "dp_clipping_norm": Option("DP clipping norm C of each update's trainable entries "
-                                   "(the initial norm when adaptive)", low=0, low_open=True,
-                                   finite=True),
-        "dp_sampled_clients": Option("clients m of a model's aggregate in the DP noise std "
-                                     "z C / m (required with dp)", low=0, zero="unset"),
-        "dp_delta": Option("delta at which each model's epsilon is reported", low=0,
-                           low_open=True, high=1, high_open=True),
-        "dp_noise_seed": Option("seed of the DP noise: -1 draws it from the operating "
-                                "system (private, not reproducible); a seed >= 0 makes it "
-                                "reproducible and not private against whoever knows it",
-                                low=-1),
+            "sees) or a whole number >= 1",
+        ),
+        "dp": Option(
+            "per-model differential privacy (mmfl_flwr.privacy): clip every "
+            "update, noise every model's aggregate, report epsilon per model",
+            _dp_kinds,
+            empty="off",
+        ),
+        "dp_noise_multiplier": Option(
+            "noise multiplier z of the DP noise (std z C / m)", low=0, finite=True
+        ),
+        "dp_clipping_norm": Option(
+            "DP clipping norm C of each update's trainable entries "
+            "(the initial norm when adaptive)",
+            low=0,
+            low_open=True,
+            finite=True,
+        ),
+        "dp_sampled_clients": Option(
+            "clients m of a model's aggregate in the DP noise std z C / m (required with dp)",
+            low=0,
+            zero="unset",
+        ),
+        "dp_delta": Option(
+            "delta at which each model's epsilon is reported",
+            low=0,
+            low_open=True,
+            high=1,
+            high_open=True,
+        ),
+        "dp_noise_seed": Option(
+            "seed of the DP noise: -1 draws it from the operating "
+            "system (private, not reproducible); a seed >= 0 makes it "
+            "reproducible and not private against whoever knows it",
+            low=-1,
+        ),
     }
     for fld in setting_parameters():
         table[fld] = setting_option(fld)

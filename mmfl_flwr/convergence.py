@@ -66,9 +66,7 @@ def rounds_to_target(
     """Per model of ``targets``, the first round ``r >= 1`` whose accuracy is
     ``>= targets[model]`` (:func:`first_round_reaching`); None when it never
     does (or the model has no curve)."""
-    return {
-        task: first_round_reaching(curves.get(task, ()), eps) for task, eps in targets.items()
-    }
+    return {task: first_round_reaching(curves.get(task, ()), eps) for task, eps in targets.items()}
 
 
 def rounds_to_target_all(reached: Mapping[str, int | None]) -> int | None:

@@ -211,8 +211,9 @@ class InProcessGrid(Grid):
         group_id: str,
         ttl: float | None = None,
     ) -> Message:
-        return Message(content, dst_node_id=dst_node_id, message_type=message_type,
-                       group_id=group_id, ttl=ttl)
+        return Message(
+            content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id, ttl=ttl
+        )
 
     def get_node_ids(self) -> Iterable[int]:  # noqa: D102
         return list(self._contexts)

@@ -31,8 +31,16 @@ from mmfl_flwr.core.card import (
 )
 from mmfl_flwr.strategy import MultiModelStrategy
 
-__all__ = ["AGGREGATORS", "PRESETS", "UCB_PRESETS", "make_strategy", "preset_kwargs",
-           "preset_settings", "presets_taking", "takes_aggregator"]
+__all__ = [
+    "AGGREGATORS",
+    "PRESETS",
+    "UCB_PRESETS",
+    "make_strategy",
+    "preset_kwargs",
+    "preset_settings",
+    "presets_taking",
+    "takes_aggregator",
+]
 
 
 def build(algorithm: AlgorithmCard, **kwargs: Any) -> MultiModelStrategy:
@@ -63,8 +71,7 @@ def factory(algorithm: AlgorithmCard) -> Callable[..., MultiModelStrategy]:
             if takes.get(name) == to:
                 params.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
     if not algorithm.fixed_aggregator:
-        params.append(inspect.Parameter("aggregator", inspect.Parameter.KEYWORD_ONLY,
-                                        default=None))
+        params.append(inspect.Parameter("aggregator", inspect.Parameter.KEYWORD_ONLY, default=None))
     params.append(inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD))
     preset.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     preset.__name__ = preset.__qualname__ = algorithm.function
@@ -90,8 +97,9 @@ PRESETS: dict[str, Callable[..., MultiModelStrategy]] = _factories()
 
 #: The presets whose ``K`` (``clients_per_round``) 0 is computed from the run
 #: (:func:`~mmfl_flwr.core.ucb.default_ucb_clients`) instead of "all clients".
-UCB_PRESETS = tuple(c.name for c in cards()
-                    for p in c.parameters if p.field == "clients_per_round" and p.auto)
+UCB_PRESETS = tuple(
+    c.name for c in cards() for p in c.parameters if p.field == "clients_per_round" and p.auto
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -136,11 +144,12 @@ def strategy_table() -> str:
     """The README's strategy table (Markdown), written from the cards: preset,
     factory with the card's parameters at their Python defaults, policy,
     aggregator, paper and section."""
-    rows = ["| `--strategy` | Python | policy | aggregator | paper |",
-            "|---|---|---|---|---|"]
+    rows = ["| `--strategy` | Python | policy | aggregator | paper |", "|---|---|---|---|---|"]
     for c in cards():
         sig = inspect.signature(factory(c)).parameters
         args = ", ".join(f"{p.name}={sig[p.name].default!r}" for p in c.parameters)
-        rows.append(f"| `{c.name}` | `{c.function}({args})` | {c.title}: {c.summary} | "
-                    f"{c.rule} | {c.paper}, {c.section} |")
+        rows.append(
+            f"| `{c.name}` | `{c.function}({args})` | {c.title}: {c.summary} | "
+            f"{c.rule} | {c.paper}, {c.section} |"
+        )
     return "\n".join(rows)

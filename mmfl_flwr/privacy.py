@@ -86,6 +86,7 @@ __all__ = [
     "update_norm",
 ]
 
+
 def _check_aggregator(strategy: MultiModelStrategy) -> None:
     """The wrappers' noise covers aggregators that combine the round's clipped
     updates only: FedAvg, the plain mean and the unbiased ``d / (B p)`` rule."""
@@ -96,14 +97,17 @@ def _check_aggregator(strategy: MultiModelStrategy) -> None:
         return
     from mmfl_flwr.core.stale import StaleAggregator
 
-    why = ("sends control variates, which are neither clipped nor noised"
-           if agg.needs_control else
-           "reuses stored updates in later rounds, whose releases this accounting does not "
-           "cover" if isinstance(agg, StaleAggregator) else
-           "has a sensitivity the noise std z C / m is not calibrated for")
+    why = (
+        "sends control variates, which are neither clipped nor noised"
+        if agg.needs_control
+        else "reuses stored updates in later rounds, whose releases this accounting does not cover"
+        if isinstance(agg, StaleAggregator)
+        else "has a sensitivity the noise std z C / m is not calibrated for"
+    )
     raise ValueError(
         f"differential privacy per model supports the FedAvg, mean and unbiased "
-        f"aggregators; {type(agg).__name__} {why}")
+        f"aggregators; {type(agg).__name__} {why}"
+    )
 
 
 def _positive_counts(value: int | Mapping[str, int], name: str) -> int | dict[str, int]:
@@ -114,8 +118,9 @@ def _positive_counts(value: int | Mapping[str, int], name: str) -> int | dict[st
             raise ValueError(f"{name} must map each model to a positive count, got {dict(value)}")
         return out
     if isinstance(value, bool) or int(value) != value or int(value) < 1:
-        raise ValueError(f"{name} must be a positive integer (or a mapping model -> one), "
-                         f"got {value!r}")
+        raise ValueError(
+            f"{name} must be a positive integer (or a mapping model -> one), got {value!r}"
+        )
     return int(value)
 
 
@@ -138,7 +143,8 @@ class _PerModelDP(Strategy):
         if not isinstance(strategy, MultiModelStrategy):
             raise TypeError(
                 f"{type(self).__name__} wraps a mmfl_flwr MultiModelStrategy, got "
-                f"{type(strategy).__name__}; for a Flower strategy use flwr's own wrapper")
+                f"{type(strategy).__name__}; for a Flower strategy use flwr's own wrapper"
+            )
         _check_aggregator(strategy)
         if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
             raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
@@ -167,7 +173,8 @@ class _PerModelDP(Strategy):
         self._frozen_warned: set[str] = set()
         # the noise: fresh entropy from the OS unless noise_seed makes it reproducible
         self._noise = np.random.default_rng(
-            np.random.SeedSequence() if self.noise_seed is None else [self.noise_seed, 0xD1FF])
+            np.random.SeedSequence() if self.noise_seed is None else [self.noise_seed, 0xD1FF]
+        )
 
     def prepare_run(self, run_state: Any) -> None:
         """Before the first round (called by the wrapped strategy's start()): the
@@ -184,12 +191,16 @@ class _PerModelDP(Strategy):
             raise AttributeError(name)
         return getattr(self.strategy, name)
 
-    on_round_end = property(lambda self: self.strategy.on_round_end,
-                            lambda self, f: setattr(self.strategy, "on_round_end", f),
-                            doc="The wrapped strategy's round callback.")
-    checkpoint_path = property(lambda self: self.strategy.checkpoint_path,
-                               lambda self, p: setattr(self.strategy, "checkpoint_path", p),
-                               doc="The wrapped strategy's checkpoint path.")
+    on_round_end = property(
+        lambda self: self.strategy.on_round_end,
+        lambda self, f: setattr(self.strategy, "on_round_end", f),
+        doc="The wrapped strategy's round callback.",
+    )
+    checkpoint_path = property(
+        lambda self: self.strategy.checkpoint_path,
+        lambda self, p: setattr(self.strategy, "checkpoint_path", p),
+        doc="The wrapped strategy's checkpoint path.",
+    )
 
     # ---------------------------------------------------------------- settings
     def sampled(self, task: str) -> int:
@@ -197,8 +208,9 @@ class _PerModelDP(Strategy):
         m = self.num_sampled_clients
         if isinstance(m, dict):
             if task not in m:
-                raise ValueError(f"num_sampled_clients names no count for model {task!r} "
-                                 f"(it names {sorted(m)})")
+                raise ValueError(
+                    f"num_sampled_clients names no count for model {task!r} (it names {sorted(m)})"
+                )
             return m[task]
         return m
 
@@ -213,11 +225,14 @@ class _PerModelDP(Strategy):
     def wrapper_config(self) -> dict[str, Any]:
         """The parameters a resumed run must share."""
         m = self.num_sampled_clients
-        return {"noise_multiplier": self.noise_multiplier,
-                "clipping_norm": self.initial_clipping_norm,
-                "num_sampled_clients": sorted(m.items()) if isinstance(m, dict) else m,
-                "delta": self.delta, "amplification": self.amplification,
-                "noise_seed": self.noise_seed}
+        return {
+            "noise_multiplier": self.noise_multiplier,
+            "clipping_norm": self.initial_clipping_norm,
+            "num_sampled_clients": sorted(m.items()) if isinstance(m, dict) else m,
+            "delta": self.delta,
+            "amplification": self.amplification,
+            "noise_seed": self.noise_seed,
+        }
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.wrapper_config().items())
@@ -245,8 +260,17 @@ class _PerModelDP(Strategy):
         """Run the wrapped strategy's rounds through this wrapper's hooks
         (:meth:`MultiModelStrategy.start`'s arguments)."""
         self._reset()
-        return self.strategy._drive(self, grid, initial_arrays, num_rounds, timeout,
-                                    train_config, evaluate_config, evaluate_fn, resume_from)
+        return self.strategy._drive(
+            self,
+            grid,
+            initial_arrays,
+            num_rounds,
+            timeout,
+            train_config,
+            evaluate_config,
+            evaluate_fn,
+            resume_from,
+        )
 
     def check_resumable(self, path: str) -> dict[str, Any]:
         """The wrapped strategy's check, with this wrapper's identity: a
@@ -259,7 +283,8 @@ class _PerModelDP(Strategy):
         written down: a resumed run draws fresh noise)."""
         state: dict[str, Any] = {
             "clipping_norms": dict(self.clipping_norms),
-            "releases": {t: list(v) for t, v in self.releases.items()}}
+            "releases": {t: list(v) for t, v in self.releases.items()},
+        }
         if self.noise_seed is not None:
             state["noise"] = self._noise.bit_generator.state
         return state
@@ -274,24 +299,29 @@ class _PerModelDP(Strategy):
             result.privacy[task] = self.spent(task)
 
     # ----------------------------------------------------------------- hooks
-    def configure_loss_query(self, server_round: int, arrays: RecordDict, config: ConfigRecord,
-                             grid: Grid) -> Iterable[Message]:
+    def configure_loss_query(
+        self, server_round: int, arrays: RecordDict, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         return self.strategy.configure_loss_query(server_round, arrays, config, grid)
 
-    def aggregate_loss_query(self, server_round: int, replies: Iterable[Message]
-                             ) -> RecordDict | None:
+    def aggregate_loss_query(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> RecordDict | None:
         return self.strategy.aggregate_loss_query(server_round, replies)
 
-    def configure_evaluate(self, server_round: int, arrays: Any, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
+    def configure_evaluate(
+        self, server_round: int, arrays: Any, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         return self.strategy.configure_evaluate(server_round, arrays, config, grid)
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
-                           ) -> MetricRecord | None:
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
         return self.strategy.aggregate_evaluate(server_round, replies)
 
-    def configure_train(self, server_round: int, arrays: Any, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: Any, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         """The wrapped strategy's train messages; checks ``num_sampled_clients``
         against the clients that hold each model (once)."""
         run_state = self.strategy.run_state
@@ -299,14 +329,16 @@ class _PerModelDP(Strategy):
             for task in run_state.all_tasks:
                 self.sampled(task)  # a mapping must name every model, also late ones
             for task in run_state.tasks:
-                holders = sum(1 for c in run_state.table.clients(online_only=False)
-                              if task in c.num_examples)
+                holders = sum(
+                    1 for c in run_state.table.clients(online_only=False) if task in c.num_examples
+                )
                 if self.sampled(task) > holders:
                     raise ValueError(
                         f"num_sampled_clients = {self.sampled(task)} for model {task!r} is "
                         f"more than the {holders} clients that hold it (if more join "
                         "later, raise min_available_clients so that the first round waits "
-                        "for them)")
+                        "for them)"
+                    )
             self._checked = True
         msgs = list(self.strategy.configure_train(server_round, arrays, config, grid))
         if not self.server_clips:  # config, or config@<id> per client of a shard node
@@ -318,8 +350,9 @@ class _PerModelDP(Strategy):
                         cfg[f"{KEY_CLIPPING_NORM}.{task}"] = self.norm(task)
         return msgs
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[RecordDict | None, MetricRecord | None]:
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[RecordDict | None, MetricRecord | None]:
         """Clip every (client, model) update, let the wrapped strategy aggregate,
         then add the noise to (and account a release of) every model assigned in
         the round, whatever the aggregate; state entries keep their values."""
@@ -358,15 +391,27 @@ class _PerModelDP(Strategy):
                 new[k] = old[k]
             if frozen and task not in self._frozen_warned:
                 self._frozen_warned.add(task)
-                log(WARNING, "DP: model %r: %d entries outside its trainable keys (%s...) "
-                    "keep their values (their average over clients is not private)", task,
-                    len(frozen), frozen[0])
+                log(
+                    WARNING,
+                    "DP: model %r: %d entries outside its trainable keys (%s...) "
+                    "keep their values (their average over clients is not private)",
+                    task,
+                    len(frozen),
+                    frozen[0],
+                )
             std = self.stdv(task)
             uploads = metrics.get(f"{task}.uploads") if metrics is not None else None
             if isinstance(uploads, int) and uploads < self.sampled(task):
-                log(WARNING, "DP: model %r aggregated %d updates, fewer than "
+                log(
+                    WARNING,
+                    "DP: model %r aggregated %d updates, fewer than "
                     "num_sampled_clients = %d: its noise (std %.4g) is set for %d",
-                    task, uploads, self.sampled(task), std, self.sampled(task))
+                    task,
+                    uploads,
+                    self.sampled(task),
+                    std,
+                    self.sampled(task),
+                )
             for k in keys:
                 noise = self._noise.normal(0.0, std, size=new[k].shape) if std > 0 else 0.0
                 new[k] = (np.asarray(new[k], dtype=np.float64) + noise).astype(new[k].dtype)
@@ -380,14 +425,23 @@ class _PerModelDP(Strategy):
             spent = self.spent(task)
             if result is not None:
                 result.privacy[task] = spent
-            log(INFO, "DP: model %r: epsilon %.4g at delta %g after %d releases "
-                "(noise multiplier %g, clipping norm %.4g)", task, spent["epsilon"],
-                self.delta, len(self.releases[task]), self.noise_multiplier, self.norm(task))
+            log(
+                INFO,
+                "DP: model %r: epsilon %.4g at delta %g after %d releases "
+                "(noise multiplier %g, clipping norm %.4g)",
+                task,
+                spent["epsilon"],
+                self.delta,
+                len(self.releases[task]),
+                self.noise_multiplier,
+                self.norm(task),
+            )
         return out, metrics
 
     # ------------------------------------------------------------- internals
-    def _clip(self, server_round: int, replies: list[Message],
-              expected: Mapping[str, Mapping[str, Any]]) -> dict[tuple[str, str], bool]:
+    def _clip(
+        self, server_round: int, replies: list[Message], expected: Mapping[str, Mapping[str, Any]]
+    ) -> dict[tuple[str, str], bool]:
         """Clip the update of every reply part in place (an update whose norm is
         not finite is removed: the validation then rejects it); returns, for each
         (client, model) part assigned this round (first reply only), whether its
@@ -418,23 +472,32 @@ class _PerModelDP(Strategy):
                     new = arrays_to_numpy(records[key])
                 except Exception:  # noqa: BLE001 - malformed: the validation rejects it
                     continue
-                if list(new) != list(old) or any(
-                    new[k].shape != old[k].shape for k in old
-                ):
+                if list(new) != list(old) or any(new[k].shape != old[k].shape for k in old):
                     continue
                 keys = run_state.split_keys(task)[0]
                 limit = self.norm(task)
                 clipped, norm, was = clip_update(new, old, keys, limit)
                 if not math.isfinite(norm):
-                    log(WARNING, "DP: client %s sent model %r with an update of non-finite "
-                        "norm; removed", cid, task)
+                    log(
+                        WARNING,
+                        "DP: client %s sent model %r with an update of non-finite norm; removed",
+                        cid,
+                        task,
+                    )
                     del reply.content[key]
                     continue
                 above = norm > limit * (1 + 1e-5)
                 if not self.server_clips and above:
-                    log(WARNING, "DP: client %s sent model %r with an update of norm %.4g "
+                    log(
+                        WARNING,
+                        "DP: client %s sent model %r with an update of norm %.4g "
                         "above the clipping norm %.4g (client-side clipping not applied); "
-                        "clipped on the server", cid, task, norm, limit)
+                        "clipped on the server",
+                        cid,
+                        task,
+                        norm,
+                        limit,
+                    )
                 pair = (cid, task)
                 if own and task in expected.get(cid, {}) and pair not in bits:
                     # a client-clipped update has norm C (up to rounding)
@@ -448,8 +511,9 @@ class _PerModelDP(Strategy):
 
     def _account(self, task: str) -> None:
         run_state = self.strategy.run_state
-        holders = sum(1 for c in run_state.table.clients(online_only=False)
-                      if task in c.num_examples)
+        holders = sum(
+            1 for c in run_state.table.clients(online_only=False) if task in c.num_examples
+        )
         q = min(1.0, self.sampled(task) / holders) if holders else 1.0
         self.releases.setdefault(task, []).append(q if self.amplification else 1.0)
 
@@ -458,10 +522,13 @@ class _PerModelDP(Strategy):
         Google's dp-accounting), with ``releases``, ``noise_multiplier``,
         ``clipping_norm`` and ``delta``."""
         rates = self.releases.get(task, [])
-        return {"epsilon": epsilon(self.noise_multiplier, rates, self.delta),
-                "delta": self.delta, "releases": len(rates),
-                "noise_multiplier": self.noise_multiplier,
-                "clipping_norm": self.norm(task)}
+        return {
+            "epsilon": epsilon(self.noise_multiplier, rates, self.delta),
+            "delta": self.delta,
+            "releases": len(rates),
+            "noise_multiplier": self.noise_multiplier,
+            "clipping_norm": self.norm(task),
+        }
 
 
 def epsilon(noise_multiplier: float, rates: list[float], delta: float) -> float:
@@ -475,8 +542,7 @@ def epsilon(noise_multiplier: float, rates: list[float], delta: float) -> float:
     try:
         from dp_accounting import dp_event, rdp
     except ImportError as err:  # pragma: no cover - flwr[dp] is a dependency
-        raise ImportError('privacy accounting needs dp-accounting: pip install "flwr[dp]"'
-                          ) from err
+        raise ImportError('privacy accounting needs dp-accounting: pip install "flwr[dp]"') from err
     # dp-accounting warns through absl about RDP orders it leaves out, which puts a
     # handler on Python's root logger (and then every flwr line prints twice): keep
     # those warnings quiet and the root logger as it was
@@ -532,7 +598,6 @@ class DifferentialPrivacyClientSideFixedClipping(_PerModelDP):
 
 
 class _Adaptive(_PerModelDP):
-
     def __init__(
         self,
         strategy: MultiModelStrategy,
@@ -547,11 +612,19 @@ class _Adaptive(_PerModelDP):
         amplification: bool = True,
         noise_seed: int | None = None,
     ) -> None:
-        super().__init__(strategy, noise_multiplier, initial_clipping_norm, num_sampled_clients,
-                         delta=delta, amplification=amplification, noise_seed=noise_seed)
+        super().__init__(
+            strategy,
+            noise_multiplier,
+            initial_clipping_norm,
+            num_sampled_clients,
+            delta=delta,
+            amplification=amplification,
+            noise_seed=noise_seed,
+        )
         if not 0.0 <= target_clipped_quantile <= 1.0:
-            raise ValueError(f"target_clipped_quantile must be in [0, 1], got "
-                             f"{target_clipped_quantile}")
+            raise ValueError(
+                f"target_clipped_quantile must be in [0, 1], got {target_clipped_quantile}"
+            )
         if not (clip_norm_lr > 0 and math.isfinite(clip_norm_lr)):
             raise ValueError(f"clip_norm_lr must be positive, got {clip_norm_lr}")
         if clipped_count_stddev is not None and not clipped_count_stddev >= 0:
@@ -567,17 +640,20 @@ class _Adaptive(_PerModelDP):
                 raise ValueError(
                     f"noise_multiplier {z} needs clipped_count_stddev > {z / 2} (it is "
                     f"{sigma_b}{' = num_sampled_clients / 20' if clipped_count_stddev is None else ''}"
-                    "): the count's noise would use up the whole budget")
-            self.update_noise_multiplier = (z ** -2 - (2 * sigma_b) ** -2) ** -0.5
+                    "): the count's noise would use up the whole budget"
+                )
+            self.update_noise_multiplier = (z**-2 - (2 * sigma_b) ** -2) ** -0.5
         else:
             sigma_b = 0.0 if clipped_count_stddev is None else clipped_count_stddev
         self.clipped_count_stddev = float(sigma_b)
 
     def wrapper_config(self) -> dict[str, Any]:
-        return {**super().wrapper_config(),
-                "target_clipped_quantile": self.target_clipped_quantile,
-                "clip_norm_lr": self.clip_norm_lr,
-                "clipped_count_stddev": self.clipped_count_stddev}
+        return {
+            **super().wrapper_config(),
+            "target_clipped_quantile": self.target_clipped_quantile,
+            "clip_norm_lr": self.clip_norm_lr,
+            "clipped_count_stddev": self.clipped_count_stddev,
+        }
 
     def _adapt(self, bits: Mapping[tuple[str, str], bool], assigned: list[str]) -> None:
         """``C <- C exp(lr (clipped fraction - target))`` for every model assigned
@@ -591,7 +667,8 @@ class _Adaptive(_PerModelDP):
                 centred += float(self._noise.normal(0.0, self.clipped_count_stddev))
             fraction = centred / self.sampled(task) + 0.5
             self.clipping_norms[task] = self.norm(task) * math.exp(
-                self.clip_norm_lr * (fraction - self.target_clipped_quantile))
+                self.clip_norm_lr * (fraction - self.target_clipped_quantile)
+            )
 
 
 class DifferentialPrivacyServerSideAdaptiveClipping(_Adaptive):

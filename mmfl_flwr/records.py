@@ -45,8 +45,11 @@ def array_to_numpy(arr: Array) -> np.ndarray:
             dtype = np.dtype(arr.dtype)
             n = int(np.prod(shape, dtype=np.int64))
             if len(data) == len(header) + n * dtype.itemsize and data.startswith(header):
-                return np.frombuffer(data, dtype=dtype, count=n,
-                                     offset=len(header)).reshape(shape).copy()
+                return (
+                    np.frombuffer(data, dtype=dtype, count=n, offset=len(header))
+                    .reshape(shape)
+                    .copy()
+                )
     except (TypeError, ValueError):  # an odd dtype or shape: the general path decides
         pass
     return arr.numpy()
@@ -60,8 +63,7 @@ def numpy_to_array(value: np.ndarray) -> Array:
         return Array(a if a.flags.c_contiguous else a.copy(order="C"))
     shape = tuple(int(d) for d in a.shape)
     header = _npy_header(str(a.dtype), shape)
-    return Array(dtype=str(a.dtype), shape=shape, stype=SType.NUMPY,
-                 data=header + a.tobytes())
+    return Array(dtype=str(a.dtype), shape=shape, stype=SType.NUMPY, data=header + a.tobytes())
 
 
 def arrays_to_numpy(record: ArrayRecord) -> NumpyWeights:
@@ -153,13 +155,9 @@ def check_weights(record: object, reference: Mapping[str, np.ndarray]) -> NumpyW
         except Exception as err:  # corrupt bytes, wrong stype, ...
             raise InvalidReply(f"array {k!r} cannot be decoded: {err}") from err
         if value.shape != ref.shape:
-            raise InvalidReply(
-                f"array {k!r} has shape {value.shape}, expected {ref.shape}"
-            )
+            raise InvalidReply(f"array {k!r} has shape {value.shape}, expected {ref.shape}")
         if value.dtype != ref.dtype:
-            raise InvalidReply(
-                f"array {k!r} has dtype {value.dtype}, expected {ref.dtype}"
-            )
+            raise InvalidReply(f"array {k!r} has dtype {value.dtype}, expected {ref.dtype}")
         if value.dtype.kind in "fc" and not np.isfinite(value).all():
             raise InvalidReply(f"array {k!r} contains NaN or inf")
         out[k] = value

@@ -52,18 +52,18 @@ COLUMN_DOCS = {
     "rejected": "updates refused by the server's checks this round",
     "train_loss": "the trainers' reported training loss, weighted by their samples",
     "step_l1": "||w_old - w_new||_1 over the trainable entries: the size of the "
-               "model's weight change",
+    "model's weight change",
     "round_step_l1": "the sum of step_l1 over the round's models (a weight-change "
-                     "size, not paper 003's ||H||_1); empty in round 0",
+    "size, not paper 003's ||H||_1); empty in round 0",
     "coef_sum": "the sum of the aggregation coefficients applied to the round's "
-                "aggregated updates of the model: paper 003's ||H_{tau,s}||_1 = "
-                "sum over the aggregated (i, b) of d_{i,s} / (B_i p_{s|(i,b)}) for the "
-                "unbiased rules (random, lvr, gvr, scaffold; the fresh updates' "
-                "coefficients for fedvarp, fedstale, stalevr, stalevre), expectation 1; "
-                "1 for fedavg and mean; the trained clients' d_{i,s} for mifa; empty "
-                "for median and trimmed-mean; 0 without updates; empty in round 0",
+    "aggregated updates of the model: paper 003's ||H_{tau,s}||_1 = "
+    "sum over the aggregated (i, b) of d_{i,s} / (B_i p_{s|(i,b)}) for the "
+    "unbiased rules (random, lvr, gvr, scaffold; the fresh updates' "
+    "coefficients for fedvarp, fedstale, stalevr, stalevre), expectation 1; "
+    "1 for fedavg and mean; the trained clients' d_{i,s} for mifa; empty "
+    "for median and trimmed-mean; 0 without updates; empty in round 0",
     "client_accuracy": "accuracy on the clients' local test data (fraction-evaluate > 0), "
-                       "weighted by their samples",
+    "weighted by their samples",
     "client_loss": "loss on the clients' local test data (fraction-evaluate > 0)",
 }
 
@@ -149,13 +149,21 @@ def _git_commit(package_dir: Path) -> str | None:
     try:
         tracked = subprocess.run(
             ["git", "ls-files", "--error-unmatch", "--", f"{package_dir.name}/__init__.py"],
-            cwd=package_dir.parent, capture_output=True, text=True, timeout=5, check=False,
+            cwd=package_dir.parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
         )
         if tracked.returncode != 0:
             return None
         head = subprocess.run(
             ["git", "rev-parse", "HEAD"],
-            cwd=package_dir.parent, capture_output=True, text=True, timeout=5, check=False,
+            cwd=package_dir.parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
         )
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
@@ -184,9 +192,12 @@ def run_versions() -> dict[str, str | None]:
     }
 
 
-def summarize(result: MultiModelResult, settings: Settings | None,
-              effective: Mapping[str, Any] | None = None,
-              engine: str | None = None) -> dict[str, Any]:
+def summarize(
+    result: MultiModelResult,
+    settings: Settings | None,
+    effective: Mapping[str, Any] | None = None,
+    engine: str | None = None,
+) -> dict[str, Any]:
     """Final accuracy per task, their mean, the configuration (``config``: the
     settings as typed; ``effective``: the values used for the automatic ones),
     the seed and the software versions (:func:`run_versions`). With a ``target_accuracy``
@@ -224,10 +235,14 @@ def summarize(result: MultiModelResult, settings: Settings | None,
         }
     privacy = {}
     if result.privacy:  # a run under mmfl_flwr.privacy: epsilon per model (None: no noise)
-        privacy = {"privacy": {
-            t: {k: (None if isinstance(v, float) and math.isinf(v) else v)
-                for k, v in p.items()}
-            for t, p in result.privacy.items()}}
+        privacy = {
+            "privacy": {
+                t: {
+                    k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in p.items()
+                }
+                for t, p in result.privacy.items()
+            }
+        }
     return {
         **reached,
         **privacy,
@@ -255,8 +270,11 @@ def new_figure(figsize: tuple[float, float], **kwargs: Any) -> Figure:
     return fig
 
 
-def run_title(settings: Settings | None, strategy_name: str | None = None,
-              effective: Mapping[str, Any] | None = None) -> str:
+def run_title(
+    settings: Settings | None,
+    strategy_name: str | None = None,
+    effective: Mapping[str, Any] | None = None,
+) -> str:
     """The title of a run's plot: strategy and seed, then the key settings
     (clients, rounds, local epochs, and the budget fraction and clients per
     round where the strategy takes them). ``effective`` (run-config key -> value,
@@ -405,16 +423,13 @@ def assignments_figure(
 
     rejections = rejections or {}
     rounds = sorted(r for r in assignments if r >= 1)
-    models = list(models) if models else sorted({t for r in rounds for _, t, _ in
-                                                 assignments[r]})
+    models = list(models) if models else sorted({t for r in rounds for _, t, _ in assignments[r]})
     colors = _model_colors(models)
     clients = sorted({c for r in rounds for c, _, _ in assignments[r]}, key=client_sort_key)
-    handles = [Line2D([], [], marker="s", linestyle="", color=colors[m], label=m)
-               for m in models]
+    handles = [Line2D([], [], marker="s", linestyle="", color=colors[m], label=m) for m in models]
     if len(clients) <= max_clients:
         height = min(12.0, 2.0 + 0.22 * max(len(clients), 1))
-        fig = new_figure((max(6.0, 1.2 + 0.18 * max(len(rounds), 1)), height),
-                         layout="constrained")
+        fig = new_figure((max(6.0, 1.2 + 0.18 * max(len(rounds), 1)), height), layout="constrained")
         ax = fig.add_subplot()
         row = {c: i for i, c in enumerate(clients)}
         for r in rounds:
@@ -427,18 +442,23 @@ def assignments_figure(
                 width = 0.8 / len(tasks)
                 for j, t in enumerate(tasks):
                     x = r - 0.4 + width * (j + 0.5)
-                    ax.scatter([x], [row[c]], marker="s", s=30 * width / 0.8 + 6,
-                               color=colors.get(t, "0.5"))
+                    ax.scatter(
+                        [x],
+                        [row[c]],
+                        marker="s",
+                        s=30 * width / 0.8 + 6,
+                        color=colors.get(t, "0.5"),
+                    )
                     if (c, t) in bad:
-                        ax.scatter([x], [row[c]], marker="x", s=40, color="black",
-                                   linewidths=1.0)
+                        ax.scatter([x], [row[c]], marker="x", s=40, color="black", linewidths=1.0)
         ax.set_yticks(range(len(clients)))
         ax.set_yticklabels(clients, fontsize="x-small")
         ax.set_ylim(-0.7, len(clients) - 0.3)
         ax.invert_yaxis()
         ax.set_ylabel("client")
-        handles.append(Line2D([], [], marker="x", linestyle="", color="black",
-                              label="rejected / missing"))
+        handles.append(
+            Line2D([], [], marker="x", linestyle="", color="black", label="rejected / missing")
+        )
         title = f"Who trained what: {len(clients)} clients x {len(rounds)} rounds"
     else:
         import numpy as np
@@ -447,16 +467,19 @@ def assignments_figure(
         ax = fig.add_subplot()
         bottom = np.zeros(len(rounds))
         for m in models:
-            counts = np.array([sum(n for _, t, n in assignments[r] if t == m) for r in rounds],
-                              dtype=float)
+            counts = np.array(
+                [sum(n for _, t, n in assignments[r] if t == m) for r in rounds], dtype=float
+            )
             ax.bar(rounds, counts, bottom=bottom, color=colors[m], width=0.8)
             bottom += counts
         lost = [len(rejections.get(r, [])) for r in rounds]
         ax.plot(rounds, lost, color="black", marker="x", linestyle="-", linewidth=1.0)
         ax.set_ylabel("parts trained per round (processors)")
         handles.append(Line2D([], [], marker="x", color="black", label="rejected / missing"))
-        title = (f"Who trained what, per round ({len(clients)} clients: more than "
-                 f"{max_clients}, so summed per model)")
+        title = (
+            f"Who trained what, per round ({len(clients)} clients: more than "
+            f"{max_clients}, so summed per model)"
+        )
     ax.set_xlabel("round")
     if rounds:
         from matplotlib.ticker import MaxNLocator
@@ -482,15 +505,22 @@ def training_figure(history: Sequence[dict[str, Any]]) -> Figure:
     colors = _model_colors(models)
     fig = new_figure((8.0, 7.5), layout="constrained")
     axes = fig.subplots(3, 1, sharex=True)
-    panels = (("uploads", "updates aggregated"), ("rejected", "parts rejected\nor missing"),
-              ("train_loss", "training loss\n(sample-weighted)"))
+    panels = (
+        ("uploads", "updates aggregated"),
+        ("rejected", "parts rejected\nor missing"),
+        ("train_loss", "training loss\n(sample-weighted)"),
+    )
     for ax, (key, label) in zip(axes, panels):
         for m in models:
-            pts = [(int(r["round"]), float(r[key])) for r in rows
-                   if r["task"] == m and key in r and not _math.isnan(float(r[key]))]
+            pts = [
+                (int(r["round"]), float(r[key]))
+                for r in rows
+                if r["task"] == m and key in r and not _math.isnan(float(r[key]))
+            ]
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".",
-                        color=colors[m], label=m)
+                ax.plot(
+                    [p[0] for p in pts], [p[1] for p in pts], marker=".", color=colors[m], label=m
+                )
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     from matplotlib.ticker import MaxNLocator
@@ -499,8 +529,7 @@ def training_figure(history: Sequence[dict[str, Any]]) -> Figure:
     axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
     handles, labels = axes[0].get_legend_handles_labels()
     if handles:
-        fig.legend(handles, labels, loc="outside right upper", fontsize="small",
-                   title="model")
+        fig.legend(handles, labels, loc="outside right upper", fontsize="small", title="model")
     fig.suptitle("Uploads, rejections and training loss per round", fontsize="medium")
     return fig
 
@@ -531,7 +560,8 @@ def write_outputs(
     plot_accuracy(result.history, out / "accuracy.png", settings, strategy_name, effective)
     models = list(dict.fromkeys(r["task"] for r in result.history))
     assignments_figure(result.assignments, result.rejections, models).savefig(
-        out / "assignments.png", dpi=100)
+        out / "assignments.png", dpi=100
+    )
     training_figure(result.history).savefig(out / "training.png", dpi=100)
     return out
 
@@ -569,8 +599,14 @@ def write_cluster_step(cstep: dict[str, Any], output_dir: str | os.PathLike[str]
         ax.scatter(xy[m, 0], xy[m, 1], s=18, label=f"group {g}")
     if len(xy) <= MAX_CLIENTS_DRAWN:  # which client is which point
         for cid, (px, py) in zip(cstep["clients"], xy):
-            ax.annotate(str(cid), (px, py), xytext=(3, 3), textcoords="offset points",
-                        fontsize="xx-small", alpha=0.8)
+            ax.annotate(
+                str(cid),
+                (px, py),
+                xytext=(3, 3),
+                textcoords="offset points",
+                fontsize="xx-small",
+                alpha=0.8,
+            )
     title = f"C-step at round {cstep['round']}: k = {cstep['k']}"
     if cstep.get("cluster_task"):
         title += f" (clustered on {cstep['cluster_task']})"

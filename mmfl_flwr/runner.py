@@ -72,8 +72,10 @@ def run_inprocess(
     run_config = settings.to_run_config()
     app = build_client_app(settings, client_hook)
     grid = InProcessGrid(
-        wrap_client_app(app) if wrap_client_app else app, node_configs(settings, "inprocess"),
-        run_config, seed=settings.seed,
+        wrap_client_app(app) if wrap_client_app else app,
+        node_configs(settings, "inprocess"),
+        run_config,
+        seed=settings.seed,
     )
     ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
     return server_main(grid, ctx, settings, strategy, engine="inprocess")
@@ -111,14 +113,15 @@ def run_vectorized(
     federation_for(settings)  # the whole federation: the server and every node share it
     run_config = settings.to_run_config()
     app = make_client_app(node_spec_fn(settings), chunk=chunk, threads=threads)
-    grid = InProcessGrid(app, node_configs(settings, "vectorized"), run_config,
-                         seed=settings.seed)
+    grid = InProcessGrid(app, node_configs(settings, "vectorized"), run_config, seed=settings.seed)
     ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
     return server_main(grid, ctx, settings, strategy, engine="vectorized")
 
 
 def run_simulation_engine(
-    settings: Settings, num_cpus: int | None = None, verbose: bool = False,
+    settings: Settings,
+    num_cpus: int | None = None,
+    verbose: bool = False,
     **ray: Any,
 ) -> MultiModelResult:
     """Run on Flower's Ray-backed simulation runtime the way ``flwr run`` does:
@@ -144,10 +147,15 @@ def run_simulation_engine(
 
 
 def run(
-    settings: Settings, engine: str = "simulation", num_cpus: int | None = None,
-    verbose: bool = False, vector_chunk: int | None = None,
-    num_gpus_per_client: float | None = None, ray_address: str | None = None,
-    num_gpus_per_node: float | None = None, threads: str | int | None = None,
+    settings: Settings,
+    engine: str = "simulation",
+    num_cpus: int | None = None,
+    verbose: bool = False,
+    vector_chunk: int | None = None,
+    num_gpus_per_client: float | None = None,
+    ray_address: str | None = None,
+    num_gpus_per_node: float | None = None,
+    threads: str | int | None = None,
 ) -> MultiModelResult:
     """Run ``settings`` on ``engine`` (``simulation``, ``inprocess`` or
     ``vectorized``; ``vector_chunk``: clients per batched training call of the
@@ -157,11 +165,19 @@ def run(
     if vector_chunk is not None and engine != "vectorized":
         raise ValueError("vector_chunk applies to engine='vectorized' only")
     if threads is not None and engine != "vectorized":
-        raise ValueError("threads applies to engine='vectorized' only (a simulation "
-                         "node's threads are its CPUs: client-resources-num-cpus)")
-    ray = {k: v for k, v in (("num_gpus_per_client", num_gpus_per_client),
-                             ("num_gpus_per_node", num_gpus_per_node),
-                             ("ray_address", ray_address)) if v is not None}
+        raise ValueError(
+            "threads applies to engine='vectorized' only (a simulation "
+            "node's threads are its CPUs: client-resources-num-cpus)"
+        )
+    ray = {
+        k: v
+        for k, v in (
+            ("num_gpus_per_client", num_gpus_per_client),
+            ("num_gpus_per_node", num_gpus_per_node),
+            ("ray_address", ray_address),
+        )
+        if v is not None
+    }
     if ray and engine != "simulation":
         raise ValueError(f"{', '.join(ray)} apply to engine='simulation' only")
     if engine == "simulation":
@@ -173,8 +189,9 @@ def run(
             flwr_logger.setLevel(logging.WARNING)
         try:
             if engine == "vectorized":
-                return run_vectorized(settings, chunk=vector_chunk,
-                                      threads="auto" if threads is None else threads)
+                return run_vectorized(
+                    settings, chunk=vector_chunk, threads="auto" if threads is None else threads
+                )
             return run_inprocess(settings)
         finally:
             flwr_logger.setLevel(old_level)

@@ -71,11 +71,17 @@ def single_settings(settings: Settings, model: str) -> Settings:
     full_takes = set(preset_settings(SINGLE_STRATEGY, fields))
     # the other presets' parameters (budget-fraction, clients-per-round, ...)
     # back to their defaults: the full preset takes none of them
-    reset = {f: getattr(defaults, f) for f in fields
-             if presets_taking(f) and f not in full_takes}
+    reset = {f: getattr(defaults, f) for f in fields if presets_taking(f) and f not in full_takes}
     return dataclasses.replace(
-        settings, **reset, strategy=SINGLE_STRATEGY, aggregator="", task_arrivals=others,
-        output_dir="", resume_from="", overwrite=False, target_accuracy="",
+        settings,
+        **reset,
+        strategy=SINGLE_STRATEGY,
+        aggregator="",
+        task_arrivals=others,
+        output_dir="",
+        resume_from="",
+        overwrite=False,
+        target_accuracy="",
         extra=dict(settings.extra),
     )
 
@@ -88,15 +94,18 @@ def check_before_sequential(settings: Settings) -> None:
     its ``metrics.csv``). Raises ValueError or OSError."""
     settings.validate()
     if settings.resume_from:
-        raise ValueError("--sequential and --resume exclude each other (a sequential run "
-                         "starts fresh)")
+        raise ValueError(
+            "--sequential and --resume exclude each other (a sequential run starts fresh)"
+        )
     for model in settings.model_names:
         single_settings(settings, model).validate()
     if settings.output_dir and not settings.overwrite:
         held = Path(settings.output_dir) / SINGLE_FILE
         if held.exists():
-            raise ValueError(f"output folder {settings.output_dir} holds {SINGLE_FILE}; pass "
-                             "--overwrite (run-config overwrite=true) to replace it")
+            raise ValueError(
+                f"output folder {settings.output_dir} holds {SINGLE_FILE}; pass "
+                "--overwrite (run-config overwrite=true) to replace it"
+            )
     from mmfl_flwr.flower_app.data import federation_for
 
     federation_for(settings)  # loads the data (cached for the run)
@@ -154,15 +163,27 @@ def run_sequential(
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
     for k, model in enumerate(names, start=1):
-        print(f"[mmfl] sequential {k}/{len(names)}: {model} alone, full participation "
-              f"(FedAvg), {settings.num_clients} clients, {settings.num_rounds} rounds",
-              flush=True)
-        result = run(single_settings(settings, model), engine=engine, num_cpus=num_cpus,
-                     verbose=verbose, **run_options)
+        print(
+            f"[mmfl] sequential {k}/{len(names)}: {model} alone, full participation "
+            f"(FedAvg), {settings.num_clients} clients, {settings.num_rounds} rounds",
+            flush=True,
+        )
+        result = run(
+            single_settings(settings, model),
+            engine=engine,
+            num_cpus=num_cpus,
+            verbose=verbose,
+            **run_options,
+        )
         rows.extend(
-            {"round": int(r["round"]), "task": model, "accuracy": float(r["accuracy"]),
-             "loss": float(r["loss"])}
-            for r in result.history if r["task"] == model
+            {
+                "round": int(r["round"]),
+                "task": model,
+                "accuracy": float(r["accuracy"]),
+                "loss": float(r["loss"]),
+            }
+            for r in result.history
+            if r["task"] == model
         )
         if path is not None:
             write_single_csv(rows, path)

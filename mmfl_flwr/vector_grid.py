@@ -59,27 +59,38 @@ class VectorizedGrid(InProcessGrid):
         chunk: int | None = None,
     ) -> None:
         if isinstance(spec_fn, ClientApp) or not callable(spec_fn):
-            raise TypeError("VectorizedGrid(spec_fn, node_configs, ...) takes the clients' "
-                            "spec function, not a ClientApp: the node's ClientApp is built "
-                            "from it (make_client_app with a list of specs)")
+            raise TypeError(
+                "VectorizedGrid(spec_fn, node_configs, ...) takes the clients' "
+                "spec function, not a ClientApp: the node's ClientApp is built "
+                "from it (make_client_app with a list of specs)"
+            )
         configs = [dict(c) for c in node_configs]
 
         def shard(ctx: Context) -> list[ClientSpec]:
             specs = []
             for cfg in configs:
-                spec = spec_fn(Context(run_id=ctx.run_id, node_id=ctx.node_id,
-                                       node_config=dict(cfg), state=RecordDict(),
-                                       run_config=dict(ctx.run_config)))
+                spec = spec_fn(
+                    Context(
+                        run_id=ctx.run_id,
+                        node_id=ctx.node_id,
+                        node_config=dict(cfg),
+                        state=RecordDict(),
+                        run_config=dict(ctx.run_config),
+                    )
+                )
                 if not isinstance(spec, ClientSpec):
-                    raise TypeError("VectorizedGrid's spec_fn returns one ClientSpec per "
-                                    f"node config, got {type(spec).__name__}")
+                    raise TypeError(
+                        "VectorizedGrid's spec_fn returns one ClientSpec per "
+                        f"node config, got {type(spec).__name__}"
+                    )
                 specs.append(spec)
             return specs
 
         self.spec_fn = cache_specs(shard)
         app = make_client_app(self.spec_fn, cached=True, chunk=chunk)
-        super().__init__(app, [{"clients": f"0-{len(configs) - 1}"}], run_config,
-                         seed=seed, run_id=run_id)
+        super().__init__(
+            app, [{"clients": f"0-{len(configs) - 1}"}], run_config, seed=seed, run_id=run_id
+        )
 
     @property
     def counts(self) -> dict[str, int]:

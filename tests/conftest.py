@@ -25,8 +25,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The digits splits' cache (mmfl_flwr.tasks.data.cache_dir) of the test processes and
 # of the Flower processes they start: kept in the checkout's .pytest_cache, not the
 # user's ~/.cache.
-os.environ.setdefault("MMFL_CACHE_DIR", os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".pytest_cache", "mmfl-cache"))
+os.environ.setdefault(
+    "MMFL_CACHE_DIR",
+    os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".pytest_cache", "mmfl-cache"
+    ),
+)
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,7 +86,7 @@ class StepTrainer:
             self.seen.append(
                 None if correction is None else {k: np.array(v) for k, v in correction.items()}
             )
-        loss = self._train_loss * self.decay ** self.trained
+        loss = self._train_loss * self.decay**self.trained
         self.trained += 1
         new = {
             k: (v - np.asarray(self.step, dtype=v.dtype)).astype(v.dtype)
@@ -201,5 +205,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     in addopts keeps this order), so the two longest chains start at once, one
     per worker, and the fast modules fill the workers as they free up."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
-                                     item.get_closest_marker("ray") is None))
+        items.sort(
+            key=lambda item: (
+                item.get_closest_marker("slow") is None,
+                item.get_closest_marker("ray") is None,
+            )
+        )

@@ -55,8 +55,9 @@ def write_leaf_json(path: Path, user_data: dict[str, tuple[list[str], list[str]]
 CELEBA_NAMES = ["5_o_Clock_Shadow", "Eyeglasses", "Male", "Smiling"]
 
 
-def write_celeba(root: Path, rows: list[tuple[str, list[int], int]], colors, size=(12, 10),
-                 fmt: str = "jpg") -> Path:
+def write_celeba(
+    root: Path, rows: list[tuple[str, list[int], int]], colors, size=(12, 10), fmt: str = "jpg"
+) -> Path:
     """CelebA's list_attr_celeba.txt, list_eval_partition.txt and solid-colour images."""
     base = root / "celeba"
     (base / "img_align_celeba").mkdir(parents=True, exist_ok=True)

@@ -104,9 +104,7 @@ def flower_env(
     env[MARKER_VAR] = marker
     env["PATH"] = os.pathsep.join([str(VENV_BIN), env.get("PATH", "")])
     # The package is installed (editable) in CI; this also covers a plain checkout.
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in [str(REPO_ROOT), env.get("PYTHONPATH", "")] if p
-    )
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(REPO_ROOT), env.get("PYTHONPATH", "")] if p)
     env["PYTHONUNBUFFERED"] = "1"
     env["MPLBACKEND"] = "Agg"
     if extra:
@@ -313,8 +311,7 @@ class ProcessTracker:
         for f in self._logs:
             f.close()
         if self.leftovers:
-            print(f"[e2e] processes still alive after clean-up: {self.leftovers}",
-                  file=sys.stderr)
+            print(f"[e2e] processes still alive after clean-up: {self.leftovers}", file=sys.stderr)
 
 
 # ------------------------------------------------------------------------ CLI calls
@@ -374,8 +371,16 @@ def flwr_run(
     timeout: float = 120.0,
 ) -> str:
     """Submit a run with ``flwr run ... --format json``; return its run id."""
-    cmd = [flower_exe("flwr"), "run", str(app), connection, "--format", "json",
-           "--run-config", run_config]
+    cmd = [
+        flower_exe("flwr"),
+        "run",
+        str(app),
+        connection,
+        "--format",
+        "json",
+        "--run-config",
+        run_config,
+    ]
     if federation_config is not None:
         cmd += ["--federation-config", federation_config]
     res = run_cmd(cmd, env=env, cwd=cwd, timeout=timeout)
@@ -396,7 +401,9 @@ def run_status(
     """``(status, details)`` of a run from ``flwr ls --run-id``; status None if unknown."""
     res = run_cmd(
         [flower_exe("flwr"), "ls", connection, "--run-id", run_id, "--format", "json"],
-        env=env, cwd=cwd, timeout=60,
+        env=env,
+        cwd=cwd,
+        timeout=60,
     )
     try:
         runs = parse_json_output(res.stdout).get("runs") or []
@@ -451,14 +458,14 @@ def wait_for_run(
         time.sleep(0.5 if waiting else interval)
 
 
-def run_logs(
-    run_id: str, connection: str, *, env: Mapping[str, str], cwd: Path | str
-) -> str:
+def run_logs(run_id: str, connection: str, *, env: Mapping[str, str], cwd: Path | str) -> str:
     """The ServerApp's logs of a run (``flwr log RUN_ID CONN --show``), best effort."""
     try:
         res = run_cmd(
             [flower_exe("flwr"), "log", run_id, connection, "--show"],
-            env=env, cwd=cwd, timeout=60,
+            env=env,
+            cwd=cwd,
+            timeout=60,
         )
     except subprocess.TimeoutExpired:
         return "<flwr log timed out>"
@@ -493,7 +500,9 @@ def wait_for_online_nodes(
     while True:
         res = run_cmd(
             [flower_exe("flwr"), "supernode", "list", connection, "--format", "json"],
-            env=env, cwd=cwd, timeout=60,
+            env=env,
+            cwd=cwd,
+            timeout=60,
         )
         try:
             nodes = parse_json_output(res.stdout).get("nodes") or []
@@ -522,8 +531,14 @@ class Deployment:
     every process's logs.
     """
 
-    def __init__(self, tmp_path: Path, conn: str, cli_env: dict[str, str],
-                 link_log: Path, node_logs: Sequence[Path]) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        conn: str,
+        cli_env: dict[str, str],
+        link_log: Path,
+        node_logs: Sequence[Path],
+    ) -> None:
         self.tmp_path = tmp_path
         self.conn = conn
         self.cli_env = cli_env
@@ -531,9 +546,15 @@ class Deployment:
         self.node_logs = list(node_logs)
 
     @classmethod
-    def start_insecure(cls, procs: ProcessTracker, tmp_path: Path, marker: str,
-                       node_configs: Sequence[str], conn: str = "e2e",
-                       nodes_timeout: float = 90.0) -> Deployment:
+    def start_insecure(
+        cls,
+        procs: ProcessTracker,
+        tmp_path: Path,
+        marker: str,
+        node_configs: Sequence[str],
+        conn: str = "e2e",
+        nodes_timeout: float = 90.0,
+    ) -> Deployment:
         link_port, *node_ports = free_ports(1 + len(node_configs))
         cli_home = tmp_path / "cli-home"
         cli_env = flower_env(cli_home, marker)
@@ -541,12 +562,26 @@ class Deployment:
             f'[superlink]\ndefault = "{conn}"\n\n'
             f'[superlink.{conn}]\naddress = "127.0.0.1:{link_port}"\ninsecure = true\n'
         )
-        dep = cls(tmp_path, conn, cli_env, tmp_path / "superlink.log",
-                  [tmp_path / f"supernode-{i}.log" for i in range(len(node_configs))])
+        dep = cls(
+            tmp_path,
+            conn,
+            cli_env,
+            tmp_path / "superlink.log",
+            [tmp_path / f"supernode-{i}.log" for i in range(len(node_configs))],
+        )
         link = procs.popen(
-            [flower_exe("flower-superlink"), "--insecure", "--host", "127.0.0.1",
-             "--port", str(link_port), "--database", ":flwr-in-memory:"],
-            env=flower_env(tmp_path / "link-home", marker), cwd=tmp_path,
+            [
+                flower_exe("flower-superlink"),
+                "--insecure",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(link_port),
+                "--database",
+                ":flwr-in-memory:",
+            ],
+            env=flower_env(tmp_path / "link-home", marker),
+            cwd=tmp_path,
             log_path=dep.link_log,
         )
         procs.watch_superlink_port(link_port)
@@ -556,10 +591,18 @@ class Deployment:
             raise AssertionError(f"{err}{dep.logs()}") from None
         for i, (port, cfg) in enumerate(zip(node_ports, node_configs)):
             procs.popen(
-                [flower_exe("flower-supernode"), "--insecure",
-                 "--superlink", f"127.0.0.1:{link_port}", "--port", str(port),
-                 "--node-config", cfg],
-                env=flower_env(tmp_path / f"node{i}-home", marker), cwd=tmp_path,
+                [
+                    flower_exe("flower-supernode"),
+                    "--insecure",
+                    "--superlink",
+                    f"127.0.0.1:{link_port}",
+                    "--port",
+                    str(port),
+                    "--node-config",
+                    cfg,
+                ],
+                env=flower_env(tmp_path / f"node{i}-home", marker),
+                cwd=tmp_path,
                 log_path=dep.node_logs[i],
             )
         # Submit only when every node is online: the ServerApp starts training
@@ -569,26 +612,35 @@ class Deployment:
 
     def logs(self, *paths: Path) -> str:
         """The tails of the given logs (default: the SuperLink's and every SuperNode's)."""
-        return "".join(f"\n--- {p.name} ---\n{tail(p)}"
-                       for p in (paths or (self.link_log, *self.node_logs)))
+        return "".join(
+            f"\n--- {p.name} ---\n{tail(p)}" for p in (paths or (self.link_log, *self.node_logs))
+        )
 
     def wait_online(self, n: int, timeout: float) -> list[dict[str, Any]]:
         try:
-            return wait_for_online_nodes(n, self.conn, env=self.cli_env, cwd=self.tmp_path,
-                                         timeout=timeout)
+            return wait_for_online_nodes(
+                n, self.conn, env=self.cli_env, cwd=self.tmp_path, timeout=timeout
+            )
         except AssertionError as err:
             raise AssertionError(f"{err}{self.logs()}") from None
 
-    def run(self, app: Path, run_config: str, out: Path,
-            timeout: float = 360.0) -> tuple[str, str, list[tuple[float, str | None]]]:
+    def run(
+        self, app: Path, run_config: str, out: Path, timeout: float = 360.0
+    ) -> tuple[str, str, list[tuple[float, str | None]]]:
         """Submit ``app`` with ``run_config`` (whose output-dir is ``out``) and wait
         until it finishes; fails with every log unless it completed. Returns the
         run id, the ServerApp's log and the status history."""
-        run_id = flwr_run(app, self.conn, env=self.cli_env, cwd=self.tmp_path,
-                          run_config=run_config)
+        run_id = flwr_run(
+            app, self.conn, env=self.cli_env, cwd=self.tmp_path, run_config=run_config
+        )
         status, details, history = wait_for_run(
-            run_id, self.conn, env=self.cli_env, cwd=self.tmp_path, timeout=timeout,
-            interval=1.0, done_file=out / "summary.json",
+            run_id,
+            self.conn,
+            env=self.cli_env,
+            cwd=self.tmp_path,
+            timeout=timeout,
+            interval=1.0,
+            done_file=out / "summary.json",
         )
         server_log = run_logs(run_id, self.conn, env=self.cli_env, cwd=self.tmp_path)
         if status != "finished:completed":
@@ -600,8 +652,14 @@ class Deployment:
 
 
 # ---------------------------------------------------------------------- the outputs
-OUTPUT_FILES = ("metrics.csv", "summary.json", "assignments.csv", "accuracy.png",
-                "assignments.png", "training.png")
+OUTPUT_FILES = (
+    "metrics.csv",
+    "summary.json",
+    "assignments.csv",
+    "accuracy.png",
+    "assignments.png",
+    "training.png",
+)
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
@@ -719,8 +777,10 @@ def run_isolated(
     extra: dict[str, str] = {}
     if local_superlink:
         http_port, control_port = free_ports(2)
-        extra = {"FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
-                 "FLWR_LOCAL_CONTROL_API_PORT": str(control_port)}
+        extra = {
+            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
+            "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
+        }
     env = flower_env(tmp_path / "home", marker, extra)
     if keep_runtime_install:
         env.pop("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION")

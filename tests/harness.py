@@ -49,9 +49,17 @@ class ClientDef:
     fail_train: bool = False
 
     def trainers(self) -> dict[str, StepTrainer]:
-        return {t: StepTrainer(n, s, self.losses.get(t, 1.0), self.evals.get(t, (1.0, 0.5, 10)),
-                               self.train_loss, self.fail_train)
-                for t, (n, s) in self.tasks.items()}
+        return {
+            t: StepTrainer(
+                n,
+                s,
+                self.losses.get(t, 1.0),
+                self.evals.get(t, (1.0, 0.5, 10)),
+                self.train_loss,
+                self.fail_train,
+            )
+            for t, (n, s) in self.tasks.items()
+        }
 
 
 def fake_client_app(
@@ -66,18 +74,23 @@ def fake_client_app(
     def spec_fn(ctx: Context) -> ClientSpec:
         label = str(ctx.node_config["cid"])
         d = clients[label]
-        return ClientSpec(client_id=client_id(ctx) if client_id else label,
-                          trainers=d.trainers(), processors=d.processors,
-                          client_token=client_token(ctx) if client_token else None)
+        return ClientSpec(
+            client_id=client_id(ctx) if client_id else label,
+            trainers=d.trainers(),
+            processors=d.processors,
+            client_token=client_token(ctx) if client_token else None,
+        )
 
     return make_client_app(spec_fn)
 
 
-def zero_models(tasks: Sequence[str], shapes: Mapping[str, tuple[int, ...]] = SHAPES
-                ) -> dict[str, ArrayRecord]:
+def zero_models(
+    tasks: Sequence[str], shapes: Mapping[str, tuple[int, ...]] = SHAPES
+) -> dict[str, ArrayRecord]:
     """Initial weights: zeros of ``shapes`` for every task."""
-    return {t: numpy_to_arrays({k: np.zeros(s, np.float32) for k, s in shapes.items()})
-            for t in tasks}
+    return {
+        t: numpy_to_arrays({k: np.zeros(s, np.float32) for k, s in shapes.items()}) for t in tasks
+    }
 
 
 @dataclass
@@ -158,7 +171,7 @@ def run_federation(
         if check_round is not None:
             check_round(rnd, rows)
         run.snapshots[rnd] = copy.deepcopy(strategy.weights)
-        run.logs[rnd] = tap.records[mark[0]:]
+        run.logs[rnd] = tap.records[mark[0] :]
         mark[0] = len(tap.records)
         for event in (events or {}).get(rnd, ()):
             if event[0] == "add":
@@ -175,8 +188,9 @@ def run_federation(
     logger.addHandler(tap)
     try:
         t0 = time.monotonic()
-        run.result = strategy.start(grid, dict(initial_arrays), num_rounds=rounds,
-                                    timeout=timeout, **start)
+        run.result = strategy.start(
+            grid, dict(initial_arrays), num_rounds=rounds, timeout=timeout, **start
+        )
         run.seconds = time.monotonic() - t0
     finally:
         logger.removeHandler(tap)

@@ -44,8 +44,12 @@ def blobs_model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
 
 
-register_task("blobs", model_fn=blobs_model, data_fn=blobs_data,
-              description="3 Gaussian blobs in 2-D, from user tensors")
+register_task(
+    "blobs",
+    model_fn=blobs_model,
+    data_fn=blobs_data,
+    description="3 Gaussian blobs in 2-D, from user tensors",
+)
 
 
 if __name__ == "__main__":
@@ -55,8 +59,14 @@ if __name__ == "__main__":
     p.add_argument("--output-dir", default="results/user_task")
     a = p.parse_args()
     # overwrite=True: running the example again replaces its own results
-    settings = Settings(tasks="digits,blobs", strategy="mfa-rand", num_clients=8,
-                        num_rounds=a.num_rounds, output_dir=a.output_dir, overwrite=True)
+    settings = Settings(
+        tasks="digits,blobs",
+        strategy="mfa-rand",
+        num_clients=8,
+        num_rounds=a.num_rounds,
+        output_dir=a.output_dir,
+        overwrite=True,
+    )
     result = run(settings, engine=a.engine)
     for task, row in result.final().items():
         print(f"{task}: accuracy {row['accuracy']:.3f}")

@@ -81,8 +81,10 @@ def _scaffold_train(
         else {k: np.zeros_like(v) for k, v in c_server.items()}
     )
     if not takes_correction(tr):
-        raise TypeError(f"SCAFFOLD needs a trainer whose train() takes correction= (the "
-                        f"trainer of task {task!r} is a {type(tr).__name__})")
+        raise TypeError(
+            f"SCAFFOLD needs a trainer whose train() takes correction= (the "
+            f"trainer of task {task!r} is a {type(tr).__name__})"
+        )
     correction = {k: c_server[k] - c_client[k] for k in c_server}
     new, n, loss = tr.train(weights, epochs, lr, seed, batch, correction=correction)
     steps = epochs * -(-int(n) // int(batch))
@@ -130,9 +132,7 @@ def _state_item(token: str, name: str, make: Callable[[], Any]) -> Any:
     return state[name]
 
 
-def cache_specs(
-    spec_fn: SpecFn, cache_key: Callable[[Context], Hashable] | None = None
-) -> SpecFn:
+def cache_specs(spec_fn: SpecFn, cache_key: Callable[[Context], Hashable] | None = None) -> SpecFn:
     """``spec_fn`` with its specs built once per process and key (default: the
     node config and run config), since building data loaders on every message is
     wasteful. Pass the result to :func:`make_client_app` with ``cached=True`` to
@@ -202,8 +202,13 @@ def make_client_app(
     token = uuid4().hex  # finds this app's state in a process that got it pickled
 
     def shard() -> ShardComputer:
-        return _state_item(token, "shard", lambda: ShardComputer(  # type: ignore[no-any-return]
-            chunk=chunk, vectorize=vectorize, threads=threads))
+        return _state_item(
+            token,
+            "shard",
+            lambda: ShardComputer(  # type: ignore[no-any-return]
+                chunk=chunk, vectorize=vectorize, threads=threads
+            ),
+        )
 
     app.shard = shard  # type: ignore[attr-defined]  # its counts, for tests and benchmarks
     spec = spec_fn if cached else cache_specs(spec_fn, cache_key)
@@ -252,8 +257,16 @@ def make_client_app(
             tr = trainer(s, task)
             if P.control_key(task) in msg.content.array_records:
                 new, n, loss, c_new = _scaffold_train(
-                    tr, weights, arrays_to_numpy(msg.content[P.control_key(task)]),
-                    context, task, cfg.epochs, cfg.lr, tseed, cfg.batch_size, state_key,
+                    tr,
+                    weights,
+                    arrays_to_numpy(msg.content[P.control_key(task)]),
+                    context,
+                    task,
+                    cfg.epochs,
+                    cfg.lr,
+                    tseed,
+                    cfg.batch_size,
+                    state_key,
                 )
                 content[P.control_key(task)] = numpy_to_arrays(c_new)
             else:
@@ -288,10 +301,14 @@ def make_client_app(
         ids = [s.client_id for s in specs]
         bad = [c for c in ids if P.CLIENT_SEP in c]
         if bad or len(set(ids)) != len(ids):
-            raise ValueError(f"the client ids of a node's shard must be distinct and free of "
-                             f"{P.CLIENT_SEP!r} (got {bad[:3] or sorted(ids)[:5]})")
-        return Message(RecordDict({P.client_key(P.INFO_KEY, s.client_id): info_record(s)
-                                   for s in specs}), reply_to=msg)
+            raise ValueError(
+                f"the client ids of a node's shard must be distinct and free of "
+                f"{P.CLIENT_SEP!r} (got {bad[:3] or sorted(ids)[:5]})"
+            )
+        return Message(
+            RecordDict({P.client_key(P.INFO_KEY, s.client_id): info_record(s) for s in specs}),
+            reply_to=msg,
+        )
 
     @app.query("losses")
     def losses(msg: Message, context: Context) -> Message:

@@ -147,16 +147,17 @@ def tasks_in(msg: Message) -> dict[str, ArrayRecord]:
     return out
 
 
-def put_train_reply(content: MutableMapping[str, Any], task: str, weights: Weights, n: int,
-                    loss: float) -> None:
+def put_train_reply(
+    content: MutableMapping[str, Any], task: str, weights: Weights, n: int, loss: float
+) -> None:
     """One task's part of a train reply: the trained weights and their metrics."""
     content[P.arrays_key(task)] = numpy_to_arrays(weights)
-    content[P.metrics_key(task)] = MetricRecord(
-        {P.NUM_EXAMPLES: int(n), P.TRAIN_LOSS: float(loss)})
+    content[P.metrics_key(task)] = MetricRecord({P.NUM_EXAMPLES: int(n), P.TRAIN_LOSS: float(loss)})
 
 
-def clip_for_config(msg: Message, task: str, new: Weights, received: Weights,
-                    trainer: Any) -> Weights:
+def clip_for_config(
+    msg: Message, task: str, new: Weights, received: Weights, trainer: Any
+) -> Weights:
     """Client-side differential privacy (:mod:`mmfl_flwr.privacy`): ``new`` with its
     update ``new - received`` over the trainer's trainable entries (every
     floating-point entry without a declaration) clipped to the norm the train
@@ -166,8 +167,7 @@ def clip_for_config(msg: Message, task: str, new: Weights, received: Weights,
     norm = clipping_norm_for(cfg, task)
     if norm is None:
         return new
-    keys = trainable_keys(trainer) or [k for k, v in new.items()
-                                       if np.asarray(v).dtype.kind == "f"]
+    keys = trainable_keys(trainer) or [k for k, v in new.items() if np.asarray(v).dtype.kind == "f"]
     return clip_update(dict(new), received, keys, norm)[0]
 
 
@@ -180,8 +180,10 @@ def put_loss(content: MutableMapping[str, Any], task: str, loss: float) -> None:
     losses[task] = float(loss)
 
 
-def put_evaluation(content: MutableMapping[str, Any], task: str, loss: float, accuracy: float,
-                   n: int) -> None:
+def put_evaluation(
+    content: MutableMapping[str, Any], task: str, loss: float, accuracy: float, n: int
+) -> None:
     """One task's part of an evaluate reply."""
     content[P.metrics_key(task)] = MetricRecord(
-        {P.NUM_EXAMPLES: int(n), P.LOSS: float(loss), P.ACCURACY: float(accuracy)})
+        {P.NUM_EXAMPLES: int(n), P.LOSS: float(loss), P.ACCURACY: float(accuracy)}
+    )

@@ -85,7 +85,11 @@ class FunctionTrainer:
         device: torch.device | None = None,
     ) -> None:
         self.model_fn, self.train_fn, self.test_fn, self.loss_fn = (
-            model_fn, train_fn, test_fn, loss_fn)
+            model_fn,
+            train_fn,
+            test_fn,
+            loss_fn,
+        )
         self.trainloader, self.testloader = trainloader, testloader
         self.device = device or default_device()
         self._net: torch.nn.Module | None = None
@@ -105,19 +109,32 @@ class FunctionTrainer:
         net = self._net if self._net is not None else self.model_fn()
         return [name for name, _ in net.named_parameters()]
 
-    def train(self, weights: Weights, epochs: int, lr: float, seed: int,
-              batch_size: int | None = None, **kwargs: Any) -> tuple[Weights, int, float]:
+    def train(
+        self,
+        weights: Weights,
+        epochs: int,
+        lr: float,
+        seed: int,
+        batch_size: int | None = None,
+        **kwargs: Any,
+    ) -> tuple[Weights, int, float]:
         if kwargs.get("correction") is not None:
             raise NotImplementedError(
                 "SCAFFOLD's corrected local steps need the gradient inside the training "
                 "loop; FunctionTrainer cannot add them to a user's train function (use "
-                "TorchTrainer for scaffold)")
+                "TorchTrainer for scaffold)"
+            )
         torch.manual_seed(int(seed))
         # a loader with its own generator shuffles from it: seed it too, so the
         # round's seed fixes the batch order
-        for gen in {id(g): g for g in (getattr(self.trainloader, "generator", None),
-                                      getattr(getattr(self.trainloader, "sampler", None),
-                                              "generator", None)) if g is not None}.values():
+        for gen in {
+            id(g): g
+            for g in (
+                getattr(self.trainloader, "generator", None),
+                getattr(getattr(self.trainloader, "sampler", None), "generator", None),
+            )
+            if g is not None
+        }.values():
             gen.manual_seed(int(seed))
         net = self._model(weights)
         net.train()
@@ -158,13 +175,18 @@ def client_app_from_functions(
         if "client-id" in cfg:
             return str(cfg["client-id"])
         if "partition-id" not in cfg:
-            raise ValueError("node config has neither 'client-id' nor 'partition-id'; "
-                             "pass client_id= to client_app_from_functions")
+            raise ValueError(
+                "node config has neither 'client-id' nor 'partition-id'; "
+                "pass client_id= to client_app_from_functions"
+            )
         return str(cfg["partition-id"])
 
     def spec(ctx: Context) -> ClientSpec:
         procs = processors(ctx) if processors else int(ctx.node_config.get("processors", 1))
-        return ClientSpec(client_id=(client_id or default_id)(ctx),
-                          trainers=dict(tasks(ctx)), processors=int(procs))
+        return ClientSpec(
+            client_id=(client_id or default_id)(ctx),
+            trainers=dict(tasks(ctx)),
+            processors=int(procs),
+        )
 
     return make_client_app(spec)

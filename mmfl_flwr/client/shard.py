@@ -113,8 +113,9 @@ class ShardComputer:
         a number that many; None (default) leaves them as they are.
     """
 
-    def __init__(self, chunk: int | None = None, vectorize: bool = True,
-                 threads: str | int | None = None) -> None:
+    def __init__(
+        self, chunk: int | None = None, vectorize: bool = True, threads: str | int | None = None
+    ) -> None:
         from mmfl_flwr.client.threads import ThreadChooser, parse_threads
 
         check_options(chunk, threads)
@@ -181,13 +182,17 @@ class ShardComputer:
             pass
         why = ""
         if not isinstance(tr, VectorizableTrainer):
-            why = (f"task {{task}} has a trainer without the vectorizable contract "
-                   f"({type(tr).__name__})")
+            why = (
+                f"task {{task}} has a trainer without the vectorizable contract "
+                f"({type(tr).__name__})"
+            )
         else:
             overridden = _overrides_torch_trainer(tr)
             if overridden:
-                why = (f"task {{task}}: {type(tr).__name__} overrides TorchTrainer."
-                       f"{overridden} (its own loop runs, not the batched SGD)")
+                why = (
+                    f"task {{task}}: {type(tr).__name__} overrides TorchTrainer."
+                    f"{overridden} (its own loop runs, not the batched SGD)"
+                )
         try:
             self._contract[tr] = why
         except TypeError:
@@ -195,8 +200,9 @@ class ShardComputer:
         return why
 
     # -- the reply -------------------------------------------------------------
-    def reply(self, specs: Sequence[Any], msg: Message, context: Context,
-              one: OneClient) -> RecordDict:
+    def reply(
+        self, specs: Sequence[Any], msg: Message, context: Context, one: OneClient
+    ) -> RecordDict:
         """The reply of a multi-client node to ``msg``: for each client it
         addresses (``config@<id>``), that client's records re-keyed with
         ``@<id>``, or ``error@<id>`` for a client whose part failed."""
@@ -219,8 +225,9 @@ class ShardComputer:
             order.append(cid)
             s = by_id.get(cid)
             if s is None:
-                contents[cid] = {P.ERROR_KEY: error_record(
-                    KeyError(f"this node does not host client {cid!r}"))}
+                contents[cid] = {
+                    P.ERROR_KEY: error_record(KeyError(f"this node does not host client {cid!r}"))
+                }
                 continue
             try:
                 tasks = [str(t) for t in cfg.get(P.CFG_TASKS, [])]  # type: ignore[union-attr]
@@ -232,8 +239,12 @@ class ShardComputer:
                 fallback.append(cid)
                 continue
             try:
-                plan = self._plan(s, [t for t in tasks if P.arrays_key(t) in arrays],
-                                  any(P.control_key(t) in arrays for t in tasks), mtype)
+                plan = self._plan(
+                    s,
+                    [t for t in tasks if P.arrays_key(t) in arrays],
+                    any(P.control_key(t) in arrays for t in tasks),
+                    mtype,
+                )
             except _Fallback as why:
                 self._say_once(str(why))
                 fallback.append(cid)
@@ -245,15 +256,27 @@ class ShardComputer:
                 settings: tuple[Any, ...] = ()
                 seed = rnd = 0
                 if mtype == MessageType.TRAIN:
-                    ts = train_settings(SimpleNamespace(  # type: ignore[arg-type]
-                        content=SimpleNamespace(config_records={P.CONFIG_KEY: cfg})))
+                    ts = train_settings(
+                        SimpleNamespace(  # type: ignore[arg-type]
+                            content=SimpleNamespace(config_records={P.CONFIG_KEY: cfg})
+                        )
+                    )
                     seed, rnd = ts.seed, ts.server_round
                     settings = (ts.epochs, ts.lr, ts.batch_size)
-                mine = [((task, settings,
-                          clipping_norm_for(cfg, task) if mtype == MessageType.TRAIN else None),
-                         tr, training_seed(seed, rnd, s.client_id, task)
-                         if mtype == MessageType.TRAIN else 0)  # (32 us a client and task)
-                        for task, tr in plan.items()]
+                mine = [
+                    (
+                        (
+                            task,
+                            settings,
+                            clipping_norm_for(cfg, task) if mtype == MessageType.TRAIN else None,
+                        ),
+                        tr,
+                        training_seed(seed, rnd, s.client_id, task)
+                        if mtype == MessageType.TRAIN
+                        else 0,
+                    )  # (32 us a client and task)
+                    for task, tr in plan.items()
+                ]
             except Exception:  # noqa: BLE001
                 fallback.append(cid)
                 continue
@@ -265,9 +288,15 @@ class ShardComputer:
             try:
                 self._run_group(mtype, key, arrays[P.arrays_key(key[0])], items, contents)
             except Exception as err:  # e.g. out of memory: the per-client path decides
-                log.warning("shard node: %s for %d clients of task %r failed (%s: %s); "
-                            "running them on the per-client path", mtype, len(items),
-                            key[0], type(err).__name__, err)
+                log.warning(
+                    "shard node: %s for %d clients of task %r failed (%s: %s); "
+                    "running them on the per-client path",
+                    mtype,
+                    len(items),
+                    key[0],
+                    type(err).__name__,
+                    err,
+                )
                 failed.update(cid for cid, *_ in items)
         position = {c: i for i, c in enumerate(order)}
         fallback.extend(sorted(failed, key=position.__getitem__))
@@ -281,8 +310,9 @@ class ShardComputer:
                     if shared in arrays:
                         part[shared] = arrays[shared]
             try:
-                contents[cid] = dict(one(s, SimpleNamespace(content=part), context,
-                                         P.client_key("", cid)).items())
+                contents[cid] = dict(
+                    one(s, SimpleNamespace(content=part), context, P.client_key("", cid)).items()
+                )
             except Exception as err:  # noqa: BLE001 - one client's failure is its own
                 contents[cid] = {P.ERROR_KEY: error_record(err)}
             self.counts["per-client"] += 1
@@ -307,26 +337,30 @@ class ShardComputer:
         vm = self._vector_model(task, items[0][1])
         if mtype == MessageType.TRAIN:
             epochs, lr, batch = settings
-            jobs = [V.TrainJob(V.ClientData(*tr.train_tensors()), tseed)
-                    for _, tr, tseed in items]
+            jobs = [V.TrainJob(V.ClientData(*tr.train_tensors()), tseed) for _, tr, tseed in items]
             t0 = time.monotonic()
             results = V.batched_train(vm, weights, jobs, epochs, lr, batch, chunk=self.chunk)
-            log.debug("shard node: batched training of %d clients of %r: %.3f s",
-                      len(jobs), task, time.monotonic() - t0)
+            log.debug(
+                "shard node: batched training of %d clients of %r: %.3f s",
+                len(jobs),
+                task,
+                time.monotonic() - t0,
+            )
             received = arrays_to_numpy(record) if clip is not None else {}
             for (cid, tr, _), (new, n, loss) in zip(items, results):
                 if clip is not None:  # client-side differential privacy
-                    keys = trainable_keys(tr) or [k for k, v in new.items()
-                                                  if v.dtype.kind == "f"]
+                    keys = trainable_keys(tr) or [k for k, v in new.items() if v.dtype.kind == "f"]
                     new = clip_update(dict(new), received, keys, clip)[0]
                 put_train_reply(contents[cid], task, new, n, loss)
         elif mtype == P.QUERY_LOSSES:
-            for (cid, *_), value in zip(items, V.batched_losses(
-                    vm, weights, _data(items, "train"))):
+            for (cid, *_), value in zip(
+                items, V.batched_losses(vm, weights, _data(items, "train"))
+            ):
                 put_loss(contents[cid], task, value)
         else:  # evaluate
-            for (cid, *_), (loss, acc, n) in zip(items, V.batched_evaluate(
-                    vm, weights, _data(items, "eval"))):
+            for (cid, *_), (loss, acc, n) in zip(
+                items, V.batched_evaluate(vm, weights, _data(items, "eval"))
+            ):
                 put_evaluation(contents[cid], task, loss, acc, n)
 
 
@@ -341,5 +375,7 @@ def _data(items: list[tuple[str, Any, int]], side: str) -> Any:
     packed = packed_rows(trainers, side)
     if packed is not None:
         return V.PackedData(*packed)
-    return [V.ClientData(*(tr.train_tensors() if side == "train" else tr.eval_tensors()))
-            for tr in trainers]
+    return [
+        V.ClientData(*(tr.train_tensors() if side == "train" else tr.eval_tensors()))
+        for tr in trainers
+    ]

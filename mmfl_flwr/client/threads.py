@@ -44,8 +44,12 @@ def parse_threads(value: object) -> int | None:
 #: :func:`limit_blas_threads` keeps the count it gave. ``OMP_NUM_THREADS`` is not
 #: one of them: it caps torch's threads (``--threads``), and one BLAS thread is
 #: within any cap it sets.
-BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "MKL_NUM_THREADS",
-                    "BLIS_NUM_THREADS")
+BLAS_THREAD_VARS = (
+    "OPENBLAS_NUM_THREADS",
+    "GOTO_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "BLIS_NUM_THREADS",
+)
 
 
 @contextlib.contextmanager
@@ -68,6 +72,7 @@ def limit_blas_threads(n: int = 1) -> Iterator[bool]:
     the libraries loaded when the block starts are capped (one that a later import
     loads, such as scipy's own OpenBLAS, keeps its count). Needs ``threadpoolctl``
     (installed with scikit-learn); without it nothing is changed."""
+
     def given(v: str) -> bool:
         text = os.environ.get(v, "").strip()
         return text.isdigit() and int(text) >= 1
@@ -187,9 +192,14 @@ class ThreadChooser:
             n = min(self.cap, self.watch.free())  # type: ignore[union-attr]
         if n != self.current:
             if self.current is not None or (self.watch and n < self.cap):
-                log.info("torch threads: %d (%s)", n, "--threads" if self.fixed else
-                         f"{self.cap - n} of the {self.cap} cores it may use are busy "
-                         "with other processes")
+                log.info(
+                    "torch threads: %d (%s)",
+                    n,
+                    "--threads"
+                    if self.fixed
+                    else f"{self.cap - n} of the {self.cap} cores it may use are busy "
+                    "with other processes",
+                )
             torch.set_num_threads(n)
             self.current = n
         return n

@@ -20,8 +20,14 @@ from torch.nn import functional as F
 
 from mmfl_flwr.tasks.data import Dataset
 
-__all__ = ["TorchTrainer", "initial_weights", "evaluate_arrays", "model_to_arrays", "load_arrays",
-           "packed_rows"]
+__all__ = [
+    "TorchTrainer",
+    "initial_weights",
+    "evaluate_arrays",
+    "model_to_arrays",
+    "load_arrays",
+    "packed_rows",
+]
 
 
 def default_device() -> torch.device:
@@ -113,12 +119,22 @@ def _whole_rows(a: np.ndarray) -> tuple[torch.Tensor, int]:
     over that whole array (one per array and process, while some client holds
     it); otherwise a tensor over ``a`` itself (``first`` 0)."""
     base = a.base
-    if (isinstance(base, np.ndarray) and a.ndim >= 1 and base.ndim == a.ndim
-            and base.dtype == a.dtype and base.shape[1:] == a.shape[1:]
-            and base.flags.c_contiguous and a.flags.c_contiguous and base.shape[0] > 0):
+    if (
+        isinstance(base, np.ndarray)
+        and a.ndim >= 1
+        and base.ndim == a.ndim
+        and base.dtype == a.dtype
+        and base.shape[1:] == a.shape[1:]
+        and base.flags.c_contiguous
+        and a.flags.c_contiguous
+        and base.shape[0] > 0
+    ):
         row = base.strides[0]
-        first, rest = divmod(a.__array_interface__["data"][0]
-                             - base.__array_interface__["data"][0], row) if row else (0, 1)
+        first, rest = (
+            divmod(a.__array_interface__["data"][0] - base.__array_interface__["data"][0], row)
+            if row
+            else (0, 1)
+        )
         if rest == 0 and 0 <= first and first + a.shape[0] <= base.shape[0]:
             whole = _BASE_TENSORS.get(id(base))
             if whole is None or whole.data_ptr() != base.__array_interface__["data"][0]:
@@ -147,11 +163,13 @@ class _Rows:
         float32 inputs); otherwise a converted copy of its own rows only."""
         n = len(dataset)
         sides = []
-        for a, kind in ((np.asarray(dataset.x, dtype=np.float32), dtype),
-                        (np.asarray(dataset.y, dtype=np.int64), torch.int64)):
+        for a, kind in (
+            (np.asarray(dataset.x, dtype=np.float32), dtype),
+            (np.asarray(dataset.y, dtype=np.int64), torch.int64),
+        ):
             whole, first = _whole_rows(a)
             if whole.dtype != kind or whole.device != device:
-                whole, first = whole[first:first + n].to(device=device, dtype=kind), 0
+                whole, first = whole[first : first + n].to(device=device, dtype=kind), 0
             sides.append((whole, first))
         (x, xs), (y, ys) = sides
         return cls(x, y, xs, ys, n)
@@ -160,9 +178,9 @@ class _Rows:
         """``(inputs, labels)``: views of the shared tensors (or the tensors)."""
         x, y, n = self.x, self.y, self.n
         if self.xs or x.shape[0] != n:
-            x = x[self.xs:self.xs + n]
+            x = x[self.xs : self.xs + n]
         if self.ys or y.shape[0] != n:
-            y = y[self.ys:self.ys + n]
+            y = y[self.ys : self.ys + n]
         return x, y
 
 
@@ -223,14 +241,16 @@ def evaluate_arrays(
 #: model_fn -> (its floating dtype, its trainable keys); a node hosting many
 #: clients shares one model_fn per task, and builds its model once here
 _PROBES: "weakref.WeakKeyDictionary[Callable[[], nn.Module], tuple[torch.dtype, list[str]]]" = (
-    weakref.WeakKeyDictionary())
+    weakref.WeakKeyDictionary()
+)
 
 #: model_fn -> (device, thread) -> the network the trainers of model_fn share: every
 #: call loads a whole state_dict into it, so one network per thread serves them all
 #: (one per (client, task) held 348 copies of a 6.6 MB CNN and their gradients in a
 #: 120-client in-process run)
 _NETS: "weakref.WeakKeyDictionary[Callable[[], nn.Module], dict[tuple[str, int], nn.Module]]" = (
-    weakref.WeakKeyDictionary())
+    weakref.WeakKeyDictionary()
+)
 
 
 def shared_net(model_fn: Callable[[], nn.Module], device: torch.device) -> nn.Module:
@@ -261,8 +281,7 @@ def _probe(model_fn: Callable[[], nn.Module]) -> tuple[torch.dtype, list[str]]:
         return known[0], known[1]  # shared by the trainers of model_fn: not modified
     with torch.random.fork_rng(devices=[]):
         probe = model_fn()
-    dtype = next((p.dtype for p in probe.parameters() if p.is_floating_point()),
-                 torch.float32)
+    dtype = next((p.dtype for p in probe.parameters() if p.is_floating_point()), torch.float32)
     trainable = [n for n, p in probe.named_parameters() if p.requires_grad]
     try:
         _PROBES[model_fn] = (dtype, list(trainable))
@@ -347,8 +366,7 @@ class TorchTrainer:
         if not isinstance(y, torch.Tensor) or y.shape != old.shape:
             raise ValueError("map_train_labels: fn must return a tensor of the labels' shape")
         rows = self._train
-        self._train = _Rows(rows.x, y.to(device=self.device, dtype=old.dtype), rows.xs, 0,
-                            rows.n)
+        self._train = _Rows(rows.x, y.to(device=self.device, dtype=old.dtype), rows.xs, 0, rows.n)
 
     def train_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The local training inputs and labels as tensors on :attr:`device` (shared,
@@ -516,9 +534,11 @@ def packed_rows(
         cls = type(tr)
         ok = plain.get(cls)
         if ok is None:
-            ok = plain[cls] = (isinstance(tr, TorchTrainer)
-                               and cls.train_tensors is TorchTrainer.train_tensors
-                               and cls.eval_tensors is TorchTrainer.eval_tensors)
+            ok = plain[cls] = (
+                isinstance(tr, TorchTrainer)
+                and cls.train_tensors is TorchTrainer.train_tensors
+                and cls.eval_tensors is TorchTrainer.eval_tensors
+            )
         if not ok:
             return None
         rows = tr._train if side == "train" else tr._eval_rows()  # type: ignore[attr-defined]

@@ -183,16 +183,17 @@ def _concat(
     """The clients' data one after another: inputs, labels, each sample's client
     (position in ``datasets``) and each client's first row."""
     owner, offsets = _owners([d.n for d in datasets], datasets[0].x.device)
-    return (_joined([d.x for d in datasets]), _joined([d.y for d in datasets]), owner,
-            offsets)
+    return (_joined([d.x for d in datasets]), _joined([d.y for d in datasets]), owner, offsets)
 
 
 def _owners(counts: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's client (position in ``counts``) and each client's first row,
     for clients of ``counts`` rows one after another."""
     n = torch.tensor(counts, dtype=torch.long, device=device)
-    return (torch.repeat_interleave(torch.arange(len(counts), device=device), n),
-            torch.cumsum(n, 0) - n)
+    return (
+        torch.repeat_interleave(torch.arange(len(counts), device=device), n),
+        torch.cumsum(n, 0) - n,
+    )
 
 
 def _joined(parts: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -203,14 +204,19 @@ def _joined(parts: Sequence[torch.Tensor]) -> torch.Tensor:
     storage = first.untyped_storage().data_ptr()
     end = first.storage_offset()
     for p in parts:
-        if (p.untyped_storage().data_ptr() != storage or p.storage_offset() != end
-                or not p.is_contiguous() or p.dtype != first.dtype
-                or p.shape[1:] != first.shape[1:]):
+        if (
+            p.untyped_storage().data_ptr() != storage
+            or p.storage_offset() != end
+            or not p.is_contiguous()
+            or p.dtype != first.dtype
+            or p.shape[1:] != first.shape[1:]
+        ):
             return torch.cat(list(parts))
         end += p.numel()
     rows = sum(int(p.shape[0]) for p in parts)
-    return first.new_empty(0).set_(first.untyped_storage(), first.storage_offset(),
-                                   (rows, *first.shape[1:]))
+    return first.new_empty(0).set_(
+        first.untyped_storage(), first.storage_offset(), (rows, *first.shape[1:])
+    )
 
 
 class _ConcatCache:
@@ -226,8 +232,9 @@ class _ConcatCache:
         same objects or views of the same memory (a client's data tensors never
         change during a run)."""
         key = [t for d in datasets for t in (d.x, d.y)]
-        if len(key) != len(self._key) or any(a is not b and not _same_view(a, b)
-                                             for a, b in zip(key, self._key)):
+        if len(key) != len(self._key) or any(
+            a is not b and not _same_view(a, b) for a, b in zip(key, self._key)
+        ):
             self._key, self._value = key, _concat(datasets)
         return self._value
 
@@ -236,13 +243,20 @@ def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether ``a`` shows the same memory as ``b`` the same way (a fresh view of
     the same rows: a trainer makes one per call). ``b`` is held by the cache, so
     its memory cannot be freed and reused by another tensor meanwhile."""
-    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype
-            and a.stride() == b.stride() and a.device == b.device)
+    return (
+        a.data_ptr() == b.data_ptr()
+        and a.shape == b.shape
+        and a.dtype == b.dtype
+        and a.stride() == b.stride()
+        and a.device == b.device
+    )
 
 
 @torch.no_grad()
 def _forward_rows(
-    model: nn.Module, datasets: Sequence[ClientData] | PackedData, rows: int,
+    model: nn.Module,
+    datasets: Sequence[ClientData] | PackedData,
+    rows: int,
     cache: _ConcatCache | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-client summed cross-entropy and correct predictions (float64) of one
@@ -253,8 +267,7 @@ def _forward_rows(
         owner, _ = _owners(datasets.counts, y_all.device)
         shared = True
     else:
-        x_all, y_all, owner, _ = (cache.get(datasets) if cache is not None
-                                  else _concat(datasets))
+        x_all, y_all, owner, _ = cache.get(datasets) if cache is not None else _concat(datasets)
         # the clients' own memory where _joined made no copy: a model that writes
         # into its input (an in-place first activation) gets a copy of each batch
         shared = x_all.data_ptr() == datasets[0].x.data_ptr()
@@ -281,7 +294,9 @@ def _counts(datasets: Sequence[ClientData] | PackedData) -> list[int]:
 
 
 def batched_losses(
-    vm: VectorModel, weights: Weights, datasets: Sequence[ClientData] | PackedData,
+    vm: VectorModel,
+    weights: Weights,
+    datasets: Sequence[ClientData] | PackedData,
     rows: int = 8192,
 ) -> list[float]:
     """Mean cross-entropy of ``weights`` on each client's data (a loss query).
@@ -311,7 +326,9 @@ def batched_losses(
 
 
 def batched_evaluate(
-    vm: VectorModel, weights: Weights, datasets: Sequence[ClientData] | PackedData,
+    vm: VectorModel,
+    weights: Weights,
+    datasets: Sequence[ClientData] | PackedData,
     rows: int = 8192,
 ) -> list[tuple[float, float, int]]:
     """``(loss, accuracy, n)`` of ``weights`` on each client's data."""
@@ -319,8 +336,10 @@ def batched_evaluate(
         return []
     model = vm.load(weights)
     loss_sum, correct = _forward_rows(model, datasets, rows, vm.eval_cache)
-    return [(lo / n, c / n, n) for lo, c, n in zip(loss_sum.cpu().tolist(),
-                                                   correct.cpu().tolist(), _counts(datasets))]
+    return [
+        (lo / n, c / n, n)
+        for lo, c, n in zip(loss_sum.cpu().tolist(), correct.cpu().tolist(), _counts(datasets))
+    ]
 
 
 def _schedule(
@@ -383,10 +402,8 @@ def _train_chunk(
     # rows of x_all: each client's indices shifted to its first row (padding
     # entries point at the client's first sample, masked out)
     index = index + offsets.view(1, 1, -1, 1)
-    params = {k: start[k].unsqueeze(0).repeat(c, *([1] * start[k].dim()))
-              for k in vm.param_keys}
-    buffers = {k: start[k].unsqueeze(0).repeat(c, *([1] * start[k].dim()))
-               for k in vm.buffer_keys}
+    params = {k: start[k].unsqueeze(0).repeat(c, *([1] * start[k].dim())) for k in vm.param_keys}
+    buffers = {k: start[k].unsqueeze(0).repeat(c, *([1] * start[k].dim())) for k in vm.buffer_keys}
     base = vm.base
     base.train()
 
@@ -410,10 +427,8 @@ def _train_chunk(
             losses = batched_loss(leaves, b, xb, yb, mb)
             if not leaves:  # nothing trainable
                 return {}, losses.detach()
-            found = torch.autograd.grad(losses.sum(), list(leaves.values()),
-                                        allow_unused=True)
-        grads = {k: torch.zeros_like(leaves[k]) if g is None else g
-                 for k, g in zip(leaves, found)}
+            found = torch.autograd.grad(losses.sum(), list(leaves.values()), allow_unused=True)
+        grads = {k: torch.zeros_like(leaves[k]) if g is None else g for k, g in zip(leaves, found)}
         return grads, losses.detach()
 
     def with_loss(p, b, xb, yb, mb):
@@ -426,8 +441,9 @@ def _train_chunk(
         if not functorch_steps:  # built once per chunk, on first use
             from torch.func import grad
 
-            functorch_steps.append(vmap(grad(with_loss, has_aux=True),
-                                        in_dims=(0, 0, 0, 0, 0), randomness="same"))
+            functorch_steps.append(
+                vmap(grad(with_loss, has_aux=True), in_dims=(0, 0, 0, 0, 0), randomness="same")
+            )
         return functorch_steps[0](p, b, xb, yb, mb)
 
     def step_fn(p, b, xb, yb, mb):
@@ -481,7 +497,7 @@ def _train_chunk(
                 width = int(cnt.max())
                 sel = idx[:, :width]
                 xb, yb = x_all[sel], y_all[sel]
-                mb = (torch.arange(width, device=device).unsqueeze(0) < cnt.unsqueeze(1))
+                mb = torch.arange(width, device=device).unsqueeze(0) < cnt.unsqueeze(1)
                 mb = mb.to(x_all.dtype)
                 grads, loss = step_fn(params, buffers, xb, yb, mb)
                 active = (cnt > 0).to(x_all.dtype)
@@ -591,9 +607,9 @@ def batched_train(
         if waste is None:
             waste = DEFAULT_WASTE.get(vm.device.type, 1.5)
         for part in chunks_by_size([j.data.n for j in jobs], batch_size, chunk, waste):
-            for i, res in zip(part, _train_chunk(vm, start, [jobs[i] for i in part],
-                                                 epochs, lr, batch_size)):
+            for i, res in zip(
+                part, _train_chunk(vm, start, [jobs[i] for i in part], epochs, lr, batch_size)
+            ):
                 results[i] = res
     assert all(r is not None for r in results)
     return [r for r in results if r is not None]
-

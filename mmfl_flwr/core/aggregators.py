@@ -194,7 +194,6 @@ class Aggregator(Component, ABC):
         return apply_step(weights, [u.delta for u in updates], self.coefficients(updates))
 
 
-
 class FedAvgAggregator(Aggregator):
     """FedAvg per model over the clients that trained it, weights ``n_{i,s}``.
 

@@ -131,8 +131,10 @@ class Option:
         if self.low is None and self.high is None:
             return self.form
         if self.low is not None and self.high is not None:
-            text = (f"in {'(' if self.low_open else '['}{self._bound(self.low)}, "
-                    f"{self._bound(self.high)}{')' if self.high_open else ']'}")
+            text = (
+                f"in {'(' if self.low_open else '['}{self._bound(self.low)}, "
+                f"{self._bound(self.high)}{')' if self.high_open else ']'}"
+            )
         elif self.low is not None:
             text = f"{'>' if self.low_open else '>='} {self._bound(self.low)}"
         else:
@@ -165,8 +167,7 @@ class Option:
             if not (value > low if self.low_open else value >= low):
                 return False
         if self.high is not None:
-            high = float(getattr(settings, self.high) if isinstance(self.high, str)
-                         else self.high)
+            high = float(getattr(settings, self.high) if isinstance(self.high, str) else self.high)
             if not (value < high if self.high_open else value <= high):
                 return False
         return True
@@ -177,16 +178,22 @@ class Option:
         setting)."""
         key = name.replace("_", "-")
         if self.choices is None:
-            named = (f" ({self._bound(self.high)}={getattr(settings, self.high)!r})"
-                     if isinstance(self.high, str) and settings is not None else "")
+            named = (
+                f" ({self._bound(self.high)}={getattr(settings, self.high)!r})"
+                if isinstance(self.high, str) and settings is not None
+                else ""
+            )
             return f"{key} must be {self.allowed()}; got {value!r}{named}"
         if self.listed:
             known = set(self.choices())
-            unknown = [v.strip() for v in str(value).split(",")
-                       if v.strip() and v.strip() not in known]
-            return (f"unknown task kind(s) {unknown}; choose from "
-                    f"{', '.join(self.choices())} or register your own with "
-                    "mmfl_flwr.tasks.registry.register_task")
+            unknown = [
+                v.strip() for v in str(value).split(",") if v.strip() and v.strip() not in known
+            ]
+            return (
+                f"unknown task kind(s) {unknown}; choose from "
+                f"{', '.join(self.choices())} or register your own with "
+                "mmfl_flwr.tasks.registry.register_task"
+            )
         empty = f' (or "" for {self.empty})' if self.empty else ""
         return f"{key}={value!r} is unknown; choose from {', '.join(self.choices())}{empty}"
 
@@ -370,8 +377,9 @@ class AlgorithmCard:
             if isinstance(aggregator, str):
                 accepted = self.accepted_aggregators()
                 if aggregator not in AGGREGATORS:
-                    raise ValueError(f"unknown aggregator {aggregator!r}; choose from "
-                                     f"{', '.join(AGGREGATORS)}")
+                    raise ValueError(
+                        f"unknown aggregator {aggregator!r}; choose from {', '.join(AGGREGATORS)}"
+                    )
                 if aggregator not in accepted:
                     detail = ""
                     try:
@@ -390,18 +398,26 @@ class AlgorithmCard:
 
     def docstring(self) -> str:
         """The factory's docstring."""
-        aggs = ("its aggregator is part of the algorithm" if self.fixed_aggregator
-                else f"``aggregator=`` one of {', '.join(self.accepted_aggregators())}")
-        lines = [f"{self.title} ({_cite(self.paper)}, {self.section}): {self.summary}.", "",
-                 f"Policy {_name(self.policy)}, default aggregator {_name(self.aggregator)}; "
-                 f"{aggs}. Every other keyword goes to "
-                 ":class:`~mmfl_flwr.strategy.MultiModelStrategy`.", ""]
+        aggs = (
+            "its aggregator is part of the algorithm"
+            if self.fixed_aggregator
+            else f"``aggregator=`` one of {', '.join(self.accepted_aggregators())}"
+        )
+        lines = [
+            f"{self.title} ({_cite(self.paper)}, {self.section}): {self.summary}.",
+            "",
+            f"Policy {_name(self.policy)}, default aggregator {_name(self.aggregator)}; "
+            f"{aggs}. Every other keyword goes to "
+            ":class:`~mmfl_flwr.strategy.MultiModelStrategy`.",
+            "",
+        ]
         if self.parameters:
             lines += ["Parameters", "----------"]
             for p in self.parameters:
-                lines += [f"{p.name} : {p.type.__name__}",
-                          f"    {p.help} (setting ``{p.key}``: {p.allowed()}; "
-                          f"default {p.default!r})."]
+                lines += [
+                    f"{p.name} : {p.type.__name__}",
+                    f"    {p.help} (setting ``{p.key}``: {p.allowed()}; default {p.default!r}).",
+                ]
         return "\n".join(lines)
 
 
@@ -456,8 +472,7 @@ def card(name: str) -> AlgorithmCard:
     for c in cards():
         if c.name == name:
             return c
-    raise ValueError(f"unknown strategy {name!r}; choose from "
-                     f"{', '.join(c.name for c in cards())}")
+    raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(c.name for c in cards())}")
 
 
 def register_card(new: AlgorithmCard, replace: bool = False) -> None:

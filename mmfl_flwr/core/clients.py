@@ -134,9 +134,7 @@ class ClientTable:
         old = self._clients.get(info.cid)
         if old is not None and not info.losses:
             info.losses = {t: v for t, v in old.losses.items() if t in info.num_examples}
-            info.loss_round = {
-                t: v for t, v in old.loss_round.items() if t in info.num_examples
-            }
+            info.loss_round = {t: v for t, v in old.loss_round.items() if t in info.num_examples}
         self._clients[info.cid] = info
 
     def ids(self, online_only: bool = True) -> list[str]:
@@ -161,9 +159,7 @@ class ClientTable:
     def data_share(self, task: str, online_only: bool = True) -> dict[str, float]:
         """``d_{i,s} = n_{i,s} / sum_j n_{j,s}`` over the eligible clients."""
         counts = {
-            c.cid: c.num_examples[task]
-            for c in self.clients(online_only)
-            if task in c.num_examples
+            c.cid: c.num_examples[task] for c in self.clients(online_only) if task in c.num_examples
         }
         total = float(sum(counts.values()))
         if total <= 0:

@@ -14,13 +14,16 @@ import numpy as np
 KEY_CLIPPING_NORM = "clipping_norm"
 
 
-def update_norm(new: Mapping[str, np.ndarray], old: Mapping[str, np.ndarray],
-                keys: Iterable[str]) -> float:
+def update_norm(
+    new: Mapping[str, np.ndarray], old: Mapping[str, np.ndarray], keys: Iterable[str]
+) -> float:
     """``||new - old||_2`` over ``keys``, in float64, scaled by the largest entry so
     that finite updates of huge entries do not overflow (inf only when an entry
     of the difference is not finite)."""
-    diffs = [(np.asarray(new[k], dtype=np.float64) - np.asarray(old[k], dtype=np.float64)).ravel()
-             for k in keys]
+    diffs = [
+        (np.asarray(new[k], dtype=np.float64) - np.asarray(old[k], dtype=np.float64)).ravel()
+        for k in keys
+    ]
     diffs = [d for d in diffs if d.size]
     if not diffs:
         return 0.0
@@ -33,8 +36,9 @@ def update_norm(new: Mapping[str, np.ndarray], old: Mapping[str, np.ndarray],
     return scale * math.sqrt(total)
 
 
-def clip_update(new: dict[str, np.ndarray], old: Mapping[str, np.ndarray], keys: list[str],
-                clipping_norm: float) -> tuple[dict[str, np.ndarray], float, bool]:
+def clip_update(
+    new: dict[str, np.ndarray], old: Mapping[str, np.ndarray], keys: list[str], clipping_norm: float
+) -> tuple[dict[str, np.ndarray], float, bool]:
     """``new`` with its update ``new - old`` over ``keys`` scaled to norm at most
     ``clipping_norm`` (the other entries as they are); returns the weights, the
     update's norm before clipping and whether it was clipped (a clipped update's

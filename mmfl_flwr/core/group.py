@@ -421,24 +421,49 @@ class GroupSampling(Policy):
 # ------------------------------------------------------------------ cards
 CARDS = (
     AlgorithmCard(
-        name="group", function="group_sampling", title="MMFL-Group Sampling",
-        paper="000/001", section="Algorithm 1",
+        name="group",
+        function="group_sampling",
+        title="MMFL-Group Sampling",
+        paper="000/001",
+        section="Algorithm 1",
         summary="C-step (K-means on the clients' loss vectors, k ≥ S by silhouette; "
-                '`variant="modified"` clusters on one model\'s losses, rotating per cycle), '
-                "T-step round-robin of models over groups, idle groups train copies of the "
-                "highest-loss models; newcomers join the nearest centroid by cosine similarity",
+        '`variant="modified"` clusters on one model\'s losses, rotating per cycle), '
+        "T-step round-robin of models over groups, idle groups train copies of the "
+        "highest-loss models; newcomers join the nearest centroid by cosine similarity",
         rule='plain mean per model (`aggregator="fedavg"` for data-weighted)',
-        policy=GroupSampling, aggregator=MeanAggregator, seeded=True,
+        policy=GroupSampling,
+        aggregator=MeanAggregator,
+        seeded=True,
         parameters=(
-            Parameter(name="participation", setting="group_participation", type=float,
-                      default=1 / 6, help="fraction of a group's clients that train each round",
-                      low=0, low_open=True, high=1),
-            Parameter(name="variant", setting="group_variant", type=str, default="consistent",
-                      help="C-step on the loss vectors (consistent) or on one model's loss, "
-                           "rotating every cycle (modified)", choices=lambda: VARIANTS),
-            Parameter(name="max_clusters", setting="group_max_clusters", type=int, default=0,
-                      unset=0, help="upper bound of the silhouette search", low=0,
-                      zero="S + 4"),
+            Parameter(
+                name="participation",
+                setting="group_participation",
+                type=float,
+                default=1 / 6,
+                help="fraction of a group's clients that train each round",
+                low=0,
+                low_open=True,
+                high=1,
+            ),
+            Parameter(
+                name="variant",
+                setting="group_variant",
+                type=str,
+                default="consistent",
+                help="C-step on the loss vectors (consistent) or on one model's loss, "
+                "rotating every cycle (modified)",
+                choices=lambda: VARIANTS,
+            ),
+            Parameter(
+                name="max_clusters",
+                setting="group_max_clusters",
+                type=int,
+                default=0,
+                unset=0,
+                help="upper bound of the silhouette search",
+                low=0,
+                zero="S + 4",
+            ),
         ),
     ),
 )

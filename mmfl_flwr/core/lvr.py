@@ -43,8 +43,7 @@ from mmfl_flwr.core.policy import (
 )
 from mmfl_flwr.core.random_allocation import FullParticipation
 
-__all__ = ["GVR", "LVR", "RoundRobinGVR", "lvr_probabilities", "sample_processors",
-           "water_fill"]
+__all__ = ["GVR", "LVR", "RoundRobinGVR", "lvr_probabilities", "sample_processors", "water_fill"]
 
 
 #: The relative floor of :func:`lvr_probabilities` is ``floor`` times the mean
@@ -315,9 +314,6 @@ class GVR(_Eq13Sampling):
         return draw_picks(ids, tasks, p, procs, rng)
 
 
-
-
-
 class RoundRobinGVR(_Eq13Sampling):
     """RoundRobin-GVR (paper 003, Section 6.1, Fig. 4): the single-model baseline.
 
@@ -387,8 +383,9 @@ class RoundRobinGVR(_Eq13Sampling):
         d_avail = np.where(np.isnan(sig), 0.0, d[0])[None, :]
         m = resolve_budget(self.budget, self.budget_fraction, int(all_procs.sum()))
         ones = np.ones(len(ids))
-        q = lvr_probabilities(np.where(np.isnan(sig), 0.0, sig)[None, :], d_avail, ones, m,
-                              self.floor)[0]
+        q = lvr_probabilities(
+            np.where(np.isnan(sig), 0.0, sig)[None, :], d_avail, ones, m, self.floor
+        )[0]
         drawn = rng.random(len(ids)) < q
         return [
             Pick(cid=cid, task=task, count=1, prob=float(qi / b))
@@ -400,27 +397,43 @@ class RoundRobinGVR(_Eq13Sampling):
 # ------------------------------------------------------------------ cards
 CARDS = (
     AlgorithmCard(
-        name="lvr", function="lvr", title="MMFL-LVR", paper="003",
+        name="lvr",
+        function="lvr",
+        title="MMFL-LVR",
+        paper="003",
         section="Algorithm 1, Theorem 2 (Eq. 13)",
         summary="loss query every round, optimal probabilities of Theorem 2 (Eq. 13), one "
-                "categorical draw per processor",
+        "categorical draw per processor",
         rule="unbiased `d/(B·p)`",
-        policy=LVR, aggregator=UnbiasedAggregator, parameters=(BUDGET_FRACTION,),
+        policy=LVR,
+        aggregator=UnbiasedAggregator,
+        parameters=(BUDGET_FRACTION,),
     ),
     AlgorithmCard(
-        name="gvr", function="gvr", title="MMFL-GVR", paper="003", section="Section 4.2",
+        name="gvr",
+        function="gvr",
+        title="MMFL-GVR",
+        paper="003",
+        section="Section 4.2",
         summary="every pair trains, the updates to aggregate are drawn with Eq. 13 on the "
-                "update norms",
+        "update norms",
         rule="unbiased `d/(B·p)`",
-        policy=GVR, aggregator=UnbiasedAggregator, parameters=(BUDGET_FRACTION,),
+        policy=GVR,
+        aggregator=UnbiasedAggregator,
+        parameters=(BUDGET_FRACTION,),
     ),
     AlgorithmCard(
-        name="rr-gvr", function="rr_gvr", title="RoundRobin-GVR", paper="003",
+        name="rr-gvr",
+        function="rr_gvr",
+        title="RoundRobin-GVR",
+        paper="003",
         section="Fig. 4 baseline",
         summary="round τ trains model τ mod S only, every client holding it trains it once, "
-                "and the updates to aggregate are drawn with gradient-norm optimal sampling "
-                "(Eq. 13 with one model and one processor per client) under MMFL-GVR's budget m",
+        "and the updates to aggregate are drawn with gradient-norm optimal sampling "
+        "(Eq. 13 with one model and one processor per client) under MMFL-GVR's budget m",
         rule="unbiased `d/q`",
-        policy=RoundRobinGVR, aggregator=UnbiasedAggregator, parameters=(BUDGET_FRACTION,),
+        policy=RoundRobinGVR,
+        aggregator=UnbiasedAggregator,
+        parameters=(BUDGET_FRACTION,),
     ),
 )

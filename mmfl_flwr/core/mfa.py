@@ -174,31 +174,52 @@ class MFARoundRobin(_KClients):
 #: ``K`` of the K-client policies; as a setting 0 means all clients (the
 #: policy's default, None).
 CLIENTS_PER_ROUND = Parameter(
-    name="clients_per_round", type=int, default=0, unset=0,
-    help="K, the clients that train per round", low=0, high="num_clients",
+    name="clients_per_round",
+    type=int,
+    default=0,
+    unset=0,
+    help="K, the clients that train per round",
+    low=0,
+    high="num_clients",
     zero="all clients",
 )
 
 CARDS = (
     AlgorithmCard(
-        name="mfa-rand", function="mfa_rand", title="MFA-Rand", paper="002",
+        name="mfa-rand",
+        function="mfa_rand",
+        title="MFA-Rand",
+        paper="002",
         section="Algorithm 2",
         summary="random near-equal groups each round, random group→model matching",
         rule="FedAvg per model",
-        policy=MFARand, aggregator=FedAvgAggregator, parameters=(CLIENTS_PER_ROUND,),
+        policy=MFARand,
+        aggregator=FedAvgAggregator,
+        parameters=(CLIENTS_PER_ROUND,),
     ),
     AlgorithmCard(
-        name="mfa-rr", function="mfa_rr", title="MFA-RR", paper="002", section="Algorithm 3",
+        name="mfa-rr",
+        function="mfa_rr",
+        title="MFA-RR",
+        paper="002",
+        section="Algorithm 3",
         summary="groups fixed per frame of M rounds, models rotate, each client trains each "
-                "model once per frame",
+        "model once per frame",
         rule="FedAvg per model",
-        policy=MFARoundRobin, aggregator=FedAvgAggregator, parameters=(CLIENTS_PER_ROUND,),
+        policy=MFARoundRobin,
+        aggregator=FedAvgAggregator,
+        parameters=(CLIENTS_PER_ROUND,),
     ),
     AlgorithmCard(
-        name="multi-fedavg", function="multi_fedavg", title="Multi-FedAvg", paper="004",
+        name="multi-fedavg",
+        function="multi_fedavg",
+        title="Multi-FedAvg",
+        paper="004",
         section="Section 3, baseline",
         summary="K random clients, a random model each",
         rule="FedAvg per model",
-        policy=MultiFedAvg, aggregator=FedAvgAggregator, parameters=(CLIENTS_PER_ROUND,),
+        policy=MultiFedAvg,
+        aggregator=FedAvgAggregator,
+        parameters=(CLIENTS_PER_ROUND,),
     ),
 )

@@ -23,12 +23,18 @@ def check_pairing(policy: Policy, aggregator: Aggregator) -> None:
     """
     p, a = type(policy).__name__, type(aggregator).__name__
     if aggregator.needs_inclusion_probabilities and not policy.inclusion_probabilities:
-        raise ValueError(f"{a} divides by inclusion probabilities, but {p} picks clients "
-                         f"deterministically from their losses (no inclusion probability); "
-                         f"use FedAvgAggregator")
+        raise ValueError(
+            f"{a} divides by inclusion probabilities, but {p} picks clients "
+            f"deterministically from their losses (no inclusion probability); "
+            f"use FedAvgAggregator"
+        )
     if aggregator.needs_fresh and not policy.trains_every_pair:
-        raise ValueError(f"{a} needs every pair's fresh update each round, but {p} does not "
-                         f"train every pair; use StaleVRSampling or GVR")
+        raise ValueError(
+            f"{a} needs every pair's fresh update each round, but {p} does not "
+            f"train every pair; use StaleVRSampling or GVR"
+        )
     if policy.selection_signal == "stale-residual" and not aggregator.has_residual:
-        raise ValueError(f"{p} samples on the stale residual ||G - beta h||, but {a} keeps no "
-                         f"stale updates to compute it; use StaleVRAggregator")
+        raise ValueError(
+            f"{p} samples on the stale residual ||G - beta h||, but {a} keeps no "
+            f"stale updates to compute it; use StaleVRAggregator"
+        )

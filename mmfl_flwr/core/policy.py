@@ -42,12 +42,16 @@ MIN_UPLOADS_PER_MODEL = 5
 #: :func:`mmfl_flwr.flower_app.data.resolved_budget` before the strategy is
 #: built); in Python, leaving it out gives the policy's own default (0.1).
 BUDGET_FRACTION = Parameter(
-    name="budget_fraction", type=float, default=0.0, unset=0.0,
+    name="budget_fraction",
+    type=float,
+    default=0.0,
+    unset=0.0,
     help="m / V, the expected uploads per round m over the total processors V, for "
-         "the budgeted presets; 0 = auto: the smallest hundredth giving "
-         f"{MIN_UPLOADS_PER_MODEL} expected uploads per model (at most 1); a run warns "
-         f"below {MIN_UPLOADS_PER_MODEL} expected uploads per model",
-    low=0, high=1,
+    "the budgeted presets; 0 = auto: the smallest hundredth giving "
+    f"{MIN_UPLOADS_PER_MODEL} expected uploads per model (at most 1); a run warns "
+    f"below {MIN_UPLOADS_PER_MODEL} expected uploads per model",
+    low=0,
+    high=1,
 )
 
 
@@ -191,7 +195,6 @@ class Policy(Component, ABC):
         return []
 
 
-
 def check_k(clients_per_round: int | None) -> None:
     if clients_per_round is not None and (
         isinstance(clients_per_round, bool)
@@ -199,8 +202,7 @@ def check_k(clients_per_round: int | None) -> None:
         or clients_per_round < 1
     ):
         raise ValueError(
-            f"clients_per_round must be a positive integer or None, "
-            f"got {clients_per_round!r}"
+            f"clients_per_round must be a positive integer or None, got {clients_per_round!r}"
         )
 
 
@@ -250,9 +252,7 @@ def check_budget(budget: float | None, budget_fraction: float) -> None:
     if budget is not None and not (math.isfinite(budget) and budget > 0):
         raise ValueError(f"budget must be a positive number, got {budget!r}")
     if not (math.isfinite(budget_fraction) and 0 < budget_fraction):
-        raise ValueError(
-            f"budget_fraction must be a positive number, got {budget_fraction!r}"
-        )
+        raise ValueError(f"budget_fraction must be a positive number, got {budget_fraction!r}")
 
 
 def eligibility_view(
@@ -321,5 +321,3 @@ def picks_from_counts(
     for j, s in zip(*np.nonzero(counts.T)):
         out.append(Pick(ids[int(j)], tasks[int(s)], int(counts[s, j]), float(probs[s, j])))
     return out
-
-

@@ -62,8 +62,9 @@ def highest_loss(
     """Up to ``k`` of ``candidates`` with the highest loss among those with a
     reported loss and a free processor (``free[cid] > 0``); ties keep the
     candidates' order. Takes one processor of each one picked from ``free``."""
-    ranked = sorted((c for c in candidates if c in losses and np.isfinite(losses[c])),
-                    key=lambda c: -losses[c])
+    ranked = sorted(
+        (c for c in candidates if c in losses and np.isfinite(losses[c])), key=lambda c: -losses[c]
+    )
     out = []
     for cid in ranked:
         if len(out) == k:
@@ -96,8 +97,9 @@ class PowerOfChoice(Policy):
         budget: float | None = None,
         budget_fraction: float = 0.1,
     ) -> None:
-        if candidates is not None and (isinstance(candidates, bool) or int(candidates) != candidates
-                                       or candidates < 1):
+        if candidates is not None and (
+            isinstance(candidates, bool) or int(candidates) != candidates or candidates < 1
+        ):
             raise ValueError(f"candidates must be a positive integer or None, got {candidates!r}")
         check_budget(budget, budget_fraction)
         self.candidates = None if candidates is None else int(candidates)
@@ -106,8 +108,11 @@ class PowerOfChoice(Policy):
         self._drawn: tuple[int, dict[str, list[str]]] | None = None
 
     def config(self) -> dict[str, Any]:
-        return {"candidates": self.candidates, "budget": self.budget,
-                "budget_fraction": self.budget_fraction}
+        return {
+            "candidates": self.candidates,
+            "budget": self.budget,
+            "budget_fraction": self.budget_fraction,
+        }
 
     @property
     def needs_losses(self) -> bool:
@@ -121,15 +126,20 @@ class PowerOfChoice(Policy):
         return max(1, int(np.floor(m / max(1, len(tasks)) + 0.5)))
 
     def draw(
-        self, table: ClientTable, tasks: Sequence[str], server_round: int,
+        self,
+        table: ClientTable,
+        tasks: Sequence[str],
+        server_round: int,
         rng: np.random.Generator,
     ) -> dict[str, list[str]]:
         """Model -> its candidates this round (drawn once per round)."""
         if self._drawn is None or self._drawn[0] != server_round:
             ids, n, _, _ = eligibility_view(table, tasks)
             d = self.candidates or 2 * self.picks_per_model(table, tasks)
-            self._drawn = (server_round, {t: draw_candidates(ids, n[s], d, rng)
-                                          for s, t in enumerate(tasks)})
+            self._drawn = (
+                server_round,
+                {t: draw_candidates(ids, n[s], d, rng) for s, t in enumerate(tasks)},
+            )
         return self._drawn[1]
 
     def loss_query_clients(
@@ -140,8 +150,12 @@ class PowerOfChoice(Policy):
         rng: np.random.Generator | None = None,
     ) -> set[str]:
         """The union of every model's candidates."""
-        drawn = self.draw(table, tasks, server_round,
-                          rng if rng is not None else np.random.default_rng(server_round))
+        drawn = self.draw(
+            table,
+            tasks,
+            server_round,
+            rng if rng is not None else np.random.default_rng(server_round),
+        )
         return {cid for cands in drawn.values() for cid in cands}
 
     def assign(
@@ -159,8 +173,11 @@ class PowerOfChoice(Policy):
         for s in rng.permutation(len(tasks)):
             task = tasks[int(s)]
             # only this round's reports count: a candidate that did not answer is passed over
-            losses = {cid: table[cid].losses[task] for cid in drawn.get(task, [])
-                      if table[cid].loss_round.get(task) == server_round}
+            losses = {
+                cid: table[cid].losses[task]
+                for cid in drawn.get(task, [])
+                if table[cid].loss_round.get(task) == server_round
+            }
             for cid in highest_loss(drawn.get(task, []), losses, k, free):
                 picks.append(Pick(cid, task, 1, 1.0))
         return sorted(picks, key=lambda p: (tasks.index(p.task), p.cid))
@@ -169,17 +186,27 @@ class PowerOfChoice(Policy):
 # ------------------------------------------------------------------ cards
 CARDS = (
     AlgorithmCard(
-        name="power-of-choice", function="power_of_choice", title="Power-of-Choice",
-        paper="Cho, Wang and Joshi 2020", section="Algorithm 1 (pow-d)",
+        name="power-of-choice",
+        function="power_of_choice",
+        title="Power-of-Choice",
+        paper="Cho, Wang and Joshi 2020",
+        section="Algorithm 1 (pow-d)",
         summary="per model, d candidates drawn in proportion to their data size answer a loss "
-                "query and the k = m/S with the highest loss train, within the clients' "
-                "processors",
+        "query and the k = m/S with the highest loss train, within the clients' "
+        "processors",
         rule="plain mean per model",
-        policy=PowerOfChoice, aggregator=MeanAggregator,
+        policy=PowerOfChoice,
+        aggregator=MeanAggregator,
         parameters=(
-            Parameter(name="candidates", type=int, default=0, unset=0,
-                      help="d, the candidates per model that answer the loss query",
-                      low=0, zero="2 x the picks per model"),
+            Parameter(
+                name="candidates",
+                type=int,
+                default=0,
+                unset=0,
+                help="d, the candidates per model that answer the loss query",
+                low=0,
+                zero="2 x the picks per model",
+            ),
             BUDGET_FRACTION,
         ),
     ),

@@ -49,12 +49,7 @@ class FullParticipation(Policy):
         rng: np.random.Generator,
     ) -> list[Pick]:
         active = set(tasks)
-        return [
-            Pick(c.cid, t, 1, 1.0)
-            for c in table.clients()
-            for t in c.tasks
-            if t in active
-        ]
+        return [Pick(c.cid, t, 1, 1.0) for c in table.clients() for t in c.tasks if t in active]
 
 
 class RandomAllocation(ProbabilityPolicy):
@@ -191,19 +186,26 @@ class FixedRates(ProbabilityPolicy):
 # ------------------------------------------------------------------ cards
 CARDS = (
     AlgorithmCard(
-        name="random", function="random_allocation", title="Random allocation",
-        paper="003", section="baseline of Section 6",
-        summary="each processor active with probability m/V, then a uniformly random "
-                "eligible task",
+        name="random",
+        function="random_allocation",
+        title="Random allocation",
+        paper="003",
+        section="baseline of Section 6",
+        summary="each processor active with probability m/V, then a uniformly random eligible task",
         rule="unbiased `d/(B·p)` (Eq. 3)",
-        policy=RandomAllocation, aggregator=UnbiasedAggregator,
+        policy=RandomAllocation,
+        aggregator=UnbiasedAggregator,
         parameters=(BUDGET_FRACTION,),
     ),
     AlgorithmCard(
-        name="full", function="full_participation", title="Full participation",
-        paper="003", section="baseline of Section 6",
+        name="full",
+        function="full_participation",
+        title="Full participation",
+        paper="003",
+        section="baseline of Section 6",
         summary="every client trains every task it holds",
         rule="FedAvg (= `w − Σ d·G`)",
-        policy=FullParticipation, aggregator=FedAvgAggregator,
+        policy=FullParticipation,
+        aggregator=FedAvgAggregator,
     ),
 )

@@ -178,8 +178,10 @@ class CenteredClipAggregator(Aggregator):
         return {"center": {t: [a.copy() for a in v] for t, v in self._center.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._center = {str(t): [np.asarray(a, dtype=np.float64).copy() for a in v]
-                        for t, v in state.get("center", {}).items()}
+        self._center = {
+            str(t): [np.asarray(a, dtype=np.float64).copy() for a in v]
+            for t, v in state.get("center", {}).items()
+        }
 
     def base_coefficients(self, updates: Sequence[Update]) -> list[float]:
         total = float(sum(u.num_examples for u in updates))
@@ -192,11 +194,15 @@ class CenteredClipAggregator(Aggregator):
     def clipped(self, task: str, weights: Weights, updates: Sequence[Update]) -> list[Weights]:
         """Each update moved to within ``tau`` of the center (float64)."""
         center = self._center.get(task)
-        if center is None or len(center) != len(weights) or any(
-                c.shape != w.shape for c, w in zip(center, weights)):
+        if (
+            center is None
+            or len(center) != len(weights)
+            or any(c.shape != w.shape for c, w in zip(center, weights))
+        ):
             center = [np.zeros(w.shape, dtype=np.float64) for w in weights]
-        diffs = [[np.asarray(d, dtype=np.float64) - c for d, c in zip(u.delta, center)]
-                 for u in updates]
+        diffs = [
+            [np.asarray(d, dtype=np.float64) - c for d, c in zip(u.delta, center)] for u in updates
+        ]
         dist = [float(np.sqrt(sum(float(np.square(x).sum()) for x in d))) for d in diffs]
         tau = float(np.percentile(dist, 50, method="lower"))
         out = []

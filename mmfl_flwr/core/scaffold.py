@@ -92,11 +92,16 @@ class ScaffoldAggregator(UnbiasedAggregator):
 # ------------------------------------------------------------------ cards
 CARDS = (
     AlgorithmCard(
-        name="scaffold", function="scaffold", title="SCAFFOLD", paper="003",
+        name="scaffold",
+        function="scaffold",
+        title="SCAFFOLD",
+        paper="003",
         section="baseline of Section 6",
         summary="random allocation",
         rule="unbiased rule + SCAFFOLD control variates (client `c_i` in `context.state`)",
-        policy=RandomAllocation, aggregator=ScaffoldAggregator, aggregators=(),
+        policy=RandomAllocation,
+        aggregator=ScaffoldAggregator,
+        aggregators=(),
         parameters=(BUDGET_FRACTION, STORAGE_PARAMETER),
     ),
 )

@@ -149,7 +149,8 @@ class StaleStore:
                     "cid": c,
                     "task": t,
                     "arrays": (
-                        [np.load(a) for a in arrays] if self.storage == "disk"
+                        [np.load(a) for a in arrays]
+                        if self.storage == "disk"
                         else [np.array(a) for a in arrays]
                     ),
                     **({"scales": list(self._scales[(c, t)])} if (c, t) in self._scales else {}),
@@ -171,8 +172,9 @@ class StaleStore:
             else:
                 arrays = e["arrays"]
                 if "scales" in e:
-                    arrays = [np.asarray(a, np.float64) * float(c)
-                              for a, c in zip(arrays, e["scales"])]
+                    arrays = [
+                        np.asarray(a, np.float64) * float(c) for a, c in zip(arrays, e["scales"])
+                    ]
                 self.set(key[0], key[1], arrays)
 
 
@@ -297,8 +299,9 @@ class StaleAggregator(Aggregator):
         shares = default_shares(shares, updates)
         fresh = fresh or {}
         # the pairs with a stale update (the store's keys: no array is read here)
-        pairs = {cid: None for cid in set(shares) | {u.cid for u in updates}
-                 if (cid, task) in self.store}
+        pairs = {
+            cid: None for cid in set(shares) | {u.cid for u in updates} if (cid, task) in self.store
+        }
         stale = _Stored(self.store, task, pairs)
         betas: dict[str, float] = {}
 
@@ -353,8 +356,7 @@ class StaleAggregator(Aggregator):
                 g = np.asarray(u.delta[j], dtype=np.float64)
                 acc += c * (g - b * h[j] if h is not None else g)
         new = [
-            (w.astype(np.float64) - dl).astype(w.dtype, copy=False)
-            for w, dl in zip(weights, delta)
+            (w.astype(np.float64) - dl).astype(w.dtype, copy=False) for w, dl in zip(weights, delta)
         ]
         return new, delta
 
@@ -422,8 +424,9 @@ class MIFAAggregator(StaleAggregator):
     name = "mifa"
     needs_inclusion_probabilities = False
 
-    def __init__(self, start: str = "zero", storage: str = "float32",
-                 directory: str | None = None) -> None:
+    def __init__(
+        self, start: str = "zero", storage: str = "float32", directory: str | None = None
+    ) -> None:
         if start not in MIFA_STARTS:
             raise ValueError(f"start must be one of {', '.join(MIFA_STARTS)}; got {start!r}")
         super().__init__(storage, directory)
@@ -456,16 +459,18 @@ class MIFAAggregator(StaleAggregator):
                     out.append((d, h))
         return out
 
-    def _scale(self, task: str, updates: Sequence[Update],
-               shares: Mapping[str, float]) -> float:
+    def _scale(self, task: str, updates: Sequence[Update], shares: Mapping[str, float]) -> float:
         """1 with the zero start; ``1 / sum_{U_s} d_i`` with ``uploaded`` (0
         when no pair has uploaded yet)."""
         if self.start == "zero":
             return 1.0
         trained = {u.cid for u in updates}
         # which pairs have an update, read from the store's keys (no array is loaded)
-        total = math.fsum(d for cid, d in shares.items()
-                          if d > 0 and (cid in trained or (cid, task) in self.store))
+        total = math.fsum(
+            d
+            for cid, d in shares.items()
+            if d > 0 and (cid in trained or (cid, task) in self.store)
+        )
         return 1.0 / total if total > 0 else 0.0
 
     def coefficient_sum(
@@ -502,50 +507,86 @@ class MIFAAggregator(StaleAggregator):
                 acc += (d * scale) * np.asarray(a, dtype=np.float64)
         self._refresh(task, updates)
         return [
-            (w.astype(np.float64) - dl).astype(w.dtype, copy=False)
-            for w, dl in zip(weights, delta)
+            (w.astype(np.float64) - dl).astype(w.dtype, copy=False) for w, dl in zip(weights, delta)
         ]
 
 
 # ------------------------------------------------------------------ cards
 #: Where the stale updates (and SCAFFOLD's control variates) are kept.
 STORAGE_PARAMETER = Parameter(
-    name="storage", setting="stale_storage", to="aggregator", type=str, default="float32",
-    help="storage of the stale updates and control variates", choices=lambda: STORAGE,
+    name="storage",
+    setting="stale_storage",
+    to="aggregator",
+    type=str,
+    default="float32",
+    help="storage of the stale updates and control variates",
+    choices=lambda: STORAGE,
 )
 
 CARDS = (
     AlgorithmCard(
-        name="fedvarp", function="fedvarp", title="FedVARP", paper="003",
+        name="fedvarp",
+        function="fedvarp",
+        title="FedVARP",
+        paper="003",
         section="baseline of Section 6 (Eq. 17, β = 1)",
-        summary="random allocation", rule="Eq. 17, β = 1",
-        policy=RandomAllocation, aggregator=FedVARPAggregator, aggregators=(),
+        summary="random allocation",
+        rule="Eq. 17, β = 1",
+        policy=RandomAllocation,
+        aggregator=FedVARPAggregator,
+        aggregators=(),
         parameters=(BUDGET_FRACTION, STORAGE_PARAMETER),
     ),
     AlgorithmCard(
-        name="fedstale", function="fedstale", title="FedStale", paper="003",
+        name="fedstale",
+        function="fedstale",
+        title="FedStale",
+        paper="003",
         section="baseline of Section 6 (Eq. 17)",
-        summary="random allocation", rule="Eq. 17, fixed β",
-        policy=RandomAllocation, aggregator=FedStaleAggregator, aggregators=(),
+        summary="random allocation",
+        rule="Eq. 17, fixed β",
+        policy=RandomAllocation,
+        aggregator=FedStaleAggregator,
+        aggregators=(),
         parameters=(
             BUDGET_FRACTION,
-            Parameter(name="beta", setting="stale_beta", to="aggregator", type=float,
-                      default=0.8, help="beta of fedstale (Eq. 17)", low=0, high=1),
+            Parameter(
+                name="beta",
+                setting="stale_beta",
+                to="aggregator",
+                type=float,
+                default=0.8,
+                help="beta of fedstale (Eq. 17)",
+                low=0,
+                high=1,
+            ),
             STORAGE_PARAMETER,
         ),
     ),
     AlgorithmCard(
-        name="mifa", function="mifa", title="MIFA", paper="003", section="baseline of Section 6",
+        name="mifa",
+        function="mifa",
+        title="MIFA",
+        paper="003",
+        section="baseline of Section 6",
         summary="random allocation",
         rule="d-weighted sum of every client's latest update (zero before its first)",
-        policy=RandomAllocation, aggregator=MIFAAggregator, aggregators=(),
+        policy=RandomAllocation,
+        aggregator=MIFAAggregator,
+        aggregators=(),
         parameters=(
             BUDGET_FRACTION,
-            Parameter(name="start", setting="mifa_start", to="aggregator", type=str,
-                      default="zero", choices=lambda: MIFA_STARTS,
-                      help="what mifa counts a client that has not uploaded a model yet "
-                           "as: zero (the rule as stated, default) or uploaded (mean "
-                           "over the clients that have)"),
+            Parameter(
+                name="start",
+                setting="mifa_start",
+                to="aggregator",
+                type=str,
+                default="zero",
+                choices=lambda: MIFA_STARTS,
+                help="what mifa counts a client that has not uploaded a model yet "
+                "as: zero (the rule as stated, default) or uploaded (mean "
+                "over the clients that have)",
+            ),
             STORAGE_PARAMETER,
         ),
     ),

@@ -81,8 +81,12 @@ class StaleVRAggregator(StaleAggregator):
             return float(np.sqrt(sum(float(np.vdot(g, g)) for g in fresh)))
         beta = optimal_stale_beta(fresh, h)
         return float(
-            np.sqrt(sum(float(np.square(np.asarray(g, np.float64) - beta * a).sum())
-                        for g, a in zip(fresh, h)))
+            np.sqrt(
+                sum(
+                    float(np.square(np.asarray(g, np.float64) - beta * a).sum())
+                    for g, a in zip(fresh, h)
+                )
+            )
         )
 
     def _stale_weight(self, task, cid, stale, fresh, server_round):  # type: ignore[no-untyped-def]
@@ -207,31 +211,53 @@ class StaleVRSampling(GVR):
 # ------------------------------------------------------------------ cards
 CARDS = (
     AlgorithmCard(
-        name="stalevr", function="stalevr", title="MMFL-StaleVR", paper="003",
+        name="stalevr",
+        function="stalevr",
+        title="MMFL-StaleVR",
+        paper="003",
         section="Section 5 (Eqs. 18 and 20)",
-        summary='every pair trains; LVR probabilities pick the aggregated updates '
-                '(`signal="stale-residual"`: `‖G − βh‖`, as the authors\' code)',
+        summary="every pair trains; LVR probabilities pick the aggregated updates "
+        '(`signal="stale-residual"`: `‖G − βh‖`, as the authors\' code)',
         rule="Eq. 18 with the optimal β of Eq. 20 per pair",
-        policy=StaleVRSampling, aggregator=StaleVRAggregator, aggregators=(),
+        policy=StaleVRSampling,
+        aggregator=StaleVRAggregator,
+        aggregators=(),
         parameters=(
             BUDGET_FRACTION,
-            Parameter(name="signal", setting="stalevr_signal", type=str, default="loss",
-                      help="sampling signal of stalevr (loss: the paper's)",
-                      choices=lambda: StaleVRSampling.SIGNALS),
+            Parameter(
+                name="signal",
+                setting="stalevr_signal",
+                type=str,
+                default="loss",
+                help="sampling signal of stalevr (loss: the paper's)",
+                choices=lambda: StaleVRSampling.SIGNALS,
+            ),
             STORAGE_PARAMETER,
         ),
     ),
     AlgorithmCard(
-        name="stalevre", function="stalevre", title="MMFL-StaleVRE", paper="003",
+        name="stalevre",
+        function="stalevre",
+        title="MMFL-StaleVRE",
+        paper="003",
         section="Section 5 (Eq. 21)",
         summary="LVR (only sampled clients train)",
         rule="Eq. 18 with β estimated by Eq. 21 (linear decay)",
-        policy=LVR, aggregator=StaleVREAggregator, aggregators=(),
+        policy=LVR,
+        aggregator=StaleVREAggregator,
+        aggregators=(),
         parameters=(
             BUDGET_FRACTION,
-            Parameter(name="b0", setting="stalevre_b0", to="aggregator", type=float,
-                      default=1.0, help="starting beta b0 of stalevre (Eq. 21)", low=0,
-                      low_open=True),
+            Parameter(
+                name="b0",
+                setting="stalevre_b0",
+                to="aggregator",
+                type=float,
+                default=1.0,
+                help="starting beta b0 of stalevre (Eq. 21)",
+                low=0,
+                low_open=True,
+            ),
             STORAGE_PARAMETER,
         ),
     ),

@@ -123,8 +123,7 @@ class _UCBBase(Policy):
         self._tasks: list[str] = []
 
     def config(self) -> dict[str, Any]:
-        return {"clients_per_round": self.clients_per_round, "gamma": self.gamma,
-                "init": self.init}
+        return {"clients_per_round": self.clients_per_round, "gamma": self.gamma, "init": self.init}
 
     # -- statistics ----------------------------------------------------------
     @property
@@ -151,7 +150,9 @@ class _UCBBase(Policy):
     def _missing(self, table: ClientTable, tasks: Sequence[str]) -> list[tuple[str, str]]:
         active = set(tasks)
         return [
-            (c.cid, t) for c in table.clients() for t in c.tasks
+            (c.cid, t)
+            for c in table.clients()
+            for t in c.tasks
             if t in active and (c.cid, t) not in self.N
         ]
 
@@ -347,8 +348,13 @@ class ParetoMultiUCB(_UCBBase):
 
     name = "pareto-ucb"
 
-    def __init__(self, clients_per_round: int = 2, gamma: float = 0.9,
-                 init: str = "loss-query", shortfall: str = "front") -> None:
+    def __init__(
+        self,
+        clients_per_round: int = 2,
+        gamma: float = 0.9,
+        init: str = "loss-query",
+        shortfall: str = "front",
+    ) -> None:
         super().__init__(clients_per_round, gamma, init)
         if shortfall not in SHORTFALLS:
             raise ValueError(f"shortfall must be one of {SHORTFALLS}, got {shortfall!r}")
@@ -417,41 +423,67 @@ def _settings_k(values: Mapping[str, Any]) -> int:
 
 #: ``K`` of the UCB presets: as a setting 0 means :func:`default_ucb_clients`.
 UCB_CLIENTS = dataclasses.replace(
-    CLIENTS_PER_ROUND, zero=f"min(num-clients, {MIN_UPLOADS_PER_MODEL} x number of models)",
+    CLIENTS_PER_ROUND,
+    zero=f"min(num-clients, {MIN_UPLOADS_PER_MODEL} x number of models)",
     auto=_settings_k,
 )
-UCB_GAMMA = Parameter(name="gamma", setting="ucb_gamma", type=float, default=0.9,
-                      help="discount gamma of the UCB index", low=0, low_open=True, high=1,
-                      high_open=True)
-UCB_INIT = Parameter(name="init", setting="ucb_init", type=str, default="loss-query",
-                     help="first observation of every (client, model) pair: loss-query (one "
-                          "forward pass of every pair) or train (untried pairs train first, "
-                          "within K per round)", choices=lambda: INITS)
+UCB_GAMMA = Parameter(
+    name="gamma",
+    setting="ucb_gamma",
+    type=float,
+    default=0.9,
+    help="discount gamma of the UCB index",
+    low=0,
+    low_open=True,
+    high=1,
+    high_open=True,
+)
+UCB_INIT = Parameter(
+    name="init",
+    setting="ucb_init",
+    type=str,
+    default="loss-query",
+    help="first observation of every (client, model) pair: loss-query (one "
+    "forward pass of every pair) or train (untried pairs train first, "
+    "within K per round)",
+    choices=lambda: INITS,
+)
 
 _RANKLIST = AlgorithmCard(
-    name="ranklist-ucb", function="ranklist_ucb", title="Ranklist-Multi-UCB", paper="004",
+    name="ranklist-ucb",
+    function="ranklist_ucb",
+    title="Ranklist-Multi-UCB",
+    paper="004",
     section="Algorithm 3 (Eqs. 1-4)",
     summary="discounted-loss UCB index (Eqs. 1–4), per-model rank lists, round-robin from "
-            "model `t mod M`",
+    "model `t mod M`",
     rule="FedAvg per model",
-    policy=RanklistMultiUCB, aggregator=FedAvgAggregator,
+    policy=RanklistMultiUCB,
+    aggregator=FedAvgAggregator,
     parameters=(UCB_CLIENTS, UCB_GAMMA, UCB_INIT),
 )
 
 PARETO_SHORTFALL = Parameter(
-    name="shortfall", setting="pareto_shortfall", type=str, default="front",
+    name="shortfall",
+    setting="pareto_shortfall",
+    type=str,
+    default="front",
     help="when the Pareto front holds fewer than K clients: front (the paper: only the "
-         "front trains) or next-fronts (fill to K from the next fronts; an extension "
-         "that keeps one client's index from shrinking the round)",
-    choices=lambda: SHORTFALLS)
+    "front trains) or next-fronts (fill to K from the next fronts; an extension "
+    "that keeps one client's index from shrinking the round)",
+    choices=lambda: SHORTFALLS,
+)
 
 CARDS = (
     _RANKLIST,
     dataclasses.replace(
-        _RANKLIST, name="pareto-ucb", function="pareto_ucb", title="Pareto-Multi-UCB",
-        section="Algorithm 4 (Eqs. 1-5)", policy=ParetoMultiUCB,
-        summary="Pareto front of the UCB score vectors (K sampled if larger), best-rank "
-                "model each",
+        _RANKLIST,
+        name="pareto-ucb",
+        function="pareto_ucb",
+        title="Pareto-Multi-UCB",
+        section="Algorithm 4 (Eqs. 1-5)",
+        policy=ParetoMultiUCB,
+        summary="Pareto front of the UCB score vectors (K sampled if larger), best-rank model each",
         parameters=(UCB_CLIENTS, UCB_GAMMA, UCB_INIT, PARETO_SHORTFALL),
     ),
 )

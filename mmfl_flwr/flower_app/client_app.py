@@ -62,18 +62,23 @@ def parse_clients(raw: object, num_clients: int) -> list[int]:
                 raise IndexError(hi if lo >= 0 else lo)
             ids.extend(range(lo, hi + 1))
     except ValueError:
-        raise ValueError(f"node_config clients={text!r}: expected partition ids or ranges "
-                         "separated by commas, e.g. '0-499' or '0,3,7'") from None
+        raise ValueError(
+            f"node_config clients={text!r}: expected partition ids or ranges "
+            "separated by commas, e.g. '0-499' or '0,3,7'"
+        ) from None
     except IndexError as err:
-        raise ValueError(f"node_config clients={text!r}: {err.args[0]} is outside the "
-                         f"federation of num-clients={num_clients}") from None
+        raise ValueError(
+            f"node_config clients={text!r}: {err.args[0]} is outside the "
+            f"federation of num-clients={num_clients}"
+        ) from None
     if len(set(ids)) != len(ids):
         raise ValueError(f"node_config clients={text!r} names a client twice")
     return ids
 
 
-def client_spec(context: Context, settings: Settings | None = None
-                ) -> ClientSpec | list[ClientSpec]:
+def client_spec(
+    context: Context, settings: Settings | None = None
+) -> ClientSpec | list[ClientSpec]:
     """Build this node's :class:`ClientSpec` from its node config and the settings;
     with ``clients`` in the node config (``"0-499"``), the node hosts that shard of
     the federation's clients: one ClientSpec per partition id."""
@@ -82,16 +87,18 @@ def client_spec(context: Context, settings: Settings | None = None
     if "clients" in cfg:
         for key in ("partition-id", "client-id", CLIENT_TOKEN):
             if key in cfg:
-                raise ValueError(f"node_config has both 'clients' and {key!r}: a node hosting "
-                                 "a shard names its clients by 'clients' only (their ids are "
-                                 "their partition ids; pin them with key pins)")
+                raise ValueError(
+                    f"node_config has both 'clients' and {key!r}: a node hosting "
+                    "a shard names its clients by 'clients' only (their ids are "
+                    "their partition ids; pin them with key pins)"
+                )
         ids = parse_clients(cfg["clients"], s.num_clients)
         fed = federation_for(s, clients=ids, server_tests=False)  # this shard's data only
         return [_one_client(s, fed, pid, cfg, str(pid), None) for pid in ids]
     if "partition-id" not in cfg:
         raise ValueError(
             "node_config has no 'partition-id'; start the SuperNode with "
-            "--node-config \"partition-id=<i> num-partitions=<N>\""
+            '--node-config "partition-id=<i> num-partitions=<N>"'
         )
     pid = int(cfg["partition-id"])
     k = clients_per_node(s, cfg)
@@ -102,8 +109,9 @@ def client_spec(context: Context, settings: Settings | None = None
             f"partition-id={pid} is outside the federation of num-clients={s.num_clients} "
             "(set --run-config num-clients to the number of partitions)"
         )
-    return _one_client(s, federation_for(s), pid, cfg, str(cfg.get("client-id", pid)),
-                       client_token(cfg))
+    return _one_client(
+        s, federation_for(s), pid, cfg, str(cfg.get("client-id", pid)), client_token(cfg)
+    )
 
 
 def clients_per_node(s: Settings, node_config: Mapping[str, Any]) -> int:
@@ -127,15 +135,18 @@ def _partition_shard(s: Settings, cfg: Mapping[str, Any], pid: int, k: int) -> l
     ``pid k`` to ``pid k + k - 1`` (the last node the rest)."""
     for key in ("client-id", CLIENT_TOKEN):
         if key in cfg:
-            raise ValueError(f"node_config has {key!r}, but partition-id={pid} hosts "
-                             f"{k} clients (clients-per-node): their ids are their "
-                             "partition ids; pin them with key pins")
+            raise ValueError(
+                f"node_config has {key!r}, but partition-id={pid} hosts "
+                f"{k} clients (clients-per-node): their ids are their "
+                "partition ids; pin them with key pins"
+            )
     nodes = -(-s.num_clients // k)
     if not 0 <= pid < nodes:
         raise ValueError(
             f"partition-id={pid} hosts no client: with clients-per-node={k} the federation "
             f"of num-clients={s.num_clients} needs partition ids 0 to {nodes - 1} "
-            f"(num-supernodes={nodes})")
+            f"(num-supernodes={nodes})"
+        )
     ids = range(pid * k, min(s.num_clients, (pid + 1) * k))
     fed = federation_for(s, clients=ids, server_tests=False)  # this shard's data only
     return [_one_client(s, fed, q, cfg, str(q), None) for q in ids]
@@ -158,8 +169,9 @@ def _model_fn(kind: str) -> Callable[[], Any]:
     return known[1]
 
 
-def _one_client(s: Settings, fed: Any, pid: int, cfg: Mapping[str, Any], cid: str,
-                token: str | None) -> ClientSpec:
+def _one_client(
+    s: Settings, fed: Any, pid: int, cfg: Mapping[str, Any], cid: str, token: str | None
+) -> ClientSpec:
     """The ClientSpec of partition ``pid`` (node-config ``tasks`` and
     ``processors`` apply to every client of the node)."""
     from mmfl_flwr.client.trainer import TorchTrainer
@@ -170,8 +182,7 @@ def _one_client(s: Settings, fed: Any, pid: int, cfg: Mapping[str, Any], cid: st
         unknown = [t for t in declared if t not in fed.tasks]
         if unknown:
             raise ValueError(
-                f"node_config tasks {unknown} are not models of this run "
-                f"({', '.join(fed.tasks)})"
+                f"node_config tasks {unknown} are not models of this run ({', '.join(fed.tasks)})"
             )
         tasks = [t for t in tasks if t in declared]
     trainers = {}
@@ -185,12 +196,12 @@ def _one_client(s: Settings, fed: Any, pid: int, cfg: Mapping[str, Any], cid: st
         else:
             trainers[task] = TorchTrainer(model_fn, train, test, s.batch_size)
     processors = int(cfg.get("processors", int(fed.processors[pid])))
-    return ClientSpec(client_id=cid, trainers=trainers, processors=processors,
-                      client_token=token)
+    return ClientSpec(client_id=cid, trainers=trainers, processors=processors, client_token=token)
 
 
-def node_spec_fn(settings: Settings | None = None
-                 ) -> Callable[[Context], ClientSpec | list[ClientSpec]]:
+def node_spec_fn(
+    settings: Settings | None = None,
+) -> Callable[[Context], ClientSpec | list[ClientSpec]]:
     """``context -> ClientSpec`` of the embedded tasks (not cached).
 
     The user tasks registered in this process travel with it (a snapshot of the
@@ -206,9 +217,9 @@ def node_spec_fn(settings: Settings | None = None
     return spec
 
 
-def build_client_app(settings: Settings | None = None,
-                     client_hook: Callable[[ClientSpec], ClientSpec] | None = None
-                     ) -> ClientApp:
+def build_client_app(
+    settings: Settings | None = None, client_hook: Callable[[ClientSpec], ClientSpec] | None = None
+) -> ClientApp:
     """The ClientApp; with ``settings`` given, ``run_config`` is not read.
 
     The user tasks registered in this process travel with the app (a snapshot

@@ -29,8 +29,9 @@ _FEDERATIONS: OrderedDict[tuple[Any, ...], dict[Any, Federation]] = OrderedDict(
 _KEEP = 8
 
 
-def federation_for(settings: Settings, clients: Iterable[int] | None = None,
-                   server_tests: bool = True) -> Federation:
+def federation_for(
+    settings: Settings, clients: Iterable[int] | None = None, server_tests: bool = True
+) -> Federation:
     """The (cached) federation described by ``settings`` (with ``download``, the
     missing real datasets are fetched first).
 
@@ -79,8 +80,13 @@ def federation_for(settings: Settings, clients: Iterable[int] | None = None,
         for other in [p for p in variants if p is not None and p[0]]:
             del variants[other]
     fed = build_federation(
-        list(key[0]), key[1], key[2], labels_per_client=key[3],
-        max_synthetic_samples=key[4] or None, profile=key[5], data_root=key[6],
+        list(key[0]),
+        key[1],
+        key[2],
+        labels_per_client=key[3],
+        max_synthetic_samples=key[4] or None,
+        profile=key[5],
+        data_root=key[6],
         clients=None if part is None else part[0],
         server_tests=True if part is None else part[1],
     )
@@ -113,8 +119,7 @@ def auto_budget_fraction(settings: Settings, federation: Federation | None = Non
     """``budget-fraction 0`` (auto): the smallest hundredth ``f`` with ``f x V``
     at least :data:`~mmfl_flwr.core.policy.MIN_UPLOADS_PER_MODEL` expected uploads
     per model and round, at most 1."""
-    _, v, _, models = upload_budget(dataclasses.replace(settings, budget_fraction=1.0),
-                                    federation)
+    _, v, _, models = upload_budget(dataclasses.replace(settings, budget_fraction=1.0), federation)
     if v == 0:
         return 1.0
     return min(1.0, -(-100 * MIN_UPLOADS_PER_MODEL * models // v) / 100)
@@ -126,12 +131,10 @@ def resolved_budget(settings: Settings, federation: Federation | None = None) ->
     without a budget)."""
     if settings.budget_fraction or settings.strategy not in presets_taking("budget_fraction"):
         return settings
-    return dataclasses.replace(settings,
-                               budget_fraction=auto_budget_fraction(settings, federation))
+    return dataclasses.replace(settings, budget_fraction=auto_budget_fraction(settings, federation))
 
 
-def effective_settings(settings: Settings,
-                       federation: Federation | None = None) -> dict[str, Any]:
+def effective_settings(settings: Settings, federation: Federation | None = None) -> dict[str, Any]:
     """The value the run uses for every automatic setting of its preset, by
     run-config key: each card parameter left at its "automatic" value (``0``):
     ``budget-fraction`` as :func:`resolved_budget` resolves it, values an
@@ -180,17 +183,19 @@ def budget_warning(settings: Settings, federation: Federation | None = None) -> 
         "uploads a model may not learn at all"
     )
     if need > v:
-        return (f"{what}. Even --budget-fraction 1 (run-config budget-fraction=1) gives only "
-                f"{v / models:.2g} per model: use it with more clients (num-clients) or "
-                "fewer models")
+        return (
+            f"{what}. Even --budget-fraction 1 (run-config budget-fraction=1) gives only "
+            f"{v / models:.2g} per model: use it with more clients (num-clients) or "
+            "fewer models"
+        )
     fraction = -(-100 * need // v) / 100  # the smallest hundredth with fraction * V >= need
-    return (f"{what}. Use --budget-fraction {fraction:g} or more (run-config budget-fraction="
-            f"{fraction:g}: m = {fraction * v:g}, {fraction * v / models:.3g} per model)")
+    return (
+        f"{what}. Use --budget-fraction {fraction:g} or more (run-config budget-fraction="
+        f"{fraction:g}: m = {fraction * v:g}, {fraction * v / models:.3g} per model)"
+    )
 
 
-def warn_if_few_uploads(
-    settings: Settings, federation: Federation | None = None
-) -> str | None:
+def warn_if_few_uploads(settings: Settings, federation: Federation | None = None) -> str | None:
     """Log :func:`budget_warning` with Flower's logger (WARNING), once per call;
     returns it. The ServerApp calls it once, before the first round."""
     message = budget_warning(settings, federation)

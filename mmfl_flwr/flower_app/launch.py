@@ -114,16 +114,25 @@ def _toml_value(value: Any) -> str:
 def app_pyproject(run_config: dict[str, Any]) -> str:
     """The ``pyproject.toml`` of the Flower App that runs ``run_config``."""
     lines = [
-        '[build-system]', 'requires = ["setuptools>=68"]',
-        'build-backend = "setuptools.build_meta"', '',
-        '[project]', 'name = "mmfl-run"', 'version = "1.0.0"',
-        'description = "An mmfl run (written by mmfl run)"', 'license = "Apache-2.0"',
-        'dependencies = []', '',
-        '[tool.flwr.app]', 'publisher = "mmfl-flwr"', '',
-        '[tool.flwr.app.components]',
+        "[build-system]",
+        'requires = ["setuptools>=68"]',
+        'build-backend = "setuptools.build_meta"',
+        "",
+        "[project]",
+        'name = "mmfl-run"',
+        'version = "1.0.0"',
+        'description = "An mmfl run (written by mmfl run)"',
+        'license = "Apache-2.0"',
+        "dependencies = []",
+        "",
+        "[tool.flwr.app]",
+        'publisher = "mmfl-flwr"',
+        "",
+        "[tool.flwr.app.components]",
         'serverapp = "mmfl_flwr.flower_app.server_app:app"',
-        'clientapp = "mmfl_flwr.flower_app.client_app:app"', '',
-        '[tool.flwr.app.config]',
+        'clientapp = "mmfl_flwr.flower_app.client_app:app"',
+        "",
+        "[tool.flwr.app.config]",
     ]
     lines += [f"{key} = {_toml_value(value)}" for key, value in sorted(run_config.items())]
     return "\n".join(lines) + "\n"
@@ -134,8 +143,9 @@ def _wait_healthy(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SimulationError(f"flower-superlink exited with {proc.returncode}: "
-                                  f"{_last_line(log)}")
+            raise SimulationError(
+                f"flower-superlink exited with {proc.returncode}: {_last_line(log)}"
+            )
         try:
             with urllib.request.urlopen(url, timeout=1.0) as resp:
                 if 200 <= resp.status < 300:
@@ -243,15 +253,22 @@ class RayPlan:
 
     def describe(self) -> str:
         """One line for the log: where, how many nodes, CPUs, GPUs, slots."""
+
         def n(count: float, what: str) -> str:
             return f"{count:g} {what}{'' if count == 1 else 's'}"
 
         cpus = n(sum(c for c, _ in self.nodes), "CPU")
         gpus = n(sum(g for _, g in self.nodes), "GPU")
-        where = (f"Ray cluster at {self.address}: {n(len(self.nodes), 'node')}, "
-                 if self.address else "Ray on this machine: ")
-        per = (f"{self.num_gpus_per_client:g} GPU and 1 CPU per {self.unit}"
-               if self.num_gpus_per_client else f"1 CPU per {self.unit}")
+        where = (
+            f"Ray cluster at {self.address}: {n(len(self.nodes), 'node')}, "
+            if self.address
+            else "Ray on this machine: "
+        )
+        per = (
+            f"{self.num_gpus_per_client:g} GPU and 1 CPU per {self.unit}"
+            if self.num_gpus_per_client
+            else f"1 CPU per {self.unit}"
+        )
         return f"{where}{cpus}, {gpus}; {per}, up to {n(self.slots, self.unit)} at a time"
 
 
@@ -337,11 +354,19 @@ def _probe_cluster(address: str) -> tuple[str, tuple[tuple[float, float], ...]]:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0", RAY_USAGE_STATS_ENABLED="0")
     try:
-        res = subprocess.run([sys.executable, "-c", _PROBE, address], env=env,
-                             capture_output=True, text=True, timeout=90, check=False)
+        res = subprocess.run(
+            [sys.executable, "-c", _PROBE, address],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
-        raise ValueError(f"{address}: Ray did not connect within 90 s (is it a Ray "
-                         "head node, of the same Ray version?)") from None
+        raise ValueError(
+            f"{address}: Ray did not connect within 90 s (is it a Ray "
+            "head node, of the same Ray version?)"
+        ) from None
     lines = res.stdout.splitlines()
     found = [ln.split(" ", 1)[1] for ln in lines if ln.startswith("MMFL-PROBE ")]
     if res.returncode != 0 or not found:
@@ -376,9 +401,11 @@ def plan_ray(
     flag = "--num-gpus-per-client"
     if num_gpus_per_node is not None:
         if num_gpus_per_client:
-            raise ValueError("--num-gpus-per-client and --num-gpus-per-node exclude each "
-                             "other: give the GPU share of a node (it hosts "
-                             "clients-per-node clients)")
+            raise ValueError(
+                "--num-gpus-per-client and --num-gpus-per-node exclude each "
+                "other: give the GPU share of a node (it hosts "
+                "clients-per-node clients)"
+            )
         num_gpus_per_client, flag = num_gpus_per_node, "--num-gpus-per-node"
     gpus = check_num_gpus_per_client(num_gpus_per_client, flag)
     address = (ray_address or "").strip() or None
@@ -398,8 +425,7 @@ def plan_ray(
             resolved, nodes = _probe_cluster(address)
         except ValueError as err:
             raise ValueError(f"{'RAY_ADDRESS=' if from_env else '--ray-address '}{err}") from None
-        where = f"the Ray cluster at {address}" + (f" ({resolved})" if resolved != address
-                                                   else "")
+        where = f"the Ray cluster at {address}" + (f" ({resolved})" if resolved != address else "")
     else:
         resolved = None
         nodes = ((float(num_cpus or os.cpu_count() or 1), float(local_gpus() if gpus else 0)),)
@@ -408,8 +434,11 @@ def plan_ray(
     if slots == 0:
         most_gpus = max((g for _, g in nodes), default=0.0)
         if gpus > 0 and most_gpus == 0:
-            hint = (" (CUDA_VISIBLE_DEVICES is empty)" if address is None
-                    and os.environ.get("CUDA_VISIBLE_DEVICES") == "" else "")
+            hint = (
+                " (CUDA_VISIBLE_DEVICES is empty)"
+                if address is None and os.environ.get("CUDA_VISIBLE_DEVICES") == ""
+                else ""
+            )
             raise ValueError(
                 f"{flag} {num_gpus_per_client:g}: Ray sees no GPU on "
                 f"{where}{hint}; leave the flag out (or 0) to train the clients on CPUs"
@@ -421,14 +450,22 @@ def plan_ray(
                 f"{'Flower node' if flag.endswith('node') else 'client'} runs on one "
                 "Ray node"
             )
-        raise ValueError(f"{where} has no free CPU for a client (Ray reports "
-                         f"{sum(c for c, _ in nodes):g} CPUs on {len(nodes)} nodes)")
-    return RayPlan(address=resolved, nodes=nodes, num_gpus_per_client=gpus, slots=slots,
-                   unit="node" if flag.endswith("node") else "client")
+        raise ValueError(
+            f"{where} has no free CPU for a client (Ray reports "
+            f"{sum(c for c, _ in nodes):g} CPUs on {len(nodes)} nodes)"
+        )
+    return RayPlan(
+        address=resolved,
+        nodes=nodes,
+        num_gpus_per_client=gpus,
+        slots=slots,
+        unit="node" if flag.endswith("node") else "client",
+    )
 
 
-def resolve_clients_per_node(settings: Settings, plan: RayPlan,
-                             per_client_gpus: bool = False) -> tuple[int, str]:
+def resolve_clients_per_node(
+    settings: Settings, plan: RayPlan, per_client_gpus: bool = False
+) -> tuple[int, str]:
     """``(K, why)``: the clients each Flower virtual node hosts. An explicit
     ``clients-per-node`` as it is; ``auto``: one node per ClientApp that
     Ray can run at a time (``plan.slots``: one per CPU, or per GPU share with
@@ -440,7 +477,8 @@ def resolve_clients_per_node(settings: Settings, plan: RayPlan,
         if per_client_gpus and k > 1:
             raise ValueError(
                 f"--num-gpus-per-client applies to one client per node, not to "
-                f"--clients-per-node {k}: give each node's share with --num-gpus-per-node")
+                f"--clients-per-node {k}: give each node's share with --num-gpus-per-node"
+            )
         return min(k, n), "clients-per-node"
     if per_client_gpus:
         return 1, "one node per client (--num-gpus-per-client)"
@@ -450,7 +488,10 @@ def resolve_clients_per_node(settings: Settings, plan: RayPlan,
 
 
 def federation_config(
-    num_supernodes: int, plan: RayPlan, num_cpus: int | None = None, verbose: bool = False,
+    num_supernodes: int,
+    plan: RayPlan,
+    num_cpus: int | None = None,
+    verbose: bool = False,
     cpus_per_node: int = 1,
 ) -> tuple[str, dict[str, str]]:
     """``flwr run``'s ``--federation-config`` for ``plan`` and the environment
@@ -465,10 +506,12 @@ def federation_config(
     refuses ``num_cpus`` when it joins one). ``cpus_per_node`` is each
     ClientApp actor's CPUs (Ray sets its ``OMP_NUM_THREADS``, torch's threads).
     """
-    keys = [f"num-supernodes={num_supernodes}",
-            f"client-resources-num-cpus={max(1, int(cpus_per_node))}",
-            "init-args-logging-level='ERROR'",
-            f"init-args-log-to-driver={'true' if verbose else 'false'}"]
+    keys = [
+        f"num-supernodes={num_supernodes}",
+        f"client-resources-num-cpus={max(1, int(cpus_per_node))}",
+        "init-args-logging-level='ERROR'",
+        f"init-args-log-to-driver={'true' if verbose else 'false'}",
+    ]
     if plan.num_gpus_per_client > 0:
         keys.append(f"client-resources-num-gpus={plan.num_gpus_per_client!r}")
     if plan.address:
@@ -513,9 +556,12 @@ def run_on_superlink(
         # the CPUs left idle by fewer nodes than CPUs go to the nodes' torch threads
         cpus_per_node = max(1, int(sum(c for c, _ in plan.nodes)) // num_nodes)
     if k > 1:
-        print(f"[mmfl] {settings.num_clients} clients on {num_nodes} Flower node"
-              f"{'s' if num_nodes != 1 else ''} of up to {k} ({why}; {cpus_per_node} "
-              f"CPU{'s' if cpus_per_node != 1 else ''} each)", flush=True)
+        print(
+            f"[mmfl] {settings.num_clients} clients on {num_nodes} Flower node"
+            f"{'s' if num_nodes != 1 else ''} of up to {k} ({why}; {cpus_per_node} "
+            f"CPU{'s' if cpus_per_node != 1 else ''} each)",
+            flush=True,
+        )
     work = Path(tempfile.mkdtemp(prefix="mmfl-run-"))
     out = Path(settings.output_dir or work / "outputs").resolve()
     config = settings.to_run_config()  # clients-per-node as typed (see above)
@@ -538,12 +584,16 @@ def run_on_superlink(
         f'address = "127.0.0.1:{port}"\ninsecure = true\n'
     )
     federation, ray_env = federation_config(num_nodes, plan, num_cpus, verbose, cpus_per_node)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("FLWR_") and k != "RAY_ADDRESS"}
-    env.update(FLWR_HOME=str(home), FLWR_DISABLE_UPDATE_CHECK="1",
-               # the app's code is this environment's mmfl_flwr: nothing to install
-               FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-               RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0", RAY_DEDUP_LOGS="0", **ray_env)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLWR_") and k != "RAY_ADDRESS"}
+    env.update(
+        FLWR_HOME=str(home),
+        FLWR_DISABLE_UPDATE_CHECK="1",
+        # the app's code is this environment's mmfl_flwr: nothing to install
+        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+        RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0",
+        RAY_DEDUP_LOGS="0",
+        **ray_env,
+    )
     # Ray starts one idle worker process per CPU for the first driver by default; the
     # simulation creates its ClientApp actors in processes of their own, so those
     # workers only cost CPU (4-6 s per run on 2 cores). A value the user exported wins.
@@ -567,10 +617,26 @@ def run_on_superlink(
         # in a session of its own: a Ctrl-C or kill of this process group does not
         # reach the supervisor, which then ends the SuperLink's whole tree
         link = subprocess.Popen(
-            [sys.executable, "-m", "mmfl_flwr.flower_app.supervise", "--",
-             _exe("flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1",
-             "--port", str(port), "--database", ":flwr-in-memory:"],
-            env=env, cwd=work, stdout=log_f, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "mmfl_flwr.flower_app.supervise",
+                "--",
+                _exe("flower-superlink"),
+                "--insecure",
+                "--simulation",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--database",
+                ":flwr-in-memory:",
+            ],
+            env=env,
+            cwd=work,
+            stdout=log_f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     stream: subprocess.Popen[str] | None = None
     try:
@@ -580,7 +646,11 @@ def run_on_superlink(
         # ``flwr`` process costs 2-4 s of CPU to start on 2 cores)
         stream = subprocess.Popen(
             [flwr, "run", str(app), CONNECTION, "--stream", "--federation-config", federation],
-            env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=env,
+            cwd=work,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
             errors="replace",
         )
         assert stream.stdout is not None
@@ -590,14 +660,18 @@ def run_on_superlink(
         guard.daemon = True
         guard.start()
         try:
-            run_id, finished, before = follow_run_log(stream.stdout, verbose, timeout,
-                                                      on_started=guard.cancel)
+            run_id, finished, before = follow_run_log(
+                stream.stdout, verbose, timeout, on_started=guard.cancel
+            )
         finally:
             guard.cancel()
         stream.wait(timeout=60)
         if not run_id:
-            reason = (f"no run after {SUBMIT_TIMEOUT:.0f} s" if fired
-                      else flwr_reason(before) or f"exit code {stream.returncode}")
+            reason = (
+                f"no run after {SUBMIT_TIMEOUT:.0f} s"
+                if fired
+                else flwr_reason(before) or f"exit code {stream.returncode}"
+            )
             raise SimulationError(f"flwr run did not start the run: {reason}")
         if not finished:  # the ServerApp's last line did not come: ask Flower
             status, details = _status(flwr, run_id, env, work)
@@ -616,7 +690,8 @@ def run_on_superlink(
             for leftover in ("app", "flwr-home", "tasks.pkl", "superlink.log", "owner.pid"):
                 path = work / leftover
                 shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(
-                    missing_ok=True)
+                    missing_ok=True
+                )
             if not any(work.iterdir()):
                 work.rmdir()
     return out
@@ -655,12 +730,14 @@ def flwr_reason(before: list[str]) -> str:
     line, else its last line."""
     tops = [i for i, line in enumerate(before) if line.startswith("╭")]
     if tops:
-        return " ".join(line for line in before[tops[-1] + 1:] if line)
+        return " ".join(line for line in before[tops[-1] + 1 :] if line)
     return before[-1] if before else ""
 
 
 def follow_run_log(
-    lines: Iterable[str], verbose: bool, timeout: float | None,
+    lines: Iterable[str],
+    verbose: bool,
+    timeout: float | None,
     on_started: Callable[[], None] | None = None,
 ) -> tuple[str, bool, list[str]]:
     """Read what ``flwr run ... --stream`` prints: until it names the run it
@@ -699,9 +776,15 @@ def _status(flwr: str, run_id: str, env: dict[str, str], cwd: Path) -> tuple[str
     deadline = time.monotonic() + 60
     status, details = "unknown", ""
     while time.monotonic() < deadline:
-        res = subprocess.run([flwr, "ls", CONNECTION, "--run-id", run_id, "--format", "json"],
-                             env=env, cwd=cwd, capture_output=True, text=True, timeout=60,
-                             check=False)
+        res = subprocess.run(
+            [flwr, "ls", CONNECTION, "--run-id", run_id, "--format", "json"],
+            env=env,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         for run in _json_out(res.stdout).get("runs") or []:
             status = str(run.get("status"))
             details = str(run.get("status-details", ""))

@@ -87,15 +87,30 @@ def private(strategy: MultiModelStrategy, s: Settings) -> Any:
 
     noise_seed = None if s.dp_noise_seed < 0 else s.dp_noise_seed
     if s.dp.endswith("fixed"):
-        fixed = {"server-fixed": dp.DifferentialPrivacyServerSideFixedClipping,
-                 "client-fixed": dp.DifferentialPrivacyClientSideFixedClipping}[s.dp]
-        return fixed(strategy, s.dp_noise_multiplier, s.dp_clipping_norm,
-                     s.dp_sampled_clients, delta=s.dp_delta, noise_seed=noise_seed)
-    adaptive = {"server-adaptive": dp.DifferentialPrivacyServerSideAdaptiveClipping,
-                "client-adaptive": dp.DifferentialPrivacyClientSideAdaptiveClipping}[s.dp]
-    return adaptive(strategy, s.dp_noise_multiplier, s.dp_sampled_clients,
-                    initial_clipping_norm=s.dp_clipping_norm, delta=s.dp_delta,
-                    noise_seed=noise_seed)
+        fixed = {
+            "server-fixed": dp.DifferentialPrivacyServerSideFixedClipping,
+            "client-fixed": dp.DifferentialPrivacyClientSideFixedClipping,
+        }[s.dp]
+        return fixed(
+            strategy,
+            s.dp_noise_multiplier,
+            s.dp_clipping_norm,
+            s.dp_sampled_clients,
+            delta=s.dp_delta,
+            noise_seed=noise_seed,
+        )
+    adaptive = {
+        "server-adaptive": dp.DifferentialPrivacyServerSideAdaptiveClipping,
+        "client-adaptive": dp.DifferentialPrivacyClientSideAdaptiveClipping,
+    }[s.dp]
+    return adaptive(
+        strategy,
+        s.dp_noise_multiplier,
+        s.dp_sampled_clients,
+        initial_clipping_norm=s.dp_clipping_norm,
+        delta=s.dp_delta,
+        noise_seed=noise_seed,
+    )
 
 
 def check_resume(s: Settings, strategy: Any) -> int:
@@ -204,7 +219,9 @@ PLOT_EVERY_SECONDS = 10.0
 
 
 def _with_round_files(
-    strategy: MultiModelStrategy, s: Settings, effective: dict[str, Any],
+    strategy: MultiModelStrategy,
+    s: Settings,
+    effective: dict[str, Any],
     strategy_name: str | None,
 ) -> Callable[[int, list[dict[str, Any]]], None]:
     """Wrap the round callback: after every round, write ``metrics.csv`` and
@@ -223,8 +240,7 @@ def _with_round_files(
             write_metrics_csv(result.history, out / "metrics.csv")
             write_assignments_csv(result.assignments, out / "assignments.csv")
             if time.monotonic() - last_plot[0] >= PLOT_EVERY_SECONDS:
-                plot_accuracy(result.history, out / "accuracy.png", s, strategy_name,
-                              effective)
+                plot_accuracy(result.history, out / "accuracy.png", s, strategy_name, effective)
                 last_plot[0] = time.monotonic()
         if inner is not None:
             inner(rnd, rows)
@@ -256,8 +272,10 @@ def check_output_folder(s: Settings) -> None:
         return
     for part in (Path(s.output_dir), *Path(s.output_dir).parents):
         if part.exists() and not part.is_dir():
-            raise ValueError(f"--output-dir {s.output_dir} (output-dir): {part} is a file, "
-                             f"not a folder; name a folder")
+            raise ValueError(
+                f"--output-dir {s.output_dir} (output-dir): {part} is a file, "
+                f"not a folder; name a folder"
+            )
     if s.overwrite:
         return
     held = Path(s.output_dir) / CHECKPOINT_FILE
@@ -317,8 +335,11 @@ def _run_server(
     if s.resume_from:
         check_resume(s, runner)
         if isinstance(strategy.aggregator, ScaffoldAggregator):
-            log(WARNING, "Resuming SCAFFOLD: the clients' control variates c_i are not "
-                "in the server checkpoint; they restart from zero")
+            log(
+                WARNING,
+                "Resuming SCAFFOLD: the clients' control variates c_i are not "
+                "in the server checkpoint; they restart from zero",
+            )
     check_output_folder(s)
     arrays, evaluate_fn = initial_arrays(s), central_evaluator(s)  # loads the data
     if not custom:  # the preset that s names: warn when its budget is too small
@@ -326,7 +347,8 @@ def _run_server(
     effective = {} if custom else effective_settings(s)
     name = (
         f"custom {type(strategy.policy).__name__} + {type(strategy.aggregator).__name__}"
-        if custom else None
+        if custom
+        else None
     )
     if s.output_dir:
         strategy.on_round_end = _with_round_files(strategy, s, effective, name)
@@ -354,8 +376,9 @@ def _run_server(
             _files_of_finished_rounds(s.output_dir)
         raise
     if s.output_dir:
-        out = write_outputs(result, s, s.output_dir, strategy_name=name, effective=effective,
-                            engine=engine)
+        out = write_outputs(
+            result, s, s.output_dir, strategy_name=name, effective=effective, engine=engine
+        )
         print(f"[mmfl] results written to {os.path.abspath(out)}", flush=True)
     sys.stdout.flush()
     return result

@@ -24,8 +24,9 @@ from types import FrameType
 
 def descendants(root: int) -> list[int]:
     """Every process below ``root`` (children first by depth), from ``ps``."""
-    out = subprocess.run(["ps", "-A", "-o", "pid=", "-o", "ppid="], capture_output=True,
-                         text=True, check=False).stdout
+    out = subprocess.run(
+        ["ps", "-A", "-o", "pid=", "-o", "ppid="], capture_output=True, text=True, check=False
+    ).stdout
     children: dict[int, list[int]] = {}
     for line in out.splitlines():
         parts = line.split()
@@ -77,7 +78,7 @@ def _alive(pid: int) -> bool:
 
 def main(argv: list[str]) -> int:
     if "--" in argv:
-        argv = argv[argv.index("--") + 1:]
+        argv = argv[argv.index("--") + 1 :]
     if not argv:
         print("usage: python -m mmfl_flwr.flower_app.supervise -- COMMAND...", file=sys.stderr)
         return 2

@@ -69,18 +69,25 @@ def aggregate_train_replies(
     shares = {t: run_state.table.data_share(t) for t in plan.tasks}
     outcome = collect_updates(run_state, plan, replies, shares, limits, aggregator.needs_control)
     run_state.rejected_parts = outcome.rejected_parts
+
     def model_norm(task: str) -> float:
         return l2_norm(run_state.weights[task][k] for k in run_state.split_keys(task)[0])
 
-    rejected = bound_update_norms(outcome.updates, run_state.norm_history,
-                                  limits.update_norm_factor, model_norm, limits.update_clip_factor)
+    rejected = bound_update_norms(
+        outcome.updates,
+        run_state.norm_history,
+        limits.update_norm_factor,
+        model_norm,
+        limits.update_clip_factor,
+    )
     # each update's cosine with the others', for the bound on reversed updates
     cosines: dict[tuple[str, str], tuple[float, float, int]] | None = (
-        {} if limits.reversed_influence_factor is not None else None)
-    check_directions(outcome.updates, run_state.direction_history, limits.direction_factor,
-                     cosines)
-    rule = InfluenceBound.of(limits.influence_clip_factor, limits.reversed_influence_factor,
-                             cosines)
+        {} if limits.reversed_influence_factor is not None else None
+    )
+    check_directions(outcome.updates, run_state.direction_history, limits.direction_factor, cosines)
+    rule = InfluenceBound.of(
+        limits.influence_clip_factor, limits.reversed_influence_factor, cosines
+    )
     for task, cid in rejected:
         outcome.rejected[task] += 1
         outcome.rejected_parts.append((cid, task))
@@ -96,8 +103,11 @@ def aggregate_train_replies(
         updates = select_after_training(run_state, policy, aggregator, plan.server_round, updates)
     # after any selection: the weights are the ones the aggregate applies
     refs = bound_influence(updates, aggregator.step_weights, rule)
-    fresh = (bound_fresh_influence(outcome.updates, updates, refs, rule)
-             if aggregator.needs_fresh else None)
+    fresh = (
+        bound_fresh_influence(outcome.updates, updates, refs, rule)
+        if aggregator.needs_fresh
+        else None
+    )
     return aggregate_round(run_state, aggregator, plan, outcome, updates, shares, fresh)
 
 
@@ -125,12 +135,15 @@ def select_after_training(
     signal = {(u.cid, task): value(task, u) for task, us in updates.items() for u in us}
     chosen = {
         (p.cid, p.task): p
-        for p in policy.select(run_state.table, run_state.tasks, signal, server_round, run_state.rng)
+        for p in policy.select(
+            run_state.table, run_state.tasks, signal, server_round, run_state.rng
+        )
     }
     return {
         task: [
-            dataclasses.replace(u, prob=chosen[(u.cid, task)].prob,
-                                count=chosen[(u.cid, task)].count)
+            dataclasses.replace(
+                u, prob=chosen[(u.cid, task)].prob, count=chosen[(u.cid, task)].count
+            )
             for u in us
             if (u.cid, task) in chosen
         ]
@@ -174,16 +187,24 @@ def aggregate_round(
             plan.server_round,
             shares=shares[task],
             fresh=(
-                (fresh[task] if fresh is not None and task in fresh
-                 else {u.cid: u.delta for u in outcome.updates[task]})
-                if aggregator.needs_fresh else None
+                (
+                    fresh[task]
+                    if fresh is not None and task in fresh
+                    else {u.cid: u.delta for u in outcome.updates[task]}
+                )
+                if aggregator.needs_fresh
+                else None
             ),
         )
         coef_sum = aggregator.coefficient_sum(task, updates[task], shares=shares[task])
         new_state = average_state([old[k] for k in state_keys], updates[task])
         if not all(np.isfinite(a).all() for a in new_train + new_state if a.dtype.kind in "fc"):
-            log(ERROR, "Task %r: aggregation produced NaN/inf (overflow); the global model "
-                "is left unchanged this round", task)
+            log(
+                ERROR,
+                "Task %r: aggregation produced NaN/inf (overflow); the global model "
+                "is left unchanged this round",
+                task,
+            )
             new_train = [old[k] for k in train_keys]
             new_state = [old[k] for k in state_keys]
         new_values = dict(zip(train_keys + state_keys, new_train + new_state))
@@ -217,29 +238,39 @@ def checked_models(
     if models is None:
         return {}
     if not isinstance(models, RecordDict):
-        raise HookError(f"{hook} returned {type(models).__name__} as the models: expected a "
-                        "RecordDict of one ArrayRecord per model (or None)")
+        raise HookError(
+            f"{hook} returned {type(models).__name__} as the models: expected a "
+            "RecordDict of one ArrayRecord per model (or None)"
+        )
     active = set(run_state.tasks)
     out: dict[str, NumpyWeights] = {}
     for task, rec in models.items():
         if task not in active or not isinstance(rec, ArrayRecord):
-            raise HookError(f"{hook} returned {type(rec).__name__} {task!r}: expected one "
-                            f"ArrayRecord per active model {sorted(active)}")
+            raise HookError(
+                f"{hook} returned {type(rec).__name__} {task!r}: expected one "
+                f"ArrayRecord per active model {sorted(active)}"
+            )
         made = (produced or {}).get(task)
-        if made is not None and list(made[0].keys()) == list(rec.keys()) and all(
-            a is b for a, b in zip(made[0].values(), rec.values())
+        if (
+            made is not None
+            and list(made[0].keys()) == list(rec.keys())
+            and all(a is b for a, b in zip(made[0].values(), rec.values()))
         ):
             out[task] = made[1]
             continue
         new = arrays_to_numpy(rec)
         old = run_state.weights[task]
         if list(new) != list(old):
-            raise HookError(f"{hook} returned model {task!r} with keys {list(new)[:4]}...: "
-                            f"expected the model's keys {list(old)[:4]}...")
+            raise HookError(
+                f"{hook} returned model {task!r} with keys {list(new)[:4]}...: "
+                f"expected the model's keys {list(old)[:4]}..."
+            )
         for k, v in new.items():
             if v.shape != old[k].shape or v.dtype != old[k].dtype:
-                raise HookError(f"{hook} returned {task!r}[{k!r}] of shape {v.shape} "
-                                f"{v.dtype}: expected {old[k].shape} {old[k].dtype}")
+                raise HookError(
+                    f"{hook} returned {task!r}[{k!r}] of shape {v.shape} "
+                    f"{v.dtype}: expected {old[k].shape} {old[k].dtype}"
+                )
             if v.dtype.kind in "fc" and not np.isfinite(v).all():
                 raise HookError(f"{hook} returned {task!r}[{k!r}] with NaN or inf")
         out[task] = new

@@ -45,21 +45,33 @@ def evaluation_messages(
 
 
 def client_metrics(
-    run_state: RunState, replies: Iterable[Message], max_loss: float, server_round: int | None = None
+    run_state: RunState,
+    replies: Iterable[Message],
+    max_loss: float,
+    server_round: int | None = None,
 ) -> MetricRecord | None:
     """Example-weighted mean of the clients' loss and accuracy, per task
     (``<task>.loss``, ``<task>.accuracy``); None without a usable reply."""
     sums: dict[str, list[float]] = {}
     active = set(run_state.tasks)
-    for cid, reply in client_replies(run_state.node_to_cid, replies, "evaluation",
-                                     server_round=server_round, lacking=run_state.lacking,
-                                     shards=run_state.shards,
-                                     shard_asked=run_state.addressed.get(MessageType.EVALUATE)):
+    for cid, reply in client_replies(
+        run_state.node_to_cid,
+        replies,
+        "evaluation",
+        server_round=server_round,
+        lacking=run_state.lacking,
+        shards=run_state.shards,
+        shard_asked=run_state.addressed.get(MessageType.EVALUATE),
+    ):
         sent = [t for t in run_state.table[cid].tasks if t in active]
         for key in reply.content.metric_records:
             if P.task_of(key, P.METRICS_PREFIX) not in sent:
-                log(WARNING, "Client %s: rejected evaluation record %r (model not sent to it)",
-                    cid, key)
+                log(
+                    WARNING,
+                    "Client %s: rejected evaluation record %r (model not sent to it)",
+                    cid,
+                    key,
+                )
         for task in sent:
             m = reply.content.metric_records.get(P.metrics_key(task))
             if m is None:
@@ -106,7 +118,6 @@ def server_eval(
     }
 
 
-
 def round_rows(
     run_state: RunState,
     server_round: int,
@@ -127,10 +138,16 @@ def round_rows(
     for task in run_state.tasks:
         train = dict(rows[task])
         coef_sum = train.pop("coef_sum", math.nan)
-        row = {"round": server_round, "task": task, **train, "round_step_l1": round_l1,
-               "coef_sum": coef_sum}
+        row = {
+            "round": server_round,
+            "task": task,
+            **train,
+            "round_step_l1": round_l1,
+            "coef_sum": coef_sum,
+        }
         row.update(
-            server_eval(evaluate_fn, run_state, server_round, task, result) if evaluated
+            server_eval(evaluate_fn, run_state, server_round, task, result)
+            if evaluated
             else {"accuracy": math.nan, "loss": math.nan}
         )
         if client_eval is not None:
@@ -158,7 +175,15 @@ def initial_rows(
 ) -> list[dict[str, Any]]:
     """Round 0 of the history: the evaluation of the initial weights."""
     return [
-        {"round": 0, "task": t, "uploads": 0, "assigned": 0, "rejected": 0,
-         "train_loss": math.nan, "step_l1": 0.0, **server_eval(evaluate_fn, run_state, 0, t, result)}
+        {
+            "round": 0,
+            "task": t,
+            "uploads": 0,
+            "assigned": 0,
+            "rejected": 0,
+            "train_loss": math.nan,
+            "step_l1": 0.0,
+            **server_eval(evaluate_fn, run_state, 0, t, result),
+        }
         for t in run_state.tasks
     ]

@@ -43,8 +43,12 @@ def accepted_losses(
     (:func:`install_losses` does that)."""
     received: dict[str, list[tuple[str, float]]] = {}
     for cid, reply in client_replies(
-        run_state.node_to_cid, replies, "loss", server_round=server_round,
-        lacking=run_state.lacking, shards=run_state.shards,
+        run_state.node_to_cid,
+        replies,
+        "loss",
+        server_round=server_round,
+        lacking=run_state.lacking,
+        shards=run_state.shards,
         shard_asked=run_state.addressed.get(P.QUERY_LOSSES),
     ):
         losses = reply.content.metric_records.get(P.LOSSES_KEY)
@@ -53,8 +57,12 @@ def accepted_losses(
             continue
         for task, value in losses.items():
             if task not in run_state.table[cid].num_examples:
-                log(WARNING, "Client %s reported a loss for task %r it was not asked "
-                    "about; ignored", cid, task)
+                log(
+                    WARNING,
+                    "Client %s reported a loss for task %r it was not asked about; ignored",
+                    cid,
+                    task,
+                )
                 continue
             try:
                 loss = check_loss(value, f"loss of task {task!r}", limits.max_loss)
@@ -68,16 +76,24 @@ def accepted_losses(
         rec = MetricRecord()
         for cid, loss in pairs:
             if loss > cap:
-                log(WARNING, "Client %s: loss %.4g on task %r capped at %.4g "
-                    "(%g x the reference loss)", cid, loss, task, cap, limits.loss_cap)
+                log(
+                    WARNING,
+                    "Client %s: loss %.4g on task %r capped at %.4g (%g x the reference loss)",
+                    cid,
+                    loss,
+                    task,
+                    cap,
+                    limits.loss_cap,
+                )
                 loss = cap
             rec[cid] = loss
         out[task] = rec
     return out
 
 
-def install_losses(run_state: RunState, losses: RecordDict, server_round: int,
-                   max_loss: float, hook: str) -> int:
+def install_losses(
+    run_state: RunState, losses: RecordDict, server_round: int, max_loss: float, hook: str
+) -> int:
     """Store ``losses`` (task -> MetricRecord of client id -> loss, as
     :func:`accepted_losses` returns them) in the client table; returns how many.
     Anything that is not a loss of a registered client on an active model it
@@ -86,12 +102,16 @@ def install_losses(run_state: RunState, losses: RecordDict, server_round: int,
     checked: list[tuple[str, str, float]] = []
     for task, rec in losses.items():
         if task not in active or not isinstance(rec, MetricRecord):
-            raise HookError(f"{hook} returned {type(rec).__name__} {task!r}: expected one "
-                            f"MetricRecord per active model {sorted(active)}")
+            raise HookError(
+                f"{hook} returned {type(rec).__name__} {task!r}: expected one "
+                f"MetricRecord per active model {sorted(active)}"
+            )
         for cid, value in rec.items():
             if cid not in run_state.table or task not in run_state.table[cid].num_examples:
-                raise HookError(f"{hook} returned a loss of client {cid!r} on {task!r}: "
-                                "no such registered client holds that model")
+                raise HookError(
+                    f"{hook} returned a loss of client {cid!r} on {task!r}: "
+                    "no such registered client holds that model"
+                )
             try:
                 loss = check_loss(value, f"loss of client {cid!r} on {task!r}", max_loss)
             except InvalidReply as err:

@@ -156,8 +156,9 @@ class MultiModelStrategy(Strategy):
         self.aggregator = aggregator if aggregator is not None else FedAvgAggregator()
         check_pairing(self.policy, self.aggregator)
         self._templates = (copy.deepcopy(self.policy), copy.deepcopy(self.aggregator))
-        self.train_config = train.TrainConfig(int(local_epochs), float(lr), int(batch_size),
-                                              int(seed))
+        self.train_config = train.TrainConfig(
+            int(local_epochs), float(lr), int(batch_size), int(seed)
+        )
         self.seed = int(seed)
         self.fraction_evaluate = float(fraction_evaluate)
         self.evaluate_every = int(evaluate_every)
@@ -166,9 +167,17 @@ class MultiModelStrategy(Strategy):
         if self.min_available_nodes < 0 or self.min_available_clients < 0:
             raise ValueError("min_available_nodes and min_available_clients must be >= 0")
         self.node_wait_timeout = float(node_wait_timeout)
-        self.limits = Limits(float(max_loss), loss_cap, max_update_norm, update_norm_factor,
-                             count_cap, update_clip_factor, direction_factor,
-                             influence_clip_factor, reversed_influence_factor)  # checks them
+        self.limits = Limits(
+            float(max_loss),
+            loss_cap,
+            max_update_norm,
+            update_norm_factor,
+            count_cap,
+            update_clip_factor,
+            direction_factor,
+            influence_clip_factor,
+            reversed_influence_factor,
+        )  # checks them
         self.on_round_end = on_round_end
         self.checkpoint_path = checkpoint_path
         self._arrivals = (
@@ -189,8 +198,12 @@ class MultiModelStrategy(Strategy):
         self.result: MultiModelResult | None = None
 
     def _new_run_state(self) -> RunState:
-        return RunState(self.seed, *self._arrivals, pinned_trainable=dict(self._trainable),
-                        client_pins=dict(self._pins))
+        return RunState(
+            self.seed,
+            *self._arrivals,
+            pinned_trainable=dict(self._trainable),
+            client_pins=dict(self._pins),
+        )
 
     # views of the current run (see RunState)
     weights = property(lambda self: self.run_state.weights, doc="Global weights per task (numpy).")
@@ -209,15 +222,22 @@ class MultiModelStrategy(Strategy):
         """Log every setting of the strategy."""
         log(INFO, "\t├──> MultiModelStrategy settings:")
         for name, value in (
-            ("Policy", repr(self.policy)), ("Aggregator", repr(self.aggregator)),
+            ("Policy", repr(self.policy)),
+            ("Aggregator", repr(self.aggregator)),
             ("Tasks", ", ".join(self.run_state.all_tasks) or "(not set yet)"),
-            ("Train config", self.train_config), ("Limits", self.limits),
+            ("Train config", self.train_config),
+            ("Limits", self.limits),
             ("Evaluation", f"fraction {self.fraction_evaluate:g}, every {self.evaluate_every}"),
-            ("Nodes", f"wait for {self.min_available_nodes} nodes and "
-                      f"{self.min_available_clients} clients at most "
-                      f"{self.node_wait_timeout:g} s"),
-            ("Arrivals (tasks, clients)", self._arrivals), ("Trainable keys", self._trainable),
-            ("Pinned client ids", sorted(self._pins)), ("Checkpoint", self.checkpoint_path),
+            (
+                "Nodes",
+                f"wait for {self.min_available_nodes} nodes and "
+                f"{self.min_available_clients} clients at most "
+                f"{self.node_wait_timeout:g} s",
+            ),
+            ("Arrivals (tasks, clients)", self._arrivals),
+            ("Trainable keys", self._trainable),
+            ("Pinned client ids", sorted(self._pins)),
+            ("Checkpoint", self.checkpoint_path),
         ):
             log(INFO, "\t│\t├── %s: %s", name, value)
         log(INFO, "\t│\t└── Seed: %d", self.seed)
@@ -240,8 +260,9 @@ class MultiModelStrategy(Strategy):
         the policy asks (:meth:`Policy.loss_query_clients`; all by default), with
         every active model it holds."""
         run_state = self.run_state
-        only = self.policy.loss_query_clients(run_state.table, run_state.tasks, server_round,
-                                              run_state.rng)
+        only = self.policy.loss_query_clients(
+            run_state.table, run_state.tasks, server_round, run_state.rng
+        )
         return loss_query_messages(run_state, server_round, only)
 
     def aggregate_loss_query(
@@ -258,8 +279,9 @@ class MultiModelStrategy(Strategy):
         """The policy's assignment: one train message per node with every model
         assigned to it (an override that changes the messages should call this
         first: the round's picks are kept for :meth:`aggregate_train`)."""
-        plan = train.plan_round(self.run_state, self.policy, self.aggregator, server_round, config,
-                                self.train_config)
+        plan = train.plan_round(
+            self.run_state, self.policy, self.aggregator, server_round, config, self.train_config
+        )
         self._plans[server_round] = plan
         return plan.messages
 
@@ -273,30 +295,34 @@ class MultiModelStrategy(Strategy):
         ``<model>.train-loss`` metrics."""
         plan = self._plans.pop(server_round, None)
         if plan is None:
-            raise HookError(f"aggregate_train: round {server_round} has no assignment: an "
-                            "override of configure_train must call super().configure_train")
+            raise HookError(
+                f"aggregate_train: round {server_round} has no assignment: an "
+                "override of configure_train must call super().configure_train"
+            )
         rows, models = aggregate.aggregate_train_replies(
-            self.run_state, self.policy, self.aggregator, plan, replies, self.limits)
+            self.run_state, self.policy, self.aggregator, plan, replies, self.limits
+        )
         produced = {t: (numpy_to_arrays(w), w) for t, w in models.items()}
         self._rows[server_round] = (rows, produced)
-        return RecordDict({t: rec for t, (rec, _) in produced.items()}), \
-            aggregate.train_metrics(rows)
+        return RecordDict({t: rec for t, (rec, _) in produced.items()}), aggregate.train_metrics(
+            rows
+        )
 
     def configure_evaluate(  # type: ignore[override]
         self, server_round: int, arrays: RecordDict | None, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Client-side evaluation of every model on ``fraction_evaluate`` of the
         clients (called on evaluation rounds only)."""
-        return evaluate.evaluation_messages(self.run_state, server_round, config,
-                                            self.fraction_evaluate)
+        return evaluate.evaluation_messages(
+            self.run_state, server_round, config, self.fraction_evaluate
+        )
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
         """Example-weighted mean of client-side loss and accuracy, per model
         (``<model>.loss``, ``<model>.accuracy``)."""
-        return evaluate.client_metrics(self.run_state, replies, self.limits.max_loss,
-                                       server_round)
+        return evaluate.client_metrics(self.run_state, replies, self.limits.max_loss, server_round)
 
     # ------------------------------------------------------------------ rounds
     def start(  # type: ignore[override]
@@ -321,8 +347,17 @@ class MultiModelStrategy(Strategy):
         strategy (its models replace ``initial_arrays``; SCAFFOLD's client-held
         ``c_i`` is not in it). Returns the final weights and the per-round,
         per-task history."""
-        return self._drive(self, grid, initial_arrays, num_rounds, timeout, train_config,
-                           evaluate_config, evaluate_fn, resume_from)
+        return self._drive(
+            self,
+            grid,
+            initial_arrays,
+            num_rounds,
+            timeout,
+            train_config,
+            evaluate_config,
+            evaluate_fn,
+            resume_from,
+        )
 
     def _hook(self, hooks: object, name: str, rnd: int, *args: Any) -> Any:
         """``hooks.<name>(rnd, *args)``; what an override (or a wrapper) raises
@@ -335,23 +370,28 @@ class MultiModelStrategy(Strategy):
         except HookError:
             raise
         except Exception as err:
-            raise HookError(f"{type(hooks).__name__}.{name} (round {rnd}) raised "
-                            f"{type(err).__name__}: {err}") from err
+            raise HookError(
+                f"{type(hooks).__name__}.{name} (round {rnd}) raised {type(err).__name__}: {err}"
+            ) from err
 
     def _messages(self, hooks: object, name: str, rnd: int, *args: Any) -> list[Message]:
         msgs = self._hook(hooks, name, rnd, *args)
         msgs = list(msgs) if msgs is not None else []
         bad = [m for m in msgs if not isinstance(m, Message)]
         if bad:
-            raise HookError(f"{type(hooks).__name__}.{name} (round {rnd}) returned "
-                            f"{type(bad[0]).__name__}: expected Flower Messages")
+            raise HookError(
+                f"{type(hooks).__name__}.{name} (round {rnd}) returned "
+                f"{type(bad[0]).__name__}: expected Flower Messages"
+            )
         return msgs
 
     @staticmethod
     def _metrics(hooks: object, name: str, rnd: int, value: object) -> MetricRecord | None:
         if value is not None and not isinstance(value, MetricRecord):
-            raise HookError(f"{type(hooks).__name__}.{name} (round {rnd}) returned "
-                            f"{type(value).__name__} as metrics: expected a MetricRecord or None")
+            raise HookError(
+                f"{type(hooks).__name__}.{name} (round {rnd}) returned "
+                f"{type(value).__name__} as metrics: expected a MetricRecord or None"
+            )
         return value
 
     def _drive(
@@ -387,8 +427,10 @@ class MultiModelStrategy(Strategy):
         self._rows.clear()
         run_state = self.run_state
         if resume_from is None and set(run_state.task_arrivals) - set(initial_arrays or {}):
-            raise ValueError(f"task_arrivals names unknown tasks "
-                             f"{sorted(set(run_state.task_arrivals) - set(initial_arrays or {}))}")
+            raise ValueError(
+                f"task_arrivals names unknown tasks "
+                f"{sorted(set(run_state.task_arrivals) - set(initial_arrays or {}))}"
+            )
         result = self.result = MultiModelResult()
         first = 1
         if resume_from is not None:
@@ -396,20 +438,32 @@ class MultiModelStrategy(Strategy):
             first = persist.restore(run_state, self.policy, self.aggregator, state, result) + 1
             if hooks is not self and hasattr(hooks, "load_wrapper_state"):
                 hooks.load_wrapper_state(state.get("wrapper_state", {}), result)
-            log(INFO, "Resuming %s from %s after round %d", type(self).__name__, resume_from,
-                first - 1)
+            log(
+                INFO,
+                "Resuming %s from %s after round %d",
+                type(self).__name__,
+                resume_from,
+                first - 1,
+            )
         else:
             run_state.set_models(initial_arrays)
-        log(INFO, "Starting %s over %d models for %d rounds", type(self).__name__,
-            len(run_state.tasks), num_rounds)
+        log(
+            INFO,
+            "Starting %s over %d models for %d rounds",
+            type(self).__name__,
+            len(run_state.tasks),
+            num_rounds,
+        )
         hooks.summary()  # type: ignore[attr-defined]
         if resume_from is None:
             self._finish_round(0, evaluate.initial_rows(run_state, evaluate_fn, result), result)
         unheld: set[str] = set()  # models named as held by no client
         name = type(hooks).__name__
         run_state.needed_handlers = (
-            ["train"] + ([P.QUERY_LOSSES] if self.policy.needs_losses else [])
-            + (["evaluate"] if self.fraction_evaluate > 0 else []))
+            ["train"]
+            + ([P.QUERY_LOSSES] if self.policy.needs_losses else [])
+            + (["evaluate"] if self.fraction_evaluate > 0 else [])
+        )
         for rnd in range(first, num_rounds + 1):
             t0 = time.monotonic()
             t_round = time.perf_counter()
@@ -417,23 +471,42 @@ class MultiModelStrategy(Strategy):
             log(INFO, "")
             log(INFO, "[ROUND %s/%s]", rnd, num_rounds)
             with timed(rnd, "registration"):
-                registration.refresh_clients(run_state, grid, rnd, timeout, self.min_available_nodes,
-                                             self.node_wait_timeout, self.min_available_clients)
+                registration.refresh_clients(
+                    run_state,
+                    grid,
+                    rnd,
+                    timeout,
+                    self.min_available_nodes,
+                    self.node_wait_timeout,
+                    self.min_available_clients,
+                )
                 validation.apply_count_cap(run_state.table, self.limits.count_cap)
             registration.warn_unheld_models(run_state, unheld)
             log(INFO, "%d clients online", len(run_state.table.ids()))
             if self.policy.needs_losses:
                 with timed(rnd, "loss_query"):
-                    msgs = self._messages(hooks, "configure_loss_query", rnd, self.models(),
-                                          ConfigRecord(), grid)
+                    msgs = self._messages(
+                        hooks, "configure_loss_query", rnd, self.models(), ConfigRecord(), grid
+                    )
                     replies = round_trip(grid, msgs, timeout, rnd) if msgs else []
                     losses = self._hook(hooks, "aggregate_loss_query", rnd, replies)
-                    n = install_losses(run_state, losses if losses is not None else RecordDict(),
-                                       rnd, self.limits.max_loss, f"{name}.aggregate_loss_query")
+                    n = install_losses(
+                        run_state,
+                        losses if losses is not None else RecordDict(),
+                        rnd,
+                        self.limits.max_loss,
+                        f"{name}.aggregate_loss_query",
+                    )
                 log(INFO, "Loss query: %d (client, task) losses received", n)
             with timed(rnd, "plan"):
-                msgs = self._messages(hooks, "configure_train", rnd, self.models(),
-                                      train_config or ConfigRecord(), grid)
+                msgs = self._messages(
+                    hooks,
+                    "configure_train",
+                    rnd,
+                    self.models(),
+                    train_config or ConfigRecord(),
+                    grid,
+                )
             plan = self._plans.get(rnd)
             picks = plan.picks if plan is not None else []
             result.assignments[rnd] = [(p.cid, p.task, p.count) for p in picks]
@@ -441,35 +514,56 @@ class MultiModelStrategy(Strategy):
             with timed(rnd, "train"):
                 replies = round_trip(grid, msgs, timeout, rnd) if msgs else []
             with timed(rnd, "aggregate"):
-                models, metrics = self._pair(hooks, rnd, self._hook(hooks, "aggregate_train",
-                                                                    rnd, replies))
+                models, metrics = self._pair(
+                    hooks, rnd, self._hook(hooks, "aggregate_train", rnd, replies)
+                )
                 done = self._rows.pop(rnd, None)
                 if done is None:
-                    raise HookError(f"{name}.aggregate_train (round {rnd}) did not call "
-                                    "MultiModelStrategy.aggregate_train (super()), which "
-                                    "validates and aggregates the replies")
+                    raise HookError(
+                        f"{name}.aggregate_train (round {rnd}) did not call "
+                        "MultiModelStrategy.aggregate_train (super()), which "
+                        "validates and aggregates the replies"
+                    )
                 rows, produced = done
-                new = aggregate.checked_models(run_state, models, f"{name}.aggregate_train",
-                                               produced)
+                new = aggregate.checked_models(
+                    run_state, models, f"{name}.aggregate_train", produced
+                )
                 aggregate.install_models(run_state, new, rows)
             result.rejections[rnd] = list(run_state.rejected_parts)
-            result.train_metrics_clientapp[rnd] = {"all": metrics if metrics is not None
-                                                   else MetricRecord()}
+            result.train_metrics_clientapp[rnd] = {
+                "all": metrics if metrics is not None else MetricRecord()
+            }
             evaluated = rnd % self.evaluate_every == 0 or rnd == num_rounds
             client_eval = None
             with timed(rnd, "client_eval"):
-                msgs = (self._messages(hooks, "configure_evaluate", rnd, self.models(),
-                                       evaluate_config or ConfigRecord(), grid)
-                        if evaluated else [])
+                msgs = (
+                    self._messages(
+                        hooks,
+                        "configure_evaluate",
+                        rnd,
+                        self.models(),
+                        evaluate_config or ConfigRecord(),
+                        grid,
+                    )
+                    if evaluated
+                    else []
+                )
                 if msgs:
-                    client_eval = self._metrics(hooks, "aggregate_evaluate", rnd, self._hook(
-                        hooks, "aggregate_evaluate", rnd, round_trip(grid, msgs, timeout, rnd)))
+                    client_eval = self._metrics(
+                        hooks,
+                        "aggregate_evaluate",
+                        rnd,
+                        self._hook(
+                            hooks, "aggregate_evaluate", rnd, round_trip(grid, msgs, timeout, rnd)
+                        ),
+                    )
                     if client_eval is not None:
                         result.evaluate_metrics_clientapp[rnd] = {"all": client_eval}
             seconds = time.monotonic() - t0
             with timed(rnd, "server_eval"):
-                rows_out = evaluate.round_rows(run_state, rnd, rows, evaluated, evaluate_fn,
-                                               client_eval, result, seconds)
+                rows_out = evaluate.round_rows(
+                    run_state, rnd, rows, evaluated, evaluate_fn, client_eval, result, seconds
+                )
             if PHASE_OBSERVERS:
                 report(rnd, "round", time.perf_counter() - t_round)
             self._finish_round(rnd, rows_out, result)
@@ -478,8 +572,10 @@ class MultiModelStrategy(Strategy):
 
     def _pair(self, hooks: object, rnd: int, value: object) -> tuple[object, MetricRecord | None]:
         if not (isinstance(value, tuple) and len(value) == 2):
-            raise HookError(f"{type(hooks).__name__}.aggregate_train (round {rnd}) returned "
-                            f"{type(value).__name__}: expected (models, metrics)")
+            raise HookError(
+                f"{type(hooks).__name__}.aggregate_train (round {rnd}) returned "
+                f"{type(value).__name__}: expected (models, metrics)"
+            )
         return value[0], self._metrics(hooks, "aggregate_train", rnd, value[1])
 
     def _finish_round(self, rnd: int, rows: list[dict[str, Any]], result: MultiModelResult) -> None:
@@ -492,8 +588,9 @@ class MultiModelStrategy(Strategy):
     def state_dict(self, server_round: int, result: MultiModelResult) -> dict[str, Any]:
         """Everything needed to continue after ``server_round`` (plain data),
         with the state of the wrapper running this strategy, if any."""
-        state = persist.run_state_dict(self.run_state, self.policy, self.aggregator,
-                                       server_round, result)
+        state = persist.run_state_dict(
+            self.run_state, self.policy, self.aggregator, server_round, result
+        )
         state.update(self._wrapper_identity(self._hooks))
         wrapper = self._hooks
         if wrapper is not self and hasattr(wrapper, "wrapper_state"):
@@ -504,23 +601,26 @@ class MultiModelStrategy(Strategy):
         if wrapper is self:
             return {"wrapper_name": None, "wrapper_config": None}
         config = getattr(wrapper, "wrapper_config", None)
-        return {"wrapper_name": type(wrapper).__name__,
-                "wrapper_config": repr(sorted(config().items())) if config else None}
+        return {
+            "wrapper_name": type(wrapper).__name__,
+            "wrapper_config": repr(sorted(config().items())) if config else None,
+        }
 
     def check_resumable(self, path: str, wrapper: object | None = None) -> dict[str, Any]:
         """Load a checkpoint and check it was written by an identical strategy
         (policy, aggregator, their parameters, seed, and the same ``wrapper`` with
         the same parameters, or none); returns its state."""
         return persist.load_resumable(
-            path, persist.identity(self.policy, self.aggregator, self.seed),
-            self._wrapper_identity(self if wrapper is None else wrapper))
+            path,
+            persist.identity(self.policy, self.aggregator, self.seed),
+            self._wrapper_identity(self if wrapper is None else wrapper),
+        )
 
     def save_checkpoint(self, server_round: int, result: MultiModelResult) -> None:
         """Write :meth:`state_dict` atomically to ``checkpoint_path``."""
         from mmfl_flwr.checkpoint import save_checkpoint
 
         save_checkpoint(str(self.checkpoint_path), self.state_dict(server_round, result))
-
 
 
 def _refuse_in_flower_dp_wrappers() -> None:
@@ -532,10 +632,12 @@ def _refuse_in_flower_dp_wrappers() -> None:
 
     from flwr.serverapp import strategy as flower_strategies
 
-    for name in ("DifferentialPrivacyServerSideFixedClipping",
-                 "DifferentialPrivacyClientSideFixedClipping",
-                 "DifferentialPrivacyServerSideAdaptiveClipping",
-                 "DifferentialPrivacyClientSideAdaptiveClipping"):
+    for name in (
+        "DifferentialPrivacyServerSideFixedClipping",
+        "DifferentialPrivacyClientSideFixedClipping",
+        "DifferentialPrivacyServerSideAdaptiveClipping",
+        "DifferentialPrivacyClientSideAdaptiveClipping",
+    ):
         cls = getattr(flower_strategies, name, None)
         if cls is None or getattr(cls.__init__, "_mmfl_refuses", False):
             continue
@@ -550,7 +652,8 @@ def _refuse_in_flower_dp_wrappers() -> None:
                     raise TypeError(
                         f"flwr's {name} cannot wrap a MultiModelStrategy (it clips and "
                         f"noises one model); use mmfl_flwr.privacy.{name}, which takes the "
-                        "same parameters and acts per model")
+                        "same parameters and acts per model"
+                    )
                 original(self, *args, **kwargs)
 
             __init__._mmfl_refuses = True  # type: ignore[attr-defined]

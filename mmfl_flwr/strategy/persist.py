@@ -44,8 +44,10 @@ def run_state_dict(
         "history": [dict(r) for r in result.history],
         "trainable": {t: list(k) for t, k in run_state.trainable.items()},
         "norm_history": {t: list(v) for t, v in run_state.norm_history.items()},
-        "direction_history": {t: {c: list(v) for c, v in per.items()}
-                              for t, per in run_state.direction_history.items()},
+        "direction_history": {
+            t: {c: list(v) for c, v in per.items()}
+            for t, per in run_state.direction_history.items()
+        },
         "loss_reference": dict(run_state.loss_reference),
         "bound_at_first_use": dict(run_state.bound_at_first_use),
         "assignments": dict(result.assignments),
@@ -54,8 +56,9 @@ def run_state_dict(
     }
 
 
-def load_resumable(path: str, mine: dict[str, Any],
-                   required: dict[str, Any] | None = None) -> dict[str, Any]:
+def load_resumable(
+    path: str, mine: dict[str, Any], required: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Read the checkpoint at ``path``; raise ValueError if it was written by a
     strategy with another :func:`identity` than ``mine`` (keys an older
     checkpoint lacks are not compared) or with other ``required`` values (a
@@ -93,8 +96,10 @@ def restore(
     run_state.table.load_state_dict(state["table"])
     run_state.trainable = {**state.get("trainable", {}), **run_state.pinned_trainable}
     run_state.norm_history = {t: list(v) for t, v in state.get("norm_history", {}).items()}
-    run_state.direction_history = {t: {c: list(v) for c, v in per.items()}
-                                   for t, per in state.get("direction_history", {}).items()}
+    run_state.direction_history = {
+        t: {c: list(v) for c, v in per.items()}
+        for t, per in state.get("direction_history", {}).items()
+    }
     run_state.loss_reference = dict(state.get("loss_reference", {}))
     for cid, pin in state.get("bound_at_first_use", {}).items():
         if run_state.client_pins.get(cid, run_state.client_pins.get("*")) == "key:first-use":

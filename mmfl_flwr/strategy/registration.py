@@ -129,8 +129,9 @@ def _key_fingerprint(raw: bytes | str | None) -> str | None:
             key = serialization.load_ssh_public_key(data.strip())
     except (ValueError, TypeError, UnsupportedAlgorithm):
         return None
-    pem = key.public_bytes(serialization.Encoding.PEM,
-                           serialization.PublicFormat.SubjectPublicKeyInfo)
+    pem = key.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
     return hashlib.sha256(pem).hexdigest()
 
 
@@ -157,7 +158,9 @@ def _node_keys(grid: Grid) -> dict[int, bytes]:
 
 
 # --------------------------------------------------------------- the phase
-def wait_for_nodes(run_state: RunState, grid: Grid, min_nodes: int, wait_timeout: float) -> list[int]:
+def wait_for_nodes(
+    run_state: RunState, grid: Grid, min_nodes: int, wait_timeout: float
+) -> list[int]:
     """The online node ids. Before the first round, wait (at most
     ``wait_timeout`` seconds) for ``min_nodes``; afterwards a round goes ahead
     with whoever is online (late nodes join when they come)."""
@@ -169,15 +172,27 @@ def wait_for_nodes(run_state: RunState, grid: Grid, min_nodes: int, wait_timeout
         nodes = sorted(grid.get_node_ids())
         if len(nodes) >= min_nodes or time.monotonic() >= deadline:
             if len(nodes) < min_nodes:
-                log(WARNING, "Only %d of the %d requested nodes are online after %.0f s; "
-                    "continuing with them", len(nodes), min_nodes, wait_timeout)
+                log(
+                    WARNING,
+                    "Only %d of the %d requested nodes are online after %.0f s; "
+                    "continuing with them",
+                    len(nodes),
+                    min_nodes,
+                    wait_timeout,
+                )
             return nodes
         time.sleep(1.0)
 
 
-def _register_new(run_state: RunState, grid: Grid, nodes: list[int], server_round: int,
-                  timeout: float, asked: set[int] | None = None,
-                  errors: list[str] | None = None) -> int:
+def _register_new(
+    run_state: RunState,
+    grid: Grid,
+    nodes: list[int],
+    server_round: int,
+    timeout: float,
+    asked: set[int] | None = None,
+    errors: list[str] | None = None,
+) -> int:
     """Ask the nodes not registered yet for their clients (``query.info``);
     returns how many clients the nodes that answered declared (registered or
     refused; a node that answered with an error counts one). Nodes in ``asked``
@@ -186,15 +201,22 @@ def _register_new(run_state: RunState, grid: Grid, nodes: list[int], server_roun
     instead of stopping the run when no client has registered yet."""
     # a multi-client node with refused clients is asked again, as a refused
     # single-client node is: its clients may register once the holder is gone
-    new = [n for n in nodes if n not in run_state.node_to_cid
-           and (n not in run_state.shards or _free_refused(run_state, n))
-           and (asked is None or n not in asked)]
+    new = [
+        n
+        for n in nodes
+        if n not in run_state.node_to_cid
+        and (n not in run_state.shards or _free_refused(run_state, n))
+        and (asked is None or n not in asked)
+    ]
     if asked is not None:
         asked.update(new)
     if not new:
         return 0
-    keys = (_node_keys(grid)
-            if any(p.startswith(KEY_PIN) for p in run_state.client_pins.values()) else {})
+    keys = (
+        _node_keys(grid)
+        if any(p.startswith(KEY_PIN) for p in run_state.client_pins.values())
+        else {}
+    )
     msgs = [instruction(n, RecordDict(), P.QUERY_INFO, server_round) for n in new]
     answered = set()
     failed: list[str] = []
@@ -204,9 +226,15 @@ def _register_new(run_state: RunState, grid: Grid, nodes: list[int], server_roun
         if reply.has_error():
             failed.append(str(reply.error.reason))
         else:
-            declared += max(1, sum(1 for k in reply.content.config_records
-                                   if P.split_client_key(k)[0] == P.INFO_KEY
-                                   and P.split_client_key(k)[1] is not None))
+            declared += max(
+                1,
+                sum(
+                    1
+                    for k in reply.content.config_records
+                    if P.split_client_key(k)[0] == P.INFO_KEY
+                    and P.split_client_key(k)[1] is not None
+                ),
+            )
         register(run_state, reply, keys)
     if errors is not None:
         errors.extend(failed)
@@ -214,8 +242,12 @@ def _register_new(run_state: RunState, grid: Grid, nodes: list[int], server_roun
         raise NoClientRegistered(_no_client_message(len(failed), failed[0]))
     for n in new:
         if n not in answered:
-            log(WARNING, "Node %d did not answer the info query within %g s; it is "
-                "asked again next round", n, timeout)
+            log(
+                WARNING,
+                "Node %d did not answer the info query within %g s; it is asked again next round",
+                n,
+                timeout,
+            )
     return declared + len(failed)
 
 
@@ -228,7 +260,8 @@ def _free_refused(run_state: RunState, node: int) -> bool:
     if not refused:
         return False
     held = set(run_state.node_to_cid.values()) | {
-        c for c, n in run_state.shard_of.items() if n != node}
+        c for c, n in run_state.shard_of.items() if n != node
+    }
     return any(cid not in held for cid in refused)
 
 
@@ -238,8 +271,14 @@ def _hosted(run_state: RunState) -> int:
     return len(run_state.node_to_cid) + sum(len(c) for c in run_state.shards.values())
 
 
-def wait_for_clients(run_state: RunState, grid: Grid, min_clients: int, deadline: float,
-                     server_round: int, timeout: float) -> set[int]:
+def wait_for_clients(
+    run_state: RunState,
+    grid: Grid,
+    min_clients: int,
+    deadline: float,
+    server_round: int,
+    timeout: float,
+) -> set[int]:
     """Before the first round, register nodes as they come until their nodes
     have declared ``min_clients`` clients (a node may host many:
     docs/protocol.md; a refused client counts, it answered), at most until
@@ -251,14 +290,20 @@ def wait_for_clients(run_state: RunState, grid: Grid, min_clients: int, deadline
     asked: set[int] = set()
     errors: list[str] = []
     while True:
-        declared += _register_new(run_state, grid, sorted(grid.get_node_ids()), server_round,
-                                  timeout, asked, errors)
+        declared += _register_new(
+            run_state, grid, sorted(grid.get_node_ids()), server_round, timeout, asked, errors
+        )
         have = _hosted(run_state)
         if max(have, declared) >= min_clients:
             break
         if time.monotonic() >= deadline:
-            log(WARNING, "Only %d of the %d requested clients registered after the wait; "
-                "continuing with them", have, min_clients)
+            log(
+                WARNING,
+                "Only %d of the %d requested clients registered after the wait; "
+                "continuing with them",
+                have,
+                min_clients,
+            )
             break
         time.sleep(1.0)
     if errors and not run_state.table.ids(online_only=False):
@@ -284,8 +329,7 @@ def refresh_clients(
     nodes = wait_for_nodes(run_state, grid, min_nodes, wait_timeout)
     asked: set[int] = set()
     if first and min_clients > 0:
-        asked = wait_for_clients(run_state, grid, min_clients, deadline, server_round,
-                                 timeout)
+        asked = wait_for_clients(run_state, grid, min_clients, deadline, server_round, timeout)
         nodes = sorted(grid.get_node_ids())
     # Forget nodes that are gone: a client that reconnects comes back with a
     # new node id and registers again under its stable id.
@@ -293,8 +337,7 @@ def refresh_clients(
     for nid in list(run_state.node_to_cid):
         if nid not in present:
             gone = run_state.node_to_cid.pop(nid)
-            log(INFO, "Client %s (node %d) went offline; left out until it reconnects",
-                gone, nid)
+            log(INFO, "Client %s (node %d) went offline; left out until it reconnects", gone, nid)
     for nid in list(run_state.shard_refused):
         if nid not in present:
             del run_state.shard_refused[nid]
@@ -302,20 +345,26 @@ def refresh_clients(
         if nid not in present:
             gone_ids = run_state.shards.pop(nid)
             _forget_shard(run_state, nid, gone_ids)
-            log(INFO, "Node %d went offline with its %d clients (%s); left out until it "
-                "reconnects", nid, len(gone_ids), _id_range(gone_ids))
+            log(
+                INFO,
+                "Node %d went offline with its %d clients (%s); left out until it reconnects",
+                nid,
+                len(gone_ids),
+                _id_range(gone_ids),
+            )
     evict_unproven(run_state)
     _register_new(run_state, grid, nodes, server_round, timeout, asked)
     registered = set(run_state.table.ids(online_only=False))
     if run_state.lacking and registered and registered <= set(run_state.lacking):
         raise NoClientCanServe(_cannot_serve_message(run_state.lacking))
-    hosted = {cid: n for n in nodes if n in run_state.node_to_cid
-              for cid in (run_state.node_to_cid[n],)}
+    hosted = {
+        cid: n for n in nodes if n in run_state.node_to_cid for cid in (run_state.node_to_cid[n],)
+    }
     hosted.update({cid: n for n in nodes for cid in run_state.shards.get(n, ())})
     online = {
-        cid for cid in hosted
-        if run_state.client_arrivals.get(cid, 0) <= server_round
-        and cid not in run_state.lacking
+        cid
+        for cid in hosted
+        if run_state.client_arrivals.get(cid, 0) <= server_round and cid not in run_state.lacking
     }
     run_state.cid_to_node = {cid: nid for cid, nid in hosted.items() if cid in online}
     run_state.table.set_online(online)
@@ -336,12 +385,14 @@ class NoClientCanServe(NoClientRegistered):
 def _cannot_serve_message(lacking: dict[str, str]) -> str:
     handlers = sorted(set(lacking.values()))
     example = ", ".join(f"client {c}: '{h}'" for c, h in sorted(lacking.items())[:3])
-    return (f"No client can serve this run: the ClientApp of every registered client "
-            f"({len(lacking)}) has no handler for {' / '.join(repr(h) for h in handlers)} "
-            f"messages, which the strategy sends ({example}{', ...' if len(lacking) > 3 else ''}). "
-            "MultiModelStrategy needs ClientApps that answer query.info, query.losses, "
-            "train and evaluate as docs/protocol.md describes; build one with "
-            "mmfl_flwr.make_client_app.")
+    return (
+        f"No client can serve this run: the ClientApp of every registered client "
+        f"({len(lacking)}) has no handler for {' / '.join(repr(h) for h in handlers)} "
+        f"messages, which the strategy sends ({example}{', ...' if len(lacking) > 3 else ''}). "
+        "MultiModelStrategy needs ClientApps that answer query.info, query.losses, "
+        "train and evaluate as docs/protocol.md describes; build one with "
+        "mmfl_flwr.make_client_app."
+    )
 
 
 def warn_unheld_models(run_state: RunState, warned: set[str]) -> None:
@@ -354,19 +405,29 @@ def warn_unheld_models(run_state: RunState, warned: set[str]) -> None:
     for task in run_state.tasks:
         if task not in held and task not in warned:
             warned.add(task)
-            log(WARNING, "Model %r: no registered client holds it, so no client can train "
+            log(
+                WARNING,
+                "Model %r: no registered client holds it, so no client can train "
                 "it (the clients hold %s); check the model names of the strategy and the "
-                "ClientApp", task, ", ".join(repr(t) for t in sorted(held)) or "no model")
+                "ClientApp",
+                task,
+                ", ".join(repr(t) for t in sorted(held)) or "no model",
+            )
 
 
 def _no_client_message(nodes: int, reason: str) -> str:
     missing = re.search(r"No (\w+) function registered with name '(\w+)'", reason)
-    what = (f"their ClientApp has no @app.{missing.group(1)}(\"{missing.group(2)}\") handler"
-            if missing else f"the first error was: {reason.strip().splitlines()[-1][:300]}")
-    return (f"No client registered: all {nodes} node(s) answered the '{P.QUERY_INFO}' "
-            f"registration message with an error ({what}). MultiModelStrategy needs "
-            "ClientApps that answer query.info, query.losses, train and evaluate as "
-            "docs/protocol.md describes; build one with mmfl_flwr.make_client_app.")
+    what = (
+        f'their ClientApp has no @app.{missing.group(1)}("{missing.group(2)}") handler'
+        if missing
+        else f"the first error was: {reason.strip().splitlines()[-1][:300]}"
+    )
+    return (
+        f"No client registered: all {nodes} node(s) answered the '{P.QUERY_INFO}' "
+        f"registration message with an error ({what}). MultiModelStrategy needs "
+        "ClientApps that answer query.info, query.losses, train and evaluate as "
+        "docs/protocol.md describes; build one with mmfl_flwr.make_client_app."
+    )
 
 
 def evict_unproven(run_state: RunState) -> None:
@@ -379,10 +440,17 @@ def evict_unproven(run_state: RunState) -> None:
             if cid in run_state.table:  # the holder's losses are not the pinned client's
                 run_state.table[cid].losses.clear()
                 run_state.table[cid].loss_round.clear()
-            log(WARNING, "Client id %s is pinned, but node %d holds it without having "
-                "proved the pin; evicted (it is asked again)", cid, nid)
+            log(
+                WARNING,
+                "Client id %s is pinned, but node %d holds it without having "
+                "proved the pin; evicted (it is asked again)",
+                cid,
+                nid,
+            )
     run_state.verified_nodes = {
-        n: p for n, p in run_state.verified_nodes.items() if run_state.node_to_cid.get(n) is not None
+        n: p
+        for n, p in run_state.verified_nodes.items()
+        if run_state.node_to_cid.get(n) is not None
     }
     for nid, cids in list(run_state.shards.items()):
         kept = []
@@ -393,22 +461,35 @@ def evict_unproven(run_state: RunState) -> None:
                     run_state.table[cid].losses.clear()
                     run_state.table[cid].loss_round.clear()
                 run_state.verified_shard_clients.pop((nid, cid), None)
-                log(WARNING, "Client id %s is pinned, but node %d holds it without having "
-                    "proved the pin; evicted (it is asked again)", cid, nid)
+                log(
+                    WARNING,
+                    "Client id %s is pinned, but node %d holds it without having "
+                    "proved the pin; evicted (it is asked again)",
+                    cid,
+                    nid,
+                )
             else:
                 kept.append(cid)
         if len(kept) != len(cids):  # the node is asked again (all its clients)
             _forget_shard(run_state, nid, run_state.shards.pop(nid))
 
 
-def register(run_state: RunState, reply: Message, node_keys: Mapping[int, bytes] | None = None) -> None:
+def register(
+    run_state: RunState, reply: Message, node_keys: Mapping[int, bytes] | None = None
+) -> None:
     """Register the client (or, on a multi-client node, every client) that
     answered a ``query.info`` (or log why not); ``node_keys`` (node id ->
     public key) serves ``key:`` pins."""
     node = reply.metadata.src_node_id
     if reply.has_error():
-        log(WARNING, "Node %d (client id unknown) could not describe itself (error %s: %s); "
-            "it is left out this round", node, reply.error.code, reply.error.reason)
+        log(
+            WARNING,
+            "Node %d (client id unknown) could not describe itself (error %s: %s); "
+            "it is left out this round",
+            node,
+            reply.error.code,
+            reply.error.reason,
+        )
         return
     records = reply.content.config_records
     shard: dict[str, ConfigRecord] = {}
@@ -417,14 +498,23 @@ def register(run_state: RunState, reply: Message, node_keys: Mapping[int, bytes]
         if base == P.INFO_KEY and cid is not None:
             shard[cid] = rec
         elif key.startswith(P.INFO_KEY + P.CLIENT_SEP):
-            log(WARNING, "Node %d: record %r is no client's info (client ids may not contain "
-                "%r); ignored", node, key[:100], P.CLIENT_SEP)
+            log(
+                WARNING,
+                "Node %d: record %r is no client's info (client ids may not contain %r); ignored",
+                node,
+                key[:100],
+                P.CLIENT_SEP,
+            )
     if not shard:
         try:
             info = records[P.INFO_KEY]
         except KeyError:
-            log(WARNING, "Node %d sent no 'info' record (nor 'info@<id>' records of a "
-                "multi-client node): it declares no client; left out", node)
+            log(
+                WARNING,
+                "Node %d sent no 'info' record (nor 'info@<id>' records of a "
+                "multi-client node): it declares no client; left out",
+                node,
+            )
             return
         if node in run_state.shards:  # a multi-client node that now declares one client
             _forget_shard(run_state, node, run_state.shards.pop(node))
@@ -441,11 +531,22 @@ def register(run_state: RunState, reply: Message, node_keys: Mapping[int, bytes]
     logged = [0]
     for cid, info in shard.items():
         if str(info.get(P.CLIENT_ID, cid)) != cid:
-            log(WARNING, "Node %d: record 'info@%s' claims client id %s; that client is "
-                "left out", node, cid, str(info.get(P.CLIENT_ID))[:100])
+            log(
+                WARNING,
+                "Node %d: record 'info@%s' claims client id %s; that client is left out",
+                node,
+                cid,
+                str(info.get(P.CLIENT_ID))[:100],
+            )
             continue
-        if _register_client(run_state, node, info, node_keys,
-                            _Shard(len(hosted), holders, bound_before, logged), cid):
+        if _register_client(
+            run_state,
+            node,
+            info,
+            node_keys,
+            _Shard(len(hosted), holders, bound_before, logged),
+            cid,
+        ):
             hosted.append(cid)
     refused = [cid for cid in shard if cid not in hosted]
     if refused:
@@ -462,8 +563,12 @@ def register(run_state: RunState, reply: Message, node_keys: Mapping[int, bytes]
     else:
         if node in run_state.shards:  # asked again, and now none registers
             _forget_shard(run_state, node, run_state.shards.pop(node))
-        log(WARNING, "Node %d declared %d clients and none could register; left out", node,
-            len(shard))
+        log(
+            WARNING,
+            "Node %d declared %d clients and none could register; left out",
+            node,
+            len(shard),
+        )
 
 
 def _forget_shard(run_state: RunState, node: int, cids: list[str]) -> None:
@@ -505,12 +610,23 @@ def _register_client(
     try:
         cid, usable, unknown, procs = _describe(info, run_state.all_tasks)
     except (KeyError, TypeError, ValueError) as err:
-        log(WARNING, "Node %d (claiming client id %s) sent an invalid self-description, "
-            "left out: %s", node, claimed, err)
+        log(
+            WARNING,
+            "Node %d (claiming client id %s) sent an invalid self-description, left out: %s",
+            node,
+            claimed,
+            err,
+        )
         return False
     if shard is not None and P.CLIENT_SEP in cid:
-        log(WARNING, "Node %d: client id %r contains %r, which multi-client nodes use to "
-            "address their clients; left out", node, cid[:100], P.CLIENT_SEP)
+        log(
+            WARNING,
+            "Node %d: client id %r contains %r, which multi-client nodes use to "
+            "address their clients; left out",
+            node,
+            cid[:100],
+            P.CLIENT_SEP,
+        )
         return False
     if unknown:
         log(WARNING, "Client %s declared unknown tasks %s; ignoring them", cid, unknown)
@@ -518,48 +634,77 @@ def _register_client(
     if pin == FIRST_USE:
         seen = _key_fingerprint((node_keys or {}).get(node))
         if seen is None:
-            log(WARNING, "Node %d claims client id %s with no authenticated node key (is "
+            log(
+                WARNING,
+                "Node %d claims client id %s with no authenticated node key (is "
                 "SuperNode authentication on?); refused (the id is bound at first use)",
-                node, cid)
+                node,
+                cid,
+            )
             return False
         # the ids this key was bound to before (a shard's reply may bind many at once;
         # a single-client node's key holds the one id it claimed first)
-        bound = (shard.bound_before.get(KEY_PIN + seen, set()) if shard is not None else
-                 {c for c, p in run_state.bound_at_first_use.items() if p == KEY_PIN + seen})
+        bound = (
+            shard.bound_before.get(KEY_PIN + seen, set())
+            if shard is not None
+            else {c for c, p in run_state.bound_at_first_use.items() if p == KEY_PIN + seen}
+        )
         if bound and cid not in bound:
-            log(WARNING, "Node %d claims client id %s, but its node key was bound at first use "
-                "to the ids %s only; refused", node, cid, _id_range(sorted(bound)))
+            log(
+                WARNING,
+                "Node %d claims client id %s, but its node key was bound at first use "
+                "to the ids %s only; refused",
+                node,
+                cid,
+                _id_range(sorted(bound)),
+            )
             return False
         pin = run_state.client_pins[cid] = run_state.bound_at_first_use[cid] = KEY_PIN + seen
         log(INFO, "Client id %s is bound to the public key of node %d (first use)", cid, node)
     if pin is not None:
         problem = _pin_problem(pin, info, (node_keys or {}).get(node))
         if problem is not None:
-            log(WARNING, "Node %d claims client id %s with %s; refused (the id is pinned)",
-                node, cid, problem)
+            log(
+                WARNING,
+                "Node %d claims client id %s with %s; refused (the id is pinned)",
+                node,
+                cid,
+                problem,
+            )
             return False
     # Nodes that went away were already forgotten, so another live node with
     # this id is a duplicate claim: keep the first one.
     if shard is None:
-        other = next((n for n, c in run_state.node_to_cid.items() if c == cid and n != node),
-                     None)
+        other = next((n for n, c in run_state.node_to_cid.items() if c == cid and n != node), None)
         if other is None:
             other = run_state.shard_of.get(cid)
     else:
         other = shard.holders.get(cid)
     if other is not None and other != node:
-        log(WARNING, "Client id %s is claimed by nodes %d and %d; keeping %d (the first "
+        log(
+            WARNING,
+            "Client id %s is claimed by nodes %d and %d; keeping %d (the first "
             "to register; node %d is refused and asked again next round)",
-            cid, other, node, other, node)
+            cid,
+            other,
+            node,
+            other,
+            node,
+        )
         return False
     declared = info.get(P.HANDLERS)
     if isinstance(declared, list) and run_state.needed_handlers:
         missing = [h for h in run_state.needed_handlers if h not in declared]
         if missing:
             if cid not in run_state.lacking:
-                log(ERROR, "Client %s: its ClientApp declares no handler for '%s' messages, "
+                log(
+                    ERROR,
+                    "Client %s: its ClientApp declares no handler for '%s' messages, "
                     "which this strategy sends (docs/protocol.md); the client is left out "
-                    "of the run", cid, missing[0])
+                    "of the run",
+                    cid,
+                    missing[0],
+                )
             run_state.lacking[cid] = missing[0]
         else:
             run_state.lacking.pop(cid, None)
@@ -570,9 +715,15 @@ def _register_client(
     if shard is None or (shard.holders.get(cid) != node and shard.logged[0] < 5):
         if shard is not None:
             shard.logged[0] += 1
-        log(INFO, "Client %s %s as node %d (tasks %s%s)", cid,
-            "re-registered" if cid in run_state.table else "registered", node, sorted(usable),
-            "" if pin is None else f"; identity proved by its {pin.split(':')[0]}")
+        log(
+            INFO,
+            "Client %s %s as node %d (tasks %s%s)",
+            cid,
+            "re-registered" if cid in run_state.table else "registered",
+            node,
+            sorted(usable),
+            "" if pin is None else f"; identity proved by its {pin.split(':')[0]}",
+        )
     if shard is None:
         run_state.node_to_cid[node] = cid
         if pin is not None:
@@ -605,7 +756,10 @@ def _describe(info: ConfigRecord, known: list[str]) -> tuple[str, dict[str, int]
     if len(set(tasks)) != len(tasks):
         raise InvalidClientInfo(f"duplicated tasks in {tasks}")
     usable, unknown = validate_client_info(
-        cid, dict(zip(tasks, counts)), procs, known  # type: ignore[arg-type]
+        cid,
+        dict(zip(tasks, counts)),
+        procs,
+        known,  # type: ignore[arg-type]
     )
     return cid, usable, unknown, int(procs)  # type: ignore[arg-type]
 
@@ -621,15 +775,31 @@ def note_trainable(run_state: RunState, cid: str, info: ConfigRecord, tasks: Ite
         keys = [str(k) for k in raw] if isinstance(raw, list) else []
         problem = run_state.trainable_problem(task, keys)
         if problem:
-            log(WARNING, "Client %s declared invalid trainable keys for %r (%s); ignored",
-                cid, task, problem)
+            log(
+                WARNING,
+                "Client %s declared invalid trainable keys for %r (%s); ignored",
+                cid,
+                task,
+                problem,
+            )
             continue
         known = run_state.trainable.get(task)
         if known is None:
             run_state.trainable[task] = keys
             train, state = run_state.split_keys(task)
-            log(INFO, "Task %r: %d trainable entries, %d state entries (averaged, not part "
-                "of the update), as declared by client %s", task, len(train), len(state), cid)
+            log(
+                INFO,
+                "Task %r: %d trainable entries, %d state entries (averaged, not part "
+                "of the update), as declared by client %s",
+                task,
+                len(train),
+                len(state),
+                cid,
+            )
         elif set(known) != set(keys):
-            log(WARNING, "Client %s declared other trainable keys for %r than those in "
-                "force; ignored", cid, task)
+            log(
+                WARNING,
+                "Client %s declared other trainable keys for %r than those in force; ignored",
+                cid,
+                task,
+            )

@@ -60,8 +60,10 @@ def split_reply(reply: Message) -> dict[str, ClientPart]:
         error = None
         if err is not None:  # read defensively: a node's words, not ours
             code = err.get("code", 0)
-            error = Error(code=code if isinstance(code, int) and not isinstance(code, bool)
-                          else 0, reason=str(err.get("reason", ""))[:2000])
+            error = Error(
+                code=code if isinstance(code, int) and not isinstance(code, bool) else 0,
+                reason=str(err.get("reason", ""))[:2000],
+            )
         parts[cid] = ClientPart(content, reply.metadata, error)
     return parts
 
@@ -128,8 +130,14 @@ def client_replies(
             log(WARNING, "Ignoring a %s reply from node %d, which was not asked", kind, node)
             continue
         if server_round is not None and reply.metadata.group_id != str(server_round):
-            log(WARNING, "Client %s: %s reply answers round %r, not round %d; ignored",
-                cid, kind, reply.metadata.group_id, server_round)
+            log(
+                WARNING,
+                "Client %s: %s reply answers round %r, not round %d; ignored",
+                cid,
+                kind,
+                reply.metadata.group_id,
+                server_round,
+            )
             continue
         if cid in seen:
             log(WARNING, "Client %s: duplicated %s reply ignored", cid, kind)
@@ -139,9 +147,14 @@ def client_replies(
             handler = missing_handler(str(reply.error.reason))
             if lacking is not None and handler is not None:
                 if cid not in lacking:
-                    log(ERROR, "Client %s: its ClientApp has no handler for '%s' messages, "
+                    log(
+                        ERROR,
+                        "Client %s: its ClientApp has no handler for '%s' messages, "
                         "which this strategy sends (docs/protocol.md); the client is left "
-                        "out of the run", cid, handler)
+                        "out of the run",
+                        cid,
+                        handler,
+                    )
                 lacking[cid] = handler
                 if on_error is not None:  # its parts are counted as rejected
                     on_error(cid, reply)
@@ -149,7 +162,13 @@ def client_replies(
             if on_error is not None:
                 on_error(cid, reply)
             else:
-                log(WARNING, "Client %s failed the %s request (error %s: %s)",
-                    cid, kind, reply.error.code, reply.error.reason)
+                log(
+                    WARNING,
+                    "Client %s failed the %s request (error %s: %s)",
+                    cid,
+                    kind,
+                    reply.error.code,
+                    reply.error.reason,
+                )
             continue
         yield cid, reply

@@ -56,15 +56,9 @@ class MultiModelResult:
     history: list[dict[str, Any]] = field(default_factory=list)
     assignments: dict[int, list[tuple[str, str, int]]] = field(default_factory=dict)
     rejections: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
-    train_metrics_clientapp: dict[int, dict[str, MetricRecord]] = field(
-        default_factory=dict
-    )
-    evaluate_metrics_clientapp: dict[int, dict[str, MetricRecord]] = field(
-        default_factory=dict
-    )
-    evaluate_metrics_serverapp: dict[int, dict[str, MetricRecord]] = field(
-        default_factory=dict
-    )
+    train_metrics_clientapp: dict[int, dict[str, MetricRecord]] = field(default_factory=dict)
+    evaluate_metrics_clientapp: dict[int, dict[str, MetricRecord]] = field(default_factory=dict)
+    evaluate_metrics_serverapp: dict[int, dict[str, MetricRecord]] = field(default_factory=dict)
     privacy: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def final(self) -> dict[str, dict[str, Any]]:

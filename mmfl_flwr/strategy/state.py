@@ -217,28 +217,30 @@ class RunState:
                 order.append((node, whole))
             cfg = content.config_records.get(P.CONFIG_KEY)
             cfg = ConfigRecord(dict(cfg)) if cfg is not None else ConfigRecord()
-            tasks = [t for t in (P.task_of(k, P.ARRAYS_PREFIX) for k in content.array_records)
-                     if t is not None]
+            tasks = [
+                t
+                for t in (P.task_of(k, P.ARRAYS_PREFIX) for k in content.array_records)
+                if t is not None
+            ]
             cfg.setdefault(P.CFG_TASKS, tasks)
             cfg.setdefault(P.CFG_ROUND, server_round)
             for key, record in content.items():
                 if key == P.CONFIG_KEY:
                     continue
                 if not key.startswith((P.ARRAYS_PREFIX, P.CONTROL_PREFIX)):
-                    raise ValueError(f"record {key!r} of client {cid}'s message cannot be "
-                                     "shared on its multi-client node")
+                    raise ValueError(
+                        f"record {key!r} of client {cid}'s message cannot be "
+                        "shared on its multi-client node"
+                    )
                 if key not in whole:
                     whole[key] = record
             whole[P.client_key(P.CONFIG_KEY, cid)] = cfg
-        return [instruction(node, content, message_type, server_round)
-                for node, content in order]
+        return [instruction(node, content, message_type, server_round) for node, content in order]
 
 
 def instruction(node: int, content: RecordDict, message_type: str, server_round: int) -> Message:
     """An instruction to ``node`` for ``server_round`` (its group id)."""
-    return Message(
-        content, dst_node_id=node, message_type=message_type, group_id=str(server_round)
-    )
+    return Message(content, dst_node_id=node, message_type=message_type, group_id=str(server_round))
 
 
 @dataclass

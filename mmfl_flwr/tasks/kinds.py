@@ -41,8 +41,10 @@ KINDS: dict[str, KindSpec] = {
     "synthetic-iid": KindSpec(num_classes=5, input_shape=(60,), model="logreg"),
     "synthetic-iid-b": KindSpec(num_classes=10, input_shape=(30,), model="logreg"),
     # The papers' real datasets, read from `data_root` (mmfl_flwr.tasks.real).
-    **{k: KindSpec(num_classes=c, input_shape=shape, model=m)
-       for k, (c, shape, m) in REAL_KINDS.items()},
+    **{
+        k: KindSpec(num_classes=c, input_shape=shape, model=m)
+        for k, (c, shape, m) in REAL_KINDS.items()
+    },
 }
 
 #: The Synthetic kinds (generated locally by the FedProx generator).

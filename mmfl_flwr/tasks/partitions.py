@@ -140,8 +140,7 @@ def partitioner_indices(
     """
     if not isinstance(partitioner, _fds().Partitioner):
         raise TypeError(
-            "expected a flwr_datasets.partitioner.Partitioner, got "
-            f"{type(partitioner).__name__}"
+            f"expected a flwr_datasets.partitioner.Partitioner, got {type(partitioner).__name__}"
         )
     if partitioner.is_dataset_assigned():
         raise ValueError(
@@ -310,17 +309,20 @@ def dirichlet_partition(
     if not alpha > 0:
         raise ValueError(f"alpha must be > 0, got {alpha}")
     if min_size < 0 or min_size * num_clients > n:
-        raise ValueError(
-            f"cannot give each of {num_clients} clients {min_size} of {n} examples"
-        )
+        raise ValueError(f"cannot give each of {num_clients} clients {min_size} of {n} examples")
     perm = rng.permutation(n).astype(np.int64)
     per_partitioner = 11  # DirichletPartitioner draws at most 11 times
     tries = 0
     while tries < max_tries:
         tries += per_partitioner
         part = _fds().DirichletPartitioner(
-            int(num_clients), LABEL, float(alpha), min_partition_size=int(min_size),
-            self_balancing=False, shuffle=False, seed=_seed(rng),
+            int(num_clients),
+            LABEL,
+            float(alpha),
+            min_partition_size=int(min_size),
+            self_balancing=False,
+            shuffle=False,
+            seed=_seed(rng),
         )
         try:
             with warnings.catch_warnings():
@@ -385,8 +387,12 @@ def pathological_partition(
     k = int(min(max(1, labels_per_client), np.unique(labels).shape[0]))
     perm = rng.permutation(n).astype(np.int64)
     part = _fds().PathologicalPartitioner(
-        int(num_clients), LABEL, k, class_assignment_mode=mode,  # type: ignore[arg-type]
-        shuffle=False, seed=_seed(rng),
+        int(num_clients),
+        LABEL,
+        k,
+        class_assignment_mode=mode,  # type: ignore[arg-type]
+        shuffle=False,
+        seed=_seed(rng),
     )
     indices = partitioner_indices(part, {LABEL: labels}, order=perm)
     held = [np.unique(labels[ix]).astype(np.int64) for ix in indices]

@@ -32,8 +32,17 @@ REAL_KINDS: dict[str, tuple[int, tuple[int, ...], str]] = {
 #: include paper 004's two), e.g. ``celeba-smiling``, ``celeba-wearing_lipstick``.
 CELEBA_ATTRIBUTE = {
     "celeba-" + a.lower(): a
-    for a in ("Eyeglasses", "Bald", "Goatee", "Wearing_Necklace", "Smiling",
-              "Mustache", "Male", "Wearing_Lipstick", "Double_Chin")
+    for a in (
+        "Eyeglasses",
+        "Bald",
+        "Goatee",
+        "Wearing_Necklace",
+        "Smiling",
+        "Mustache",
+        "Male",
+        "Wearing_Lipstick",
+        "Double_Chin",
+    )
 }
 REAL_KINDS.update({k: (2, (3, 32, 32), "cnn") for k in CELEBA_ATTRIBUTE})
 
@@ -78,8 +87,10 @@ def load_split(kind: str, root: str) -> tuple[Dataset, Dataset]:
         return D.load_cifar10(root, "train"), D.load_cifar10(root, "test")
     if kind in CELEBA_ATTRIBUTE:
         attr = CELEBA_ATTRIBUTE[kind]
-        return (D.load_celeba(root, "train", (attr,))[attr],
-                D.load_celeba(root, "test", (attr,))[attr])
+        return (
+            D.load_celeba(root, "train", (attr,))[attr],
+            D.load_celeba(root, "test", (attr,))[attr],
+        )
     raise KeyError(kind)
 
 

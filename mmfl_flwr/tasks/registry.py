@@ -167,16 +167,30 @@ def register_task(
             _check_dataset(dataset, name)
             source = _Fixed(tuple(dataset))
     old = _REGISTRY.get(name)
-    if old is not None and not replace and (
-        old.data_fn is not data_fn
-        or old.partitioner is not partitioner
-        or (old.dataset is not dataset
-            and not (isinstance(old.dataset, _Fixed) and isinstance(source, _Fixed)
-                     and _same(old.dataset.value, source.value)))
+    if (
+        old is not None
+        and not replace
+        and (
+            old.data_fn is not data_fn
+            or old.partitioner is not partitioner
+            or (
+                old.dataset is not dataset
+                and not (
+                    isinstance(old.dataset, _Fixed)
+                    and isinstance(source, _Fixed)
+                    and _same(old.dataset.value, source.value)
+                )
+            )
+        )
     ):
         raise ValueError(f"task {name!r} is already registered (pass replace=True)")
     definition = TaskDefinition(
-        name, model_fn, data_fn, trainer_fn, description, partitioner=partitioner,
+        name,
+        model_fn,
+        data_fn,
+        trainer_fn,
+        description,
+        partitioner=partitioner,
         dataset=source,
     )
     _REGISTRY[name] = definition

@@ -117,8 +117,9 @@ class PreActResNet18(nn.Module):
         planes = 64
         stages = []
         for width, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
-            stages.append(nn.Sequential(PreActBlock(planes, width, stride),
-                                        PreActBlock(width, width, 1)))
+            stages.append(
+                nn.Sequential(PreActBlock(planes, width, stride), PreActBlock(width, width, 1))
+            )
             planes = width
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
         self.bn = nn.BatchNorm2d(512)

@@ -70,8 +70,9 @@ def _who(who: str | Collection[str]) -> list[str]:
     return [str(who)] if isinstance(who, (str, int)) else [str(w) for w in who]
 
 
-def rewrite_update(who: str | Collection[str], fn: UpdateRewrite,
-                   tasks: Collection[str] | None = None) -> Attack:
+def rewrite_update(
+    who: str | Collection[str], fn: UpdateRewrite, tasks: Collection[str] | None = None
+) -> Attack:
     """``who`` (one id, or several colluders) replaces its honest update of
     every model it trains (or of ``tasks`` only) by ``fn(task, update, msg, ctx)``;
     ``update`` maps each floating-point entry name to ``w_local - w_global``
@@ -82,18 +83,25 @@ def rewrite_update(who: str | Collection[str], fn: UpdateRewrite,
     def attack(app: ClientCall) -> ClientCall:
         def call(msg: Message, ctx: Context) -> Message:
             reply = app(msg, ctx)
-            if not (any(_is(ctx, w) for w in names) and msg.metadata.message_type == "train"
-                    and reply.has_content()):
+            if not (
+                any(_is(ctx, w) for w in names)
+                and msg.metadata.message_type == "train"
+                and reply.has_content()
+            ):
                 return reply
             for key, rec in reply.content.array_records.items():
                 task = P.task_of(key, P.ARRAYS_PREFIX)
                 if task is None or (tasks is not None and task not in tasks):
                     continue
-                glob = {n: glob_arr.numpy()
-                        for n, glob_arr in msg.content.array_records[key].items()}
+                glob = {
+                    n: glob_arr.numpy() for n, glob_arr in msg.content.array_records[key].items()
+                }
                 local = {n: arr.numpy() for n, arr in rec.items()}
-                update = {n: a.astype(np.float64) - glob[n].astype(np.float64)
-                          for n, a in local.items() if a.dtype.kind == "f"}
+                update = {
+                    n: a.astype(np.float64) - glob[n].astype(np.float64)
+                    for n, a in local.items()
+                    if a.dtype.kind == "f"
+                }
                 new = fn(task, update, msg, ctx)
                 for n in update:
                     rec[n] = Array((glob[n].astype(np.float64) + new[n]).astype(glob[n].dtype))
@@ -112,18 +120,22 @@ def scaled_update(who: str, factor: float, tasks: Collection[str] | None = None)
     """``who`` returns ``w_global + factor * (w_local - w_global)``: its honest
     update ``factor`` times larger (or reversed, with a negative factor: a sign
     flip), for every model it trains or for ``tasks`` only."""
-    return rewrite_update(who, lambda task, u, msg, ctx: {n: factor * a for n, a in u.items()}, tasks)
+    return rewrite_update(
+        who, lambda task, u, msg, ctx: {n: factor * a for n, a in u.items()}, tasks
+    )
 
 
-def gaussian_update(who: str, scale: float = 10.0, seed: int = 0,
-                    tasks: Collection[str] | None = None) -> Attack:
+def gaussian_update(
+    who: str, scale: float = 10.0, seed: int = 0, tasks: Collection[str] | None = None
+) -> Attack:
     """``who`` returns Gaussian noise as its update, with ``scale`` times the
     norm of its honest update (the Gaussian attack of the robust-FL
     benchmarks); ``seed`` fixes the noise."""
     rng = np.random.default_rng(seed)
 
-    def fn(task: str, u: dict[str, np.ndarray], msg: Message,
-           ctx: Context) -> dict[str, np.ndarray]:
+    def fn(
+        task: str, u: dict[str, np.ndarray], msg: Message, ctx: Context
+    ) -> dict[str, np.ndarray]:
         noise = {n: rng.standard_normal(a.shape) for n, a in u.items()}
         size = _norm(noise)
         return {n: a * (scale * _norm(u) / size) if size else a for n, a in noise.items()}
@@ -131,8 +143,9 @@ def gaussian_update(who: str, scale: float = 10.0, seed: int = 0,
     return rewrite_update(who, fn, tasks)
 
 
-def _this_round(store: dict[str, tuple[str, list[dict[str, np.ndarray]]]], task: str,
-                msg: Message) -> list[dict[str, np.ndarray]]:
+def _this_round(
+    store: dict[str, tuple[str, list[dict[str, np.ndarray]]]], task: str, msg: Message
+) -> list[dict[str, np.ndarray]]:
     """The colluders' updates of ``task`` in the round of ``msg`` (its group id),
     forgetting earlier rounds."""
     rnd = msg.metadata.group_id
@@ -154,7 +167,7 @@ def alie_z(num_clients: int, num_attackers: int) -> float:
 
 
 def alie(colluders: Collection[str], z: float, tasks: Collection[str] | None = None) -> Attack:
-    """"A Little Is Enough" (Baruch et al., 2019): every colluder sends
+    """ "A Little Is Enough" (Baruch et al., 2019): every colluder sends
     ``mean - z * std`` (coordinate-wise) of the honest updates it knows. The
     colluders share what they trained: the mean is over their updates of the
     model this round so far (the first to reply knows only its own) and the
@@ -164,8 +177,9 @@ def alie(colluders: Collection[str], z: float, tasks: Collection[str] | None = N
     latest: dict[tuple[str, str], dict[str, np.ndarray]] = {}
     current: dict[str, tuple[str, list[dict[str, np.ndarray]]]] = {}
 
-    def fn(task: str, u: dict[str, np.ndarray], msg: Message,
-           ctx: Context) -> dict[str, np.ndarray]:
+    def fn(
+        task: str, u: dict[str, np.ndarray], msg: Message, ctx: Context
+    ) -> dict[str, np.ndarray]:
         now = _this_round(current, task, msg)
         now.append(u)
         latest[(task, _cid(ctx))] = u
@@ -186,8 +200,9 @@ def ipm(colluders: Collection[str], eps: float, tasks: Collection[str] | None = 
     round so far (with one attacker, ``-eps`` times its own update)."""
     seen: dict[str, tuple[str, list[dict[str, np.ndarray]]]] = {}
 
-    def fn(task: str, u: dict[str, np.ndarray], msg: Message,
-           ctx: Context) -> dict[str, np.ndarray]:
+    def fn(
+        task: str, u: dict[str, np.ndarray], msg: Message, ctx: Context
+    ) -> dict[str, np.ndarray]:
         now = _this_round(seen, task, msg)
         now.append(u)
         return {n: -eps * np.mean([v[n] for v in now], axis=0) for n in u}
@@ -211,8 +226,9 @@ def inflated_count(who: str, count: int = 10**9, at_registration: bool = True) -
     return _on(P.QUERY_INFO, who, info) if at_registration else _on("train", who, train)
 
 
-def lying_loss(who: str, factor: float = 1e5, train_too: bool = True,
-               tasks: Collection[str] | None = None) -> Attack:
+def lying_loss(
+    who: str, factor: float = 1e5, train_too: bool = True, tasks: Collection[str] | None = None
+) -> Attack:
     """``who`` reports ``factor`` times its true loss in loss queries (and, with
     ``train_too``, as its training loss), to be sampled more often; only for
     ``tasks`` when given (an attack aimed at some models)."""
@@ -297,8 +313,9 @@ def replay(who: str) -> Attack:
     return attack
 
 
-def label_flipping(who: str | Collection[str], tasks: Collection[str] | None = None
-                   ) -> Callable[[Any], Any]:
+def label_flipping(
+    who: str | Collection[str], tasks: Collection[str] | None = None
+) -> Callable[[Any], Any]:
     """Data poisoning: the clients ``who`` train (and answer loss queries) on
     their own data with every label ``y`` replaced by ``C - 1 - y`` (``C``: the
     model's number of outputs), for ``tasks`` when given, as the label-flipping
@@ -318,8 +335,10 @@ def label_flipping(who: str | Collection[str], tasks: Collection[str] | None = N
             if tasks is not None and task not in tasks:
                 continue
             if not hasattr(trainer, "map_train_labels"):
-                raise TypeError(f"label_flipping: client {spec.client_id}'s trainer for "
-                                f"{task!r} ({type(trainer).__name__}) has no map_train_labels")
+                raise TypeError(
+                    f"label_flipping: client {spec.client_id}'s trainer for "
+                    f"{task!r} ({type(trainer).__name__}) has no map_train_labels"
+                )
             x, _ = trainer.train_tensors()
             with torch.random.fork_rng(devices=[]), torch.no_grad():
                 classes = int(trainer.model_fn().to(x.device)(x[:1]).shape[-1])
@@ -341,8 +360,20 @@ def chain(*attacks: Attack) -> Attack:
 
 
 __all__ = [
-    "Attack", "alie", "alie_z", "chain", "gaussian_update", "huge_weights", "impersonate",
-    "inflated_count", "ipm", "label_flipping", "late_registration", "lying_loss", "replay",
+    "Attack",
+    "alie",
+    "alie_z",
+    "chain",
+    "gaussian_update",
+    "huge_weights",
+    "impersonate",
+    "inflated_count",
+    "ipm",
+    "label_flipping",
+    "late_registration",
+    "lying_loss",
+    "replay",
     "rewrite_update",
-    "scaled_update", "with_token",
+    "scaled_update",
+    "with_token",
 ]

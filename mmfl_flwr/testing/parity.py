@@ -17,8 +17,9 @@ import numpy as np
 __all__ = ["relative_update_gap", "run_gaps"]
 
 
-def relative_update_gap(start: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray],
-                        got: Mapping[str, np.ndarray]) -> float:
+def relative_update_gap(
+    start: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray]
+) -> float:
     """``||Δ_got - Δ_ref|| / ||Δ_ref||`` with ``Δ = weights - start`` over the
     floating-point entries (0 when both updates are zero); ``inf`` when an
     integer entry differs or the keys differ."""
@@ -38,11 +39,17 @@ def relative_update_gap(start: Mapping[str, np.ndarray], ref: Mapping[str, np.nd
     return gap / size
 
 
-def run_gaps(start: Mapping[str, Mapping[str, np.ndarray]],
-             ref: Mapping[str, Mapping[str, np.ndarray]],
-             got: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, float]:
+def run_gaps(
+    start: Mapping[str, Mapping[str, np.ndarray]],
+    ref: Mapping[str, Mapping[str, np.ndarray]],
+    got: Mapping[str, Mapping[str, np.ndarray]],
+) -> dict[str, float]:
     """Model -> :func:`relative_update_gap` of two runs' final weights (numpy
     arrays per model, e.g. ``{t: arrays_to_numpy(r) for t, r in result.arrays.items()}``);
     a model missing from either run is ``inf``."""
-    return {t: (relative_update_gap(start[t], ref[t], got[t])
-                if t in ref and t in got else float("inf")) for t in start}
+    return {
+        t: (
+            relative_update_gap(start[t], ref[t], got[t]) if t in ref and t in got else float("inf")
+        )
+        for t in start
+    }

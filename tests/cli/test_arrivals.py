@@ -46,9 +46,12 @@ class TestSettings:
         assert set(arr) == {str(c) for c in range(24, 60)}
         assert all(isinstance(v, int) and v >= 1 for v in arr.values())
         # deterministic by seed
-        assert arr == Settings(
-            num_clients=60, client_arrivals="exponential:static=24,rate=0.1"
-        ).client_arrival_rounds()
+        assert (
+            arr
+            == Settings(
+                num_clients=60, client_arrivals="exponential:static=24,rate=0.1"
+            ).client_arrival_rounds()
+        )
         other = Settings(
             num_clients=60, client_arrivals="exponential:static=24,rate=0.1", seed=1
         ).client_arrival_rounds()
@@ -86,9 +89,13 @@ class TestSettings:
         arrives after about 360 rounds (Gamma(36, 0.1): sd 60), not within ~40 as
         independent Exp(0.1) arrival times would give (their maximum has mean 41.5)."""
         lasts = [
-            max(Settings(num_clients=60, seed=seed,
-                         client_arrivals="exponential:static=24,rate=0.1")
-                .client_arrival_rounds().values())
+            max(
+                Settings(
+                    num_clients=60, seed=seed, client_arrivals="exponential:static=24,rate=0.1"
+                )
+                .client_arrival_rounds()
+                .values()
+            )
             for seed in range(20)
         ]
         assert 360 - 5 * 60 / math.sqrt(20) < np.mean(lasts) < 360 + 5 * 60 / math.sqrt(20) + 1
@@ -123,9 +130,7 @@ class TestSettings:
         assert s.task_arrival_rounds() == {"digits_2": 3, "synthetic": 5}
         s.validate()
         assert Settings(task_arrivals="").task_arrival_rounds() == {}
-        assert Settings(
-            task_arrivals=" digits_2 : 7 ,"
-        ).task_arrival_rounds() == {"digits_2": 7}
+        assert Settings(task_arrivals=" digits_2 : 7 ,").task_arrival_rounds() == {"digits_2": 7}
 
     @pytest.mark.parametrize("spec", ["digits_2", "digits_2:x", "digits_2:3.5"])
     def test_bad_task_specs_raise(self, spec):
@@ -139,8 +144,12 @@ class TestSettings:
             s.validate()
 
     def test_run_config_round_trip(self):
-        s = Settings(num_clients=30, client_arrivals="exponential:static=10,rate=0.3",
-                     tasks="digits,digits", task_arrivals="digits_2:4")
+        s = Settings(
+            num_clients=30,
+            client_arrivals="exponential:static=10,rate=0.3",
+            tasks="digits,digits",
+            task_arrivals="digits_2:4",
+        )
         back = Settings.from_run_config(s.to_run_config())
         assert back.client_arrival_rounds() == s.client_arrival_rounds()
         assert back.task_arrival_rounds() == {"digits_2": 4}
@@ -203,7 +212,10 @@ def test_client_never_hears_from_server_before_arrival():
     losses = {str(c): {"a": 1.0, "b": 2.0} for c in range(8)}
     arrivals = {"6": 3, "7": 5}
     strategy = MultiModelStrategy(
-        FullParticipation(), seed=0, node_wait_timeout=0.0, client_arrivals=arrivals,
+        FullParticipation(),
+        seed=0,
+        node_wait_timeout=0.0,
+        client_arrivals=arrivals,
         fraction_evaluate=1.0,
     )
     result, rec, _ = run(strategy, losses, tasks, rounds=6)
@@ -229,8 +241,9 @@ def test_group_late_client_placed_by_cosine_without_new_cstep():
     late = "18"
     v = np.array([4.6, 4.4])  # direction of cluster 0, Euclidean-nearest to cluster 1
     losses[late] = {"a": float(v[0]), "b": float(v[1])}
-    strategy = group_sampling(participation=1.0, seed=0, node_wait_timeout=0.0,
-                              client_arrivals={late: 2})
+    strategy = group_sampling(
+        participation=1.0, seed=0, node_wait_timeout=0.0, client_arrivals={late: 2}
+    )
     pol = strategy.policy
     result, rec, snaps = run(strategy, losses, tasks, rounds=4)
 
@@ -299,8 +312,9 @@ def check_task_rows(result, task: str, arrival: int, start: int, rounds: int):
 @pytest.mark.parametrize("arrival, start", [(2, 4), (4, 4), (5, 7)])
 def test_group_new_model_starts_at_next_cycle_boundary(arrival, start):
     rounds = 8
-    strategy = group_sampling(participation=1.0, seed=0, node_wait_timeout=0.0,
-                              task_arrivals={"c": arrival})
+    strategy = group_sampling(
+        participation=1.0, seed=0, node_wait_timeout=0.0, task_arrivals={"c": arrival}
+    )
     pol = strategy.policy
     result, rec, _ = run(strategy, abc_losses(), TASKS_ABC, rounds=rounds)
     # the planted 3 clusters give L = 3: cycle boundaries at rounds 1, 4, 7
@@ -331,10 +345,12 @@ def test_mfa_rand_new_model_starts_at_arrival():
 
 
 def test_unknown_task_in_task_arrivals_raises():
-    strategy = MultiModelStrategy(FullParticipation(), node_wait_timeout=0.0,
-                                  task_arrivals={"zzz": 2})
-    grid = InProcessGrid(make_client_app(lambda ctx: ClientSpec("0", {"a": fake(10, 1.0)})),
-                         [{"cid": "0"}], seed=0)
+    strategy = MultiModelStrategy(
+        FullParticipation(), node_wait_timeout=0.0, task_arrivals={"zzz": 2}
+    )
+    grid = InProcessGrid(
+        make_client_app(lambda ctx: ClientSpec("0", {"a": fake(10, 1.0)})), [{"cid": "0"}], seed=0
+    )
     with pytest.raises(ValueError, match="zzz"):
         strategy.start(grid, initial(["a"]), num_rounds=1)
 
@@ -348,9 +364,16 @@ def cluster_rows(path: Path) -> list[dict[str, int]]:
 def test_runner_group_with_client_arrivals(tmp_path):
     from mmfl_flwr import runner
 
-    s = Settings(strategy="group", tasks="digits,digits,digits", profile="clusters-consistent",
-                 client_arrivals="exponential:static=10,rate=0.3", num_clients=20,
-                 num_rounds=6, local_epochs=1, output_dir=str(tmp_path))
+    s = Settings(
+        strategy="group",
+        tasks="digits,digits,digits",
+        profile="clusters-consistent",
+        client_arrivals="exponential:static=10,rate=0.3",
+        num_clients=20,
+        num_rounds=6,
+        local_epochs=1,
+        output_dir=str(tmp_path),
+    )
     arrivals = {int(c): r for c, r in s.client_arrival_rounds().items()}
     result = runner.run(s, engine="inprocess")
     assert max(r["round"] for r in result.history) == 6
@@ -379,9 +402,16 @@ def test_runner_group_with_client_arrivals(tmp_path):
 def test_runner_group_with_task_arrivals(tmp_path):
     from mmfl_flwr import runner
 
-    s = Settings(strategy="group", tasks="digits,digits,digits", profile="clusters-consistent",
-                 task_arrivals="digits_3:3", num_clients=20, num_rounds=6, local_epochs=1,
-                 output_dir=str(tmp_path))
+    s = Settings(
+        strategy="group",
+        tasks="digits,digits,digits",
+        profile="clusters-consistent",
+        task_arrivals="digits_3:3",
+        num_clients=20,
+        num_rounds=6,
+        local_epochs=1,
+        output_dir=str(tmp_path),
+    )
     result = runner.run(s, engine="inprocess")
     rows = [r for r in result.history if r["task"] == "digits_3"]
     assert min(r["round"] for r in rows) == 3
@@ -395,7 +425,8 @@ def test_runner_group_with_task_arrivals(tmp_path):
         trained = {t for _, t, _ in result.assignments[rnd]}
         assert ("digits_3" in trained) == (rnd >= start), rnd
     # the other two models train from round 1
-    assert all({"digits", "digits_2"} <= {t for _, t, _ in result.assignments[r]}
-               for r in range(1, 7))
+    assert all(
+        {"digits", "digits_2"} <= {t for _, t, _ in result.assignments[r]} for r in range(1, 7)
+    )
     counts = Counter(r["task"] for r in result.history)
     assert counts["digits"] == 7 and counts["digits_3"] == 4

@@ -25,15 +25,16 @@ INVALID = [
     ({"seed": -1}, "seed must be >= 0"),
     ({"budget_fraction": 1.5}, "budget-fraction must be in [0, 1]"),
     ({"budget_fraction": float("nan")}, "budget-fraction must be in [0, 1]"),
-    ({"num_clients": 4, "clients_per_round": 5},
-     "clients-per-round must be in [0, num-clients]"),
+    ({"num_clients": 4, "clients_per_round": 5}, "clients-per-round must be in [0, num-clients]"),
     ({"task_arrivals": "digits_2:-1"}, "task-arrivals rounds must be in [0, num-rounds=20]"),
     ({"task_arrivals": "digits_2:21"}, "task-arrivals rounds must be in [0, num-rounds=20]"),
     ({"task_arrivals": "digits_2:3,digits_2:5"}, "names digits_2 twice"),
     ({"client_arrivals": "exponential:static=4,rate=nan"}, "rate must be a finite number > 0"),
     ({"client_arrivals": "exponential:static=4,rate=inf"}, "rate must be a finite number > 0"),
-    ({"client_arrivals": "exponential:static=inf"},
-     "static must be an integer in [0, num-clients=20]"),
+    (
+        {"client_arrivals": "exponential:static=inf"},
+        "static must be an integer in [0, num-clients=20]",
+    ),
 ]
 
 
@@ -45,18 +46,22 @@ def test_validate_names_the_key_and_the_allowed_range(change, expected):
 
 
 def test_the_edges_of_the_ranges_are_valid():
-    Settings(seed=0, num_clients=4, clients_per_round=4,
-             task_arrivals="digits_2:0,synthetic:20").validate()
+    Settings(
+        seed=0, num_clients=4, clients_per_round=4, task_arrivals="digits_2:0,synthetic:20"
+    ).validate()
     Settings(strategy="random", budget_fraction=1.0).validate()
 
 
-@pytest.mark.parametrize("flags, key", [
-    (dict(strategy="mfa-rr", budget_fraction=0.5), "budget-fraction"),
-    (dict(strategy="lvr", stale_beta=0.5), "stale-beta"),
-    (dict(strategy="fedvarp", mifa_start="uploaded"), "mifa-start"),
-    (dict(strategy="random", ucb_gamma=0.5), "ucb-gamma"),
-    (dict(strategy="fedvarp", group_variant="modified"), "group-variant"),
-])
+@pytest.mark.parametrize(
+    "flags, key",
+    [
+        (dict(strategy="mfa-rr", budget_fraction=0.5), "budget-fraction"),
+        (dict(strategy="lvr", stale_beta=0.5), "stale-beta"),
+        (dict(strategy="fedvarp", mifa_start="uploaded"), "mifa-start"),
+        (dict(strategy="random", ucb_gamma=0.5), "ucb-gamma"),
+        (dict(strategy="fedvarp", group_variant="modified"), "group-variant"),
+    ],
+)
 def test_a_setting_the_preset_does_not_use_is_refused(flags, key):
     """The user's words are never dropped: a non-default value of a setting that
     only other presets use is refused, naming the key and who uses it."""
@@ -64,8 +69,18 @@ def test_a_setting_the_preset_does_not_use_is_refused(flags, key):
         Settings(**flags).validate()
 
 
-SMALL = ["--engine", "inprocess", "--num-clients", "4", "--num-rounds", "1",
-         "--local-epochs", "1", "--tasks", "synthetic"]
+SMALL = [
+    "--engine",
+    "inprocess",
+    "--num-clients",
+    "4",
+    "--num-rounds",
+    "1",
+    "--local-epochs",
+    "1",
+    "--tasks",
+    "synthetic",
+]
 
 CLI_CASES = [
     (["--lr", "inf"], "lr must be a finite number > 0"),
@@ -80,12 +95,13 @@ CLI_CASES = [
     (["--num-rounds", "abc"], "--num-rounds: invalid int value: 'abc'"),
     # pins need a client-token or a node key, which mmfl run's nodes never have: with
     # *=key:first-use the run trained 20 rounds with 0 uploads and exited 0
-    (["--client-pins", "3=token:" + "ab" * 32],
-     "--client-pins: the nodes of mmfl run's engines"),
+    (["--client-pins", "3=token:" + "ab" * 32], "--client-pins: the nodes of mmfl run's engines"),
     (["--client-pins", "*=key:first-use"], "--client-pins: the nodes of mmfl run's engines"),
     (["--client-pins", "0=key:" + "ab" * 32], "--client-pins: the nodes of mmfl run's engines"),
-    (["--client-pins", "*=key:first-use", "--sequential"],
-     "--client-pins: the nodes of mmfl run's engines"),
+    (
+        ["--client-pins", "*=key:first-use", "--sequential"],
+        "--client-pins: the nodes of mmfl run's engines",
+    ),
 ]
 
 
@@ -95,7 +111,10 @@ def test_cli_user_error_is_one_line_exit_2(flags, expected, tmp_path):
     argv = [f.format(tmp=tmp_path) for f in flags]
     proc = subprocess.run(
         [sys.executable, "-m", "mmfl_flwr.cli", "run", *SMALL, *argv, "--output-dir", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
@@ -115,9 +134,22 @@ def test_an_output_dir_that_is_a_file_is_one_line_before_anything_starts(engine,
     flags = [f for f in SMALL if f not in ("--engine", "inprocess")]
     for out, extra in ((taken, []), (taken / "sub", []), (taken, ["--overwrite"])):
         proc = subprocess.run(
-            [sys.executable, "-m", "mmfl_flwr.cli", "run", *flags, "--engine", engine,
-             "--output-dir", str(out), *extra],
-            cwd=ROOT, capture_output=True, text=True, timeout=300,
+            [
+                sys.executable,
+                "-m",
+                "mmfl_flwr.cli",
+                "run",
+                *flags,
+                "--engine",
+                engine,
+                "--output-dir",
+                str(out),
+                *extra,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert proc.returncode == 2, proc.stdout + proc.stderr
         lines = proc.stderr.strip().splitlines()
@@ -130,9 +162,21 @@ def test_logs_written_to_a_file_carry_no_colour_codes(tmp_path):
     """ANSI colours only on a terminal: a warning of a run whose stderr is a file
     (or a pipe) is plain text (the simulation engine's: tests/docs/test_readme_main_job.py)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "mmfl_flwr.cli", "run", *SMALL, "--strategy", "lvr",
-         "--output-dir", str(tmp_path / "out")],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "mmfl_flwr.cli",
+            "run",
+            *SMALL,
+            "--strategy",
+            "lvr",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert "WARNING" in proc.stderr  # the budget warning of 4 clients

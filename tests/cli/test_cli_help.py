@@ -40,7 +40,12 @@ def help_text() -> str:
     env = {**os.environ, "COLUMNS": "100000"}  # no wrapping: one line per option
     proc = subprocess.run(
         [sys.executable, "-m", "mmfl_flwr.cli", "run", "--help"],
-        check=False, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env,
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
@@ -153,8 +158,17 @@ CHOICE_SETTINGS = [n for n, o in options().items() if o.choices is not None]
 
 def test_the_choice_settings_are_the_expected_ones():
     assert set(CHOICE_SETTINGS) == {
-        "strategy", "aggregator", "tasks", "profile", "stale_storage", "stalevr_signal",
-        "ucb_init", "pareto_shortfall", "group_variant", "dp", "mifa_start",
+        "strategy",
+        "aggregator",
+        "tasks",
+        "profile",
+        "stale_storage",
+        "stalevr_signal",
+        "ucb_init",
+        "pareto_shortfall",
+        "group_variant",
+        "dp",
+        "mifa_start",
     }
 
 
@@ -210,20 +224,27 @@ def interval(allowed: str, s: Settings):
             return {">=": v >= b, ">": v > b, "<=": v <= b, "<": v < b}[m["op"]]
         lo, hi = num(m["lo"]), num(m["hi"])
         return ((v > lo) if m["lb"] == "(" else (v >= lo)) and (
-            (v < hi) if m["rb"] == ")" else (v <= hi))
+            (v < hi) if m["rb"] == ")" else (v <= hi)
+        )
 
     bounds = [num(b) for b in (m["lo"], m["hi"], m["bound"]) if b]
     return pred, bounds
 
 
-RANGE_SETTINGS = [n for n, o in options().items()
-                  if o.choices is None and (o.low is not None or o.high is not None)]
+RANGE_SETTINGS = [
+    n
+    for n, o in options().items()
+    if o.choices is None and (o.low is not None or o.high is not None)
+]
 
 
 def test_the_range_settings_are_every_numeric_setting():
-    numeric = {n for n, f in FIELDS.items()
-               if isinstance(getattr(Settings(), n), (int, float))
-               and not isinstance(getattr(Settings(), n), bool)}
+    numeric = {
+        n
+        for n, f in FIELDS.items()
+        if isinstance(getattr(Settings(), n), (int, float))
+        and not isinstance(getattr(Settings(), n), bool)
+    }
     assert set(RANGE_SETTINGS) == numeric
 
 
@@ -254,8 +275,9 @@ def test_a_refused_range_value_names_the_allowed_range_as_the_help_does():
         allowed = options()[name].allowed()
         below = min(-1, (options()[name].low or 0) - 1)  # under the range (and not 0)
         with pytest.raises(ValueError) as err:
-            runs_with(name, int(below) if isinstance(getattr(Settings(), name), int)
-                      else float(below)).validate()
+            runs_with(
+                name, int(below) if isinstance(getattr(Settings(), name), int) else float(below)
+            ).validate()
         assert f"{name.replace('_', '-')} must be {allowed}" in str(err.value)
 
 

@@ -41,11 +41,17 @@ def ran(monkeypatch) -> list[Settings]:
 
 def test_flags_equal_to_their_default_still_override_the_config_file(ran, tmp_path):
     defaults = Settings()
-    flags = {"num_rounds": 20, "num_clients": 20, "lr": 0.1, "local_epochs": 5,
-             "batch_size": 16}
+    flags = {"num_rounds": 20, "num_clients": 20, "lr": 0.1, "local_epochs": 5, "batch_size": 16}
     assert all(getattr(defaults, k) == v for k, v in flags.items())  # default values
-    argv = ["run", "--engine", "inprocess", "--config", str(PAPER002),
-            "--output-dir", str(tmp_path / "out")]
+    argv = [
+        "run",
+        "--engine",
+        "inprocess",
+        "--config",
+        str(PAPER002),
+        "--output-dir",
+        str(tmp_path / "out"),
+    ]
     for name, value in flags.items():
         argv += ["--" + name.replace("_", "-"), str(value)]
     assert cli.main(argv) == 0
@@ -57,8 +63,22 @@ def test_flags_equal_to_their_default_still_override_the_config_file(ran, tmp_pa
 
 
 def test_without_flags_the_config_file_wins_over_the_defaults(ran, tmp_path):
-    assert cli.main(["run", "--engine", "inprocess", "--config", str(PAPER002),
-                     "--num-clients", "5", "--output-dir", str(tmp_path / "out")]) == 0
+    assert (
+        cli.main(
+            [
+                "run",
+                "--engine",
+                "inprocess",
+                "--config",
+                str(PAPER002),
+                "--num-clients",
+                "5",
+                "--output-dir",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 0
+    )
     (s,) = ran
     assert (s.num_rounds, s.lr, s.local_epochs, s.batch_size) == (70, 0.05, 1, 10)
 
@@ -94,8 +114,19 @@ def test_aggregator_is_applied_or_refused_at_validation(preset, aggregator):
 def test_cli_refuses_aggregator_for_a_preset_without_one(preset, ran, tmp_path, capsys):
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as exc:
-        cli.main(["run", "--engine", "inprocess", "--strategy", preset,
-                  "--aggregator", "fedavg", "--output-dir", str(out)])
+        cli.main(
+            [
+                "run",
+                "--engine",
+                "inprocess",
+                "--strategy",
+                preset,
+                "--aggregator",
+                "fedavg",
+                "--output-dir",
+                str(out),
+            ]
+        )
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and preset in err and "aggregator" in err

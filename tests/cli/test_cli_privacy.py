@@ -15,15 +15,40 @@ from mmfl_flwr.config import Settings
 from mmfl_flwr.flower_app.server_app import private
 from mmfl_flwr.strategy import MultiModelStrategy
 
-SMALL = ["--engine", "inprocess", "--num-clients", "4", "--local-epochs", "1",
-         "--tasks", "synthetic,synthetic", "--num-rounds", "3"]
+SMALL = [
+    "--engine",
+    "inprocess",
+    "--num-clients",
+    "4",
+    "--local-epochs",
+    "1",
+    "--tasks",
+    "synthetic,synthetic",
+    "--num-rounds",
+    "3",
+]
 
 
 def test_dp_run_writes_each_models_epsilon_to_the_summary(tmp_path, capsys):
     out = tmp_path / "run"
-    rc = cli_main(["run", *SMALL, "--output-dir", str(out), "--dp", "server-fixed",
-                   "--dp-noise-multiplier", "1.5", "--dp-clipping-norm", "2",
-                   "--dp-sampled-clients", "2", "--dp-delta", "1e-6"])
+    rc = cli_main(
+        [
+            "run",
+            *SMALL,
+            "--output-dir",
+            str(out),
+            "--dp",
+            "server-fixed",
+            "--dp-noise-multiplier",
+            "1.5",
+            "--dp-clipping-norm",
+            "2",
+            "--dp-sampled-clients",
+            "2",
+            "--dp-delta",
+            "1e-6",
+        ]
+    )
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["privacy"]) == {"synthetic", "synthetic_2"}
@@ -38,23 +63,35 @@ def test_dp_run_writes_each_models_epsilon_to_the_summary(tmp_path, capsys):
 def test_the_settings_build_the_named_wrapper():
     base = MultiModelStrategy()
     assert private(base, Settings()) is base
-    w = private(base, Settings(dp="client-adaptive", dp_sampled_clients=20,
-                               dp_noise_multiplier=0.5, dp_clipping_norm=3.0))
+    w = private(
+        base,
+        Settings(
+            dp="client-adaptive",
+            dp_sampled_clients=20,
+            dp_noise_multiplier=0.5,
+            dp_clipping_norm=3.0,
+        ),
+    )
     assert isinstance(w, dp.DifferentialPrivacyClientSideAdaptiveClipping)
     assert w.initial_clipping_norm == 3.0 and w.num_sampled_clients == 20
     w = private(base, Settings(dp="server-fixed", dp_sampled_clients=4, dp_delta=1e-3))
     assert isinstance(w, dp.DifferentialPrivacyServerSideFixedClipping) and w.delta == 1e-3
 
 
-@pytest.mark.parametrize("args,words", [
-    (["--dp", "server-fixed"], "needs dp-sampled-clients >= 1"),
-    (["--dp", "server-fixed", "--dp-sampled-clients", "9"], "more than the 4 clients"),
-    (["--dp", "server-adaptive", "--dp-sampled-clients", "4"], "needs dp-sampled-clients > 10"),
-    (["--dp", "laplace", "--dp-sampled-clients", "2"], "dp"),
-    (["--dp", "server-fixed", "--dp-sampled-clients", "2", "--dp-clipping-norm", "0"],
-     "dp-clipping-norm"),
-    (["--dp", "server-fixed", "--dp-sampled-clients", "2", "--dp-delta", "1"], "dp-delta"),
-])
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["--dp", "server-fixed"], "needs dp-sampled-clients >= 1"),
+        (["--dp", "server-fixed", "--dp-sampled-clients", "9"], "more than the 4 clients"),
+        (["--dp", "server-adaptive", "--dp-sampled-clients", "4"], "needs dp-sampled-clients > 10"),
+        (["--dp", "laplace", "--dp-sampled-clients", "2"], "dp"),
+        (
+            ["--dp", "server-fixed", "--dp-sampled-clients", "2", "--dp-clipping-norm", "0"],
+            "dp-clipping-norm",
+        ),
+        (["--dp", "server-fixed", "--dp-sampled-clients", "2", "--dp-delta", "1"], "dp-delta"),
+    ],
+)
 def test_dp_settings_that_make_no_sense_are_one_line_and_exit_2(args, words, tmp_path, capsys):
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as exc:

@@ -24,14 +24,25 @@ from mmfl_flwr.cli import main as cli_main
 from mmfl_flwr.config import Settings
 from mmfl_flwr.runner import run
 
-SMALL = ["--engine", "inprocess", "--num-clients", "4", "--local-epochs", "1",
-         "--tasks", "synthetic"]
+SMALL = [
+    "--engine",
+    "inprocess",
+    "--num-clients",
+    "4",
+    "--local-epochs",
+    "1",
+    "--tasks",
+    "synthetic",
+]
 
 
 def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
     """Every file under ``folder``: its bytes and modification time."""
-    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +51,7 @@ def finished(tmp_path_factory) -> dict[int, Path]:
     runs = {}
     for rounds in (2, 3):
         out = tmp_path_factory.mktemp(f"rounds{rounds}")
-        assert cli_main(["run", *SMALL, "--num-rounds", str(rounds),
-                         "--output-dir", str(out)]) == 0
+        assert cli_main(["run", *SMALL, "--num-rounds", str(rounds), "--output-dir", str(out)]) == 0
         runs[rounds] = out
     return runs
 
@@ -66,22 +76,41 @@ def refused(argv: list[str], capsys) -> str:
 # ------------------------------------------------------------------ defect 7
 def test_resume_extends_num_rounds_of_a_finished_run(finished, old_run):
     # setting flags equal to the run's values are fine beside --num-rounds
-    assert cli_main(["run", "--resume", str(old_run), "--engine", "inprocess",
-                     "--num-rounds", "3", "--tasks", "synthetic", "--seed", "0"]) == 0
+    assert (
+        cli_main(
+            [
+                "run",
+                "--resume",
+                str(old_run),
+                "--engine",
+                "inprocess",
+                "--num-rounds",
+                "3",
+                "--tasks",
+                "synthetic",
+                "--seed",
+                "0",
+            ]
+        )
+        == 0
+    )
     assert Settings.load(str(old_run / "config.json")).num_rounds == 3
     assert load_checkpoint(old_run)["round"] == 3
     for name in ("metrics.csv", "assignments.csv"):  # as if it had run 3 rounds at once
         assert (old_run / name).read_text() == (finished[3] / name).read_text(), name
 
 
-@pytest.mark.parametrize("flags, key", [
-    (["--lr", "0.5"], "lr"),
-    (["--tasks", "digits"], "tasks"),
-    (["--num-clients", "5"], "num-clients"),
-    (["--seed", "1"], "seed"),
-    (["--strategy", "lvr"], "strategy"),
-    (["--num-rounds", "3", "--batch-size", "16", "--local-epochs", "2"], "local-epochs"),
-])
+@pytest.mark.parametrize(
+    "flags, key",
+    [
+        (["--lr", "0.5"], "lr"),
+        (["--tasks", "digits"], "tasks"),
+        (["--num-clients", "5"], "num-clients"),
+        (["--seed", "1"], "seed"),
+        (["--strategy", "lvr"], "strategy"),
+        (["--num-rounds", "3", "--batch-size", "16", "--local-epochs", "2"], "local-epochs"),
+    ],
+)
 def test_resume_refuses_a_changed_setting(old_run, flags, key, capsys):
     before = snapshot(old_run)
     err = refused(["run", "--resume", str(old_run), "--engine", "inprocess", *flags], capsys)
@@ -100,8 +129,21 @@ def test_resume_from_with_other_settings_is_refused(old_run, capsys):
         assert "\n" not in str(err.value)
         assert snapshot(old_run) == before
     # the same through the CLI's --resume-from (the run-config path)
-    err = refused(["run", *SMALL, "--lr", "0.5", "--num-rounds", "3",
-                   "--output-dir", str(old_run), "--resume-from", str(old_run)], capsys)
+    err = refused(
+        [
+            "run",
+            *SMALL,
+            "--lr",
+            "0.5",
+            "--num-rounds",
+            "3",
+            "--output-dir",
+            str(old_run),
+            "--resume-from",
+            str(old_run),
+        ],
+        capsys,
+    )
     assert "lr=" in err
     assert snapshot(old_run) == before
 
@@ -109,8 +151,9 @@ def test_resume_from_with_other_settings_is_refused(old_run, capsys):
 @pytest.mark.parametrize("content", [b"", b"\x80\x05\x95garbage", "half"])
 def test_unreadable_checkpoint_is_one_line(old_run, content, capsys):
     ckpt = old_run / CHECKPOINT_FILE
-    ckpt.write_bytes(ckpt.read_bytes()[: len(ckpt.read_bytes()) // 2]
-                     if content == "half" else content)
+    ckpt.write_bytes(
+        ckpt.read_bytes()[: len(ckpt.read_bytes()) // 2] if content == "half" else content
+    )
     with pytest.raises(ValueError, match="unreadable/corrupt"):
         load_checkpoint(old_run)
     before = snapshot(old_run)
@@ -120,8 +163,15 @@ def test_unreadable_checkpoint_is_one_line(old_run, content, capsys):
 
 
 def test_resuming_scaffold_warns_that_client_variates_restart(tmp_path, caplog):
-    s = Settings(strategy="scaffold", tasks="synthetic", num_clients=4, num_rounds=1,
-                 local_epochs=1, budget_fraction=0.5, output_dir=str(tmp_path))
+    s = Settings(
+        strategy="scaffold",
+        tasks="synthetic",
+        num_clients=4,
+        num_rounds=1,
+        local_epochs=1,
+        budget_fraction=0.5,
+        output_dir=str(tmp_path),
+    )
     run(s, engine="inprocess")
     s.num_rounds, s.resume_from = 2, str(tmp_path)
     with caplog.at_level(logging.WARNING):
@@ -133,8 +183,14 @@ def test_resuming_scaffold_warns_that_client_variates_restart(tmp_path, caplog):
 # ------------------------------------------------------------------ defect 8
 def test_missing_data_leaves_the_old_run_resumable(old_run, tmp_path):
     before = snapshot(old_run)
-    s = Settings(tasks="mnist", data_root=str(tmp_path / "nonexistent"), num_clients=4,
-                 num_rounds=1, output_dir=str(old_run), overwrite=True)
+    s = Settings(
+        tasks="mnist",
+        data_root=str(tmp_path / "nonexistent"),
+        num_clients=4,
+        num_rounds=1,
+        output_dir=str(old_run),
+        overwrite=True,
+    )
     with pytest.raises(FileNotFoundError, match="nonexistent"):
         run(s, engine="inprocess")
     assert snapshot(old_run) == before
@@ -153,9 +209,20 @@ def test_runner_refuses_a_folder_holding_a_run(old_run):
 
 def test_cli_missing_data_with_overwrite_touches_nothing(old_run, tmp_path, capsys):
     before = snapshot(old_run)
-    err = refused(["run", *SMALL, "--tasks", "mnist", "--data-root",
-                   str(tmp_path / "nonexistent"), "--output-dir", str(old_run),
-                   "--overwrite"], capsys)
+    err = refused(
+        [
+            "run",
+            *SMALL,
+            "--tasks",
+            "mnist",
+            "--data-root",
+            str(tmp_path / "nonexistent"),
+            "--output-dir",
+            str(old_run),
+            "--overwrite",
+        ],
+        capsys,
+    )
     assert "MNIST not found" in err and "nonexistent" in err
     assert snapshot(old_run) == before
 
@@ -169,8 +236,10 @@ def test_new_run_refuses_a_folder_holding_a_run(old_run, capsys):
     )
     assert snapshot(old_run) == before
     # --overwrite starts the new run there
-    assert cli_main(["run", *SMALL, "--num-rounds", "1", "--output-dir", str(old_run),
-                     "--overwrite"]) == 0
+    assert (
+        cli_main(["run", *SMALL, "--num-rounds", "1", "--output-dir", str(old_run), "--overwrite"])
+        == 0
+    )
     assert Settings.load(str(old_run / "config.json")).num_rounds == 1
 
 
@@ -194,12 +263,26 @@ def test_an_interrupted_run_ends_with_one_line_and_shows_its_finished_rounds(sig
     from mmfl_flwr.results import read_metrics_csv
 
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "mmfl_flwr.cli", "run", *SMALL, "--num-rounds", "30",
-           "--output-dir", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mmfl_flwr.cli",
+        "run",
+        *SMALL,
+        "--num-rounds",
+        "30",
+        "--output-dir",
+        str(out),
+    ]
     # SIGINT as a terminal's Ctrl-C delivers it (pytest-xdist's workers ignore it, and
     # a child would inherit that)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         try:
@@ -225,8 +308,9 @@ def test_an_interrupted_run_ends_with_one_line_and_shows_its_finished_rounds(sig
     # the command it printed continues the run to the end
     resume = last.split("continue with: ")[1].split()
     assert cli_main(resume[1:]) == 0
-    assert sorted({int(r["round"]) for r in read_metrics_csv(out / "metrics.csv")}) == \
-        list(range(31))
+    assert sorted({int(r["round"]) for r in read_metrics_csv(out / "metrics.csv")}) == list(
+        range(31)
+    )
 
 
 def test_resume_takes_two_spellings_of_one_data_folder_as_equal(tmp_path, monkeypatch):

@@ -26,13 +26,25 @@ NAN = math.nan
 
 # per run: model -> values at rounds 0, 1, 2
 RUNS = {
-    "a0": ("a", 0, {"m1": [0.10, 0.40, 0.60], "m2": [0.30, 0.60, 0.80]},
-           {"m1": [2.0, 1.2, 0.8], "m2": [2.4, 1.6, 1.0]}),
-    "a1": ("a", 1, {"m1": [0.20, 0.50, 0.90], "m2": [0.20, 0.70, 0.90]},
-           {"m1": [2.0, 1.0, 0.4], "m2": [2.0, 1.2, 0.6]}),
+    "a0": (
+        "a",
+        0,
+        {"m1": [0.10, 0.40, 0.60], "m2": [0.30, 0.60, 0.80]},
+        {"m1": [2.0, 1.2, 0.8], "m2": [2.4, 1.6, 1.0]},
+    ),
+    "a1": (
+        "a",
+        1,
+        {"m1": [0.20, 0.50, 0.90], "m2": [0.20, 0.70, 0.90]},
+        {"m1": [2.0, 1.0, 0.4], "m2": [2.0, 1.2, 0.6]},
+    ),
     # m2 of b is not evaluated at round 0 (NaN): b's round 0 is m1's alone
-    "b0": ("b", 0, {"m1": [0.10, 0.30, 0.50], "m2": [NAN, 0.50, 0.50]},
-           {"m1": [2.0, 1.5, 1.0], "m2": [NAN, 1.5, 1.2]}),
+    "b0": (
+        "b",
+        0,
+        {"m1": [0.10, 0.30, 0.50], "m2": [NAN, 0.50, 0.50]},
+        {"m1": [2.0, 1.5, 1.0], "m2": [NAN, 1.5, 1.2]},
+    ),
 }
 
 # By hand. Mean over models per run and round:
@@ -51,16 +63,30 @@ EXPECTED = [
 ]
 
 
-def _write_run(folder: Path, strategy: str, seed: int, acc: dict, loss: dict,
-               **settings) -> Path:
+def _write_run(folder: Path, strategy: str, seed: int, acc: dict, loss: dict, **settings) -> Path:
     history = [
-        {"round": r, "task": m, "accuracy": acc[m][r], "loss": loss[m][r], "uploads": 1,
-         "assigned": 1, "rejected": 0, "train_loss": NAN, "step_l1": 0.0}
+        {
+            "round": r,
+            "task": m,
+            "accuracy": acc[m][r],
+            "loss": loss[m][r],
+            "uploads": 1,
+            "assigned": 1,
+            "rejected": 0,
+            "train_loss": NAN,
+            "step_l1": 0.0,
+        }
         for r in range(3)
         for m in acc
     ]
-    s = Settings(strategy=strategy, seed=seed, num_clients=4, num_rounds=2,
-                 output_dir=str(folder), **settings)
+    s = Settings(
+        strategy=strategy,
+        seed=seed,
+        num_clients=4,
+        num_rounds=2,
+        output_dir=str(folder),
+        **settings,
+    )
     write_outputs(MultiModelResult(history=history, assignments={}), s, folder)
     return folder
 
@@ -89,23 +115,35 @@ def test_csv_holds_the_hand_computed_means_and_stds(fake_runs, tmp_path):
     rows = cmp.compare([fake_runs["a0"], fake_runs["b0"], fake_runs["a1"]], png, table)
     assert png.read_bytes().startswith(PNG_SIGNATURE)
     written = _read_csv(table)
-    assert list(written[0]) == cmp.CSV_COLUMNS == [
-        "strategy", "round", "runs", "accuracy_mean", "accuracy_std", "loss_mean", "loss_std",
-    ]
+    assert (
+        list(written[0])
+        == cmp.CSV_COLUMNS
+        == [
+            "strategy",
+            "round",
+            "runs",
+            "accuracy_mean",
+            "accuracy_std",
+            "loss_mean",
+            "loss_std",
+        ]
+    )
     assert len(written) == len(rows) == len(EXPECTED)
     for got, ret, exp in zip(written, rows, EXPECTED):
         strategy, rnd, runs, acc, acc_sd, loss, loss_sd = exp
         assert (got["strategy"], int(got["round"]), int(got["runs"])) == (strategy, rnd, runs)
         assert (ret["strategy"], ret["round"], ret["runs"]) == (strategy, rnd, runs)
-        for key, want in (("accuracy_mean", acc), ("accuracy_std", acc_sd),
-                          ("loss_mean", loss), ("loss_std", loss_sd)):
+        for key, want in (
+            ("accuracy_mean", acc),
+            ("accuracy_std", acc_sd),
+            ("loss_mean", loss),
+            ("loss_std", loss_sd),
+        ):
             assert _num(got[key]) == _approx(want), (exp, key, got[key])
             assert ret[key] == _approx(want), (exp, key, ret[key])
 
 
-def test_plot_has_two_panels_bands_for_shared_strategies_and_an_outside_legend(
-    fake_runs, tmp_path
-):
+def test_plot_has_two_panels_bands_for_shared_strategies_and_an_outside_legend(fake_runs, tmp_path):
     rows = cmp.aggregate([cmp.read_run(fake_runs[n]) for n in ("a0", "a1", "b0")])
     fig = cmp.plot(rows, tmp_path / "c.png", 3)
     assert (tmp_path / "c.png").read_bytes().startswith(PNG_SIGNATURE)
@@ -115,7 +153,8 @@ def test_plot_has_two_panels_bands_for_shared_strategies_and_an_outside_legend(
         lines = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
         assert set(lines) == {"a (2 runs)", "b (1 run)"}
         assert lines["a (2 runs)"] == pytest.approx(
-            [e[3] if key == "accuracy" else e[5] for e in EXPECTED[:3]])
+            [e[3] if key == "accuracy" else e[5] for e in EXPECTED[:3]]
+        )
         # one shaded band (strategy a); b has a single run
         assert len(ax.collections) == 1
     fig.canvas.draw()
@@ -159,8 +198,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def test_main_reports_the_error_on_stderr_and_returns_2(fake_runs, tmp_path, capsys):
     bad = tmp_path / "empty"
     bad.mkdir()
-    args = _parse(["compare", str(fake_runs["a0"]), str(bad),
-                   "--output", str(tmp_path / "x.png")])
+    args = _parse(["compare", str(fake_runs["a0"]), str(bad), "--output", str(tmp_path / "x.png")])
     assert args.command == "compare"
     assert cmp.main(args) == 2
     err = capsys.readouterr().err.splitlines()
@@ -183,8 +221,16 @@ def test_main_defaults_write_comparison_png_and_csv_in_the_current_folder(
     assert out.err == ""
     assert "a: round 2, 2 run(s), accuracy 0.8000" in out.out
 
-    args = _parse(["compare", str(fake_runs["a0"]), "--output", str(tmp_path / "p.png"),
-                   "--csv", str(tmp_path / "t" / "table.csv")])
+    args = _parse(
+        [
+            "compare",
+            str(fake_runs["a0"]),
+            "--output",
+            str(tmp_path / "p.png"),
+            "--csv",
+            str(tmp_path / "t" / "table.csv"),
+        ]
+    )
     assert cmp.main(args) == 0
     assert (tmp_path / "t" / "table.csv").is_file() and (tmp_path / "p.png").is_file()
 
@@ -193,8 +239,9 @@ def test_runs_of_one_strategy_with_other_settings_warn(fake_runs, tmp_path, caps
     other = _write_run(tmp_path / "a-big", "a", 2, *RUNS["a0"][2:], local_epochs=9)
     with pytest.warns(UserWarning, match="differ in local-epochs"):
         cmp.compare([fake_runs["a0"], other], tmp_path / "w.png")
-    args = _parse(["compare", str(fake_runs["a0"]), str(other),
-                   "--output", str(tmp_path / "w2.png")])
+    args = _parse(
+        ["compare", str(fake_runs["a0"]), str(other), "--output", str(tmp_path / "w2.png")]
+    )
     assert cmp.main(args) == 0
     err = capsys.readouterr().err
     assert err.startswith("mmfl compare: warning: strategy a: its runs differ in local-epochs")
@@ -208,8 +255,16 @@ def real_runs(tmp_path_factory) -> list[Path]:
     out = []
     for seed in (0, 1):
         folder = tmp / f"r{seed}"
-        run_inprocess(Settings(strategy="mfa-rr", num_clients=4, num_rounds=2, local_epochs=1,
-                               output_dir=str(folder), seed=seed))
+        run_inprocess(
+            Settings(
+                strategy="mfa-rr",
+                num_clients=4,
+                num_rounds=2,
+                local_epochs=1,
+                output_dir=str(folder),
+                seed=seed,
+            )
+        )
         out.append(folder)
     return out
 
@@ -217,7 +272,9 @@ def real_runs(tmp_path_factory) -> list[Path]:
 def test_compare_two_real_runs(real_runs, tmp_path):
     rows = cmp.compare(real_runs, tmp_path / "real.png", tmp_path / "real.csv")
     assert [(r["strategy"], r["round"], r["runs"]) for r in rows] == [
-        ("mfa-rr", 0, 2), ("mfa-rr", 1, 2), ("mfa-rr", 2, 2),
+        ("mfa-rr", 0, 2),
+        ("mfa-rr", 1, 2),
+        ("mfa-rr", 2, 2),
     ]
     summaries = [json.loads((d / "summary.json").read_text()) for d in real_runs]
     assert [s["seed"] for s in summaries] == [0, 1]
@@ -272,25 +329,30 @@ def test_the_readme_compare_command_runs_verbatim(tmp_path, monkeypatch):
 
 
 def test_settings_that_differ_between_runs_are_listed_in_the_output_and_on_the_plot(
-        fake_runs, tmp_path, capsys):
+    fake_runs, tmp_path, capsys
+):
     """Runs of two strategies with other local epochs are not overlaid in silence:
     the output and the plot name the settings that differ (issue 25)."""
     longer = _write_run(tmp_path / "b-long", "b", 0, *RUNS["a0"][2:], local_epochs=7)
-    args = _parse(["compare", str(fake_runs["a0"]), str(longer),
-                   "--output", str(tmp_path / "d.png")])
+    args = _parse(
+        ["compare", str(fake_runs["a0"]), str(longer), "--output", str(tmp_path / "d.png")]
+    )
     assert cmp.main(args) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if "settings that differ" in ln]
     default = Settings().local_epochs
-    assert lines == [f"[mmfl] settings that differ between the runs (besides strategy and "
-                     f"seed): local-epochs ({default}, 7)"], lines
+    assert lines == [
+        f"[mmfl] settings that differ between the runs (besides strategy and "
+        f"seed): local-epochs ({default}, 7)"
+    ], lines
     runs = [cmp.read_run(fake_runs["a0"]), cmp.read_run(longer)]
     differ = cmp.differing_settings(runs, ignore={"strategy"})
     assert differ == {"local-epochs": [default, 7]}
     fig = cmp.plot(cmp.aggregate(runs), tmp_path / "e.png", 2, differ)
     assert f"settings that differ: local-epochs ({default}, 7)" in fig.get_suptitle()
     # runs that agree: nothing listed
-    assert cmp.differing_settings([cmp.read_run(fake_runs["a0"]),
-                                   cmp.read_run(fake_runs["a1"])]) == {}
+    assert (
+        cmp.differing_settings([cmp.read_run(fake_runs["a0"]), cmp.read_run(fake_runs["a1"])]) == {}
+    )
 
 
 def test_one_data_folder_spelled_two_ways_is_not_a_difference(tmp_path, monkeypatch):
@@ -299,10 +361,12 @@ def test_one_data_folder_spelled_two_ways_is_not_a_difference(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").mkdir()
     rel = _write_run(tmp_path / "r0", "a", 0, *RUNS["a0"][2:], data_root="data")
-    absolute = _write_run(tmp_path / "r1", "a", 1, *RUNS["a1"][2:],
-                          data_root=str(tmp_path / "data"))
-    other = _write_run(tmp_path / "r2", "a", 2, *RUNS["a1"][2:],
-                       data_root=str(tmp_path / "elsewhere"))
+    absolute = _write_run(
+        tmp_path / "r1", "a", 1, *RUNS["a1"][2:], data_root=str(tmp_path / "data")
+    )
+    other = _write_run(
+        tmp_path / "r2", "a", 2, *RUNS["a1"][2:], data_root=str(tmp_path / "elsewhere")
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         cmp.compare([rel, absolute], tmp_path / "p.png")

@@ -67,12 +67,24 @@ def test_the_threshold_is_documented():
     assert MIN_UPLOADS_PER_MODEL == 5
     assert "MIN_UPLOADS_PER_MODEL" in (Settings.__doc__ or "")
     assert f"warns below {MIN_UPLOADS_PER_MODEL} expected uploads per model" in (
-        options()["budget_fraction"].help)
+        options()["budget_fraction"].help
+    )
 
 
 def test_budgeted_presets_are_the_ones_expected():
-    assert BUDGETED == ["random", "lvr", "gvr", "rr-gvr", "stalevr", "stalevre", "fedvarp",
-                        "fedstale", "mifa", "scaffold", "power-of-choice"]
+    assert BUDGETED == [
+        "random",
+        "lvr",
+        "gvr",
+        "rr-gvr",
+        "stalevr",
+        "stalevre",
+        "fedvarp",
+        "fedstale",
+        "mifa",
+        "scaffold",
+        "power-of-choice",
+    ]
 
 
 def test_lvr_with_the_defaults_warns_once_with_the_numbers(flwr_log):
@@ -81,9 +93,15 @@ def test_lvr_with_the_defaults_warns_once_with_the_numbers(flwr_log):
     message = warn_if_few_uploads(s)
     assert flwr_log.warnings() == [message]  # once, through Flower's logger, WARNING
     for text in (
-        "strategy lvr", "budget-fraction=0.1", "m = 0.1 x V = 2 expected uploads per round",
-        "V = 20 processors of 20 clients", "3 models", "0.67 per model", "fewer than 5",
-        "--budget-fraction 0.75 or more", "run-config budget-fraction=0.75",
+        "strategy lvr",
+        "budget-fraction=0.1",
+        "m = 0.1 x V = 2 expected uploads per round",
+        "V = 20 processors of 20 clients",
+        "3 models",
+        "0.67 per model",
+        "fewer than 5",
+        "--budget-fraction 0.75 or more",
+        "run-config budget-fraction=0.75",
         "m = 15, 5 per model",
     ):
         assert text in message, (text, message)
@@ -97,14 +115,17 @@ def test_every_budgeted_preset_warns_with_the_default_budget(preset, flwr_log):
     assert len(flwr_log.warnings()) == 1
 
 
-@pytest.mark.parametrize("change", [
-    {"strategy": "lvr", "budget_fraction": 0.75},  # m = 15: 5 per model
-    {"strategy": "stalevr", "budget_fraction": 1.0},
-    {"strategy": "lvr", "tasks": "digits", "budget_fraction": 0.25},  # m = 5, one model
-    {"strategy": "mfa-rr"},  # not budgeted
-    {"strategy": "full"},
-    {"strategy": "ranklist-ucb"},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"strategy": "lvr", "budget_fraction": 0.75},  # m = 15: 5 per model
+        {"strategy": "stalevr", "budget_fraction": 1.0},
+        {"strategy": "lvr", "tasks": "digits", "budget_fraction": 0.25},  # m = 5, one model
+        {"strategy": "mfa-rr"},  # not budgeted
+        {"strategy": "full"},
+        {"strategy": "ranklist-ucb"},
+    ],
+)
 def test_no_warning_with_enough_uploads_or_without_a_budget(change, flwr_log):
     assert warn_if_few_uploads(Settings(**change)) is None
     assert flwr_log.warnings() == []
@@ -117,8 +138,11 @@ def test_just_below_the_threshold_warns():
 
 
 def test_m_is_computed_as_the_policies_compute_it():
-    for kw in ({"budget_fraction": PAPER}, {"profile": "paper003", "budget_fraction": PAPER},
-               {"num_clients": 33, "budget_fraction": 0.2}):
+    for kw in (
+        {"budget_fraction": PAPER},
+        {"profile": "paper003", "budget_fraction": PAPER},
+        {"num_clients": 33, "budget_fraction": 0.2},
+    ):
         s = Settings(strategy="random", **kw)
         m, v, n, models = upload_budget(s)
         assert n == s.num_clients and models == len(s.model_names)
@@ -128,13 +152,16 @@ def test_m_is_computed_as_the_policies_compute_it():
     assert v > n  # paper003: clients with several processors; m counts them
 
 
-@pytest.mark.parametrize("kw", [
-    {},
-    {"profile": "paper003"},
-    {"num_clients": 21, "tasks": "digits"},
-    {"num_clients": 50, "tasks": "digits,synthetic,digits,synthetic"},
-    {"num_clients": 120, "budget_fraction": 0.05},
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"profile": "paper003"},
+        {"num_clients": 21, "tasks": "digits"},
+        {"num_clients": 50, "tasks": "digits,synthetic,digits,synthetic"},
+        {"num_clients": 120, "budget_fraction": 0.05},
+    ],
+)
 def test_the_suggested_budget_fraction_is_the_smallest_hundredth_that_gives_enough(kw):
     s = Settings(strategy="lvr", **{"budget_fraction": PAPER, **kw})
     _, v, _, models = upload_budget(s)
@@ -167,12 +194,15 @@ def test_ucb_presets_build_with_k_unset_and_use_the_documented_default(preset):
 
 
 @pytest.mark.parametrize("preset", UCB_PRESETS)
-@pytest.mark.parametrize("kw, k", [
-    ({"num_clients": 8}, 8),  # min(8, 15)
-    ({"num_clients": 200, "tasks": "synthetic,synthetic-b"}, 10),  # paper 004's large K
-    ({"num_clients": 1, "tasks": "synthetic"}, 1),
-    ({"clients_per_round": 3}, 3),  # a given K is kept
-])
+@pytest.mark.parametrize(
+    "kw, k",
+    [
+        ({"num_clients": 8}, 8),  # min(8, 15)
+        ({"num_clients": 200, "tasks": "synthetic,synthetic-b"}, 10),  # paper 004's large K
+        ({"num_clients": 1, "tasks": "synthetic"}, 1),
+        ({"clients_per_round": 3}, 3),  # a given K is kept
+    ],
+)
 def test_ucb_k_follows_the_clients_and_models(preset, kw, k):
     s = Settings(strategy=preset, **kw)
     s.validate()
@@ -202,8 +232,12 @@ def test_a_run_warns_once_before_its_first_round(flwr_log):
     ``warn_if_few_uploads(s)`` in mmfl_flwr/flower_app/server_app.py."""
     from mmfl_flwr.runner import run
 
-    run(Settings(strategy="lvr", num_rounds=1, local_epochs=1, output_dir="", budget_fraction=PAPER),
-        engine="inprocess")
+    run(
+        Settings(
+            strategy="lvr", num_rounds=1, local_epochs=1, output_dir="", budget_fraction=PAPER
+        ),
+        engine="inprocess",
+    )
     (message,) = [w for w in flwr_log.warnings() if "budget-fraction" in w]
     assert "m = 0.1 x V = 2 expected uploads per round" in message
 

@@ -66,8 +66,10 @@ def write_tiny_data(root: Path) -> None:
         values = [1 if (i + j) % 2 else -1 for j in range(len(names))]
         lines.append(image_id + " " + " ".join(f"{v:2d}" for v in values))
         parts.append(f"{image_id} {0 if i < 16 else 2}\n")
-        np.save(base / "img_align_celeba" / (image_id + ".npy"),
-                rng.integers(0, 256, size=(32, 32, 3), dtype=np.uint8))
+        np.save(
+            base / "img_align_celeba" / (image_id + ".npy"),
+            rng.integers(0, 256, size=(32, 32, 3), dtype=np.uint8),
+        )
     (base / "list_attr_celeba.txt").write_text("\n".join(lines) + "\n")
     (base / "list_eval_partition.txt").write_text("".join(parts))
 
@@ -81,8 +83,15 @@ def data_root(tmp_path_factory) -> Path:
 
 def test_there_are_configs_for_every_paper() -> None:
     names = {p.stem for p in CONFIGS}
-    assert {"paper003-3task", "paper003-5task", "paper001-5task", "paper002-synthetic",
-            "paper002-celeba", "paper004-synthetic", "paper004-celeba"} <= names
+    assert {
+        "paper003-3task",
+        "paper003-5task",
+        "paper001-5task",
+        "paper002-synthetic",
+        "paper002-celeba",
+        "paper004-synthetic",
+        "paper004-celeba",
+    } <= names
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[p.stem for p in CONFIGS])
@@ -110,9 +119,21 @@ def test_paper_config_starts_on_tiny_data(config: Path, data_root: Path) -> None
 
 def test_cli_config_flag_and_overrides(data_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    rc = cli_main(["run", "--engine", "inprocess", "--config",
-                   str(ROOT / "configs" / "paper002-synthetic.toml"),
-                   "--num-rounds", "1", "--num-clients", "5", "--output-dir", str(out)])
+    rc = cli_main(
+        [
+            "run",
+            "--engine",
+            "inprocess",
+            "--config",
+            str(ROOT / "configs" / "paper002-synthetic.toml"),
+            "--num-rounds",
+            "1",
+            "--num-clients",
+            "5",
+            "--output-dir",
+            str(out),
+        ]
+    )
     assert rc == 0
     saved = Settings.load(str(out / "config.json"))
     assert saved.tasks == "synthetic,synthetic-b" and saved.strategy == "mfa-rr"
@@ -120,7 +141,12 @@ def test_cli_config_flag_and_overrides(data_root: Path, tmp_path: Path) -> None:
 
 
 def test_missing_data_says_where_it_looked(tmp_path: Path) -> None:
-    s = Settings(tasks="fashion-mnist", num_clients=2, num_rounds=1, output_dir="",
-                 data_root=str(tmp_path / "nothing"))
+    s = Settings(
+        tasks="fashion-mnist",
+        num_clients=2,
+        num_rounds=1,
+        output_dir="",
+        data_root=str(tmp_path / "nothing"),
+    )
     with pytest.raises(FileNotFoundError, match="nothing"):
         run(s, engine="inprocess")

@@ -39,16 +39,31 @@ LOSS = {"digits": [2.3, 1.5, 0.9], "synthetic": [1.2, 1.0, 0.7], "digits_2": [2.
 
 def _history() -> list[dict]:
     return [
-        {"round": r, "task": t, "accuracy": ACC[t][r], "loss": LOSS[t][r], "uploads": 1,
-         "assigned": 1, "rejected": 0, "train_loss": math.nan, "step_l1": 0.0}
+        {
+            "round": r,
+            "task": t,
+            "accuracy": ACC[t][r],
+            "loss": LOSS[t][r],
+            "uploads": 1,
+            "assigned": 1,
+            "rejected": 0,
+            "train_loss": math.nan,
+            "step_l1": 0.0,
+        }
         for r in range(3)
         for t in ACC
     ]
 
 
 def _settings(**kw) -> Settings:
-    base = {"strategy": "lvr", "seed": 7, "num_clients": 10, "num_rounds": 2,
-            "local_epochs": 3, "budget_fraction": 0.25}
+    base = {
+        "strategy": "lvr",
+        "seed": 7,
+        "num_clients": 10,
+        "num_rounds": 2,
+        "local_epochs": 3,
+        "budget_fraction": 0.25,
+    }
     base.update(kw)
     return Settings(**base)
 
@@ -140,8 +155,13 @@ def test_drawing_leaves_the_global_backend_alone(tmp_path, monkeypatch):
     monkeypatch.setitem(matplotlib.rcParams, "backend", "svg")  # a sentinel, not Agg
     plot_accuracy(_history(), tmp_path / "accuracy.png", _settings())
     results.write_cluster_step(
-        {"round": 3, "k": 2, "clients": ["0", "1", "2"], "labels": [0, 1, 0],
-         "features": [[1.0, 2.0], [3.0, 1.0], [1.5, 2.5]]},
+        {
+            "round": 3,
+            "k": 2,
+            "clients": ["0", "1", "2"],
+            "labels": [0, 1, 0],
+            "features": [[1.0, 2.0], [3.0, 1.0], [1.5, 2.5]],
+        },
         tmp_path,
     )
     assert matplotlib.rcParams["backend"] == "svg"
@@ -156,7 +176,7 @@ def test_no_pyplot_and_no_backend_choice_in_a_fresh_interpreter(tmp_path):
         matplotlib.use = None  # any call fails
         from mmfl_flwr.results import plot_accuracy, write_cluster_step
         rows = [{{"round": r, "task": "m", "accuracy": 0.5, "loss": 1.0}} for r in range(3)]
-        plot_accuracy(rows, {str(tmp_path / 'a.png')!r})
+        plot_accuracy(rows, {str(tmp_path / "a.png")!r})
         write_cluster_step({{"round": 1, "k": 1, "clients": ["0", "1"], "labels": [0, 0],
                             "features": [[1.0, 2.0], [2.0, 1.0]]}}, {str(tmp_path)!r})
         assert "matplotlib.pyplot" not in sys.modules, "pyplot imported"
@@ -164,7 +184,10 @@ def test_no_pyplot_and_no_backend_choice_in_a_fresh_interpreter(tmp_path):
         """
     )
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
         check=False,
     )
     assert done.returncode == 0, done.stderr
@@ -172,14 +195,17 @@ def test_no_pyplot_and_no_backend_choice_in_a_fresh_interpreter(tmp_path):
 
 
 def test_the_library_never_sets_a_backend():
-    pattern = re.compile(r"matplotlib\.use\(|import matplotlib\.pyplot|from matplotlib import pyplot")
+    pattern = re.compile(
+        r"matplotlib\.use\(|import matplotlib\.pyplot|from matplotlib import pyplot"
+    )
     offenders = [str(p) for p in PACKAGE_DIR.rglob("*.py") if pattern.search(p.read_text())]
     assert offenders == []
 
 
 def _git_head(folder: Path) -> str | None:
-    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True,
-                          text=True, check=False)
+    done = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True, text=True, check=False
+    )
     return done.stdout.strip() if done.returncode == 0 else None
 
 
@@ -192,10 +218,16 @@ def test_summary_json_records_the_versions(tmp_path):
         assert versions[dist] == importlib.metadata.version(dist), dist
     assert versions["python"] == platform.python_version()
     # this test runs from a checkout (the commit) or an install (null)
-    tracked = shutil.which("git") is not None and subprocess.run(
-        ["git", "ls-files", "--error-unmatch", "--", "mmfl_flwr/__init__.py"],
-        cwd=PACKAGE_DIR.parent, capture_output=True, check=False,
-    ).returncode == 0
+    tracked = (
+        shutil.which("git") is not None
+        and subprocess.run(
+            ["git", "ls-files", "--error-unmatch", "--", "mmfl_flwr/__init__.py"],
+            cwd=PACKAGE_DIR.parent,
+            capture_output=True,
+            check=False,
+        ).returncode
+        == 0
+    )
     if tracked:
         assert versions["git_commit"] == _git_head(PACKAGE_DIR.parent)
         assert len(versions["git_commit"]) == 40
@@ -222,8 +254,15 @@ def test_versions_of_missing_distributions_are_null(monkeypatch):
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_git_commit_only_for_a_package_tracked_in_a_checkout(tmp_path):
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.org",
-           "-c", "commit.gpgsign=false"]
+    git = [
+        "git",
+        "-c",
+        "user.name=t",
+        "-c",
+        "user.email=t@example.org",
+        "-c",
+        "commit.gpgsign=false",
+    ]
     # not in any repository
     (tmp_path / "plain" / "pkg").mkdir(parents=True)
     (tmp_path / "plain" / "pkg" / "__init__.py").write_text("")
@@ -258,11 +297,14 @@ def test_title_shows_the_effective_value_of_automatic_settings():
     assert "budget fraction 0.5" in title and "(auto)" not in title
 
 
-@pytest.mark.parametrize("strategy, key, expected", [
-    ("lvr", "budget-fraction", None),  # computed from the federation: checked > 0
-    ("ranklist-ucb", "clients-per-round", 15),  # min(20 clients, 5 x 3 models)
-    ("mfa-rr", "clients-per-round", "all clients"),
-])
+@pytest.mark.parametrize(
+    "strategy, key, expected",
+    [
+        ("lvr", "budget-fraction", None),  # computed from the federation: checked > 0
+        ("ranklist-ucb", "clients-per-round", 15),  # min(20 clients, 5 x 3 models)
+        ("mfa-rr", "clients-per-round", "all clients"),
+    ],
+)
 def test_config_and_summary_record_the_effective_values(strategy, key, expected, tmp_path):
     """config.json and summary.json hold the value the run used for each automatic
     setting next to what was typed (0), and config.json still loads as settings."""
@@ -292,8 +334,12 @@ def _squares_and_crosses(fig):
         marker = coll.get_paths()[0] if coll.get_paths() else None
         n = len(coll.get_offsets())
         # scatter with marker "x" has an open path of 4 vertices (2 strokes)
-        if marker is not None and len(marker.vertices) == 4 and marker.codes is not None \
-                and list(marker.codes).count(1) == 2:
+        if (
+            marker is not None
+            and len(marker.vertices) == 4
+            and marker.codes is not None
+            and list(marker.codes).count(1) == 2
+        ):
             crosses += n
         else:
             squares += n
@@ -303,8 +349,10 @@ def _squares_and_crosses(fig):
 def test_who_trained_what_draws_every_part_and_crosses_out_the_rejected_ones():
     from mmfl_flwr.results import assignments_figure
 
-    assignments = {1: [("0", "a", 1), ("1", "a", 1), ("1", "b", 1)],
-                   2: [("10", "b", 2), ("2", "a", 1)]}
+    assignments = {
+        1: [("0", "a", 1), ("1", "a", 1), ("1", "b", 1)],
+        2: [("10", "b", 2), ("2", "a", 1)],
+    }
     rejections = {1: [("1", "b")], 2: [("10", "b")]}
     fig = assignments_figure(assignments, rejections, ["a", "b"])
     assert _squares_and_crosses(fig) == (5, 2)
@@ -325,16 +373,37 @@ def test_who_trained_what_draws_every_part_and_crosses_out_the_rejected_ones():
 def test_training_figure_shows_uploads_rejections_and_training_loss_per_model():
     from mmfl_flwr.results import training_figure
 
-    hist = [{"round": r, "task": t, "uploads": u, "rejected": j, "train_loss": l,
-             "accuracy": 0.5, "loss": 1.0}
-            for r, t, u, j, l in [(0, "a", 0, 0, math.nan), (1, "a", 3, 1, 0.9), (2, "a", 4, 0, 0.5),
-                                  (0, "b", 0, 0, math.nan), (1, "b", 2, 0, 1.5), (2, "b", 2, 2, 1.2)]]
+    hist = [
+        {
+            "round": r,
+            "task": t,
+            "uploads": u,
+            "rejected": j,
+            "train_loss": l,
+            "accuracy": 0.5,
+            "loss": 1.0,
+        }
+        for r, t, u, j, l in [
+            (0, "a", 0, 0, math.nan),
+            (1, "a", 3, 1, 0.9),
+            (2, "a", 4, 0, 0.5),
+            (0, "b", 0, 0, math.nan),
+            (1, "b", 2, 0, 1.5),
+            (2, "b", 2, 2, 1.2),
+        ]
+    ]
     fig = training_figure(hist)
     axes = fig.axes
     assert [ax.get_ylabel().split("\n")[0] for ax in axes] == [
-        "updates aggregated", "parts rejected", "training loss"]
-    lines = {(i, ln.get_label()): list(ln.get_ydata()) for i, ax in enumerate(axes)
-             for ln in ax.get_lines()}
+        "updates aggregated",
+        "parts rejected",
+        "training loss",
+    ]
+    lines = {
+        (i, ln.get_label()): list(ln.get_ydata())
+        for i, ax in enumerate(axes)
+        for ln in ax.get_lines()
+    }
     assert lines[(0, "a")] == [3, 4] and lines[(1, "b")] == [0, 2]
     assert lines[(2, "b")] == [1.5, 1.2]
     assert fig.get_suptitle() and axes[-1].get_xlabel() == "round"

@@ -22,14 +22,20 @@ from mmfl_flwr.sequential import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = {"tasks": "digits,synthetic,digits", "num_clients": 3, "num_rounds": 2,
-        "local_epochs": 1, "batch_size": 16, "seed": 2, "strategy": "lvr",
-        "budget_fraction": 0.5}
+TINY = {
+    "tasks": "digits,synthetic,digits",
+    "num_clients": 3,
+    "num_rounds": 2,
+    "local_epochs": 1,
+    "batch_size": 16,
+    "seed": 2,
+    "strategy": "lvr",
+    "budget_fraction": 0.5,
+}
 
 
 def test_single_settings_train_one_model_with_full_participation():
-    s = Settings(**TINY, output_dir="x", target_accuracy="0.5",
-                 task_arrivals="synthetic:1")
+    s = Settings(**TINY, output_dir="x", target_accuracy="0.5", task_arrivals="synthetic:1")
     one = single_settings(s, "digits_2")
     assert one.strategy == "full" and one.aggregator == ""
     assert one.task_arrivals == "digits:2,synthetic:2"  # the others only in the last round
@@ -43,7 +49,8 @@ def test_single_settings_train_one_model_with_full_participation():
 def test_run_sequential_writes_single_csv_equal_to_models_trained_alone(tmp_path):
     rows = run_sequential(Settings(**TINY, output_dir=str(tmp_path)), engine="inprocess")
     assert [(r["round"], r["task"]) for r in rows] == [
-        (r, t) for t in ("digits", "synthetic", "digits_2") for r in range(3)]
+        (r, t) for t in ("digits", "synthetic", "digits_2") for r in range(3)
+    ]
     with open(tmp_path / "single.csv", newline="") as f:
         table = list(csv.reader(f))
     assert tuple(table[0]) == SINGLE_COLUMNS
@@ -56,8 +63,10 @@ def test_run_sequential_writes_single_csv_equal_to_models_trained_alone(tmp_path
     # single curve is exactly its curve in a full-participation run of all of
     # them (same federation, initial weights and seeds; digits_2 keeps its own
     # data, which `tasks=digits` alone would not).
-    full = runner.run(Settings(**{**TINY, "strategy": "full", "budget_fraction": 0.0},
-                               output_dir=""), engine="inprocess")
+    full = runner.run(
+        Settings(**{**TINY, "strategy": "full", "budget_fraction": 0.0}, output_dir=""),
+        engine="inprocess",
+    )
     by_model = {(r["round"], r["task"]): (r["accuracy"], r["loss"]) for r in full.history}
     for r in rows:
         assert (r["accuracy"], r["loss"]) == by_model[(r["round"], r["task"])]
@@ -66,16 +75,37 @@ def test_run_sequential_writes_single_csv_equal_to_models_trained_alone(tmp_path
 
 
 def test_cli_sequential_beside_a_parallel_run(tmp_path, capsys):
-    flags = ["--engine", "inprocess", "--tasks", "synthetic", "--num-clients", "2",
-             "--num-rounds", "1", "--local-epochs", "1", "--strategy", "mfa-rr",
-             "--output-dir", str(tmp_path)]
-    runner.run(Settings(tasks="synthetic", num_clients=2, num_rounds=1, local_epochs=1,
-                        strategy="mfa-rr", output_dir=str(tmp_path)), engine="inprocess")
+    flags = [
+        "--engine",
+        "inprocess",
+        "--tasks",
+        "synthetic",
+        "--num-clients",
+        "2",
+        "--num-rounds",
+        "1",
+        "--local-epochs",
+        "1",
+        "--strategy",
+        "mfa-rr",
+        "--output-dir",
+        str(tmp_path),
+    ]
+    runner.run(
+        Settings(
+            tasks="synthetic",
+            num_clients=2,
+            num_rounds=1,
+            local_epochs=1,
+            strategy="mfa-rr",
+            output_dir=str(tmp_path),
+        ),
+        engine="inprocess",
+    )
     metrics = (tmp_path / "metrics.csv").read_bytes()
     config = (tmp_path / "config.json").read_bytes()
     cmd = [sys.executable, "-m", "mmfl_flwr.cli", "run", "--sequential", *flags]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          check=False)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "sequential 1/1: synthetic alone" in proc.stdout
     assert set(read_single_csv(tmp_path / "single.csv")) == {"synthetic"}
@@ -87,8 +117,10 @@ def test_cli_sequential_beside_a_parallel_run(tmp_path, capsys):
     # tests/cli/test_cli_errors.py's)
     from mmfl_flwr import cli
 
-    cases = [([], "holds single.csv; pass --overwrite"),
-             (["--resume", str(tmp_path)], "--sequential and --resume exclude each other")]
+    cases = [
+        ([], "holds single.csv; pass --overwrite"),
+        (["--resume", str(tmp_path)], "--sequential and --resume exclude each other"),
+    ]
     for extra, expected in cases:
         capsys.readouterr()
         with pytest.raises(SystemExit) as exit_info:

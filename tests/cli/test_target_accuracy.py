@@ -28,34 +28,56 @@ ACC = {
 
 
 def _result() -> MultiModelResult:
-    return MultiModelResult(history=[
-        {"round": r, "task": t, "accuracy": ACC[t][r], "loss": 1.0, "uploads": 1,
-         "assigned": 1, "rejected": 0, "train_loss": math.nan, "step_l1": 0.0}
-        for r in range(5) for t in ACC
-    ])
+    return MultiModelResult(
+        history=[
+            {
+                "round": r,
+                "task": t,
+                "accuracy": ACC[t][r],
+                "loss": 1.0,
+                "uploads": 1,
+                "assigned": 1,
+                "rejected": 0,
+                "train_loss": math.nan,
+                "step_l1": 0.0,
+            }
+            for r in range(5)
+            for t in ACC
+        ]
+    )
 
 
 def test_settings_parse_one_value_or_pairs():
     assert Settings().target_accuracies() == {}
     assert Settings(target_accuracy="0.8").target_accuracies() == {
-        "digits": 0.8, "synthetic": 0.8, "digits_2": 0.8}
+        "digits": 0.8,
+        "synthetic": 0.8,
+        "digits_2": 0.8,
+    }
     assert Settings(target_accuracy=" digits:0.8, digits_2:0.3,").target_accuracies() == {
-        "digits": 0.8, "digits_2": 0.3}
+        "digits": 0.8,
+        "digits_2": 0.3,
+    }
     assert Settings(target_accuracy="1").target_accuracies()["synthetic"] == 1.0
 
 
-@pytest.mark.parametrize("spec, expected", [
-    ("1.5", "'1.5' is not an accuracy in (0, 1]"),
-    ("0", "'0' is not an accuracy in (0, 1]"),
-    ("nan", "'nan' is not an accuracy in (0, 1]"),
-    ("abc", "'abc' is not an accuracy in (0, 1]"),
-    ("digits:0.8,mnist:0.5",
-     "names 'mnist', which is not a model of this run (digits, synthetic, digits_2)"),
-    ("digits-2:0.5", "names 'digits-2', which is not a model"),
-    ("digits:0.8,digits:0.7", "names 'digits' twice"),
-    ("digits:0.8,0.7", "expected model:accuracy pairs"),
-    ("digits:x", "'x' is not an accuracy"),
-])
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("1.5", "'1.5' is not an accuracy in (0, 1]"),
+        ("0", "'0' is not an accuracy in (0, 1]"),
+        ("nan", "'nan' is not an accuracy in (0, 1]"),
+        ("abc", "'abc' is not an accuracy in (0, 1]"),
+        (
+            "digits:0.8,mnist:0.5",
+            "names 'mnist', which is not a model of this run (digits, synthetic, digits_2)",
+        ),
+        ("digits-2:0.5", "names 'digits-2', which is not a model"),
+        ("digits:0.8,digits:0.7", "names 'digits' twice"),
+        ("digits:0.8,0.7", "expected model:accuracy pairs"),
+        ("digits:x", "'x' is not an accuracy"),
+    ],
+)
 def test_invalid_target_is_a_one_line_error(spec, expected):
     with pytest.raises(ValueError) as err:
         Settings(target_accuracy=spec).validate()
@@ -100,9 +122,16 @@ def test_summary_json_writes_null_for_never(tmp_path):
 
 
 def test_a_run_writes_rounds_to_target(tmp_path):
-    settings = Settings(tasks="synthetic", num_clients=3, num_rounds=2, local_epochs=1,
-                        strategy="full", seed=1, output_dir=str(tmp_path),
-                        target_accuracy="synthetic:0.01")
+    settings = Settings(
+        tasks="synthetic",
+        num_clients=3,
+        num_rounds=2,
+        local_epochs=1,
+        strategy="full",
+        seed=1,
+        output_dir=str(tmp_path),
+        target_accuracy="synthetic:0.01",
+    )
     result = runner.run(settings, engine="inprocess")
     s = json.loads((tmp_path / "summary.json").read_text())
     acc = [r["accuracy"] for r in result.history]
@@ -115,10 +144,27 @@ def test_a_run_writes_rounds_to_target(tmp_path):
 def test_cli_flag_error_is_one_line_exit_2(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "mmfl_flwr.cli", "run", "--engine", "inprocess", "--tasks",
-         "synthetic", "--num-clients", "3", "--target-accuracy", "digits:0.5",
-         "--output-dir", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+        [
+            sys.executable,
+            "-m",
+            "mmfl_flwr.cli",
+            "run",
+            "--engine",
+            "inprocess",
+            "--tasks",
+            "synthetic",
+            "--num-clients",
+            "3",
+            "--target-accuracy",
+            "digits:0.5",
+            "--output-dir",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()

@@ -118,8 +118,8 @@ def run(policy, aggregator, rounds, trainable=None):
     extra = {} if trainable is None else {"trainable_keys": trainable}
     strategy = MultiModelStrategy(policy, aggregator, node_wait_timeout=0.0, seed=0, **extra)
     snaps = []
-    strategy.on_round_end = lambda rnd, rows: rnd > 0 and snaps.append(
-        {k: v.copy() for k, v in strategy.weights[TASK].items()}
+    strategy.on_round_end = lambda rnd, rows: (
+        rnd > 0 and snaps.append({k: v.copy() for k, v in strategy.weights[TASK].items()})
     )
     strategy.start(grid, init_model(), num_rounds=rounds, timeout=30)
     return strategy, snaps
@@ -201,8 +201,12 @@ def test_pinned_trainable_keys_win_and_are_checked():
     with pytest.raises(ValueError, match="not in the model"):
         run(FixedPicks(), FedAvgAggregator(), rounds=1, trainable={TASK: ["nope"]})
     with pytest.raises(ValueError, match="not floating-point"):
-        run(FixedPicks(), FedAvgAggregator(), rounds=1,
-            trainable={TASK: ["w", "bn.num_batches_tracked"]})
+        run(
+            FixedPicks(),
+            FedAvgAggregator(),
+            rounds=1,
+            trainable={TASK: ["w", "bn.num_batches_tracked"]},
+        )
 
 
 def test_default_without_declaration_treats_integer_entries_as_state():
@@ -236,19 +240,29 @@ def test_torch_bn_model_under_random_allocation_keeps_positive_variance():
     because they were scaled like updates."""
     tasks = ("m1", "m2")
     clients = {
-        str(i): {t: TorchTrainer(BNMLP, _data(10 * i + j, 16), _data(99, 4), batch_size=4)
-                 for j, t in enumerate(tasks)}
+        str(i): {
+            t: TorchTrainer(BNMLP, _data(10 * i + j, 16), _data(99, 4), batch_size=4)
+            for j, t in enumerate(tasks)
+        }
         for i in range(8)
     }
     grid = InProcessGrid(
-        make_client_app(lambda ctx: ClientSpec(str(ctx.node_config["cid"]),
-                                               clients[str(ctx.node_config["cid"])])),
+        make_client_app(
+            lambda ctx: ClientSpec(
+                str(ctx.node_config["cid"]), clients[str(ctx.node_config["cid"])]
+            )
+        ),
         [{"cid": c} for c in clients],
         seed=0,
     )
     strategy = MultiModelStrategy(
-        RandomAllocation(budget=2), UnbiasedAggregator(), node_wait_timeout=0.0,
-        seed=0, lr=0.5, local_epochs=2, batch_size=4,
+        RandomAllocation(budget=2),
+        UnbiasedAggregator(),
+        node_wait_timeout=0.0,
+        seed=0,
+        lr=0.5,
+        local_epochs=2,
+        batch_size=4,
     )
     lowest: list[float] = []
     strategy.on_round_end = lambda rnd, rows: lowest.append(
@@ -259,5 +273,11 @@ def test_torch_bn_model_under_random_allocation_keeps_positive_variance():
     assert min(lowest) > 0, f"lowest running variance per round: {lowest}"
     for t in tasks:
         assert int(strategy.weights[t]["bn.num_batches_tracked"]) >= 0
-        assert strategy.trainable[t] == ["fc1.weight", "fc1.bias", "bn.weight", "bn.bias",
-                                         "fc2.weight", "fc2.bias"]
+        assert strategy.trainable[t] == [
+            "fc1.weight",
+            "fc1.bias",
+            "bn.weight",
+            "bn.bias",
+            "fc2.weight",
+            "fc2.bias",
+        ]

@@ -27,11 +27,13 @@ NODES = [{"partition-id": i} for i in range(6)]
 def run(preset: str, rounds: int = 5, **kw):
     torch.manual_seed(0)
     initial = {t: ArrayRecord(task.Net(d, c).state_dict()) for t, (d, c) in task.TASKS.items()}
-    strategy = make_strategy(preset, local_epochs=2, lr=0.1, seed=0, fraction_evaluate=1.0,
-                             node_wait_timeout=0.0, **kw)
+    strategy = make_strategy(
+        preset, local_epochs=2, lr=0.1, seed=0, fraction_evaluate=1.0, node_wait_timeout=0.0, **kw
+    )
     with LogTap.on_flwr() as tap:
-        result = strategy.start(InProcessGrid(client_app.app, NODES, seed=0), initial,
-                                num_rounds=rounds, timeout=60)
+        result = strategy.start(
+            InProcessGrid(client_app.app, NODES, seed=0), initial, num_rounds=rounds, timeout=60
+        )
     return result, tap.warnings()
 
 
@@ -40,12 +42,15 @@ def accuracy(result, name: str) -> float:
     return result.evaluate_metrics_clientapp[last]["all"][f"{name}.accuracy"]
 
 
-@pytest.mark.parametrize("preset, kw", [
-    ("mfa-rr", {}),
-    ("lvr", {"budget_fraction": 0.6}),      # loss query: test() on the training loader
-    ("ranklist-ucb", {"clients_per_round": 4}),
-    ("stalevre", {"budget_fraction": 0.6}),
-])
+@pytest.mark.parametrize(
+    "preset, kw",
+    [
+        ("mfa-rr", {}),
+        ("lvr", {"budget_fraction": 0.6}),  # loss query: test() on the training loader
+        ("ranklist-ucb", {"clients_per_round": 4}),
+        ("stalevre", {"budget_fraction": 0.6}),
+    ],
+)
 def test_quickstart_functions_train_both_models(preset, kw):
     result, warnings = run(preset, **kw)
     assert warnings == []
@@ -77,6 +82,7 @@ def test_function_trainer_follows_the_local_trainer_contract():
 
 def test_scaffold_is_refused_with_the_reason():
     _, warnings = run("scaffold", rounds=1, budget_fraction=1.0)
-    assert warnings and all("FunctionTrainer cannot add them" in m for m in warnings
-                            if "failed to train" in m)
+    assert warnings and all(
+        "FunctionTrainer cannot add them" in m for m in warnings if "failed to train" in m
+    )
     assert any("failed to train" in m for m in warnings)

@@ -162,7 +162,7 @@ def test_trainers_of_one_model_share_one_network_and_keep_no_gradients() -> None
 
     train, _ = load_digits_data(0)
     x, y = train.x, train.y
-    parts = [Dataset(x[k * 40:(k + 1) * 40], y[k * 40:(k + 1) * 40]) for k in range(4)]
+    parts = [Dataset(x[k * 40 : (k + 1) * 40], y[k * 40 : (k + 1) * 40]) for k in range(4)]
     empty = Dataset(x[:0], y[:0])
     shared = [TorchTrainer(model_fn, p, empty, batch_size=16) for p in parts]
     w0 = initial_weights(model_fn, 0)
@@ -184,6 +184,7 @@ def test_trainers_of_one_model_share_one_network_and_keep_no_gradients() -> None
 def test_a_trainer_subclass_keeps_a_network_of_its_own() -> None:
     """A subclass may change its network beyond the state_dict (hooks, pruning, frozen
     layers): sharing would carry that to every other client of the model."""
+
     class Hooked(TorchTrainer):
         pass
 

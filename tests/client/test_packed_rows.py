@@ -20,13 +20,16 @@ from mmfl_flwr.tasks.data import Dataset
 from mmfl_flwr.tasks.federation import PackedUsers, build_federation
 from mmfl_flwr.tasks.models import make_model
 
-_S = Settings(strategy="lvr", tasks="synthetic,synthetic", num_clients=8,
-              synthetic_max_samples=30)
+_S = Settings(strategy="lvr", tasks="synthetic,synthetic", num_clients=8, synthetic_max_samples=30)
 
 
 def _shard(clients: str = "2-6"):
-    return client_spec(Context(run_id=1, node_id=1, node_config={"clients": clients},
-                               state=RecordDict(), run_config={}), _S)
+    return client_spec(
+        Context(
+            run_id=1, node_id=1, node_config={"clients": clients}, state=RecordDict(), run_config={}
+        ),
+        _S,
+    )
 
 
 def test_a_shards_trainers_share_one_tensor_and_read_their_own_rows():
@@ -40,15 +43,18 @@ def test_a_shards_trainers_share_one_tensor_and_read_their_own_rows():
             x, y = tr.train_tensors()
             np.testing.assert_array_equal(x.numpy(), train.x)
             np.testing.assert_array_equal(y.numpy(), train.y)
-            np.testing.assert_array_equal(tr.eval_tensors()[0].numpy(),
-                                          test.x if len(test) else train.x)
+            np.testing.assert_array_equal(
+                tr.eval_tensors()[0].numpy(), test.x if len(test) else train.x
+            )
         x, y, counts = packed_rows(trainers, "train")
         assert counts == [tr.num_train for tr in trainers]
         assert x.data_ptr() == trainers[0].train_tensors()[0].data_ptr()  # no copy
         np.testing.assert_array_equal(
-            x.numpy(), np.concatenate([tr.train_tensors()[0].numpy() for tr in trainers]))
+            x.numpy(), np.concatenate([tr.train_tensors()[0].numpy() for tr in trainers])
+        )
         np.testing.assert_array_equal(
-            y.numpy(), np.concatenate([tr.train_tensors()[1].numpy() for tr in trainers]))
+            y.numpy(), np.concatenate([tr.train_tensors()[1].numpy() for tr in trainers])
+        )
 
 
 def test_what_is_not_one_run_of_rows_is_not_packed():
@@ -64,8 +70,11 @@ def test_what_is_not_one_run_of_rows_is_not_packed():
         def train_tensors(self):
             return super().train_tensors()
 
-    own = OwnTensors(make_model_fn(), Dataset(np.ones((3, 60), np.float32), np.zeros(3)),
-                     Dataset(np.ones((0, 60), np.float32), np.zeros(0)))
+    own = OwnTensors(
+        make_model_fn(),
+        Dataset(np.ones((3, 60), np.float32), np.zeros(3)),
+        Dataset(np.ones((0, 60), np.float32), np.zeros(0)),
+    )
     assert packed_rows(trainers + [own], "train") is None
 
     relabelled = _shard()  # a fresh copy: map_train_labels on one client
@@ -90,10 +99,14 @@ def test_a_forward_pass_over_packed_rows_equals_one_over_each_clients_tensors(si
     trainers = [s.trainers[task] for s in specs]
     vm = V.VectorModel(make_model_fn(), torch.device("cpu"))
     torch.manual_seed(5)
-    weights = {k: v.detach().numpy().copy() for k, v in make_model("synthetic").state_dict().items()}
+    weights = {
+        k: v.detach().numpy().copy() for k, v in make_model("synthetic").state_dict().items()
+    }
     packed = V.PackedData(*packed_rows(trainers, side))
-    each = [V.ClientData(*(tr.train_tensors() if side == "train" else tr.eval_tensors()))
-            for tr in trainers]
+    each = [
+        V.ClientData(*(tr.train_tensors() if side == "train" else tr.eval_tensors()))
+        for tr in trainers
+    ]
     assert V.batched_losses(vm, weights, packed) == V.batched_losses(vm, weights, each)
     assert V.batched_evaluate(vm, weights, packed) == V.batched_evaluate(vm, weights, each)
     # and each equals the client's own trainer, to float32 rounding
@@ -140,9 +153,13 @@ def test_repeated_queries_of_unpacked_clients_reuse_their_concatenation(monkeypa
     real = V._concat
     monkeypatch.setattr(V, "_concat", lambda d: calls.append(1) or real(d))
     vm = V.VectorModel(make_model_fn(), torch.device("cpu"))
-    weights = {k: v.detach().numpy().copy() for k, v in make_model("synthetic").state_dict().items()}
-    got = [V.batched_losses(vm, weights, [V.ClientData(*tr.train_tensors()) for tr in trainers])
-           for _ in range(3)]
+    weights = {
+        k: v.detach().numpy().copy() for k, v in make_model("synthetic").state_dict().items()
+    }
+    got = [
+        V.batched_losses(vm, weights, [V.ClientData(*tr.train_tensors()) for tr in trainers])
+        for _ in range(3)
+    ]
     assert got[0] == got[1] == got[2] and len(calls) == 1
     other = [V.ClientData(*tr.train_tensors()) for tr in trainers[1:]]
     V.batched_losses(vm, weights, other)
@@ -150,8 +167,9 @@ def test_repeated_queries_of_unpacked_clients_reuse_their_concatenation(monkeypa
 
 
 def test_packed_users_index_like_a_list_and_make_views_of_one_array():
-    fed = build_federation(["synthetic"], 10, 1, max_synthetic_samples=30,
-                           clients=[2, 3, 4, 7], server_tests=False)
+    fed = build_federation(
+        ["synthetic"], 10, 1, max_synthetic_samples=30, clients=[2, 3, 4, 7], server_tests=False
+    )
     users = fed.data["synthetic"]
     assert isinstance(users, PackedUsers) and len(users) == 10
     np.testing.assert_array_equal(users[-3][0].x, users[7][0].x)

@@ -79,8 +79,17 @@ def test_the_vectorized_engine_takes_at_most_omp_num_threads(monkeypatch):
     monkeypatch.setattr(torch, "set_num_threads", lambda n: (seen.append(n), real(n)))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     try:
-        run(Settings(strategy="mfa-rr", tasks="synthetic", num_clients=3, num_rounds=1,
-                     local_epochs=1, output_dir=""), engine="vectorized")
+        run(
+            Settings(
+                strategy="mfa-rr",
+                tasks="synthetic",
+                num_clients=3,
+                num_rounds=1,
+                local_epochs=1,
+                output_dir="",
+            ),
+            engine="vectorized",
+        )
     finally:
         real(before)
     assert seen and set(seen) == {1}, seen
@@ -96,10 +105,13 @@ def test_a_fixed_thread_count_is_set():
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("args,words", [
-    (["--engine", "inprocess", "--threads", "2"], "--threads applies to --engine vectorized"),
-    (["--engine", "vectorized", "--threads", "0"], "must be auto or a whole number"),
-])
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["--engine", "inprocess", "--threads", "2"], "--threads applies to --engine vectorized"),
+        (["--engine", "vectorized", "--threads", "0"], "must be auto or a whole number"),
+    ],
+)
 def test_misplaced_or_bad_threads_are_exit_2(args, words, tmp_path, capsys):
     with pytest.raises(SystemExit) as err:
         cli_main(["run", *args, "--output-dir", str(tmp_path / "r")])
@@ -134,9 +146,15 @@ run_inprocess(Settings(strategy="mfa-rr", tasks="synthetic", num_clients=3, num_
                        local_epochs=1, output_dir=""), wrap_client_app=wrap)
 print(before, min(seen), max(seen), blas())
 """
-_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
-                "MKL_NUM_THREADS", "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
-                "NUMEXPR_NUM_THREADS")
+_THREAD_VARS = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "GOTO_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "BLIS_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
 
 
 def _blas_threads(**env: str) -> list[int]:
@@ -145,8 +163,13 @@ def _blas_threads(**env: str) -> list[int]:
     import os
 
     clean = {k: v for k, v in os.environ.items() if k not in _THREAD_VARS}
-    out = subprocess.run([sys.executable, "-c", _BLAS_PROBE], env={**clean, **env},
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", _BLAS_PROBE],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return [int(x) for x in out.stdout.split()[-4:]]
 

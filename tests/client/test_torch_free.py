@@ -13,7 +13,7 @@ import sys
 import textwrap
 
 SCRIPT = textwrap.dedent(
-    r'''
+    r"""
     import importlib.abc
     import json
     import sys
@@ -96,7 +96,7 @@ SCRIPT = textwrap.dedent(
         },
         sys.stdout,
     )
-    '''
+    """
 )
 
 

@@ -90,19 +90,14 @@ class TestFedAvg:
             "c": ([np.array([10.0, 24.0]), np.array([[1.0, 0.0], [5.0, 1.0]])], 4),
         }
         updates = [
-            upd(c, [w[k] - lw[k] for k in range(2)], n=n, d=0.123)
-            for c, (lw, n) in local.items()
+            upd(c, [w[k] - lw[k] for k in range(2)], n=n, d=0.123) for c, (lw, n) in local.items()
         ]
         out = FedAvgAggregator().aggregate("t", w, updates, 1)
         # (1*8 + 3*12 + 4*10)/8 = 84/8 = 10.5 ; (1*20 + 3*16 + 4*24)/8 = 164/8 = 20.5
         np.testing.assert_allclose(out[0], [10.5, 20.5], rtol=0, atol=1e-12)
         # [[(0+6+4)/8, (2+6+0)/8], [(1+3+20)/8, (1+15+4)/8]]
-        np.testing.assert_allclose(
-            out[1], [[1.25, 1.0], [3.0, 2.5]], rtol=0, atol=1e-12
-        )
-        assert FedAvgAggregator().coefficients(updates) == pytest.approx(
-            [1 / 8, 3 / 8, 4 / 8]
-        )
+        np.testing.assert_allclose(out[1], [[1.25, 1.0], [3.0, 2.5]], rtol=0, atol=1e-12)
+        assert FedAvgAggregator().coefficients(updates) == pytest.approx([1 / 8, 3 / 8, 4 / 8])
 
     def test_ignores_prob_and_share(self):
         w = [np.array([0.0])]
@@ -169,9 +164,7 @@ class TestUnbiased:
             assert a.dtype == b.dtype
             assert a is not b and not np.shares_memory(a, b)
 
-    @pytest.mark.parametrize(
-        "kw", [{"p": 0.0}, {"p": -0.1}, {"p": float("nan")}, {"b": 0}]
-    )
+    @pytest.mark.parametrize("kw", [{"p": 0.0}, {"p": -0.1}, {"p": float("nan")}, {"b": 0}])
     def test_invalid_prob_or_processors_raises(self, kw):
         good = upd("a", [np.array([1.0])], d=0.5, p=0.5)
         bad = upd("b", [np.array([1.0])], d=0.5, **kw)
@@ -202,9 +195,7 @@ def _federation():
         table.upsert(ClientInfo(cid=cid, num_examples=dict(n), processors=b))
     rng = np.random.default_rng(2718)
     deltas = {
-        (cid, t): [rng.normal(size=s) for s in SHAPES]
-        for cid, (n, _) in FED.items()
-        for t in n
+        (cid, t): [rng.normal(size=s) for s in SHAPES] for cid, (n, _) in FED.items() for t in n
     }
     w0 = [rng.normal(size=s) for s in SHAPES]
     return table, deltas, w0
@@ -300,8 +291,15 @@ class TestMonteCarloUnbiased:
                 )
                 by_task[p.task].append(u)
                 wrong[p.task].append(
-                    Update(u.cid, u.delta, u.num_examples, u.data_share,
-                           u.processors, q / len(TASKS), u.count)
+                    Update(
+                        u.cid,
+                        u.delta,
+                        u.num_examples,
+                        u.data_share,
+                        u.processors,
+                        q / len(TASKS),
+                        u.count,
+                    )
                 )
             for s, t in enumerate(TASKS):
                 for a, (agg, ups) in enumerate(

@@ -62,19 +62,21 @@ def test_every_card_parameter_is_a_setting_with_its_default_and_help():
 def test_pyproject_keys_are_the_settings_and_hold_the_cards_defaults():
     with open(ROOT / "pyproject.toml", "rb") as f:
         cfg = tomllib.load(f)["tool"]["flwr"]["app"]["config"]
-    missing = {p.key: p.default for c in cards() for p in c.parameters} .items() - cfg.items()
+    missing = {p.key: p.default for c in cards() for p in c.parameters}.items() - cfg.items()
     assert not missing, (
         f"pyproject.toml's [tool.flwr.app.config] lacks or differs in {sorted(missing)}: "
-        "add `key = default` for each")
+        "add `key = default` for each"
+    )
 
 
 def test_readme_strategy_table_is_written_from_the_cards():
     readme = (ROOT / "README.md").read_text()
     start = readme.index("<!-- strategy-table")
-    body = readme[readme.index("\n", start) + 1:readme.index("<!-- /strategy-table -->")]
+    body = readme[readme.index("\n", start) + 1 : readme.index("<!-- /strategy-table -->")]
     assert body.strip() == presets.strategy_table(), (
         "README's strategy table differs from the cards: replace it with "
-        "python -c 'from mmfl_flwr.presets import strategy_table; print(strategy_table())'")
+        "python -c 'from mmfl_flwr.presets import strategy_table; print(strategy_table())'"
+    )
 
 
 def test_setting_aggregators_follow_the_cards():
@@ -107,8 +109,9 @@ def test_validation_builds_no_strategy_and_loads_no_data():
         "       if m in sys.modules]\n"
         "print(bad)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
@@ -201,5 +204,8 @@ def test_the_package_has_no_import_cycle():
 def test_config_imports_neither_the_apps_nor_the_presets():
     graph = import_graph()
     assert not graph["mmfl_flwr.config"] & {
-        "mmfl_flwr.flower_app.server_app", "mmfl_flwr.flower_app.data", "mmfl_flwr.presets"}
+        "mmfl_flwr.flower_app.server_app",
+        "mmfl_flwr.flower_app.data",
+        "mmfl_flwr.presets",
+    }
     assert not any(m.startswith("mmfl_flwr.flower_app") for m in graph["mmfl_flwr.presets"])

@@ -15,8 +15,13 @@ from mmfl_flwr.presets import AGGREGATORS, make_strategy
 
 
 def upd(cid, values, n=1, **kw):
-    return Update(cid=cid, delta=[np.array(values, dtype=np.float64)], num_examples=n,
-                  data_share=kw.pop("data_share", 0.0), **kw)
+    return Update(
+        cid=cid,
+        delta=[np.array(values, dtype=np.float64)],
+        num_examples=n,
+        data_share=kw.pop("data_share", 0.0),
+        **kw,
+    )
 
 
 def test_first_round_clips_around_zero_to_the_median_distance():
@@ -47,13 +52,18 @@ def test_with_nothing_clipped_it_is_the_base_rule():
     """Distances all equal (1): tau = 1 and nothing moves, so the step is
     FedAvg's, and with inclusion probabilities the unbiased rule's
     d l / (B p): 0.2 x 1 / (1 x 0.5) = 0.4 and 0.3 x 2 / (2 x 0.25) = 1.2."""
-    us = [upd("a", [1.0, 0.0], 3, data_share=0.2, prob=0.5, processors=1, count=1),
-          upd("b", [0.0, 1.0], 1, data_share=0.3, prob=0.25, processors=2, count=2)]
+    us = [
+        upd("a", [1.0, 0.0], 3, data_share=0.2, prob=0.5, processors=1, count=1),
+        upd("b", [0.0, 1.0], 1, data_share=0.3, prob=0.25, processors=2, count=2),
+    ]
     w = [np.array([5.0, 5.0])]
-    for robust, base in ((CenteredClipAggregator(), FedAvgAggregator()),
-                         (UnbiasedCenteredClipAggregator(), UnbiasedAggregator())):
-        np.testing.assert_allclose(robust.aggregate("t", w, us, 1)[0],
-                                   base.aggregate("t", w, us, 1)[0])
+    for robust, base in (
+        (CenteredClipAggregator(), FedAvgAggregator()),
+        (UnbiasedCenteredClipAggregator(), UnbiasedAggregator()),
+    ):
+        np.testing.assert_allclose(
+            robust.aggregate("t", w, us, 1)[0], base.aggregate("t", w, us, 1)[0]
+        )
     assert UnbiasedCenteredClipAggregator().coefficients(us) == pytest.approx([0.4, 1.2])
 
 
@@ -61,9 +71,11 @@ def test_the_unbiased_weights_apply_to_the_clipped_updates():
     """Center 0; (0, 10) at distance 10 and (1, 0), (2, 0) -> tau 2: (0, 10)
     moves to (0, 2). Weights d l / (B p) = 0.5, 0.25, 1.0 -> step (0.25 + 2,
     1.0) = (2.25, 1.0)."""
-    us = [upd("a", [0.0, 10.0], data_share=0.5, prob=1.0),
-          upd("b", [1.0, 0.0], data_share=0.25, prob=1.0),
-          upd("c", [2.0, 0.0], data_share=0.5, prob=0.5)]
+    us = [
+        upd("a", [0.0, 10.0], data_share=0.5, prob=1.0),
+        upd("b", [1.0, 0.0], data_share=0.25, prob=1.0),
+        upd("c", [2.0, 0.0], data_share=0.5, prob=0.5),
+    ]
     out = UnbiasedCenteredClipAggregator().aggregate("t", [np.zeros(2)], us, 1)
     np.testing.assert_allclose(out[0], [-2.25, -1.0])
 
@@ -99,7 +111,11 @@ def test_registered_and_exported():
     assert mmfl_flwr.CenteredClipAggregator is CenteredClipAggregator
     assert UnbiasedCenteredClipAggregator.needs_inclusion_probabilities
     assert not CenteredClipAggregator.needs_inclusion_probabilities
-    assert type(make_strategy("mfa-rr", aggregator="centered-clip").aggregator) \
+    assert (
+        type(make_strategy("mfa-rr", aggregator="centered-clip").aggregator)
         is CenteredClipAggregator
-    assert type(make_strategy("lvr", aggregator="unbiased-centered-clip").aggregator) \
+    )
+    assert (
+        type(make_strategy("lvr", aggregator="unbiased-centered-clip").aggregator)
         is UnbiasedCenteredClipAggregator
+    )

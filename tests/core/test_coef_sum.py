@@ -52,17 +52,35 @@ def known_round(count0: int = 1) -> list[Update]:
     ]
 
 
-@pytest.mark.parametrize("agg", [UnbiasedAggregator(), ScaffoldAggregator(), FedVARPAggregator(),
-                                 FedStaleAggregator(0.5), StaleVRAggregator(),
-                                 StaleVREAggregator()], ids=lambda a: a.name)
+@pytest.mark.parametrize(
+    "agg",
+    [
+        UnbiasedAggregator(),
+        ScaffoldAggregator(),
+        FedVARPAggregator(),
+        FedStaleAggregator(0.5),
+        StaleVRAggregator(),
+        StaleVREAggregator(),
+    ],
+    ids=lambda a: a.name,
+)
 def test_unbiased_rules_sum_d_over_b_p(agg):
     assert agg.coefficient_sum("t", known_round(), shares=SHARES) == pytest.approx(1.48)
     assert agg.coefficient_sum("t", known_round(2), shares=SHARES) == pytest.approx(2.28)
 
 
-@pytest.mark.parametrize("agg", [UnbiasedAggregator(), FedVARPAggregator(), StaleVREAggregator(),
-                                 MIFAAggregator(), FedAvgAggregator(), MeanAggregator()],
-                         ids=lambda a: a.name)
+@pytest.mark.parametrize(
+    "agg",
+    [
+        UnbiasedAggregator(),
+        FedVARPAggregator(),
+        StaleVREAggregator(),
+        MIFAAggregator(),
+        FedAvgAggregator(),
+        MeanAggregator(),
+    ],
+    ids=lambda a: a.name,
+)
 def test_coef_sum_is_what_aggregate_applies(agg):
     """With every G = 1 and no stale update yet, the step w_old - w_new is the
     sum of the coefficients applied to the fresh updates, entry by entry."""
@@ -81,8 +99,13 @@ def test_fedavg_mean_mifa_and_robust_rules():
     assert math.isnan(MedianAggregator().coefficient_sum("t", ups))
     assert math.isnan(TrimmedMeanAggregator().coefficient_sum("t", ups))
     # no update: no step
-    for agg in (UnbiasedAggregator(), FedAvgAggregator(), MedianAggregator(), MIFAAggregator(),
-                FedVARPAggregator()):
+    for agg in (
+        UnbiasedAggregator(),
+        FedAvgAggregator(),
+        MedianAggregator(),
+        MIFAAggregator(),
+        FedVARPAggregator(),
+    ):
         assert agg.coefficient_sum("t", [], shares=SHARES) == 0.0
 
 
@@ -120,8 +143,9 @@ def test_coef_sum_averages_to_one_over_monte_carlo_rounds_of_lvr():
     for r in range(rounds):
         ups: dict[str, list[Update]] = {"x": [], "y": []}
         for pk in policy.assign(table, ["x", "y"], r + 1, rng):
-            ups[pk.task].append(Update(pk.cid, ONES, 1, shares[pk.task][pk.cid],
-                                       procs[pk.cid], pk.prob, pk.count))
+            ups[pk.task].append(
+                Update(pk.cid, ONES, 1, shares[pk.task][pk.cid], procs[pk.cid], pk.prob, pk.count)
+            )
         for t in ("x", "y"):
             sums[t][r] = agg.coefficient_sum(t, ups[t], shares=shares[t])
     for s, t in enumerate(("x", "y")):

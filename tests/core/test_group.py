@@ -197,8 +197,7 @@ class TestCStep:
 
     @pytest.mark.parametrize(
         "kwargs",
-        [{"participation": 0.0}, {"participation": 1.5}, {"variant": "auto?"},
-         {"max_clusters": 0}],
+        [{"participation": 0.0}, {"participation": 1.5}, {"variant": "auto?"}, {"max_clusters": 0}],
     )
     def test_invalid_policy_parameters_raise(self, kwargs):
         with pytest.raises(ValueError):
@@ -320,7 +319,9 @@ class TestAssign:
             for p in picks:
                 assert p.task == model_of[pol.groups[p.cid]]
                 assert p.count == 1
-                assert p.prob == pytest.approx(per_group[pol.groups[p.cid]] / sizes[pol.groups[p.cid]])
+                assert p.prob == pytest.approx(
+                    per_group[pol.groups[p.cid]] / sizes[pol.groups[p.cid]]
+                )
             # every real model is trained in every round
             assert {p.task for p in picks} == set(TASKS3)
             assert pol.cycle_start == 1 and len(pol.csteps) == 1
@@ -528,7 +529,11 @@ class TestState:
         picks_a = run_rounds(a, table, TASKS3, range(4, 15), rng, newcomer)
         table_b = make_table(x, TASKS3)
         picks_b = run_rounds(
-            b, table_b, TASKS3, range(4, 15), rng_b,
+            b,
+            table_b,
+            TASKS3,
+            range(4, 15),
+            rng_b,
             lambda r: add_client(table_b, "new", TASKS3, [4.0, 4.0, 4.0]) if r == 5 else None,
         )
         assert picks_a == picks_b
@@ -547,7 +552,9 @@ class TestState:
 
 # ------------------------------------------------------- federation profiles
 def label_sets(fed, task: str) -> list[tuple[int, ...]]:
-    return [tuple(np.unique(fed.client_data(c, task)[0].y).tolist()) for c in range(fed.num_clients)]
+    return [
+        tuple(np.unique(fed.client_data(c, task)[0].y).tolist()) for c in range(fed.num_clients)
+    ]
 
 
 def partition(sets: list[tuple[int, ...]]) -> list[int]:
@@ -597,7 +604,9 @@ class TestProfiles:
             aris = [adjusted_rand_score(parts[i], parts[j]) for i, j in ((0, 1), (0, 2), (1, 2))]
             low += all(a < 0.5 for a in aris)
             # most pairs of clients that share their labels in task 0 do not in task 1
-            same0 = [(i, j) for i in range(30) for j in range(i + 1, 30) if parts[0][i] == parts[0][j]]
+            same0 = [
+                (i, j) for i in range(30) for j in range(i + 1, 30) if parts[0][i] == parts[0][j]
+            ]
             kept = sum(parts[1][i] == parts[1][j] for i, j in same0)
             if seed == 0:
                 assert kept < 0.5 * len(same0)
@@ -616,8 +625,14 @@ def read_clusters(path: Path) -> list[dict[str, int]]:
 def group_settings(tmp: Path, **kw):
     from mmfl_flwr.config import Settings
 
-    base = dict(strategy="group", tasks="digits,digits,digits", profile="clusters-consistent",
-                num_clients=30, num_rounds=8, output_dir=str(tmp))
+    base = dict(
+        strategy="group",
+        tasks="digits,digits,digits",
+        profile="clusters-consistent",
+        num_clients=30,
+        num_rounds=8,
+        output_dir=str(tmp),
+    )
     base.update(kw)
     return Settings(**base)
 
@@ -650,8 +665,9 @@ def test_strategy_modified_variant_completes(tmp_path):
     from mmfl_flwr import runner
     from mmfl_flwr.flower_app.data import federation_for
 
-    s = group_settings(tmp_path, profile="clusters-inconsistent", group_variant="modified",
-                       local_epochs=1)
+    s = group_settings(
+        tmp_path, profile="clusters-inconsistent", group_variant="modified", local_epochs=1
+    )
     result = runner.run(s, engine="inprocess")
     assert max(r["round"] for r in result.history) == 8
     rows = read_clusters(tmp_path / "clusters.csv")

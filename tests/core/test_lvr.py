@@ -133,6 +133,7 @@ def scipy_eq12(u: np.ndarray, b: np.ndarray, m: float, rng, starts: int = 4):
         {"type": "eq", "fun": lambda x: bb @ x - m, "jac": lambda x: bb},
         {"type": "ineq", "fun": lambda x: 1.0 - A @ x, "jac": lambda x: -A},
     ]
+
     def run(x0):
         return optimize.minimize(
             lambda x: np.sum(wts / x),
@@ -195,9 +196,7 @@ def check_constraints(p, sig, d, b, m, floor, ref=True):
     for i in np.flatnonzero(M > 0):
         np.testing.assert_allclose(p[:, i], q[i] * u[:, i] / M[i], rtol=1e-9, atol=1e-15)
     if ref:
-        np.testing.assert_allclose(
-            p, ref_probabilities(sig, d, b, m, floor), rtol=1e-9, atol=1e-12
-        )
+        np.testing.assert_allclose(p, ref_probabilities(sig, d, b, m, floor), rtol=1e-9, atol=1e-12)
 
 
 # ================================================= 1. constraints, randomised
@@ -355,9 +354,7 @@ def test_hand_computed_two_tasks_heterogeneous_processors():
     # m = 3.9: client 0 capped; c = 2.9 / 1.25 = 2.32 -> q1 = 1.16 > 1: capped
     # too; then client 2 takes 3.9 - 2 = 1.9 over B = 2: q2 = .95.
     p = lvr_probabilities(sig, d, b, 3.9, floor=0.0)
-    np.testing.assert_allclose(
-        p, [[2 / 3, 0.5, 0.95 / 3], [1 / 3, 0.5, 0.95 * 2 / 3]], rtol=1e-12
-    )
+    np.testing.assert_allclose(p, [[2 / 3, 0.5, 0.95 / 3], [1 / 3, 0.5, 0.95 * 2 / 3]], rtol=1e-12)
 
 
 def test_hand_computed_budget_at_least_positive_processors():
@@ -393,8 +390,9 @@ def test_water_fill_against_bisection():
 # ================================================== 4. sampling (Monte Carlo)
 def test_sample_processors_marginals_and_independence():
     # p from a real instance with a capped client (sum p = 1) and ineligible pairs
-    sig = np.array([[2.0, 0.5, 1.0, np.nan, 0.3], [1.0, 0.5, np.nan, 1.0, 0.3],
-                    [np.nan, 0.5, 1.0, 2.0, 0.3]])
+    sig = np.array(
+        [[2.0, 0.5, 1.0, np.nan, 0.3], [1.0, 0.5, np.nan, 1.0, 0.3], [np.nan, 0.5, 1.0, 2.0, 0.3]]
+    )
     d = shares_of(np.array([[10.0, 5, 5, 0, 20], [10, 5, 0, 5, 20], [0, 5, 5, 10, 20]]))
     b = np.array([1, 3, 2, 5, 1])
     p = lvr_probabilities(sig, d, b, 4.0, floor=0.0)
@@ -420,8 +418,10 @@ def test_sample_processors_marginals_and_independence():
     # covariance within a client (multinomial): Cov(c_s, c_t) = -B p_s p_t
     i = 3  # B = 5, tasks 1 and 2
     cov = np.cov(counts[:, 1, i], counts[:, 2, i])[0, 1]
-    assert cov == pytest.approx(-b[i] * p[1, i] * p[2, i], abs=5 * np.sqrt(
-        b[i] * p[1, i] * p[2, i] * (1 + 2 * p[1, i] * p[2, i]) / T) + 0.01)
+    assert cov == pytest.approx(
+        -b[i] * p[1, i] * p[2, i],
+        abs=5 * np.sqrt(b[i] * p[1, i] * p[2, i] * (1 + 2 * p[1, i] * p[2, i]) / T) + 0.01,
+    )
     # different clients draw independently: correlation ~ 0
     tot = counts.sum(axis=1).astype(float)
     tot = tot[:, tot.std(axis=0) > 0]  # a capped client with B = 1 never varies
@@ -450,8 +450,12 @@ def test_sample_processors_binomial_count_distribution():
     p = np.array([[0.2], [0.5]])
     c = np.stack([sample_processors(p, np.array([3]), rng)[:, 0] for _ in range(T)])
     keys, obs = np.unique(c, axis=0, return_counts=True)
-    exp = np.array([stats.multinomial.pmf([k0, k1, 3 - k0 - k1], 3, [0.2, 0.5, 0.3])
-                    for k0, k1 in keys]) * T
+    exp = (
+        np.array(
+            [stats.multinomial.pmf([k0, k1, 3 - k0 - k1], 3, [0.2, 0.5, 0.3]) for k0, k1 in keys]
+        )
+        * T
+    )
     assert exp.sum() == pytest.approx(T)  # every outcome seen
     assert stats.chisquare(obs, exp).pvalue > 1e-4
 
@@ -460,8 +464,9 @@ def test_sample_processors_binomial_count_distribution():
 def _table(clients: dict[str, tuple[dict[str, int], int, dict[str, float]]]) -> ClientTable:
     table = ClientTable()
     for cid, (n, procs, losses) in clients.items():
-        table.upsert(ClientInfo(cid=cid, num_examples=dict(n), processors=procs,
-                                losses=dict(losses)))
+        table.upsert(
+            ClientInfo(cid=cid, num_examples=dict(n), processors=procs, losses=dict(losses))
+        )
     return table
 
 
@@ -495,10 +500,17 @@ def test_lvr_assign_unbiased_aggregate():
         picks = policy.assign(table, TASKS3, 1, rng)
         by_task: dict[str, list[Update]] = {t: [] for t in TASKS3}
         for pk in picks:
-            by_task[pk.task].append(Update(
-                cid=pk.cid, delta=[G[(pk.cid, pk.task)]], num_examples=FED[pk.cid][0][pk.task],
-                data_share=shares[pk.task][pk.cid], processors=FED[pk.cid][1],
-                prob=pk.prob, count=pk.count))
+            by_task[pk.task].append(
+                Update(
+                    cid=pk.cid,
+                    delta=[G[(pk.cid, pk.task)]],
+                    num_examples=FED[pk.cid][0][pk.task],
+                    data_share=shares[pk.task][pk.cid],
+                    processors=FED[pk.cid][1],
+                    prob=pk.prob,
+                    count=pk.count,
+                )
+            )
         for t in TASKS3:
             out[t][k] = agg.aggregate(t, w0, by_task[t], 1)[0]
     for t in TASKS3:
@@ -511,10 +523,19 @@ def test_lvr_assign_unbiased_aggregate():
     rng = np.random.default_rng(43)
     biased = np.empty((T, 4))
     for k in range(T):
-        ups = [Update(cid=pk.cid, delta=[G[(pk.cid, "a")]], num_examples=1,
-                      data_share=shares["a"][pk.cid], processors=FED[pk.cid][1],
-                      prob=pk.prob, count=1)
-               for pk in policy.assign(table, TASKS3, 1, rng) if pk.task == "a"]
+        ups = [
+            Update(
+                cid=pk.cid,
+                delta=[G[(pk.cid, "a")]],
+                num_examples=1,
+                data_share=shares["a"][pk.cid],
+                processors=FED[pk.cid][1],
+                prob=pk.prob,
+                count=1,
+            )
+            for pk in policy.assign(table, TASKS3, 1, rng)
+            if pk.task == "a"
+        ]
         biased[k] = agg.aggregate("a", w0, ups, 1)[0]
     z = np.abs(biased.mean(axis=0) - target["a"]) / (biased.std(axis=0, ddof=1) / np.sqrt(T))
     assert z.max() > 5
@@ -571,8 +592,7 @@ def test_degenerate_shapes_and_signals_never_nan():
     seen = 0
     for S, N in shapes:
         for _ in range(40):
-            sig, d, b = random_instance(rng, S, N, elig_prob=float(rng.uniform(0, 1)),
-                                        nan_prob=0.2)
+            sig, d, b = random_instance(rng, S, N, elig_prob=float(rng.uniform(0, 1)), nan_prob=0.2)
             if rng.random() < 0.3:  # a task nobody holds
                 d[int(rng.integers(S))] = 0.0
             if rng.random() < 0.3:  # a client with no task
@@ -608,8 +628,9 @@ def test_huge_signals_keep_probabilities_finite():
     p = lvr_probabilities(np.full((1, 2), 1e308), d, b, 1.0, floor=0.0)
     np.testing.assert_allclose(p, [[0.5, 0.5]], rtol=1e-9)
     # one client, two tasks whose U sum overflows: q = 1 split evenly
-    p = lvr_probabilities(np.array([[1.5e308, 1.0], [1.5e308, 1.0]]),
-                          np.ones((2, 2)), b, 1.0, floor=0.0)
+    p = lvr_probabilities(
+        np.array([[1.5e308, 1.0], [1.5e308, 1.0]]), np.ones((2, 2)), b, 1.0, floor=0.0
+    )
     assert np.isfinite(p).all()
 
 
@@ -646,8 +667,13 @@ def _valid():
 )
 def test_invalid_inputs_raise_value_error(change, match):
     sig, d, b = _valid()
-    args: dict[str, Any] = {"signal": sig, "data_share": d, "processors": b,
-                            "budget": 1.0, "floor": 1e-6}
+    args: dict[str, Any] = {
+        "signal": sig,
+        "data_share": d,
+        "processors": b,
+        "budget": 1.0,
+        "floor": 1e-6,
+    }
     lvr_probabilities(**args)  # the unchanged arguments are valid
     change(args)
     with pytest.raises(ValueError, match=match):
@@ -656,8 +682,14 @@ def test_invalid_inputs_raise_value_error(change, match):
 
 def test_policy_constructors_validate():
     for cls in (LVR, GVR):
-        for kw in ({"budget": 0.0}, {"budget": float("nan")}, {"budget_fraction": 0.0},
-                   {"budget_fraction": -1.0}, {"floor": -1.0}, {"floor": float("inf")}):
+        for kw in (
+            {"budget": 0.0},
+            {"budget": float("nan")},
+            {"budget_fraction": 0.0},
+            {"budget_fraction": -1.0},
+            {"floor": -1.0},
+            {"floor": float("inf")},
+        ):
             with pytest.raises(ValueError):
                 cls(**kw)
 
@@ -700,8 +732,7 @@ def test_gvr_select_probabilities_unbiased_aggregate():
     """GVR: sampling among the trained updates with norm-based p is unbiased."""
     table = _table(FED)
     rng = np.random.default_rng(21)
-    G = {(c, t): rng.normal(0, 1 + 2 * rng.random(), 3) for c, (n, _, _) in FED.items()
-         for t in n}
+    G = {(c, t): rng.normal(0, 1 + 2 * rng.random(), 3) for c, (n, _, _) in FED.items() for t in n}
     norms = {k: float(np.linalg.norm(v)) for k, v in G.items()}
     shares = {t: table.data_share(t) for t in TASKS3}
     policy = GVR(budget=2.0, floor=0.0)
@@ -712,9 +743,17 @@ def test_gvr_select_probabilities_unbiased_aggregate():
     for k in range(T):
         ups: dict[str, list[Update]] = {t: [] for t in TASKS3}
         for pk in policy.select(table, TASKS3, norms, 1, rng):
-            ups[pk.task].append(Update(pk.cid, [G[(pk.cid, pk.task)]], 1,
-                                       shares[pk.task][pk.cid], FED[pk.cid][1],
-                                       pk.prob, pk.count))
+            ups[pk.task].append(
+                Update(
+                    pk.cid,
+                    [G[(pk.cid, pk.task)]],
+                    1,
+                    shares[pk.task][pk.cid],
+                    FED[pk.cid][1],
+                    pk.prob,
+                    pk.count,
+                )
+            )
         for s, t in enumerate(TASKS3):
             out[k, s] = agg.aggregate(t, w0, ups[t], 1)[0]
     for s, t in enumerate(TASKS3):
@@ -741,12 +780,21 @@ STRAT_IDS = list(STRAT_FED)
 
 
 def _strategy_matrices():
-    n = np.array([[STRAT_FED[c][0].get(t, (0,))[0] for c in STRAT_IDS] for t in TASKS3],
-                 dtype=float)
-    loss = np.array([[STRAT_FED[c][0][t][2] if t in STRAT_FED[c][0] else np.nan
-                      for c in STRAT_IDS] for t in TASKS3])
-    step = np.array([[STRAT_FED[c][0][t][1] if t in STRAT_FED[c][0] else 0.0
-                      for c in STRAT_IDS] for t in TASKS3])
+    n = np.array(
+        [[STRAT_FED[c][0].get(t, (0,))[0] for c in STRAT_IDS] for t in TASKS3], dtype=float
+    )
+    loss = np.array(
+        [
+            [STRAT_FED[c][0][t][2] if t in STRAT_FED[c][0] else np.nan for c in STRAT_IDS]
+            for t in TASKS3
+        ]
+    )
+    step = np.array(
+        [
+            [STRAT_FED[c][0][t][1] if t in STRAT_FED[c][0] else 0.0 for c in STRAT_IDS]
+            for t in TASKS3
+        ]
+    )
     b = np.array([STRAT_FED[c][1] for c in STRAT_IDS])
     return n, loss, step, b
 
@@ -766,9 +814,9 @@ def _run(strategy_factory, rounds: int, dtype=np.float32, fed=STRAT_FED, hostile
     strategy = strategy_factory()
     strategy.node_wait_timeout = 0.0
     strategy.on_round_end = lambda rnd, rows: snaps.__setitem__(
-        rnd, copy.deepcopy(strategy.weights))
-    init = {t: numpy_to_arrays({k: np.zeros(s, dtype) for k, s in SHAPES.items()})
-            for t in TASKS3}
+        rnd, copy.deepcopy(strategy.weights)
+    )
+    init = {t: numpy_to_arrays({k: np.zeros(s, dtype) for k, s in SHAPES.items()}) for t in TASKS3}
     result = strategy.start(grid, init, num_rounds=rounds, timeout=60)
     return result, strategy, rec, snaps
 
@@ -779,7 +827,9 @@ def test_lvr_preset_queries_losses_then_trains_only_sampled_pairs():
     result, strategy, rec, snaps = _run(
         # the fakes' steps differ beyond the default update clip (its own tests:
         # tests/strategy/test_update_clipping.py); the steps here are checked by hand
-        lambda: presets.lvr(budget=m, floor=0.0, seed=7, update_clip_factor=None), rounds)
+        lambda: presets.lvr(budget=m, floor=0.0, seed=7, update_clip_factor=None),
+        rounds,
+    )
     n, loss, step, b = _strategy_matrices()
     d = shares_of(n)
     p = ref_probabilities(loss, d, b, m, 0.0)
@@ -805,15 +855,18 @@ def test_lvr_preset_queries_losses_then_trains_only_sampled_pairs():
         for s, t in enumerate(TASKS3):
             row = rows[t]
             assert row["uploads"] == sum(1 for _, tt, _ in picks if tt == t)
-            assert row["round_step_l1"] == pytest.approx(
-                sum(r["step_l1"] for r in rows.values()))
+            assert row["round_step_l1"] == pytest.approx(sum(r["step_l1"] for r in rows.values()))
             # unbiased d/(B p) step with the Eq. 13 probabilities of the losses
             expected = -sum(
-                d[s, STRAT_IDS.index(c)] * k / (b[STRAT_IDS.index(c)] * p[s, STRAT_IDS.index(c)])
-                * step[s, STRAT_IDS.index(c)] for c, tt, k in picks if tt == t)
+                d[s, STRAT_IDS.index(c)]
+                * k
+                / (b[STRAT_IDS.index(c)] * p[s, STRAT_IDS.index(c)])
+                * step[s, STRAT_IDS.index(c)]
+                for c, tt, k in picks
+                if tt == t
+            )
             before = snaps[rnd - 1][t]["b"].astype(np.float64)
-            np.testing.assert_allclose(snaps[rnd][t]["b"] - before, expected,
-                                       rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(snaps[rnd][t]["b"] - before, expected, rtol=1e-5, atol=1e-5)
     # the realised number of (processor, task) draws averages m
     q = p.sum(axis=0)
     sd = np.sqrt((b * q * (1 - q)).sum() / rounds)
@@ -864,8 +917,7 @@ def test_gvr_preset_trains_everything_and_aggregates_a_sample():
                 assert pk.prob == pytest.approx(p[s, j], rel=1e-6)
                 expected -= d[s, j] * pk.count / (b[j] * p[s, j]) * step[s, j]
             before = snaps[rnd - 1][t]["w"].astype(np.float64)
-            np.testing.assert_allclose(snaps[rnd][t]["w"] - before, expected,
-                                       rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(snaps[rnd][t]["w"] - before, expected, rtol=1e-5, atol=1e-5)
             assert "round_step_l1" in rows[t]
     assert np.mean(uploads) < 0.6 * np.mean(assigned)
 
@@ -882,8 +934,14 @@ def test_gvr_always_samples_a_dominant_huge_update():
     def factory():
         # the closed form's numerics on a huge signal: the hostile-value bounds
         # (which would clip the norm and cap the count) are off
-        strat = presets.gvr(budget=2.0, floor=0.0, seed=1, update_norm_factor=None,
-                            update_clip_factor=None, count_cap=None)
+        strat = presets.gvr(
+            budget=2.0,
+            floor=0.0,
+            seed=1,
+            update_norm_factor=None,
+            update_clip_factor=None,
+            count_cap=None,
+        )
         original = strat.policy.select
 
         def recording_select(table, tasks, norms, server_round, rng):

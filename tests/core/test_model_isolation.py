@@ -133,8 +133,15 @@ def _ucb_cases(seed: int, n: int, full: bool):
         if not elig[k, i]:
             continue
         made += 1
-        yield ([str(c) for c in range(n_clients)], a, [f"t{j}" for j in range(m)], k, i,
-               int(rng.integers(1, n_clients + 1)), int(rng.integers(0, 6)))
+        yield (
+            [str(c) for c in range(n_clients)],
+            a,
+            [f"t{j}" for j in range(m)],
+            k,
+            i,
+            int(rng.integers(1, n_clients + 1)),
+            int(rng.integers(0, 6)),
+        )
 
 
 @pytest.mark.parametrize("full", [True, False])
@@ -189,11 +196,14 @@ def test_pareto_next_fronts_keeps_the_round_full_whatever_one_clients_index(full
                     b = a.copy()
                     b[k, i] = v
                     after = _counts(policy, ids, b, tasks, 0)
-                    lost[shortfall] = max(lost[shortfall],
-                                          sum(before.values()) - sum(after.values()))
+                    lost[shortfall] = max(
+                        lost[shortfall], sum(before.values()) - sum(after.values())
+                    )
                     if shortfall == "next-fronts" and v > a[k, i]:
-                        raised[which] = max(raised[which], max(
-                            before[t] - after[t] for j, t in enumerate(tasks) if j != i))
+                        raised[which] = max(
+                            raised[which],
+                            max(before[t] - after[t] for j, t in enumerate(tasks) if j != i),
+                        )
     assert lost["next-fronts"] == 0 and lost["front"] >= 2
     assert raised["N"] <= 1 and raised["K"] <= 2
 
@@ -213,7 +223,10 @@ def test_pareto_next_fronts_by_hand():
     picks = fill._select(ids, a, tasks, 0, rng)
     # best ranks: c0 first in both (t0, the lower index), c1 second in t0, c2 second in t1
     assert [(p.cid, p.task, p.prob) for p in picks] == [
-        ("c0", "t0", 1.0), ("c1", "t0", 1.0), ("c2", "t1", 1.0)]
+        ("c0", "t0", 1.0),
+        ("c1", "t0", 1.0),
+        ("c2", "t1", 1.0),
+    ]
     two = ParetoMultiUCB(clients_per_round=2, shortfall="next-fronts")
     seen = {"c1": 0, "c2": 0}
     for seed in range(400):

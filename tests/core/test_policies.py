@@ -92,9 +92,7 @@ class TestClientTable:
             assert set(table.data_share(t)) == set(table.eligible(t))
 
     def test_data_share_excludes_offline(self):
-        table = make_table(
-            {"0": ({"a": 10}, 1), "1": ({"a": 30}, 1), "2": ({"a": 60}, 1)}
-        )
+        table = make_table({"0": ({"a": 10}, 1), "1": ({"a": 30}, 1), "2": ({"a": 60}, 1)})
         table.set_online(["0", "2"])
         assert table.data_share("a") == pytest.approx({"0": 10 / 70, "2": 60 / 70})
         assert table.data_share("a", online_only=False) == pytest.approx(
@@ -118,9 +116,7 @@ class TestClientTable:
         ids, n, procs, losses = table.matrices(["a", "b", "c"])
         assert ids == ["0", "1", "2"]
         assert n.shape == (3, 3) and losses.shape == (3, 3) and procs.shape == (3,)
-        np.testing.assert_array_equal(
-            n, np.array([[0, 5, 4], [3, 7, 0], [0, 0, 1]], dtype=float)
-        )
+        np.testing.assert_array_equal(n, np.array([[0, 5, 4], [3, 7, 0], [0, 0, 1]], dtype=float))
         np.testing.assert_array_equal(procs, [1, 2, 3])
         expected = np.full((3, 3), np.nan)
         expected[0, 1] = 0.5
@@ -208,9 +204,7 @@ class TestFullParticipation:
     def test_all_online(self):
         table = make_table(HETERO)
         picks = FullParticipation().assign(table, TASKS3, 5, np.random.default_rng(0))
-        expected = sorted(
-            (cid, t) for cid, (n, _) in HETERO.items() for t in n if t in TASKS3
-        )
+        expected = sorted((cid, t) for cid, (n, _) in HETERO.items() for t in n if t in TASKS3)
         assert sorted((p.cid, p.task) for p in picks) == expected
 
 
@@ -256,9 +250,7 @@ class TestRandomAllocation:
             assert len(ps) == 1
             assert ps.pop() == pytest.approx(q / HETERO_SI[cid], rel=1e-12)
         # Every eligible (client, task) appeared at least once; nothing else did.
-        expected_pairs = {
-            (c, t) for c, (n, _) in HETERO.items() for t in n if t in TASKS3
-        }
+        expected_pairs = {(c, t) for c, (n, _) in HETERO.items() for t in n if t in TASKS3}
         assert set(probs) == expected_pairs
 
     def test_counts_bounded_by_processors(self, stats):
@@ -497,9 +489,7 @@ class TestMFARoundRobin:
                 g = {(mi[c] - u) % M for u, mi in enumerate(per_round)}
                 assert len(g) == 1
             partitions.append(
-                frozenset(
-                    frozenset(c for c in ids if per_round[0][c] == s) for s in range(M)
-                )
+                frozenset(frozenset(c for c in ids if per_round[0][c] == s) for s in range(M))
             )
         # A new frame re-partitions: two random 4/3/3 splits of 10 clients coincide with
         # probability 1/2100, so nearly all frames have distinct partitions.
@@ -574,9 +564,7 @@ class TestMFARoundRobin:
         pol.assign(table, TASKS3, 1, rng)
         tasks4 = TASKS3 + ["d"]
         table4 = uniform_table(8, tasks4)
-        per_round = [
-            _model_index(pol.assign(table4, tasks4, r, rng), tasks4) for r in range(2, 6)
-        ]
+        per_round = [_model_index(pol.assign(table4, tasks4, r, rng), tasks4) for r in range(2, 6)]
         for c in table4.ids():
             assert sorted(mi[c] for mi in per_round) == [0, 1, 2, 3]
 

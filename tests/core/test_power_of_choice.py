@@ -58,8 +58,9 @@ def test_highest_loss_picks_the_k_largest_with_a_free_processor():
     # d and b are busy now: the next two by loss
     assert highest_loss(list("abcd"), losses, 2, free) == ["c", "a"]
     # a candidate without a reported loss (or NaN) is passed over
-    assert highest_loss(list("abcde"), {"a": 1.0, "e": float("nan")}, 3,
-                        {c: 1 for c in "abcde"}) == ["a"]
+    assert highest_loss(
+        list("abcde"), {"a": 1.0, "e": float("nan")}, 3, {c: 1 for c in "abcde"}
+    ) == ["a"]
 
 
 def test_assign_by_hand_two_models_and_a_shared_client():
@@ -69,8 +70,16 @@ def test_assign_by_hand_two_models_and_a_shared_client():
     # and one processor: the model served first gets it, the other takes its
     # next two.
     rows = {str(i): ({"x": 10, "y": 10}, 1) for i in range(4)}
-    losses = {("3", "x"): 9, ("0", "x"): 8, ("1", "x"): 7, ("2", "x"): 6,
-              ("3", "y"): 9, ("2", "y"): 8, ("1", "y"): 7, ("0", "y"): 6}
+    losses = {
+        ("3", "x"): 9,
+        ("0", "x"): 8,
+        ("1", "x"): 7,
+        ("2", "x"): 6,
+        ("3", "y"): 9,
+        ("2", "y"): 8,
+        ("1", "y"): 7,
+        ("0", "y"): 6,
+    }
     pol = PowerOfChoice(candidates=10, budget=4.0)
     t = table(rows, losses)
     picks = pol.assign(t, ["x", "y"], 1, np.random.default_rng(0))
@@ -83,17 +92,31 @@ def test_assign_by_hand_two_models_and_a_shared_client():
     seen = set()
     for seed in range(20):
         fresh = PowerOfChoice(candidates=10, budget=4.0)
-        seen.add(frozenset((p.cid, p.task)
-                           for p in fresh.assign(table(rows, losses), ["x", "y"], 1,
-                                                 np.random.default_rng(seed))))
+        seen.add(
+            frozenset(
+                (p.cid, p.task)
+                for p in fresh.assign(
+                    table(rows, losses), ["x", "y"], 1, np.random.default_rng(seed)
+                )
+            )
+        )
     assert seen == {frozenset(x_first), frozenset(y_first)}
 
 
 def test_two_processors_let_one_client_train_both_models():
-    rows = {"0": ({"x": 10, "y": 10}, 2), "1": ({"x": 10, "y": 10}, 1),
-            "2": ({"x": 10, "y": 10}, 1)}
-    losses = {("0", "x"): 5, ("1", "x"): 1, ("2", "x"): 0.5,
-              ("0", "y"): 5, ("1", "y"): 0.1, ("2", "y"): 2}
+    rows = {
+        "0": ({"x": 10, "y": 10}, 2),
+        "1": ({"x": 10, "y": 10}, 1),
+        "2": ({"x": 10, "y": 10}, 1),
+    }
+    losses = {
+        ("0", "x"): 5,
+        ("1", "x"): 1,
+        ("2", "x"): 0.5,
+        ("0", "y"): 5,
+        ("1", "y"): 0.1,
+        ("2", "y"): 2,
+    }
     pol = PowerOfChoice(candidates=3, budget=2.0)  # k = 1 per model
     picks = pol.assign(table(rows, losses), ["x", "y"], 1, np.random.default_rng(3))
     assert {(p.cid, p.task) for p in picks} == {("0", "x"), ("0", "y")}
@@ -132,8 +155,16 @@ def test_bad_parameters_are_refused():
 
 # ------------------------------------------------------------------ a whole run
 def test_a_run_trains_the_candidates_within_processors_and_is_deterministic(tmp_path):
-    s = dict(strategy="power-of-choice", tasks="digits,synthetic", num_clients=8,
-             num_rounds=2, local_epochs=1, candidates=4, budget_fraction=0.5, seed=2)
+    s = dict(
+        strategy="power-of-choice",
+        tasks="digits,synthetic",
+        num_clients=8,
+        num_rounds=2,
+        local_epochs=1,
+        candidates=4,
+        budget_fraction=0.5,
+        seed=2,
+    )
     for name in ("a", "b"):
         runner.run(Settings(**s, output_dir=str(tmp_path / name)), engine="inprocess")
     a = (tmp_path / "a" / "assignments.csv").read_text()

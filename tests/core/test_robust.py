@@ -78,15 +78,20 @@ def test_median_hand_numbers_odd_and_even():
 def test_median_equals_numpy_median_of_local_models(k):
     w, locals_, updates = random_case(k, seed=k)
     out = MedianAggregator().aggregate("t", w, updates, 1)
-    expected = [np.median(np.stack([loc[j] for loc in locals_]).astype(np.float64), axis=0)
-                for j in range(len(w))]
+    expected = [
+        np.median(np.stack([loc[j] for loc in locals_]).astype(np.float64), axis=0)
+        for j in range(len(w))
+    ]
     assert_matches(out, w, expected)
 
 
 def test_median_is_unweighted():
     w = [np.zeros(1)]
-    us = [upd("a", [np.array([1.0])], n=1), upd("b", [np.array([2.0])], n=1),
-          upd("c", [np.array([9.0])], n=10**6)]
+    us = [
+        upd("a", [np.array([1.0])], n=1),
+        upd("b", [np.array([2.0])], n=1),
+        upd("c", [np.array([9.0])], n=10**6),
+    ]
     np.testing.assert_array_equal(MedianAggregator().aggregate("t", w, us, 1)[0], [-2.0])
 
 
@@ -111,8 +116,10 @@ def test_median_ignores_one_attacker_among_four_honest():
 def test_trimmed_mean_equals_scipy_on_local_models(k, beta):
     w, locals_, updates = random_case(k, seed=100 + k)
     out = TrimmedMeanAggregator(beta).aggregate("t", w, updates, 1)
-    expected = [trim_mean(np.stack([loc[j] for loc in locals_]).astype(np.float64), beta, axis=0)
-                for j in range(len(w))]
+    expected = [
+        trim_mean(np.stack([loc[j] for loc in locals_]).astype(np.float64), beta, axis=0)
+        for j in range(len(w))
+    ]
     assert_matches(out, w, expected)
 
 
@@ -123,12 +130,15 @@ def test_median_and_trimmed_mean_equal_flowers_own_on_local_models(k):
     from flwr.server.strategy.aggregate import aggregate_median, aggregate_trimmed_avg
 
     w, locals_, updates = random_case(k, seed=200 + k)
-    results = [([a.astype(np.float64) for a in loc], u.num_examples)
-               for loc, u in zip(locals_, updates)]
-    assert_matches(MedianAggregator().aggregate("t", w, updates, 1), w,
-                   aggregate_median(results))
-    assert_matches(TrimmedMeanAggregator(0.2).aggregate("t", w, updates, 1), w,
-                   aggregate_trimmed_avg(results, 0.2))
+    results = [
+        ([a.astype(np.float64) for a in loc], u.num_examples) for loc, u in zip(locals_, updates)
+    ]
+    assert_matches(MedianAggregator().aggregate("t", w, updates, 1), w, aggregate_median(results))
+    assert_matches(
+        TrimmedMeanAggregator(0.2).aggregate("t", w, updates, 1),
+        w,
+        aggregate_trimmed_avg(results, 0.2),
+    )
 
 
 @pytest.mark.parametrize("k", [2, 3, 5, 8])
@@ -139,15 +149,24 @@ def test_beta_zero_is_the_plain_mean(k):
     assert_matches(out, w, expected)
 
 
-@pytest.mark.parametrize("beta, k, cut", [
-    (0.2, 4, 0), (0.2, 5, 1), (0.2, 9, 1), (0.2, 10, 2),
-    (0.3, 10, 3), (0.1, 9, 0), (0.49, 7, 3), (0.25, 8, 2),
-])
+@pytest.mark.parametrize(
+    "beta, k, cut",
+    [
+        (0.2, 4, 0),
+        (0.2, 5, 1),
+        (0.2, 9, 1),
+        (0.2, 10, 2),
+        (0.3, 10, 3),
+        (0.1, 9, 0),
+        (0.49, 7, 3),
+        (0.25, 8, 2),
+    ],
+)
 def test_trimmed_mean_cuts_int_beta_k_from_each_end(beta, k, cut):
     assert int(beta * k) == cut
     # G values 1, 2, 4, ..., 2^(k-1) (distinct powers of two, shuffled): the
     # mean of the kept ones identifies exactly which were dropped
-    values = [2.0 ** i for i in range(k)]
+    values = [2.0**i for i in range(k)]
     order = np.random.default_rng(k).permutation(k)
     us = [upd(f"c{i}", [np.array([values[j]])]) for i, j in enumerate(order)]
     kept = values[cut : k - cut]
@@ -191,8 +210,9 @@ def test_trimmed_mean_without_enough_cut_is_not_robust():
     assert out[0] > 1e29
 
 
-@pytest.mark.parametrize("beta", [-0.1, 0.5, 0.7, 1.0, float("nan"), float("inf"), "0.2",
-                                  None, True])
+@pytest.mark.parametrize(
+    "beta", [-0.1, 0.5, 0.7, 1.0, float("nan"), float("inf"), "0.2", None, True]
+)
 def test_beta_is_validated(beta):
     with pytest.raises(ValueError, match=r"beta"):
         TrimmedMeanAggregator(beta)
@@ -285,14 +305,28 @@ def hostile_app():
     return call
 
 
-@pytest.mark.parametrize("make", [
-    lambda: MultiModelStrategy(FullParticipation(), MedianAggregator(), seed=0,
-                               node_wait_timeout=0.0, update_norm_factor=None),
-    lambda: make_strategy("full", aggregator="median", seed=0, node_wait_timeout=0.0,
-                          update_norm_factor=None),
-    lambda: make_strategy("full", aggregator=TrimmedMeanAggregator(0.2), seed=0,
-                          node_wait_timeout=0.0, update_norm_factor=None),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: MultiModelStrategy(
+            FullParticipation(),
+            MedianAggregator(),
+            seed=0,
+            node_wait_timeout=0.0,
+            update_norm_factor=None,
+        ),
+        lambda: make_strategy(
+            "full", aggregator="median", seed=0, node_wait_timeout=0.0, update_norm_factor=None
+        ),
+        lambda: make_strategy(
+            "full",
+            aggregator=TrimmedMeanAggregator(0.2),
+            seed=0,
+            node_wait_timeout=0.0,
+            update_norm_factor=None,
+        ),
+    ],
+)
 def test_end_to_end_hostile_client_cannot_move_the_model(make):
     """Five clients train every round; c4 returns 1e30 everywhere. Honest steps
     are 1, -2, 0.5, 3, so with w = 0 the honest local models are -1, 2, -0.5,

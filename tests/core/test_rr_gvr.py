@@ -41,17 +41,25 @@ def test_rotation_one_model_per_round_every_holder_trains_once():
     assert [RoundRobinGVR.model_of_round(TASKS, r) for r in (1, 2, 3, 4)] == list("abab")
     picks = pol.assign(table, TASKS, 1, rng)
     assert sorted((p.cid, p.task, p.count) for p in picks) == [
-        ("0", "a", 1), ("1", "a", 1), ("3", "a", 1), ("4", "a", 1)]
+        ("0", "a", 1),
+        ("1", "a", 1),
+        ("3", "a", 1),
+        ("4", "a", 1),
+    ]
     assert sorted(p.cid for p in pol.assign(table, TASKS, 2, rng)) == ["0", "1", "2", "4"]
     assert pol.assign(table, (), 1, rng) == []
     assert not pol.trains_every_pair and pol.selects_after_training
 
 
 def _q_by_optimiser(u: np.ndarray, m: float) -> np.ndarray:
-    res = optimize.minimize(lambda q: float(np.sum(u**2 / q)), np.full(len(u), m / len(u)),
-                            bounds=[(1e-6, 1.0)] * len(u),
-                            constraints=[{"type": "eq", "fun": lambda q: q.sum() - m}],
-                            method="SLSQP", options={"ftol": 1e-14, "maxiter": 500})
+    res = optimize.minimize(
+        lambda q: float(np.sum(u**2 / q)),
+        np.full(len(u), m / len(u)),
+        bounds=[(1e-6, 1.0)] * len(u),
+        constraints=[{"type": "eq", "fun": lambda q: q.sum() - m}],
+        method="SLSQP",
+        options={"ftol": 1e-14, "maxiter": 500},
+    )
     assert res.success
     return res.x
 
@@ -105,10 +113,18 @@ def test_aggregate_is_unbiased_and_coef_sum_averages_to_one():
     T = 8000
     out, coef = np.empty((T, 3)), np.empty(T)
     for k in range(T):
-        ups = [Update(cid=p.cid, delta=[G[p.cid]], num_examples=FED[p.cid][0][task],
-                      data_share=d[p.cid], processors=FED[p.cid][1], prob=p.prob,
-                      count=p.count)
-               for p in pol.select(table, TASKS, signal, 2, rng)]
+        ups = [
+            Update(
+                cid=p.cid,
+                delta=[G[p.cid]],
+                num_examples=FED[p.cid][0][task],
+                data_share=d[p.cid],
+                processors=FED[p.cid][1],
+                prob=p.prob,
+                count=p.count,
+            )
+            for p in pol.select(table, TASKS, signal, 2, rng)
+        ]
         out[k] = agg.aggregate(task, w0, ups, 2)[0]
         coef[k] = agg.coefficient_sum(task, ups)
     se = out.std(axis=0, ddof=1) / np.sqrt(T)
@@ -116,8 +132,9 @@ def test_aggregate_is_unbiased_and_coef_sum_averages_to_one():
     assert abs(coef.mean() - 1.0) / (coef.std(ddof=1) / np.sqrt(T)) < 5
     # power: reading the pick's prob as q (forgetting B) would be biased, and the same
     # Monte Carlo sees it
-    wrong = np.array([sum(d[p.cid] / p.prob for p in pol.select(table, TASKS, signal, 2, rng))
-                      for _ in range(T)])
+    wrong = np.array(
+        [sum(d[p.cid] / p.prob for p in pol.select(table, TASKS, signal, 2, rng)) for _ in range(T)]
+    )
     assert abs(wrong.mean() - 1.0) / (wrong.std(ddof=1) / np.sqrt(T)) > 5
 
 
@@ -126,8 +143,17 @@ def test_preset_runs_and_trains_one_model_per_round():
     from mmfl_flwr.runner import run
 
     assert presets.PRESETS["rr-gvr"] is presets.rr_gvr
-    res = run(Settings(strategy="rr-gvr", num_clients=8, num_rounds=4, budget_fraction=0.5,
-                       output_dir="", seed=3), engine="inprocess")
+    res = run(
+        Settings(
+            strategy="rr-gvr",
+            num_clients=8,
+            num_rounds=4,
+            budget_fraction=0.5,
+            output_dir="",
+            seed=3,
+        ),
+        engine="inprocess",
+    )
     rows = [r for r in res.history if r["round"] >= 1]
     tasks = sorted({r["task"] for r in rows})
     for rnd in range(1, 5):

@@ -79,8 +79,10 @@ class TestTrainerCorrection:
         data = Dataset(np.array([[1.0, 2.0], [3.0, -1.0]]), np.array([0, 1]))
         tr = TorchTrainer(lambda: nn.Linear(2, 2), data, data, batch_size=2)
         w0 = {"weight": np.zeros((2, 2), np.float32), "bias": np.zeros(2, np.float32)}
-        corr = {"weight": np.array([[0.1, 0.2], [0.3, 0.4]], np.float32),
-                "bias": np.array([1.0, -1.0], np.float32)}
+        corr = {
+            "weight": np.array([[0.1, 0.2], [0.3, 0.4]], np.float32),
+            "bias": np.array([1.0, -1.0], np.float32),
+        }
         new, n, loss = tr.train(w0, epochs=1, lr=0.5, seed=0, correction=corr)
         np.testing.assert_allclose(new["weight"], [[-0.3, 0.275], [0.1, -0.575]], atol=1e-6)
         np.testing.assert_allclose(new["bias"], [-0.5, 0.5], atol=1e-6)
@@ -150,12 +152,14 @@ def test_scaffold_train_control_variate_update():
     w2 = {k: v + 0.05 for k, v in new1.items()}
     c_s2 = {k: (0.5 * v).astype(np.float32) for k, v in c_s1.items()}
     new2, _, _, c2 = _scaffold_train(tr, w2, c_s2, ctx, "t", epochs, lr, 12, batch)
-    ref2, _, _ = tr.train(w2, epochs, lr, 12, batch,
-                          correction={k: c_s2[k] - c1[k] for k in c_s2})
+    ref2, _, _ = tr.train(w2, epochs, lr, 12, batch, correction={k: c_s2[k] - c1[k] for k in c_s2})
     for k in w2:
         np.testing.assert_array_equal(new2[k], ref2[k])
-        exp = (c1[k].astype(np.float64) - c_s2[k]
-               + (w2[k].astype(np.float64) - new2[k]) / (k_steps * lr))
+        exp = (
+            c1[k].astype(np.float64)
+            - c_s2[k]
+            + (w2[k].astype(np.float64) - new2[k]) / (k_steps * lr)
+        )
         np.testing.assert_allclose(c2[k], exp, rtol=1e-5, atol=1e-5)
     stored = arrays_to_numpy(ctx.state.array_records["scaffold.t"])
     for k in w2:
@@ -169,10 +173,16 @@ def _train_msg(nid, weights, control, rnd, epochs=1, lr=0.1, batch=2, seed=0):
     content = RecordDict({P.arrays_key("t"): numpy_to_arrays(weights)})
     if control is not None:
         content[P.control_key("t")] = numpy_to_arrays(control)
-    content[P.CONFIG_KEY] = ConfigRecord({
-        P.CFG_ROUND: rnd, P.CFG_TASKS: ["t"], P.CFG_EPOCHS: epochs, P.CFG_LR: lr,
-        P.CFG_BATCH_SIZE: batch, P.CFG_SEED: seed,
-    })
+    content[P.CONFIG_KEY] = ConfigRecord(
+        {
+            P.CFG_ROUND: rnd,
+            P.CFG_TASKS: ["t"],
+            P.CFG_EPOCHS: epochs,
+            P.CFG_LR: lr,
+            P.CFG_BATCH_SIZE: batch,
+            P.CFG_SEED: seed,
+        }
+    )
     return Message(content, dst_node_id=nid, message_type=MessageType.TRAIN, group_id=str(rnd))
 
 
@@ -193,7 +203,8 @@ def test_client_app_train_handler_keeps_and_returns_control():
         np.testing.assert_array_equal(got[k], ref[k])
         # first call: c_i = 0 -> c_i_new = -c_s + (w - w_local) / (K lr)
         np.testing.assert_allclose(
-            c1[k], -0.25 + (w1[k].astype(np.float64) - got[k]) / (k_steps * lr), atol=1e-5)
+            c1[k], -0.25 + (w1[k].astype(np.float64) - got[k]) / (k_steps * lr), atol=1e-5
+        )
     state = grid.context(nid).state
     stored = arrays_to_numpy(state.array_records["scaffold.t"])
     for k in w1:
@@ -203,13 +214,19 @@ def test_client_app_train_handler_keeps_and_returns_control():
     (reply2,) = grid.send_and_receive([_train_msg(nid, got, c_s2, 2)])
     got2 = arrays_to_numpy(reply2.content[P.arrays_key("t")])
     c2 = arrays_to_numpy(reply2.content[P.control_key("t")])
-    ref2, _, _ = tr.train(got, 1, lr, training_seed(0, 2, "x", "t"), batch,
-                          correction={k: c_s2[k] - c1[k] for k in c1})
+    ref2, _, _ = tr.train(
+        got,
+        1,
+        lr,
+        training_seed(0, 2, "x", "t"),
+        batch,
+        correction={k: c_s2[k] - c1[k] for k in c1},
+    )
     for k in w1:
         np.testing.assert_array_equal(got2[k], ref2[k])
         np.testing.assert_allclose(
-            c2[k], c1[k] + 0.5 + (got[k].astype(np.float64) - got2[k]) / (k_steps * lr),
-            atol=1e-5)
+            c2[k], c1[k] + 0.5 + (got[k].astype(np.float64) - got2[k]) / (k_steps * lr), atol=1e-5
+        )
     # without a control variate in the message: plain training, no control in the reply
     (reply3,) = grid.send_and_receive([_train_msg(nid, w1, None, 3)])
     assert P.control_key("t") not in reply3.content.array_records
@@ -223,9 +240,16 @@ def test_client_app_train_handler_keeps_and_returns_control():
 
 
 def upd(cid, delta, d, b=1, p=1.0, count=1, control=None):
-    return Update(cid=cid, delta=[np.asarray(delta, np.float64)], num_examples=1,
-                  data_share=d, processors=b, prob=p, count=count,
-                  control=None if control is None else [np.asarray(control, np.float64)])
+    return Update(
+        cid=cid,
+        delta=[np.asarray(delta, np.float64)],
+        num_examples=1,
+        data_share=d,
+        processors=b,
+        prob=p,
+        count=count,
+        control=None if control is None else [np.asarray(control, np.float64)],
+    )
 
 
 SHARES = {"a": 0.5, "b": 0.3, "c": 0.2}
@@ -239,16 +263,22 @@ def test_scaffold_aggregator_two_rounds_by_hand():
     #          b (G=[2,0], B=2, p=.25, l=1 -> .3/(2*.25) = .6, c_b = [4,0])
     #   model: Delta = [1,1] + .6[2,0] = [2.2, 1] ; w1 = [7.8, 9]
     #   c_s = .5[1,2] + .3[4,0] + .2*0 (c never trained) = [1.7, 1.0]
-    w1 = agg.aggregate("t", w0, [upd("a", [1, 1], 0.5, p=0.5, control=[1, 2]),
-                                 upd("b", [2, 0], 0.3, b=2, p=0.25, control=[4, 0])],
-                       1, shares=SHARES)
+    w1 = agg.aggregate(
+        "t",
+        w0,
+        [
+            upd("a", [1, 1], 0.5, p=0.5, control=[1, 2]),
+            upd("b", [2, 0], 0.3, b=2, p=0.25, control=[4, 0]),
+        ],
+        1,
+        shares=SHARES,
+    )
     np.testing.assert_allclose(w1[0], [7.8, 9.0], atol=1e-12)
     np.testing.assert_allclose(agg.server_control("t", w1)[0], [1.7, 1.0], atol=1e-12)
     # Round 2: c (G=[1,-1], B=1, p=.2 -> .2/.2 = 1, c_c = [0,5])
     #   model: w2 = [7.8-1, 9+1] = [6.8, 10]
     #   c_s = .5[1,2] + .3[4,0] + .2[0,5] = [.5+1.2, 1+1] = [1.7, 2.0]
-    w2 = agg.aggregate("t", w1, [upd("c", [1, -1], 0.2, p=0.2, control=[0, 5])], 2,
-                       shares=SHARES)
+    w2 = agg.aggregate("t", w1, [upd("c", [1, -1], 0.2, p=0.2, control=[0, 5])], 2, shares=SHARES)
     np.testing.assert_allclose(w2[0], [6.8, 10.0], atol=1e-12)
     np.testing.assert_allclose(agg.server_control("t", w2)[0], [1.7, 2.0], atol=1e-12)
     # Round 3: b offline (not in N_s), d renormalised over a, c: a 5/7, c 2/7;
@@ -286,29 +316,38 @@ CLIENTS = {"alice": (10, 0.5), "bob": (30, 1.0), "mallory": (10, 4.0)}
 
 def test_reply_missing_control_is_rejected_and_others_aggregate(caplog):
     seen = {c: [] for c in CLIENTS}
-    app = make_client_app(lambda ctx: ClientSpec(
-        str(ctx.node_config["cid"]),
-        {"a": StepTrainer(*CLIENTS[str(ctx.node_config["cid"])],
-                          seen=seen[str(ctx.node_config["cid"])])}))
+    app = make_client_app(
+        lambda ctx: ClientSpec(
+            str(ctx.node_config["cid"]),
+            {
+                "a": StepTrainer(
+                    *CLIENTS[str(ctx.node_config["cid"])], seen=seen[str(ctx.node_config["cid"])]
+                )
+            },
+        )
+    )
 
     def strip_mallory(msg, ctx):
         reply = app(msg, ctx)
         if ctx.node_config["cid"] == "mallory" and msg.metadata.message_type == MessageType.TRAIN:
-            content = RecordDict({k: v for k, v in reply.content.items()
-                                  if not k.startswith(P.CONTROL_PREFIX)})
+            content = RecordDict(
+                {k: v for k, v in reply.content.items() if not k.startswith(P.CONTROL_PREFIX)}
+            )
             return Message(content, reply_to=msg)
         return reply
 
     grid = InProcessGrid(strip_mallory, [{"cid": c} for c in CLIENTS], seed=0)
     agg = ScaffoldAggregator()
-    strategy = MultiModelStrategy(FullParticipation(), agg, node_wait_timeout=0.0,
-                                  lr=0.05, batch_size=32, local_epochs=1)
+    strategy = MultiModelStrategy(
+        FullParticipation(), agg, node_wait_timeout=0.0, lr=0.05, batch_size=32, local_epochs=1
+    )
     init = {"a": numpy_to_arrays({"w": np.zeros(2, np.float32)})}
     with caplog.at_level(logging.WARNING):
         result = strategy.start(grid, init, num_rounds=2, timeout=60)
     msgs = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert any("mallory" in m and "rejected update for task 'a'" in m and "control" in m
-               for m in msgs), msgs
+    assert any(
+        "mallory" in m and "rejected update for task 'a'" in m and "control" in m for m in msgs
+    ), msgs
     assert not any("alice" in m or "bob" in m for m in msgs), msgs
     rows = {r["round"]: r for r in result.history}
     assert rows[1]["uploads"] == 2 and rows[1]["rejected"] == 1
@@ -330,8 +369,7 @@ def test_reply_missing_control_is_rejected_and_others_aggregate(caplog):
     np.testing.assert_allclose(agg.controls.get("alice", "a")[0], [6, 6], rtol=1e-5)
     np.testing.assert_allclose(agg.controls.get("bob", "a")[0], [26, 26], rtol=1e-5)
     assert agg.controls.get("mallory", "a") is None
-    np.testing.assert_allclose(agg.server_control("a", [np.zeros(2)])[0], [16.8, 16.8],
-                               rtol=1e-5)
+    np.testing.assert_allclose(agg.server_control("a", [np.zeros(2)])[0], [16.8, 16.8], rtol=1e-5)
     final = arrays_to_numpy(result.arrays["a"])["w"]
     np.testing.assert_allclose(final, [-1.4, -1.4], rtol=1e-6)
 
@@ -344,8 +382,15 @@ def test_scaffold_preset_runs_inprocess(tmp_path):
     from mmfl_flwr.results import read_metrics_csv
     from mmfl_flwr.runner import run
 
-    s = Settings(strategy="scaffold", num_clients=8, num_rounds=3, profile="paper003",
-                 output_dir=str(tmp_path), local_epochs=1, budget_fraction=0.5)
+    s = Settings(
+        strategy="scaffold",
+        num_clients=8,
+        num_rounds=3,
+        profile="paper003",
+        output_dir=str(tmp_path),
+        local_epochs=1,
+        budget_fraction=0.5,
+    )
     result = run(s, engine="inprocess")
     rows = read_metrics_csv(tmp_path / "metrics.csv")
     assert {r["round"] for r in rows} == {0, 1, 2, 3}

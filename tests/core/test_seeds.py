@@ -19,13 +19,18 @@ def weights(**kw) -> dict[str, dict[str, np.ndarray]]:
 def same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(
         a[t].keys() == b[t].keys() and all(np.array_equal(a[t][k], b[t][k]) for k in a[t])
-        for t in a)
+        for t in a
+    )
 
 
 def first_samples(**kw) -> list[np.ndarray]:
     fed = D.federation_for(Settings(**BASE, **kw))
-    return [np.asarray(fed.data[t][c][0].x[0]) for t in fed.tasks for c in range(6)
-            if fed.eligible[t][c]]
+    return [
+        np.asarray(fed.data[t][c][0].x[0])
+        for t in fed.tasks
+        for c in range(6)
+        if fed.eligible[t][c]
+    ]
 
 
 def test_model_seed_fixes_the_initial_weights_and_only_them():

@@ -254,8 +254,7 @@ class TestMIFA:
         for k, agg in enumerate(aggs):
             agg.aggregate(T, W0, first, 1, shares=shares)
         for rnd in range(2, 6):
-            ups = [upd(c, [rng.normal(size=2)], d) for c, d in shares.items()
-                   if rng.random() < 0.5]
+            ups = [upd(c, [rng.normal(size=2)], d) for c, d in shares.items() if rng.random() < 0.5]
             ws = [agg.aggregate(T, w, ups, rnd, shares=shares) for agg, w in zip(aggs, ws)]
             np.testing.assert_allclose(ws[0][0], ws[1][0], rtol=1e-13, atol=1e-13)
 
@@ -273,8 +272,14 @@ class TestStaleVR:
 
     def _filled(self):
         agg = StaleVRAggregator()
-        w1 = agg.aggregate(T, W0, round1_updates(), 1, shares=SHARES, fresh={
-            "a": vec(2, 0), "b": vec(0, 4), "c": vec(2, 2)})
+        w1 = agg.aggregate(
+            T,
+            W0,
+            round1_updates(),
+            1,
+            shares=SHARES,
+            fresh={"a": vec(2, 0), "b": vec(0, 4), "c": vec(2, 2)},
+        )
         np.testing.assert_allclose(w1[0], W1, rtol=0, atol=1e-12)  # h = 0: no stale term
         return agg, w1
 
@@ -353,8 +358,14 @@ class TestStaleVREBetaSchedule:
             assert agg.beta("a", T, rnd) == pytest.approx(b, abs=1e-15), rnd
         # and the aggregate uses them: Delta = beta * [1,1]
         #   w: [2,8] -1-> [1,7] -.75-> [.25,6.25] -.5-> [-.25,5.75] -.25-> [-.5,5.5] -0-> -0->
-        exp_w = {5: [1, 7], 6: [0.25, 6.25], 7: [-0.25, 5.75], 8: [-0.5, 5.5], 9: [-0.5, 5.5],
-                 10: [-0.5, 5.5]}
+        exp_w = {
+            5: [1, 7],
+            6: [0.25, 6.25],
+            7: [-0.25, 5.75],
+            8: [-0.5, 5.5],
+            9: [-0.5, 5.5],
+            10: [-0.5, 5.5],
+        }
         for rnd in range(5, 11):
             w = agg.aggregate(T, w, [], rnd, shares=sh)
             np.testing.assert_allclose(w[0], exp_w[rnd], atol=1e-12, err_msg=str(rnd))
@@ -437,8 +448,9 @@ def _vectors():
             g[(cid, t)] = [rng.normal(size=DIM), rng.normal(size=(2,))]
             if (cid, t) not in NO_H:
                 # correlated with G, but far from it
-                h[(cid, t)] = [0.6 * a + rng.normal(scale=1.0, size=a.shape) + 1.5
-                               for a in g[(cid, t)]]
+                h[(cid, t)] = [
+                    0.6 * a + rng.normal(scale=1.0, size=a.shape) + 1.5 for a in g[(cid, t)]
+                ]
     return g, h
 
 
@@ -491,18 +503,28 @@ def _mc(policy, make_agg, state, table, g, with_fresh=False, rnd=5, draws=DRAWS)
         for t in TASKS:
             info = {c: table[c] for c in shares[t]}
             ups = [
-                upd(p.cid, g[(p.cid, t)], shares[t][p.cid], b=info[p.cid].processors,
-                    p=p.prob, count=p.count)
-                for p in picks if p.task == t
+                upd(
+                    p.cid,
+                    g[(p.cid, t)],
+                    shares[t][p.cid],
+                    b=info[p.cid].processors,
+                    p=p.prob,
+                    count=p.count,
+                )
+                for p in picks
+                if p.task == t
             ]
-            new = agg.aggregate(t, w[t], ups, rnd, shares=shares[t],
-                                fresh=fresh[t] if with_fresh else None)
+            new = agg.aggregate(
+                t, w[t], ups, rnd, shares=shares[t], fresh=fresh[t] if with_fresh else None
+            )
             for j in range(2):
                 samples[t][j].append(new[j])
     assert n_updates > 0
     mean = {t: [np.mean(samples[t][j], axis=0) for j in range(2)] for t in TASKS}
-    se = {t: [np.std(samples[t][j], axis=0, ddof=1) / math.sqrt(draws) for j in range(2)]
-          for t in TASKS}
+    se = {
+        t: [np.std(samples[t][j], axis=0, ddof=1) / math.sqrt(draws) for j in range(2)]
+        for t in TASKS
+    }
     return mean, se
 
 
@@ -581,16 +603,18 @@ def _fill(store, rng, low=0.01, high=10.0):
     data = {}
     for c in range(N_CLIENTS):
         for s in range(N_TASKS):
-            arrays = [rng.uniform(low, high, size=sh) * rng.choice([-1, 1], size=sh)
-                      for sh in SHAPES]
+            arrays = [
+                rng.uniform(low, high, size=sh) * rng.choice([-1, 1], size=sh) for sh in SHAPES
+            ]
             store.set(str(c), f"task{s}", arrays)
             data[(str(c), f"task{s}")] = arrays
     return data
 
 
 class TestStaleStore:
-    @pytest.mark.parametrize("storage, nbytes_per_param", [("float32", 4), ("float16", 2),
-                                                            ("disk", 4)])
+    @pytest.mark.parametrize(
+        "storage, nbytes_per_param", [("float32", 4), ("float16", 2), ("disk", 4)]
+    )
     def test_memory_formula_of_a_full_store(self, storage, nbytes_per_param, tmp_path):
         store = StaleStore(storage, str(tmp_path / "h") if storage == "disk" else None)
         assert store.nbytes() == 0 and len(store) == 0
@@ -697,8 +721,9 @@ class TestStaleStore:
     def test_aggregator_state_through_other_storage(self, storage, tmp_path):
         # FedVARP on the Eq. 17 example, h kept in half precision / on disk: the hand values
         # are exactly representable, so the result is the same.
-        agg = FedVARPAggregator(storage=storage,
-                                directory=str(tmp_path) if storage == "disk" else None)
+        agg = FedVARPAggregator(
+            storage=storage, directory=str(tmp_path) if storage == "disk" else None
+        )
         w1 = agg.aggregate(T, W0, round1_updates(), 1, shares=SHARES)
         again = FedVARPAggregator(storage=storage)
         again.load_state_dict(agg.state_dict())
@@ -717,8 +742,15 @@ def test_preset_runs_inprocess_with_finite_metrics(strategy, tmp_path):
     from mmfl_flwr.results import read_metrics_csv
     from mmfl_flwr.runner import run
 
-    s = Settings(strategy=strategy, num_clients=8, num_rounds=3, profile="paper003",
-                 output_dir=str(tmp_path), local_epochs=1, budget_fraction=0.5)
+    s = Settings(
+        strategy=strategy,
+        num_clients=8,
+        num_rounds=3,
+        profile="paper003",
+        output_dir=str(tmp_path),
+        local_epochs=1,
+        budget_fraction=0.5,
+    )
     result = run(s, engine="inprocess")
     rows = read_metrics_csv(tmp_path / "metrics.csv")
     assert {r["round"] for r in rows} == {0, 1, 2, 3}
@@ -752,8 +784,17 @@ def test_stalevr_declares_the_signal_it_samples_on(monkeypatch):
     def norms_of(**settings) -> int:
         calls = []
         monkeypatch.setattr(aggregate, "l2_norm", lambda arrays: calls.append(1) or real(arrays))
-        run(Settings(num_clients=4, num_rounds=1, local_epochs=1, budget_fraction=0.5,
-                     output_dir="", **settings), engine="inprocess")
+        run(
+            Settings(
+                num_clients=4,
+                num_rounds=1,
+                local_epochs=1,
+                budget_fraction=0.5,
+                output_dir="",
+                **settings,
+            ),
+            engine="inprocess",
+        )
         return len(calls)
 
     for signal in ("loss", "stale-residual"):
@@ -762,8 +803,11 @@ def test_stalevr_declares_the_signal_it_samples_on(monkeypatch):
     assert norms_of(strategy="gvr") == 4 * 3  # 4 clients x 3 models, one round
 
 
-@pytest.mark.parametrize("make", [FedVARPAggregator, StaleVRAggregator, StaleVREAggregator],
-                         ids=["fedvarp", "stalevr", "stalevre"])
+@pytest.mark.parametrize(
+    "make",
+    [FedVARPAggregator, StaleVRAggregator, StaleVREAggregator],
+    ids=["fedvarp", "stalevr", "stalevre"],
+)
 def test_a_round_holds_one_stale_update_at_a_time(make):
     """40 clients with stored updates of 100,000 parameters (32 MB in float64), 4 of
     them fresh this round: what aggregating allocates at its peak (numpy's
@@ -776,8 +820,14 @@ def test_a_round_holds_one_stale_update_at_a_time(make):
     agg = make()
     w = [np.zeros(size, dtype=np.float32)]
     shares = {f"c{k}": 1 / n for k in range(n)}
-    agg.aggregate(T, w, [upd(f"c{k}", [rng.normal(size=size)], 1 / n) for k in range(n)], 1,
-                  shares=shares, fresh={f"c{k}": [rng.normal(size=size)] for k in range(n)})
+    agg.aggregate(
+        T,
+        w,
+        [upd(f"c{k}", [rng.normal(size=size)], 1 / n) for k in range(n)],
+        1,
+        shares=shares,
+        fresh={f"c{k}": [rng.normal(size=size)] for k in range(n)},
+    )
     ups = [upd(f"c{k}", [rng.normal(size=size)], 1 / n, p=0.1) for k in range(4)]
     fresh = {f"c{k}": [rng.normal(size=size)] for k in range(n)}
     tracemalloc.start()
@@ -791,12 +841,19 @@ def test_a_round_holds_one_stale_update_at_a_time(make):
 
 
 @pytest.mark.parametrize("storage", ["float32", "float16", "disk"])
-@pytest.mark.parametrize("make,sampled_reads", [
-    (FedVARPAggregator, 2), (lambda **kw: FedStaleAggregator(beta=0.5, **kw), 2),
-    (StaleVRAggregator, 2), (StaleVREAggregator, 3),
-], ids=["fedvarp", "fedstale", "stalevr", "stalevre"])
-def test_a_round_reads_each_stale_update_as_few_times_as_it_must(make, sampled_reads,
-                                                                  storage, tmp_path):
+@pytest.mark.parametrize(
+    "make,sampled_reads",
+    [
+        (FedVARPAggregator, 2),
+        (lambda **kw: FedStaleAggregator(beta=0.5, **kw), 2),
+        (StaleVRAggregator, 2),
+        (StaleVREAggregator, 3),
+    ],
+    ids=["fedvarp", "fedstale", "stalevr", "stalevre"],
+)
+def test_a_round_reads_each_stale_update_as_few_times_as_it_must(
+    make, sampled_reads, storage, tmp_path
+):
     """Reading a stale update is a float64 copy (a half-precision decode or a file read
     with float16 / disk storage), so a round reads each unsampled pair's once (its term
     ``d beta h``; Eq. 20's beta is computed from the same read) and a sampled pair's at
@@ -807,8 +864,10 @@ def test_a_round_reads_each_stale_update_as_few_times_as_it_must(make, sampled_r
     rng = np.random.default_rng(1)
 
     def kw(name):  # each store its own folder (disk files are named by pair)
-        return {"storage": storage,
-                **({"directory": str(tmp_path / name)} if storage == "disk" else {})}
+        return {
+            "storage": storage,
+            **({"directory": str(tmp_path / name)} if storage == "disk" else {}),
+        }
 
     shares = {f"c{k}": 1 / n for k in range(n)}
     w = [np.zeros(5, dtype=np.float32), np.zeros((2, 3), dtype=np.float32)]
@@ -834,7 +893,8 @@ def test_a_round_reads_each_stale_update_as_few_times_as_it_must(make, sampled_r
     new = agg.aggregate(T, w, ups, 3, shares=shares, fresh=fresh)
     sampled = {u.cid for u in ups}
     assert {c: r for c, r in reads.items() if c not in sampled} == {
-        c: 1 for c in shares if c not in sampled}
+        c: 1 for c in shares if c not in sampled
+    }
     assert all(1 <= reads[c] <= sampled_reads for c in sampled), reads
     # the same numbers as an aggregation whose every read is fresh
     fresh_reads = StaleStore.get.__get__(reference.store)

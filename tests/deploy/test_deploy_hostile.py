@@ -36,20 +36,27 @@ def test_hostile_supernode_is_rejected_on_a_loopback_deployment(tmp_path: Path) 
     models = task_names(TASKS.split(","))
     marker = new_marker()
     out = tmp_path / "out"
-    configs = [f"partition-id={i} num-partitions={NUM_NODES} processors=1"
-               + (' hostile="huge-weights"' if i == HOSTILE else "")
-               for i in range(NUM_NODES)]
+    configs = [
+        f"partition-id={i} num-partitions={NUM_NODES} processors=1"
+        + (' hostile="huge-weights"' if i == HOSTILE else "")
+        for i in range(NUM_NODES)
+    ]
     with ProcessTracker(marker) as procs:
         t0 = time.monotonic()
         dep = Deployment.start_insecure(procs, tmp_path, marker, configs, conn="hostile")
         t_up = time.monotonic() - t0
         run_id, server_log, history = dep.run(
-            APP, out=out,
-            run_config=(f"num-rounds={ROUNDS} num-clients={NUM_NODES} strategy='mfa-rr' "
-                        f"tasks='{TASKS}' local-epochs=1 output-dir='{out.as_posix()}'"),
+            APP,
+            out=out,
+            run_config=(
+                f"num-rounds={ROUNDS} num-clients={NUM_NODES} strategy='mfa-rr' "
+                f"tasks='{TASKS}' local-epochs=1 output-dir='{out.as_posix()}'"
+            ),
         )
-        print(f"\n[e2e] hostile deployment: federation up in {t_up:.1f} s; run {run_id} "
-              f"statuses {history}")
+        print(
+            f"\n[e2e] hostile deployment: federation up in {t_up:.1f} s; run {run_id} "
+            f"statuses {history}"
+        )
     assert not procs.leftovers, f"processes survived clean-up: {procs.leftovers}"
 
     data = check_outputs(out, models, num_rounds=ROUNDS)  # finite accuracy and loss
@@ -67,8 +74,11 @@ def test_hostile_supernode_is_rejected_on_a_loopback_deployment(tmp_path: Path) 
         assert sum(int(r["uploads"]) for r in rows) == NUM_NODES - 1, rows
     trained = {(a["round"], a["client"]) for a in data["assignments"]}
     assert {(str(r), str(HOSTILE)) for r in range(1, ROUNDS + 1)} <= trained
-    named = [line for line in server_log.splitlines()
-             if f"Client {HOSTILE}: rejected update" in line and "update norm" in line]
+    named = [
+        line
+        for line in server_log.splitlines()
+        if f"Client {HOSTILE}: rejected update" in line and "update norm" in line
+    ]
     assert len(named) == ROUNDS, server_log
     final = data["summary"]["final_accuracy"]
     assert all(math.isfinite(float(v)) for v in final.values()), final

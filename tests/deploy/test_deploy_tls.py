@@ -55,9 +55,7 @@ from e2e_utils import (
 )
 
 pytestmark = [
-    pytest.mark.skipif(
-        not sys.platform.startswith("linux"), reason="process clean-up reads /proc"
-    ),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process clean-up reads /proc"),
     pytest.mark.skipif(
         shutil.which("openssl") is None or shutil.which("ssh-keygen") is None,
         reason="docker/gen-certs.sh needs openssl and ssh-keygen",
@@ -108,7 +106,9 @@ def _wait_for_https_health(
 def _node_list(conn: str, env: dict[str, str], cwd: Path) -> list[dict[str, object]]:
     res = run_cmd(
         [flower_exe("flwr"), "supernode", "list", conn, "--format", "json"],
-        env=env, cwd=cwd, timeout=60,
+        env=env,
+        cwd=cwd,
+        timeout=60,
     )
     try:
         return list(parse_json_output(res.stdout).get("nodes") or [])
@@ -129,11 +129,17 @@ def test_tls_auth_deployment_two_shards_and_a_device(tmp_path: Path) -> None:
     certs = tmp_path / "certs"
     res = run_cmd(
         ["bash", str(GEN_CERTS), "-o", str(certs), "-n", "4", "-H", "127.0.0.1"],
-        env=flower_env(tmp_path / "gen-home", new_marker()), cwd=tmp_path, timeout=60,
+        env=flower_env(tmp_path / "gen-home", new_marker()),
+        cwd=tmp_path,
+        timeout=60,
     )
     assert res.returncode == 0, describe(res)
-    for name in ("ca.crt", "server.pem", "server.key",
-                 *(f"supernode-{i}{ext}" for i in range(4) for ext in ("", ".pub"))):
+    for name in (
+        "ca.crt",
+        "server.pem",
+        "server.key",
+        *(f"supernode-{i}{ext}" for i in range(4) for ext in ("", ".pub")),
+    ):
         assert (certs / name).is_file(), f"gen-certs.sh did not write {name}"
     ca, cert, key = certs / "ca.crt", certs / "server.pem", certs / "server.key"
 
@@ -161,13 +167,25 @@ def test_tls_auth_deployment_two_shards_and_a_device(tmp_path: Path) -> None:
         #    (docs/deploy.md A3, on 127.0.0.1 instead of 0.0.0.0).
         t0 = time.monotonic()
         link = procs.popen(
-            [flower_exe("flower-superlink"),
-             "--ssl-ca-certfile", str(ca), "--ssl-certfile", str(cert),
-             "--ssl-keyfile", str(key), "--enable-supernode-auth",
-             "--disable-runtime-dependency-installation",
-             "--host", "127.0.0.1", "--port", str(link_port),
-             "--database", str(state_db)],
-            env=flower_env(tmp_path / "link-home", marker), cwd=tmp_path,
+            [
+                flower_exe("flower-superlink"),
+                "--ssl-ca-certfile",
+                str(ca),
+                "--ssl-certfile",
+                str(cert),
+                "--ssl-keyfile",
+                str(key),
+                "--enable-supernode-auth",
+                "--disable-runtime-dependency-installation",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(link_port),
+                "--database",
+                str(state_db),
+            ],
+            env=flower_env(tmp_path / "link-home", marker),
+            cwd=tmp_path,
             log_path=link_log,
         )
         procs.watch_superlink_port(link_port)
@@ -182,10 +200,20 @@ def test_tls_auth_deployment_two_shards_and_a_device(tmp_path: Path) -> None:
         registered: dict[str, int] = {}
         for i in range(3):
             res = run_cmd(
-                [flower_exe("flwr"), "supernode", "register",
-                 str(certs / f"supernode-{i}.pub"), conn, "--name", f"device-{i}",
-                 "--format", "json"],
-                env=cli_env, cwd=tmp_path, timeout=60,
+                [
+                    flower_exe("flwr"),
+                    "supernode",
+                    "register",
+                    str(certs / f"supernode-{i}.pub"),
+                    conn,
+                    "--name",
+                    f"device-{i}",
+                    "--format",
+                    "json",
+                ],
+                env=cli_env,
+                cwd=tmp_path,
+                timeout=60,
             )
             assert res.returncode == 0, f"{describe(res)}{logs(link_log)}"
             payload = parse_json_output(res.stdout)
@@ -200,13 +228,21 @@ def test_tls_auth_deployment_two_shards_and_a_device(tmp_path: Path) -> None:
         t0 = time.monotonic()
         for i, node_config in enumerate(NODE_CONFIGS):
             procs.popen(
-                [flower_exe("flower-supernode"),
-                 "--superlink", f"127.0.0.1:{link_port}",
-                 "--root-certificates", str(ca),
-                 "--auth-supernode-private-key", str(certs / f"supernode-{i}"),
-                 "--port", str(node_ports[i]),
-                 "--node-config", node_config],
-                env=flower_env(tmp_path / f"node{i}-home", marker), cwd=tmp_path,
+                [
+                    flower_exe("flower-supernode"),
+                    "--superlink",
+                    f"127.0.0.1:{link_port}",
+                    "--root-certificates",
+                    str(ca),
+                    "--auth-supernode-private-key",
+                    str(certs / f"supernode-{i}"),
+                    "--port",
+                    str(node_ports[i]),
+                    "--node-config",
+                    node_config,
+                ],
+                env=flower_env(tmp_path / f"node{i}-home", marker),
+                cwd=tmp_path,
                 log_path=node_logs[i],
             )
         try:
@@ -221,17 +257,31 @@ def test_tls_auth_deployment_two_shards_and_a_device(tmp_path: Path) -> None:
         # 5. Intruders: supernode-3's key was never registered; node 4 has no key.
         #    They start now and are checked after the run (they must have exited).
         intruders = []
-        for i, key_args in ((3, ["--auth-supernode-private-key",
-                                 str(certs / "supernode-3")]), (4, [])):
-            intruders.append(procs.popen(
-                [flower_exe("flower-supernode"),
-                 "--superlink", f"127.0.0.1:{link_port}",
-                 "--root-certificates", str(ca), *key_args,
-                 "--port", str(node_ports[i]), "--max-retries", "2",
-                 "--node-config", "partition-id=2 num-partitions=3"],
-                env=flower_env(tmp_path / f"node{i}-home", marker), cwd=tmp_path,
-                log_path=node_logs[i],
-            ))
+        for i, key_args in (
+            (3, ["--auth-supernode-private-key", str(certs / "supernode-3")]),
+            (4, []),
+        ):
+            intruders.append(
+                procs.popen(
+                    [
+                        flower_exe("flower-supernode"),
+                        "--superlink",
+                        f"127.0.0.1:{link_port}",
+                        "--root-certificates",
+                        str(ca),
+                        *key_args,
+                        "--port",
+                        str(node_ports[i]),
+                        "--max-retries",
+                        "2",
+                        "--node-config",
+                        "partition-id=2 num-partitions=3",
+                    ],
+                    env=flower_env(tmp_path / f"node{i}-home", marker),
+                    cwd=tmp_path,
+                    log_path=node_logs[i],
+                )
+            )
         t_intruders = time.monotonic()
 
         # 6. The run: LVR (a loss query before training), 1 round (rounds that follow
@@ -239,7 +289,9 @@ def test_tls_auth_deployment_two_shards_and_a_device(tmp_path: Path) -> None:
         t0 = time.monotonic()
         dep = Deployment(tmp_path, conn, cli_env, link_log, node_logs)
         run_id, _, history = dep.run(
-            REPO_ROOT, out=out, timeout=RUN_TIMEOUT,
+            REPO_ROOT,
+            out=out,
+            timeout=RUN_TIMEOUT,
             run_config=(
                 f"num-rounds=1 num-clients={NUM_CLIENTS} strategy='lvr' budget-fraction=0.5 "
                 "local-epochs=1 client-pins='*=key:first-use' "
@@ -261,10 +313,14 @@ def test_tls_auth_deployment_two_shards_and_a_device(tmp_path: Path) -> None:
                     f"{REFUSED_TIMEOUT:.0f} s{logs(node_logs[i])}"
                 )
             assert rc != 0, f"supernode-{i} exited with 0{logs(node_logs[i])}"
-            print(f"[e2e] supernode-{i} refused: exit code {rc}; "
-                  + " | ".join(ln.strip() for ln in tail(node_logs[i]).splitlines()
-                               if "Exit Code" in ln or "activate" in ln.lower()
-                               or "register" in ln.lower())[:300])
+            print(
+                f"[e2e] supernode-{i} refused: exit code {rc}; "
+                + " | ".join(
+                    ln.strip()
+                    for ln in tail(node_logs[i]).splitlines()
+                    if "Exit Code" in ln or "activate" in ln.lower() or "register" in ln.lower()
+                )[:300]
+            )
         nodes = _node_list(conn, cli_env, tmp_path)
         assert {str(n["node-id"]) for n in nodes} == set(registered), (
             f"an unregistered SuperNode joined: {nodes}"
@@ -288,8 +344,9 @@ def test_tls_auth_deployment_two_shards_and_a_device(tmp_path: Path) -> None:
     assert {SHARD_OF[c] for c in clients} >= {0, 1}, clients
     by_client = {c: {a["task"] for a in assignments if a["client"] == c} for c in clients}
     for c, tasks in by_client.items():
-        allowed = ({"digits", "synthetic", "digits_2"}, {"digits", "synthetic"},
-                   {"digits"})[SHARD_OF[c]]
+        allowed = ({"digits", "synthetic", "digits_2"}, {"digits", "synthetic"}, {"digits"})[
+            SHARD_OF[c]
+        ]
         assert tasks <= allowed, f"client {c} trained {tasks}"
     # processors=2/1/1: a client's processors draw at most that many tasks a round.
     processors = {c: (2, 1, 1)[SHARD_OF[c]] for c in SHARD_OF}
@@ -301,5 +358,8 @@ def test_tls_auth_deployment_two_shards_and_a_device(tmp_path: Path) -> None:
             assert used <= b, f"round {rnd}: client {c} used {used} > {b} processors"
     total = time.monotonic() - t_start
     print(f"[e2e] assignments per client: {by_client}")
-    print("[e2e] phases: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items())
-          + f"; total {total:.1f} s")
+    print(
+        "[e2e] phases: "
+        + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items())
+        + f"; total {total:.1f} s"
+    )

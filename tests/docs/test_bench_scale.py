@@ -14,9 +14,23 @@ from e2e_utils import REPO_ROOT
 def test_bench_scale_prints_seconds_and_peak_memory(tmp_path):
     out = tmp_path / "scale.json"
     res = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "benchmarks" / "bench_scale.py"), "--num-clients", "30",
-         "--engines", "vectorized", "--rounds", "2", "--json", str(out)],
-        capture_output=True, text=True, timeout=300, check=False)
+        [
+            sys.executable,
+            str(REPO_ROOT / "benchmarks" / "bench_scale.py"),
+            "--num-clients",
+            "30",
+            "--engines",
+            "vectorized",
+            "--rounds",
+            "2",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     row = [ln for ln in res.stdout.splitlines() if ln.startswith("vectorized")]
     assert len(row) == 1 and re.search(r"vectorized\s+30\s+[\d.]+\s+[\d.]+\s+[\d.]+", row[0])
@@ -29,13 +43,25 @@ def test_bench_scale_prints_seconds_and_peak_memory(tmp_path):
 def test_bench_scale_refuses_a_bad_engine():
     res = subprocess.run(
         [sys.executable, str(REPO_ROOT / "benchmarks" / "bench_scale.py"), "--engines", "ray"],
-        capture_output=True, text=True, timeout=60, check=False)
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert res.returncode == 2 and "engines from" in res.stderr
 
 
 def test_bench_scale_refuses_a_bad_clients_per_node():
     res = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "benchmarks" / "bench_scale.py"),
-         "--clients-per-node", "0"],
-        capture_output=True, text=True, timeout=60, check=False)
+        [
+            sys.executable,
+            str(REPO_ROOT / "benchmarks" / "bench_scale.py"),
+            "--clients-per-node",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert res.returncode == 2 and "--clients-per-node '0'" in res.stderr

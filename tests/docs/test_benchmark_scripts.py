@@ -17,8 +17,14 @@ SCRIPTS = sorted(p.name for p in BENCH.glob("*.py") if not p.name.startswith("_"
 
 def _run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([sys.executable, str(BENCH / script), *args], cwd=BENCH,
-                          env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(BENCH / script), *args],
+        cwd=BENCH,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _refused(proc: subprocess.CompletedProcess[str]) -> str:
@@ -61,8 +67,9 @@ EMPTY_OVERRIDES = [
 
 
 @pytest.mark.parametrize("script,flag,value", EMPTY_OVERRIDES)
-def test_an_empty_or_zero_override_is_refused(script: str, flag: str, value: str,
-                                              tmp_path: Path) -> None:
+def test_an_empty_or_zero_override_is_refused(
+    script: str, flag: str, value: str, tmp_path: Path
+) -> None:
     out = tmp_path / "out"
     proc = _run(script, "--smoke", "--out", str(out), flag, value)
     last = _refused(proc)
@@ -86,8 +93,9 @@ UNPARSED = [
 
 
 @pytest.mark.parametrize("script,flag,value", UNPARSED)
-def test_a_comparison_script_refuses_a_value_that_does_not_parse(script: str, flag: str,
-                                                                  value: str) -> None:
+def test_a_comparison_script_refuses_a_value_that_does_not_parse(
+    script: str, flag: str, value: str
+) -> None:
     proc = _run(script, flag, value)
     last = _refused(proc)
     assert "error:" in last and flag in last, proc.stderr[-2000:]
@@ -97,12 +105,25 @@ def test_group_cstep_quality_refuses_a_cache_of_another_configuration(tmp_path: 
     """Its --cache is checked against its runs before anything runs (as the paper
     scripts' are), not silently ignored."""
     other = tmp_path / "other.jsonl"
-    other.write_text('{"key": "[\\"x\\", 0, {}, \\"vectorized\\"]", "result": [], '
-                     '"machine": "m"}\n')
+    other.write_text(
+        '{"key": "[\\"x\\", 0, {}, \\"vectorized\\"]", "result": [], "machine": "m"}\n'
+    )
     out = tmp_path / "out"
-    proc = _run("group_cstep_quality.py", "--scenarios", "consistent", "--seeds", "0",
-                "--num-rounds", "2", "--workers", "1", "--cache", str(other),
-                "--out", str(out))
+    proc = _run(
+        "group_cstep_quality.py",
+        "--scenarios",
+        "consistent",
+        "--seeds",
+        "0",
+        "--num-rounds",
+        "2",
+        "--workers",
+        "1",
+        "--cache",
+        str(other),
+        "--out",
+        str(out),
+    )
     _refused(proc)
     assert "none of its 1 runs belongs to this configuration" in proc.stderr
     assert not out.exists()
@@ -130,8 +151,9 @@ BAD_VALUES = [
 
 
 @pytest.mark.parametrize("script,flag,value", BAD_VALUES)
-def test_a_value_the_runs_would_refuse_is_refused_first(script: str, flag: str, value: str,
-                                                        tmp_path: Path) -> None:
+def test_a_value_the_runs_would_refuse_is_refused_first(
+    script: str, flag: str, value: str, tmp_path: Path
+) -> None:
     out = tmp_path / "out"
     proc = _run(script, "--smoke", "--out", str(out), f"{flag}={value}")
     _refused(proc)

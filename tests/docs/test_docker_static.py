@@ -50,8 +50,11 @@ APP_WORKDIR = "/app"  # working directory of Flower's images
 
 FLAG_RE = re.compile(r"--[a-z0-9][a-z0-9-]*")
 DOC_IMAGE_RE = re.compile(r"(flwr/superlink|flwr/supernode|flwr/superexec|mmfl-flwr-superexec):\S+")
-DOC_IMAGE_ROLE = {**IMAGE_ROLE, "flwr/superexec": "flower-superexec",
-                  "mmfl-flwr-superexec": "flower-superexec"}
+DOC_IMAGE_ROLE = {
+    **IMAGE_ROLE,
+    "flwr/superexec": "flower-superexec",
+    "mmfl-flwr-superexec": "flower-superexec",
+}
 
 
 # --------------------------------------------------------------------- helpers
@@ -170,8 +173,12 @@ def help_flags() -> dict[str, set[str]]:
         if not exe.exists():
             pytest.skip(f"{cmd} is not installed next to {sys.executable}")
         procs[cmd] = subprocess.Popen(
-            [str(exe), "--help"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, stdin=subprocess.DEVNULL,
+            [str(exe), "--help"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            stdin=subprocess.DEVNULL,
         )
     for cmd, proc in procs.items():
         stdout, stderr = proc.communicate(timeout=120)
@@ -245,25 +252,36 @@ def test_tls_and_authentication_everywhere() -> None:
     by_role: dict[str, list[str]] = {}
     for name, (cmd, args) in _compose_commands().items():
         by_role.setdefault(cmd, []).append(name)
-        mounted = {
-            s["target"]: s["source"] for s in services[name].get("secrets", [])
-        }
+        mounted = {s["target"]: s["source"] for s in services[name].get("secrets", [])}
         # Every file flag points at a secret mounted into this container.
-        for flag in ("--ssl-ca-certfile", "--ssl-certfile", "--ssl-keyfile",
-                     "--root-certificates", "--auth-supernode-private-key"):
+        for flag in (
+            "--ssl-ca-certfile",
+            "--ssl-certfile",
+            "--ssl-keyfile",
+            "--root-certificates",
+            "--auth-supernode-private-key",
+        ):
             value = _arg(args, flag)
             if value is not None:
                 target = value if value.startswith("/") else f"{APP_WORKDIR}/{value}"
                 assert target in mounted, f"{name}: {flag} {value} is not mounted"
         if cmd == "flower-superlink":
-            for flag in ("--ssl-ca-certfile", "--ssl-certfile", "--ssl-keyfile",
-                         "--enable-supernode-auth"):
+            for flag in (
+                "--ssl-ca-certfile",
+                "--ssl-certfile",
+                "--ssl-keyfile",
+                "--enable-supernode-auth",
+            ):
                 assert flag in args, f"{name}: missing {flag}"
             assert "--insecure" not in args, name
             assert _arg(args, "--isolation") == "process", name
         elif cmd == "flower-supernode":
-            for flag in ("--root-certificates", "--auth-supernode-private-key",
-                         "--superlink", "--node-config"):
+            for flag in (
+                "--root-certificates",
+                "--auth-supernode-private-key",
+                "--superlink",
+                "--node-config",
+            ):
                 assert _arg(args, flag), f"{name}: missing {flag}"
             assert "--insecure" not in args, name
             assert _arg(args, "--isolation") == "process", name
@@ -292,13 +310,17 @@ def test_supernodes_have_distinct_partitions_and_own_keys() -> None:
             f"{name}: --superlink {address} is not the SuperLink {link}:{link_port}"
         )
         key_target = _arg(args, "--auth-supernode-private-key")
-        source = {s["target"]: s["source"]
-                  for s in services[name]["secrets"]}[f"{APP_WORKDIR}/{key_target}"]
+        source = {s["target"]: s["source"] for s in services[name]["secrets"]}[
+            f"{APP_WORKDIR}/{key_target}"
+        ]
         key_sources.add(source)
         key_files.add(secrets[source]["file"])
         # Only its own key: no other SuperNode key is mounted into it.
-        other_keys = [s["source"] for s in services[name]["secrets"]
-                      if s["source"] != source and s["source"].startswith("supernode-")]
+        other_keys = [
+            s["source"]
+            for s in services[name]["secrets"]
+            if s["source"] != source and s["source"].startswith("supernode-")
+        ]
         assert not other_keys, f"{name} also mounts {other_keys}"
         # A SuperExec runs its ClientApps, on its Runtime API port.
         runtime = f"{name}:{_arg(args, '--port')}"
@@ -307,21 +329,36 @@ def test_supernodes_have_distinct_partitions_and_own_keys() -> None:
         )
     assert sorted(partitions) == list(range(len(nodes))), partitions
     assert len(key_sources) == len(key_files) == len(nodes), (key_sources, key_files)
-    assert [e for e, a in execs.items()
-            if _arg(a, "--runtime-api-address") == f"{link}:{link_port}"
-            and _arg(a, "--root-certificates")], "no TLS SuperExec for the SuperLink"
+    assert [
+        e
+        for e, a in execs.items()
+        if _arg(a, "--runtime-api-address") == f"{link}:{link_port}"
+        and _arg(a, "--root-certificates")
+    ], "no TLS SuperExec for the SuperLink"
     # The secrets are the files docker/gen-certs.sh -o docker/certs -n N writes.
-    expected = {"./certs/ca.crt", "./certs/server.pem", "./certs/server.key",
-                *(f"./certs/supernode-{i}" for i in range(len(nodes)))}
+    expected = {
+        "./certs/ca.crt",
+        "./certs/server.pem",
+        "./certs/server.key",
+        *(f"./certs/supernode-{i}" for i in range(len(nodes))),
+    }
     assert {s["file"] for s in secrets.values()} == expected
 
 
 def test_docs_walk_through_registration_and_tls() -> None:
     text = DEPLOY_MD.read_text()
-    for needle in ("flwr supernode register", "flwr supernode list",
-                   "root-certificates", "flwr run", "flwr ls", "gen-certs.sh",
-                   "docker compose", "--enable-supernode-auth",
-                   "--auth-supernode-private-key", "finished:completed"):
+    for needle in (
+        "flwr supernode register",
+        "flwr supernode list",
+        "root-certificates",
+        "flwr run",
+        "flwr ls",
+        "gen-certs.sh",
+        "docker compose",
+        "--enable-supernode-auth",
+        "--auth-supernode-private-key",
+        "finished:completed",
+    ):
         assert needle in text, f"docs/deploy.md does not mention {needle}"
     doc = _doc_commands()
     links = [a for c, a in doc if c == "flower-superlink"]
@@ -332,8 +369,12 @@ def test_docs_walk_through_registration_and_tls() -> None:
     # The config.toml snippet is valid TOML with an absolute root-certificates path.
     snippets = [body for lang, body in _fenced_blocks(text) if lang == "toml"]
     assert snippets, "no config.toml snippet"
-    conns = [c for s in snippets
-             for c in tomllib.loads(s).get("superlink", {}).values() if isinstance(c, dict)]
+    conns = [
+        c
+        for s in snippets
+        for c in tomllib.loads(s).get("superlink", {}).values()
+        if isinstance(c, dict)
+    ]
     assert conns and all(Path(c["root-certificates"]).is_absolute() for c in conns), conns
     assert all(not c.get("insecure", False) for c in conns), conns
     # docs/deploy.md is what the e2e test exercises.
@@ -347,24 +388,54 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip("gen-certs.sh needs openssl and ssh-keygen")
     out = tmp_path_factory.mktemp("certs")
     res = subprocess.run(
-        ["bash", str(GEN_CERTS), "-o", str(out), "-n", "2", "-H", "link.example.test",
-         "-H", "192.0.2.7", "-k", "extra"],
-        capture_output=True, text=True, timeout=60, check=False,
+        [
+            "bash",
+            str(GEN_CERTS),
+            "-o",
+            str(out),
+            "-n",
+            "2",
+            "-H",
+            "link.example.test",
+            "-H",
+            "192.0.2.7",
+            "-k",
+            "extra",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert res.returncode == 0, res.stdout + res.stderr
     return out
 
 
 def test_gen_certs_writes_what_compose_mounts(certs: Path) -> None:
-    for name in ("ca.crt", "ca.key", "server.pem", "server.key", "supernode-0",
-                 "supernode-0.pub", "supernode-1", "supernode-1.pub", "extra", "extra.pub"):
+    for name in (
+        "ca.crt",
+        "ca.key",
+        "server.pem",
+        "server.key",
+        "supernode-0",
+        "supernode-0.pub",
+        "supernode-1",
+        "supernode-1.pub",
+        "extra",
+        "extra.pub",
+    ):
         assert (certs / name).is_file(), name
     for key in ("ca.key", "server.key", "supernode-0", "extra"):
         assert (certs / key).stat().st_mode & 0o077 == 0, f"{key} is readable by others"
     # Running it again keeps everything (keys can be added without a new CA).
     before = {p.name: p.read_bytes() for p in certs.iterdir()}
-    res = subprocess.run(["bash", str(GEN_CERTS), "-o", str(certs), "-n", "3"],
-                         capture_output=True, text=True, timeout=60, check=False)
+    res = subprocess.run(
+        ["bash", str(GEN_CERTS), "-o", str(certs), "-n", "3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     after = {p.name: p.read_bytes() for p in certs.iterdir()}
     assert {k: after[k] for k in before} == before
@@ -373,17 +444,34 @@ def test_gen_certs_writes_what_compose_mounts(certs: Path) -> None:
 
 def test_gen_certs_chain_is_strictly_valid(certs: Path) -> None:
     res = subprocess.run(
-        ["openssl", "verify", "-x509_strict", "-CAfile", str(certs / "ca.crt"),
-         str(certs / "server.pem")],
-        capture_output=True, text=True, timeout=30, check=False,
+        [
+            "openssl",
+            "verify",
+            "-x509_strict",
+            "-CAfile",
+            str(certs / "ca.crt"),
+            str(certs / "server.pem"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
     )
     assert res.returncode == 0, res.stdout + res.stderr
     san = subprocess.run(
-        ["openssl", "x509", "-in", str(certs / "server.pem"), "-noout", "-ext",
-         "subjectAltName"], capture_output=True, text=True, timeout=30, check=False,
+        ["openssl", "x509", "-in", str(certs / "server.pem"), "-noout", "-ext", "subjectAltName"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
     ).stdout
-    for name in ("DNS:localhost", "DNS:superlink", "DNS:link.example.test",
-                 "IP Address:127.0.0.1", "IP Address:192.0.2.7"):
+    for name in (
+        "DNS:localhost",
+        "DNS:superlink",
+        "DNS:link.example.test",
+        "IP Address:127.0.0.1",
+        "IP Address:192.0.2.7",
+    ):
         assert name in san, san
     # A TLS handshake on loopback with Python's strict verification (the default
     # from Python 3.13 on, e.g. in the flwr/superexec image).

@@ -82,8 +82,11 @@ def test_compare_to_reference_and_table():
 
 
 def test_outputs_are_written(tmp_path):
-    rows = [{"method": "a", "seed": s, "round": r, "task": "x", "accuracy": 0.1 * r + 0.01 * s}
-            for s in range(3) for r in range(4)]
+    rows = [
+        {"method": "a", "seed": s, "round": r, "task": "x", "accuracy": 0.1 * r + 0.01 * s}
+        for s in range(3)
+        for r in range(4)
+    ]
     path = E.write_long_csv(tmp_path / "x.csv", rows)
     with open(path) as f:
         back = list(csv.DictReader(f))
@@ -126,13 +129,17 @@ def test_map_cached_resumes_from_its_cache(tmp_path, capsys):
     assert "('a', 5): done (1/1)" in capsys.readouterr().out
     # in worker processes, results keep the job order
     assert E.map_cached(_square, [("x", k) for k in range(5)], workers=2) == [
-        {"value": k * k} for k in range(5)]
+        {"value": k * k} for k in range(5)
+    ]
 
 
 def test_reproduce_refuses_an_unknown_experiment(tmp_path):
-    proc = subprocess.run([sys.executable, str(BENCH / "reproduce.py"), "--only", "nope",
-                           "--out", str(tmp_path)], capture_output=True, text=True,
-                          check=False)
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "reproduce.py"), "--only", "nope", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 2
     assert "unknown experiment" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -142,11 +149,16 @@ def test_reproduce_assemble_runs_nothing_and_summarises_the_verdicts(tmp_path):
         "### Paper 002: gain\n\ntext\n\nVerdict: holds (gain above 1)\n\n"
         "### Paper 002: spread\n\nVerdict (variance): does not hold\nsecond line. "
         "Further sentences stay out.\n\n### Paper 003: x\n\nVerdict (A above B): does not "
-        "hold. Found: B above A by 0.2 [0.1,\n0.3]. Paper: A 0.9, B 0.8 (Fig. 2).\n")
+        "hold. Found: B above A by 0.2 [0.1,\n0.3]. Paper: A 0.9, B 0.8 (Fig. 2).\n"
+    )
     (tmp_path / "investigations.md").write_text("## Investigations\n\nwhat we varied\n")
-    proc = subprocess.run([sys.executable, str(BENCH / "reproduce.py"), "--assemble",
-                           "--out", str(tmp_path)], capture_output=True, text=True,
-                          check=False, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "reproduce.py"), "--assemble", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "[reproduce] benchmarks" not in proc.stdout  # no script ran
     text = (tmp_path / "RESULTS.md").read_text()
@@ -154,28 +166,45 @@ def test_reproduce_assemble_runs_nothing_and_summarises_the_verdicts(tmp_path):
     assert "| Paper 002: gain |  |  | holds (gain above 1) |" in text
     assert "| Paper 002: spread: variance |  |  | does not hold second line |" in text
     # what was found and the paper's number stand next to the verdict
-    assert ("| Paper 003: x: A above B | A 0.9, B 0.8 (Fig. 2) | B above A by 0.2 [0.1, 0.3] | "
-            "does not hold |") in text
+    assert (
+        "| Paper 003: x: A above B | A 0.9, B 0.8 (Fig. 2) | B above A by 0.2 [0.1, 0.3] | "
+        "does not hold |"
+    ) in text
     assert "How a verdict is reached" in text and "TOST" in text
     assert "No results yet: run `python benchmarks/paper003_table1.py --quick`" in text
     assert text.rstrip().endswith("what we varied")  # investigations last
 
 
 def test_command_drops_where_and_how_fast_but_keeps_what():
-    assert E.command("x", ["--full", "--workers", "4", "--cache", "/tmp/c.jsonl", "--out=o",
-                           "--seeds", "0,1"]) == "python benchmarks/x.py --full --seeds 0,1"
+    assert (
+        E.command(
+            "x",
+            ["--full", "--workers", "4", "--cache", "/tmp/c.jsonl", "--out=o", "--seeds", "0,1"],
+        )
+        == "python benchmarks/x.py --full --seeds 0,1"
+    )
     # a published subfolder is which section the command makes: kept (without it the
     # command shown would overwrite docs/results' own sections)
     for out in (["--out", "docs/results/mnist5k/x"], [f"--out={E.REPO}/docs/results/mnist5k/x"]):
-        assert E.command("x", ["--full", *out, "--cache", "c"]) == \
-            "python benchmarks/x.py --full --out docs/results/mnist5k/x"
+        assert (
+            E.command("x", ["--full", *out, "--cache", "c"])
+            == "python benchmarks/x.py --full --out docs/results/mnist5k/x"
+        )
     assert E.command("x", ["--out", "docs/results"]) == "python benchmarks/x.py"
 
 
 def test_window_means_average_models_then_rounds():
-    rows = [{"method": "a", "seed": 0, "round": r, "task": t, "accuracy": v}
-            for r, t, v in [(1, "x", 0.2), (1, "y", 0.4), (2, "x", 0.6), (2, "y", 0.6),
-                            (3, "x", 1.0), (3, "y", 1.0)]]
+    rows = [
+        {"method": "a", "seed": 0, "round": r, "task": t, "accuracy": v}
+        for r, t, v in [
+            (1, "x", 0.2),
+            (1, "y", 0.4),
+            (2, "x", 0.6),
+            (2, "y", 0.6),
+            (3, "x", 1.0),
+            (3, "y", 1.0),
+        ]
+    ]
     assert E.window_means(rows, "accuracy", 1, 2) == {"a": {0: pytest.approx(0.45)}}
 
 
@@ -216,10 +245,13 @@ def test_paper001_scenarios_take_mnist_5k_models():
         assert variant == variant2
         assert set(digits["tasks"].split(",")) == {"digits"}
         assert mnist["tasks"] == digits["tasks"].replace("digits", "mnist-5k")
-        assert {k: v for k, v in mnist.items() if k not in ("tasks", "task_arrivals")} == \
-            {k: v for k, v in digits.items() if k not in ("tasks", "task_arrivals")}
-    assert P.scenario_settings("tasks", 90, "mnist-5k")[0]["task_arrivals"] == \
-        "mnist-5k_4:30,mnist-5k_5:60"
+        assert {k: v for k, v in mnist.items() if k not in ("tasks", "task_arrivals")} == {
+            k: v for k, v in digits.items() if k not in ("tasks", "task_arrivals")
+        }
+    assert (
+        P.scenario_settings("tasks", 90, "mnist-5k")[0]["task_arrivals"]
+        == "mnist-5k_4:30,mnist-5k_5:60"
+    )
     s, _, _ = P.build("tasks", "group", 0, 9, "mnist-5k")
     assert s.tasks == "mnist-5k,mnist-5k,mnist-5k,mnist-5k,mnist-5k"
     assert s.task_arrival_rounds() == {"mnist-5k_4": 3, "mnist-5k_5": 6}
@@ -232,8 +264,10 @@ def test_paper001_arriving_tasks_are_read_mid_training_after_they_arrive():
     first model arrives at 30/90 of the run). Means by hand on made-up rows."""
     import paper001_group as P
 
-    for rounds, expected in ((20, [("digits_4", 8, 11), ("digits_5", 14, 17)]),
-                             (90, [("digits_4", 31, 50), ("digits_5", 61, 80)])):
+    for rounds, expected in (
+        (20, [("digits_4", 8, 11), ("digits_5", 14, 17)]),
+        (90, [("digits_4", 31, 50), ("digits_5", 61, 80)]),
+    ):
         kw, _ = P.scenario_settings("tasks", rounds)
         arrivals = dict(x.split(":") for x in kw["task_arrivals"].split(","))
         windows = P.mid_windows("tasks", rounds)
@@ -244,12 +278,12 @@ def test_paper001_arriving_tasks_are_read_mid_training_after_they_arrive():
     assert P.mid_windows("clients", 20) == [(None, 3, 6)]
     rows = []
     for rd in range(1, 21):
-        rows.append({"method": "group", "seed": 0, "round": rd, "task": "digits",
-                     "accuracy": 0.9})
+        rows.append({"method": "group", "seed": 0, "round": rd, "task": "digits", "accuracy": 0.9})
         for task, arrive, acc in (("digits_4", 7, 0.1 * (rd - 7)), ("digits_5", 13, 0.5)):
             if rd >= arrive:
-                rows.append({"method": "group", "seed": 0, "round": rd, "task": task,
-                             "accuracy": acc})
+                rows.append(
+                    {"method": "group", "seed": 0, "round": rd, "task": task, "accuracy": acc}
+                )
     means = P.mid_means(rows, P.mid_windows("tasks", 20))
     # digits_4 over rounds 8-11: 0.1, 0.2, 0.3, 0.4 -> 0.25; digits_5 over 14-17: 0.5
     assert means == {"group": {0: pytest.approx((0.25 + 0.5) / 2)}}
@@ -271,15 +305,15 @@ def test_paper001_size_rows_name_each_baseline_and_give_their_own_numbers():
     rnd = {s: group[s] - (0.10 + (0.08 if s % 2 else -0.08)) for s in seeds}
     text = P.size_text("consistent", {"group": group, "rr-random-groups": rr, "random": rnd})
     points = next(x for x in text.splitlines() if "size read as 10 points" in x)
-    assert ("does not hold (smaller than claimed over rr-random-groups; size not resolved "
-            "over random)") in points, points
+    assert (
+        "does not hold (smaller than claimed over rr-random-groups; size not resolved over random)"
+    ) in points, points
     relative = next(x for x in text.splitlines() if "size read as a 10% relative" in x)
     assert "as above" not in relative
     assert "relative" in relative.split("Found:")[1] and "over rr-random-groups" in relative
     assert "points" not in relative.split("Found:")[1]
     shown = {s: group[s] - 0.2 - 0.001 * s for s in seeds}
-    both = P.size_text("consistent", {"group": group, "rr-random-groups": shown,
-                                      "random": shown})
+    both = P.size_text("consistent", {"group": group, "rr-random-groups": shown, "random": shown})
     assert "holds (size shown over both baselines)" in both
     # the direction rows say they read a direction; the size is in the size rows
     assert "size" in P.PAPER_DIRECTION["consistent"] and "10%" in P.PAPER_DIRECTION["consistent"]
@@ -291,8 +325,16 @@ def test_paper001_found_text_never_prints_a_nonzero_bound_as_zero():
 
     assert P.signed(-0.016) == "-0.016" and P.signed(0.0) == "+0.000"
     assert P.signed(-0.0004) == "-0.0004" and P.signed(0.00002) == "+0.00002"
-    table = [{"method": "group", "mean": 0.2}, {"method": "rr-random-groups", "mean": 0.21,
-             "diff": 0.016, "diff_lo": 0.0003, "diff_hi": 0.032}]
+    table = [
+        {"method": "group", "mean": 0.2},
+        {
+            "method": "rr-random-groups",
+            "mean": 0.21,
+            "diff": 0.016,
+            "diff_lo": 0.0003,
+            "diff_hi": 0.032,
+        },
+    ]
     assert P.found_text(table) == "MMFL-Group 0.200, -0.016 [-0.032, -0.0003] over rr-random-groups"
 
 
@@ -325,61 +367,82 @@ def test_group_cstep_quality_reads_the_planted_clusters_and_scores_the_csteps(tm
     from mmfl_flwr.config import Settings
 
     kw, _ = Q.P.scenario_settings("consistent", 6)
-    planted = Q.planted_clusters(Settings(strategy="group", seed=0, output_dir="", **kw),
-                                 "digits")
+    planted = Q.planted_clusters(Settings(strategy="group", seed=0, output_dir="", **kw), "digits")
     assert sorted(Counter(planted.values()).values()) == [6] * 5
-    assert Q.main(["--scenarios", "consistent", "--seeds", "0", "--num-rounds", "6",
-                   "--workers", "1", "--out", str(tmp_path)]) == 0
+    assert (
+        Q.main(
+            [
+                "--scenarios",
+                "consistent",
+                "--seeds",
+                "0",
+                "--num-rounds",
+                "6",
+                "--workers",
+                "1",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     with open(tmp_path / "group_cstep_quality.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert [int(r["round"]) for r in rows][:2] == [1, 1 + int(rows[0]["k"])]
     assert int(rows[0]["k"]) == 5 and float(rows[0]["ari"]) == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("script,args,message", [
-    ("group_cstep_quality.py", ["--seeds", ","], "--seeds: give at least one"),
-    ("group_cstep_quality.py", ["--scenarios", ","], "--scenarios: give at least one"),
-    ("group_cstep_quality.py", ["--workers", "0"], "--workers must be >= 1"),
-    ("group_cstep_quality.py", ["--scenarios", "nope"], "--scenarios: unknown ['nope']"),
-    ("paper001_group.py", ["--seeds", "x"], "expected integers"),
-    ("paper001_group.py", ["--seeds", ","], "--seeds: give at least one"),
-    ("paper003_table1.py", ["--lengths", "80,40"], "--lengths must increase"),
-    ("paper003_table1.py", ["--seeds", "a"], "expected integers"),
-    ("paper003_table1.py", ["--methods", "lvr,nope"], "unknown ['nope']"),
-    ("paper003_table1.py", ["--num-rounds", "-3"], "--num-rounds must be >= 1"),
-    ("paper004_ucb.py", ["--margin", "x"], "--margin: expected a number"),
-    ("paper004_ucb.py", ["--margin", "2"], "--margin: expected a number"),
-    ("paper004_ucb.py", ["--ks", "2,b"], "expected integers"),
-    ("paper004_ucb.py", ["--from-csv", "/nonexistent/x.csv"], "cannot read it"),
-    ("paper004_ucb.py", ["--seeds", "1,-2"], "every value must be >= 0"),
-    ("paper001_group.py", ["--num-rounds", "-2"], "--num-rounds must be >= 1"),
-    ("paper002_gain.py", ["--seeds", "-1"], "the number of seeds must be >= 2"),
-    ("paper003_fig5.py", ["--seeds", "x"], "expected integers"),
-    ("paper003_fig5.py", ["--num-rounds", "-1"], "--num-rounds must be >= 1"),
-    # an empty list ran nothing, overwrote the published CSV and said "holds"
-    ("paper001_group.py", ["--scenarios", ","], "--scenarios: give at least one"),
-    ("paper001_group.py", ["--scenarios", "consistent,consistent"], "give each name once"),
-    ("paper001_group.py", ["--seeds=-1"], "every value must be >= 0"),
-    ("paper001_group.py", ["--seeds", "0,1,0"], "give each value once"),
-    ("paper004_ucb.py", ["--datasets", ","], "--datasets: give at least one"),
-    ("paper003_fig5.py", ["--methods", ","], "--methods: give at least one"),
-    ("paper003_fig5.py", ["--methods", "stalevr,nope"], "unknown ['nope']"),
-    ("paper003_fig5.py", ["--methods", "fedstale-2"], "unknown ['fedstale-2']"),
-    ("paper003_table1.py", ["--methods", ","], "--methods: give at least one"),
-    ("paper003_table1.py", ["--methods", "lvr,lvr"], "give each name once"),
-    ("paper003_table1.py", ["--seeds", "0,5-2"], "the range gives no value"),
-    ("paper003_table1.py", ["--profile", "uniform"], "--profile: invalid choice"),
-    # --from-csv was offered and silently ignored: every run ran again
-    ("paper002_gain.py", ["--from-csv", "/nonexistent/x.csv"], "cannot read it"),
-    ("paper002_gain.py", ["--margin", "0"], "--margin: expected a number"),
-    # argparse's own refusals printed its usage block first (6-9 lines)
-    ("paper003_table1.py", ["--num-rounds", "abc"], "--num-rounds: invalid int value"),
-    ("paper001_group.py", ["--sizes", "big"], "--sizes: invalid choice"),
-    ("paper003_fig5.py", ["--nope"], "unrecognized arguments: --nope"),
-])
+@pytest.mark.parametrize(
+    "script,args,message",
+    [
+        ("group_cstep_quality.py", ["--seeds", ","], "--seeds: give at least one"),
+        ("group_cstep_quality.py", ["--scenarios", ","], "--scenarios: give at least one"),
+        ("group_cstep_quality.py", ["--workers", "0"], "--workers must be >= 1"),
+        ("group_cstep_quality.py", ["--scenarios", "nope"], "--scenarios: unknown ['nope']"),
+        ("paper001_group.py", ["--seeds", "x"], "expected integers"),
+        ("paper001_group.py", ["--seeds", ","], "--seeds: give at least one"),
+        ("paper003_table1.py", ["--lengths", "80,40"], "--lengths must increase"),
+        ("paper003_table1.py", ["--seeds", "a"], "expected integers"),
+        ("paper003_table1.py", ["--methods", "lvr,nope"], "unknown ['nope']"),
+        ("paper003_table1.py", ["--num-rounds", "-3"], "--num-rounds must be >= 1"),
+        ("paper004_ucb.py", ["--margin", "x"], "--margin: expected a number"),
+        ("paper004_ucb.py", ["--margin", "2"], "--margin: expected a number"),
+        ("paper004_ucb.py", ["--ks", "2,b"], "expected integers"),
+        ("paper004_ucb.py", ["--from-csv", "/nonexistent/x.csv"], "cannot read it"),
+        ("paper004_ucb.py", ["--seeds", "1,-2"], "every value must be >= 0"),
+        ("paper001_group.py", ["--num-rounds", "-2"], "--num-rounds must be >= 1"),
+        ("paper002_gain.py", ["--seeds", "-1"], "the number of seeds must be >= 2"),
+        ("paper003_fig5.py", ["--seeds", "x"], "expected integers"),
+        ("paper003_fig5.py", ["--num-rounds", "-1"], "--num-rounds must be >= 1"),
+        # an empty list ran nothing, overwrote the published CSV and said "holds"
+        ("paper001_group.py", ["--scenarios", ","], "--scenarios: give at least one"),
+        ("paper001_group.py", ["--scenarios", "consistent,consistent"], "give each name once"),
+        ("paper001_group.py", ["--seeds=-1"], "every value must be >= 0"),
+        ("paper001_group.py", ["--seeds", "0,1,0"], "give each value once"),
+        ("paper004_ucb.py", ["--datasets", ","], "--datasets: give at least one"),
+        ("paper003_fig5.py", ["--methods", ","], "--methods: give at least one"),
+        ("paper003_fig5.py", ["--methods", "stalevr,nope"], "unknown ['nope']"),
+        ("paper003_fig5.py", ["--methods", "fedstale-2"], "unknown ['fedstale-2']"),
+        ("paper003_table1.py", ["--methods", ","], "--methods: give at least one"),
+        ("paper003_table1.py", ["--methods", "lvr,lvr"], "give each name once"),
+        ("paper003_table1.py", ["--seeds", "0,5-2"], "the range gives no value"),
+        ("paper003_table1.py", ["--profile", "uniform"], "--profile: invalid choice"),
+        # --from-csv was offered and silently ignored: every run ran again
+        ("paper002_gain.py", ["--from-csv", "/nonexistent/x.csv"], "cannot read it"),
+        ("paper002_gain.py", ["--margin", "0"], "--margin: expected a number"),
+        # argparse's own refusals printed its usage block first (6-9 lines)
+        ("paper003_table1.py", ["--num-rounds", "abc"], "--num-rounds: invalid int value"),
+        ("paper001_group.py", ["--sizes", "big"], "--sizes: invalid choice"),
+        ("paper003_fig5.py", ["--nope"], "unrecognized arguments: --nope"),
+    ],
+)
 def test_bad_arguments_are_refused_in_one_line(tmp_path, script, args, message):
-    proc = subprocess.run([sys.executable, str(BENCH / script), *args, "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), *args, "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.splitlines()) == 1, proc.stderr
@@ -387,54 +450,64 @@ def test_bad_arguments_are_refused_in_one_line(tmp_path, script, args, message):
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("script,args,message", [
-    ("hostile_clients.py", ["--workers", "3"], "--workers needs --field"),
-    ("hostile_clients.py", ["--field", "--num-rounds", "4"],
-     "--num-rounds does not apply to --field"),
-    ("hostile_clients.py", ["--field", "--presets", "nope"], "--presets takes some of"),
-    ("hostile_clients.py", ["--field", "--defences", "zz"], "--defences takes some of"),
-    ("hostile_clients.py", ["--field", "--attacks", "x50,zz"], "unknown attack(s) ['zz']"),
-    ("hostile_clients.py", ["--field", "--workers", "0"], "--workers must be >= 1"),
-    ("hostile_clients.py", ["--seeds", "0-x"], "expected integers or ranges"),
-    ("honest_defence_cost.py", ["--seeds", "x"], "expected integers"),
-    ("honest_defence_cost.py", ["--num-rounds", "0"], "every value must be >= 1"),
-    ("honest_defence_cost.py", ["--num-rounds", "3,4"], "give one value"),
-    ("honest_defence_cost.py", ["--margin", "abc"], "--margin: expected a number in (0, 1)"),
-    ("honest_defence_cost.py", ["--margin", "2"], "--margin: expected a number in (0, 1)"),
-    ("honest_defence_cost.py", ["--scenarios", "nope"], "--scenarios: choose from"),
-    ("honest_defence_cost.py", ["--defences", "no-clip,zz"], "--defences: choose from"),
-    ("honest_defence_cost.py", ["--workers", "0"], "--workers must be >= 1"),
-    ("honest_defence_cost.py", ["--seeds", "5-2"], "the range gives no value"),
-    ("flip_scale.py", ["--scales", "0,x"], "--scales takes comma-separated numbers"),
-    ("flip_scale.py", ["--scales=-1,inf"], "--scales takes finite numbers"),
-    ("flip_scale.py", ["--scales", "0,-1,0"], "--scales: give each value once"),
-    ("flip_scale.py", ["--scales=-0.1234561,-0.1234562"], "--scales: give each value once"),
-    ("flip_scale.py", ["--seeds", "0,1,0"], "--seeds: give each value once"),
-    ("flip_scale.py", ["--presets", "stalevr", "--defences", "median"], "nothing to run"),
-    ("flip_scale.py", ["--presets", "mfa-rr,mfa-rr"], "give each name once"),
-    ("flip_scale.py", ["--json", "no/such/folder/x.json"], "its folder does not exist"),
-    ("flip_scale.py", ["--seeds", "3"], "--seeds needs at least two seeds"),
-    ("flip_scale.py", ["--seeds", "0-x"], "expected integers or ranges"),
-    ("flip_scale.py", ["--presets", "nope"], "--presets takes some of"),
-    ("flip_scale.py", ["--defences", "zz"], "--defences takes some of"),
-    ("flip_scale.py", ["--workers", "0"], "--workers must be >= 1"),
-    ("flip_scale.py", ["--num-rounds", "0"], "--num-rounds must be >= 1"),
-    ("flip_scale.py", ["--json", "."], "--json .: a folder"),
-    ("hostile_clients.py", ["--field", "--seeds"], "--seeds: expected one argument"),
-    ("honest_defence_cost.py", ["--task", "nope"], "--task: invalid choice"),
-    ("honest_bound_cost.py", ["--seeds", "3"], "--seeds needs at least two seeds"),
-    ("honest_bound_cost.py", ["--presets", "mfa-rr,zz"], "--presets: unknown ['zz']"),
-    ("honest_bound_cost.py", ["--profile", "nope"], "--profile: choose from"),
-    ("honest_bound_cost.py", ["--num-rounds", "0"], "--num-rounds must be >= 1"),
-    ("honest_bound_cost.py", ["--margin", "1.5"], "--margin: expected a number in (0, 1)"),
-    ("honest_bound_cost.py", ["--workers", "0"], "--workers must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "script,args,message",
+    [
+        ("hostile_clients.py", ["--workers", "3"], "--workers needs --field"),
+        (
+            "hostile_clients.py",
+            ["--field", "--num-rounds", "4"],
+            "--num-rounds does not apply to --field",
+        ),
+        ("hostile_clients.py", ["--field", "--presets", "nope"], "--presets takes some of"),
+        ("hostile_clients.py", ["--field", "--defences", "zz"], "--defences takes some of"),
+        ("hostile_clients.py", ["--field", "--attacks", "x50,zz"], "unknown attack(s) ['zz']"),
+        ("hostile_clients.py", ["--field", "--workers", "0"], "--workers must be >= 1"),
+        ("hostile_clients.py", ["--seeds", "0-x"], "expected integers or ranges"),
+        ("honest_defence_cost.py", ["--seeds", "x"], "expected integers"),
+        ("honest_defence_cost.py", ["--num-rounds", "0"], "every value must be >= 1"),
+        ("honest_defence_cost.py", ["--num-rounds", "3,4"], "give one value"),
+        ("honest_defence_cost.py", ["--margin", "abc"], "--margin: expected a number in (0, 1)"),
+        ("honest_defence_cost.py", ["--margin", "2"], "--margin: expected a number in (0, 1)"),
+        ("honest_defence_cost.py", ["--scenarios", "nope"], "--scenarios: choose from"),
+        ("honest_defence_cost.py", ["--defences", "no-clip,zz"], "--defences: choose from"),
+        ("honest_defence_cost.py", ["--workers", "0"], "--workers must be >= 1"),
+        ("honest_defence_cost.py", ["--seeds", "5-2"], "the range gives no value"),
+        ("flip_scale.py", ["--scales", "0,x"], "--scales takes comma-separated numbers"),
+        ("flip_scale.py", ["--scales=-1,inf"], "--scales takes finite numbers"),
+        ("flip_scale.py", ["--scales", "0,-1,0"], "--scales: give each value once"),
+        ("flip_scale.py", ["--scales=-0.1234561,-0.1234562"], "--scales: give each value once"),
+        ("flip_scale.py", ["--seeds", "0,1,0"], "--seeds: give each value once"),
+        ("flip_scale.py", ["--presets", "stalevr", "--defences", "median"], "nothing to run"),
+        ("flip_scale.py", ["--presets", "mfa-rr,mfa-rr"], "give each name once"),
+        ("flip_scale.py", ["--json", "no/such/folder/x.json"], "its folder does not exist"),
+        ("flip_scale.py", ["--seeds", "3"], "--seeds needs at least two seeds"),
+        ("flip_scale.py", ["--seeds", "0-x"], "expected integers or ranges"),
+        ("flip_scale.py", ["--presets", "nope"], "--presets takes some of"),
+        ("flip_scale.py", ["--defences", "zz"], "--defences takes some of"),
+        ("flip_scale.py", ["--workers", "0"], "--workers must be >= 1"),
+        ("flip_scale.py", ["--num-rounds", "0"], "--num-rounds must be >= 1"),
+        ("flip_scale.py", ["--json", "."], "--json .: a folder"),
+        ("hostile_clients.py", ["--field", "--seeds"], "--seeds: expected one argument"),
+        ("honest_defence_cost.py", ["--task", "nope"], "--task: invalid choice"),
+        ("honest_bound_cost.py", ["--seeds", "3"], "--seeds needs at least two seeds"),
+        ("honest_bound_cost.py", ["--presets", "mfa-rr,zz"], "--presets: unknown ['zz']"),
+        ("honest_bound_cost.py", ["--profile", "nope"], "--profile: choose from"),
+        ("honest_bound_cost.py", ["--num-rounds", "0"], "--num-rounds must be >= 1"),
+        ("honest_bound_cost.py", ["--margin", "1.5"], "--margin: expected a number in (0, 1)"),
+        ("honest_bound_cost.py", ["--workers", "0"], "--workers must be >= 1"),
+    ],
+)
 def test_markdown_scripts_refuse_bad_arguments_in_one_line(tmp_path, script, args, message):
     """hostile_clients.py, honest_defence_cost.py and flip_scale.py: one line,
     exit code 2, no file."""
     out = tmp_path / "t.md"
-    proc = subprocess.run([sys.executable, str(BENCH / script), *args,
-                           "--markdown", str(out)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), *args, "--markdown", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.splitlines()) == 1, proc.stderr
@@ -448,10 +521,28 @@ def test_hostile_field_smoke(tmp_path):
     import json
 
     out = tmp_path / "f.json"
-    proc = subprocess.run([sys.executable, str(BENCH / "hostile_clients.py"), "--field",
-                           "--presets", "mfa-rr", "--attacks", "x50", "--seeds", "0",
-                           "--defences", "default", "--workers", "1", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "hostile_clients.py"),
+            "--field",
+            "--presets",
+            "mfa-rr",
+            "--attacks",
+            "x50",
+            "--seeds",
+            "0",
+            "--defences",
+            "default",
+            "--workers",
+            "1",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
     x50 = [r for r in rows if r["attack"] == "x50"]
@@ -468,11 +559,31 @@ def test_honest_bound_cost_smoke(tmp_path):
     import json
 
     out, md = tmp_path / "c.json", tmp_path / "c.md"
-    proc = subprocess.run([sys.executable, str(BENCH / "honest_bound_cost.py"), "--presets",
-                           "stalevr", "--num-clients", "8", "--num-rounds", "2",
-                           "--local-epochs", "1", "--seeds", "0,1", "--workers", "1",
-                           "--json", str(out), "--markdown", str(md)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "honest_bound_cost.py"),
+            "--presets",
+            "stalevr",
+            "--num-clients",
+            "8",
+            "--num-rounds",
+            "2",
+            "--local-epochs",
+            "1",
+            "--seeds",
+            "0,1",
+            "--workers",
+            "1",
+            "--json",
+            str(out),
+            "--markdown",
+            str(md),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     payload = json.loads(out.read_text())
     (row,) = payload["rows"]
@@ -498,16 +609,37 @@ def test_flip_scale_smoke(tmp_path):
     import numpy as np
 
     out, md = tmp_path / "f.json", tmp_path / "f.md"
-    proc = subprocess.run([sys.executable, str(BENCH / "flip_scale.py"), "--presets", "stalevr",
-                           "--defences", "default", "--scales", "0,-1", "--seeds", "0,1",
-                           "--num-rounds", "2", "--workers", "1", "--json", str(out),
-                           "--markdown", str(md)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "flip_scale.py"),
+            "--presets",
+            "stalevr",
+            "--defences",
+            "default",
+            "--scales",
+            "0,-1",
+            "--seeds",
+            "0,1",
+            "--num-rounds",
+            "2",
+            "--workers",
+            "1",
+            "--json",
+            str(out),
+            "--markdown",
+            str(md),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     payload = json.loads(out.read_text())
     rows = payload["rows"]
     assert sorted((r["model"], r["sent"]) for r in rows) == [
-        (m, s) for m in ("digits", "synthetic") for s in ("-1 x", "0 x", "absent")]
+        (m, s) for m in ("digits", "synthetic") for s in ("-1 x", "0 x", "absent")
+    ]
     for r in rows:  # drop = honest - attacked, seed by seed, and its mean
         per = {k: r["honest"][k] - r["attacked"][k] for k in ("0", "1")}
         assert r["per_seed"] == pytest.approx(per)
@@ -525,8 +657,9 @@ def test_flip_scale_smoke(tmp_path):
     text = md.read_text()
     assert text.startswith("`python benchmarks/flip_scale.py --presets stalevr")
     assert "| drop on the other clients' test data [95% CI] |" in text
-    line = next(x for x in text.splitlines()
-                if x.startswith("| stalevr | default | synthetic | 1 |"))
+    line = next(
+        x for x in text.splitlines() if x.startswith("| stalevr | default | synthetic | 1 |")
+    )
     assert line.count(" / ") == 4  # the honest and the flipped cell both hold scores
 
 
@@ -568,9 +701,15 @@ def test_flip_scale_others_accuracy_leaves_out_the_attackers_users():
 
     settings = Settings(tasks="digits,synthetic", num_clients=12, seed=5, output_dir="")
     rng = np.random.default_rng(0)  # weights unlike the initial ones: the ones given are read
-    arrays = {t: numpy_to_arrays({k: v + rng.normal(0, 1, v.shape).astype(v.dtype)
-                                  for k, v in arrays_to_numpy(r).items()})
-              for t, r in initial_arrays(settings).items()}
+    arrays = {
+        t: numpy_to_arrays(
+            {
+                k: v + rng.normal(0, 1, v.shape).astype(v.dtype)
+                for k, v in arrays_to_numpy(r).items()
+            }
+        )
+        for t, r in initial_arrays(settings).items()
+    }
     got = flip_scale.others_accuracy(settings, arrays, "3")
     initial = flip_scale.others_accuracy(settings, initial_arrays(settings), "3")
     assert got != initial
@@ -594,7 +733,8 @@ def test_flip_scale_others_accuracy_leaves_out_the_attackers_users():
     _, full_acc = evaluate_arrays(lambda: make_model("synthetic"), w, full)
     assert 0 < len(own) < len(full)
     assert full_acc * len(full) == pytest.approx(
-        got["synthetic"] * (len(full) - len(own)) + own_acc * len(own))
+        got["synthetic"] * (len(full) - len(own)) + own_acc * len(own)
+    )
 
 
 def test_int_list_takes_ranges():
@@ -628,11 +768,11 @@ def test_a_cache_cut_short_takes_new_runs_on_a_line_of_their_own(tmp_path):
     E.map_cached(_square, [("a", 2)], cache=cache)
     with open(cache, "a") as f:
         f.write('{"key": "[\\"b\\", 3]", "res')  # no newline: the process was killed
-    assert E.map_cached(_square, [("a", 2), ("b", 3)], cache=cache) == [
-        {"value": 4}, {"value": 9}]
+    assert E.map_cached(_square, [("a", 2), ("b", 3)], cache=cache) == [{"value": 4}, {"value": 9}]
     calls: list[Any] = []
-    assert E.map_cached(lambda j: calls.append(j) or _square(j),
-                        [("a", 2), ("b", 3)], cache=cache) == [{"value": 4}, {"value": 9}]
+    assert E.map_cached(
+        lambda j: calls.append(j) or _square(j), [("a", 2), ("b", 3)], cache=cache
+    ) == [{"value": 4}, {"value": 9}]
     assert calls == []
 
 
@@ -650,8 +790,12 @@ def test_rows_from_csv_refuses_runs_of_another_length(tmp_path):
     round 20 and wrote them up as 20-round runs (whose arrivals come at other rounds)."""
     import argparse
 
-    rows = [{"method": m, "seed": s, "round": r, "accuracy": 0.1 * r}
-            for m in ("a", "b") for s in (0, 1) for r in range(0, 6)]
+    rows = [
+        {"method": m, "seed": s, "round": r, "accuracy": 0.1 * r}
+        for m in ("a", "b")
+        for s in (0, 1)
+        for r in range(0, 6)
+    ]
     path = tmp_path / "runs.csv"
     E.write_long_csv(path, rows)
     p = argparse.ArgumentParser()
@@ -679,17 +823,30 @@ def test_reproduce_runs_every_experiment_and_writes_results(tmp_path):
     sys.path.insert(0, str(BENCH))
     from reproduce import EXPERIMENTS
 
-    proc = subprocess.run([sys.executable, str(BENCH / "reproduce.py"), "--smoke",
-                           "--engine", "inprocess", "--out", str(tmp_path)], capture_output=True, text=True,
-                          timeout=3600, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "reproduce.py"),
+            "--smoke",
+            "--engine",
+            "inprocess",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = (tmp_path / "RESULTS.md").read_text()
     for name, fragments in EXPERIMENTS:
         for frag in fragments:
             assert (tmp_path / f"{frag}.md").is_file(), frag
             assert (tmp_path / f"{frag}.csv").is_file(), frag
-            assert re.search(r"^Verdict( \([^)]*\))?:", (tmp_path / f"{frag}.md").read_text(),
-                             re.M), frag
+            assert re.search(
+                r"^Verdict( \([^)]*\))?:", (tmp_path / f"{frag}.md").read_text(), re.M
+            ), frag
         assert list(tmp_path.glob(f"{name.split('_')[0]}*.png")), name
     assert "--smoke" in results and "Failed" not in results
     assert "## Summary" in results and "| section: claim | paper | found | verdict |" in results
@@ -712,22 +869,26 @@ def test_reproduce_full_reruns_the_published_commands():
         cmd = command(name, args)
         assert cmd[1:] == [str(BENCH / f"{name}.py"), "--full", "--out", "docs/results"]
         assert f"python benchmarks/{name}.py --full" in results
-        published = [c for c in re.findall(rf"python benchmarks/{name}\.py --full[^`\n]*",
-                                            results) if c.strip() not in investigations]
+        published = [
+            c
+            for c in re.findall(rf"python benchmarks/{name}\.py --full[^`\n]*", results)
+            if c.strip() not in investigations
+        ]
         assert all("--engine" not in c for c in published), published
-    forced = command("paper001_group", argparse.Namespace(mode="quick", engine="vectorized",
-                                                          workers=2, out="x"))
+    forced = command(
+        "paper001_group", argparse.Namespace(mode="quick", engine="vectorized", workers=2, out="x")
+    )
     assert forced[2:] == ["--quick", "--engine", "vectorized", "--workers", "2", "--out", "x"]
 
 
 def _shown_commands(text: str) -> set[str]:
     """Every ``python benchmarks/...`` command a Markdown text shows: a line of a fenced
     block, or inline code (which may wrap over lines), whitespace collapsed."""
-    lines = [ln for block in re.findall(r"```bash\n(.*?)```", text, re.S)
-             for ln in block.splitlines()]
+    lines = [
+        ln for block in re.findall(r"```bash\n(.*?)```", text, re.S) for ln in block.splitlines()
+    ]
     lines += re.findall(r"`([^`]+)`", re.sub(r"```bash\n.*?```", "", text, flags=re.S))
-    return {c for c in (" ".join(ln.split()) for ln in lines)
-            if c.startswith("python benchmarks/")}
+    return {c for c in (" ".join(ln.split()) for ln in lines) if c.startswith("python benchmarks/")}
 
 
 def test_every_command_results_shows_is_rerun_by_reproduce_full():
@@ -744,8 +905,13 @@ def test_every_command_results_shows_is_rerun_by_reproduce_full():
     results = (BENCH.parent / "RESULTS.md").read_text()
     shown = {what(c) for c in _shown_commands(results)}
     sections = {f"python benchmarks/{name}.py --full" for name, _ in R.EXPERIMENTS}
-    rest = {c for c in shown if c not in sections and "--from-csv" not in c
-            and not c.startswith("python benchmarks/reproduce.py")}
+    rest = {
+        c
+        for c in shown
+        if c not in sections
+        and "--from-csv" not in c
+        and not c.startswith("python benchmarks/reproduce.py")
+    }
     runs = {what(c) for c in R.INVESTIGATIONS}
     missing = sorted(rest - runs - {what(c) for c in R.SUGGESTED})
     assert not missing, missing
@@ -773,11 +939,14 @@ def test_every_command_reproduce_full_runs_parses(tmp_path):
     argvs += [R.investigation_command(line, tmp_path) for line in R.INVESTIGATIONS]
     assert len(argvs) >= len(R.EXPERIMENTS) + 10
     for argv in argvs:
-        proc = subprocess.run([*argv, "--no-such-flag"], capture_output=True, text=True,
-                              timeout=120, cwd=BENCH.parent)
+        proc = subprocess.run(
+            [*argv, "--no-such-flag"], capture_output=True, text=True, timeout=120, cwd=BENCH.parent
+        )
         last = (proc.stderr.strip().splitlines() or [""])[-1]
         assert proc.returncode == 2 and "unrecognized arguments: --no-such-flag" in last, (
-            argv, proc.stderr[-1500:])
+            argv,
+            proc.stderr[-1500:],
+        )
     assert not any(tmp_path.iterdir())
 
 
@@ -788,8 +957,9 @@ def test_investigations_move_their_paths_to_another_output_folder(tmp_path):
     argv = R.investigation_command(line, tmp_path)
     assert argv[0] == sys.executable and argv[1] == str(BENCH / "paper001_group.py")
     assert argv[argv.index("--out") + 1] == str(tmp_path / "mnist5k" / "tasks_9seeds")
-    assert argv[argv.index("--cache") + 1] == str(tmp_path / "mnist5k" / "tasks_9seeds"
-                                                  / "runs.jsonl")
+    assert argv[argv.index("--cache") + 1] == str(
+        tmp_path / "mnist5k" / "tasks_9seeds" / "runs.jsonl"
+    )
     same = R.investigation_command(line, BENCH.parent / "docs" / "results")
     assert same[same.index("--out") + 1] == "docs/results/mnist5k/tasks_9seeds"
     q = R.investigation_command("python benchmarks/group_cstep_quality.py --seeds 0", tmp_path)
@@ -841,8 +1011,10 @@ def test_equivalence_by_hand_and_its_error_rate_by_monte_carlo():
     trials = 4000
     for _ in range(trials):
         d = rng.normal(0.02, 0.01, size=8)
-        hits += E.equivalence(dict(enumerate(d)), {i: 0.0 for i in range(8)},
-                              0.02)["verdict"] == "equivalent"
+        hits += (
+            E.equivalence(dict(enumerate(d)), {i: 0.0 for i in range(8)}, 0.02)["verdict"]
+            == "equivalent"
+        )
     assert hits / trials < 0.05 + 3 * math.sqrt(0.05 * 0.95 / trials)
     assert hits / trials > 0.03  # and it is not vacuous: close to alpha at the edge
 
@@ -855,14 +1027,19 @@ def test_trend_by_hand():
     r = E.trend({0: {1: 0, 2: 2}, 1: {1: 0, 2: 2.1}, 2: {1: 0, 2: 1.9}})
     assert r["verdict"] == "widening" and r["mean"] == pytest.approx(2.0)
     assert E.trend({0: {1: 5, 2: 3}, 1: {1: 5, 2: 2.9}, 2: {1: 5, 2: 3.1}})["verdict"] == (
-        "narrowing")
+        "narrowing"
+    )
 
 
 def test_rows_from_csv_reads_back_exactly_and_refuses_another_configuration(tmp_path):
     import argparse
 
-    rows = [{"method": m, "seed": sd, "round": r, "accuracy": 0.1 + 0.2 * r + sd / 3}
-            for m in ("a", "b") for sd in (0, 1) for r in (0, 1)]
+    rows = [
+        {"method": m, "seed": sd, "round": r, "accuracy": 0.1 + 0.2 * r + sd / 3}
+        for m in ("a", "b")
+        for sd in (0, 1)
+        for r in (0, 1)
+    ]
     path = E.write_long_csv(tmp_path / "x.csv", rows)
     p = argparse.ArgumentParser(prog="x")
     back = E.rows_from_csv(p, path, ("method", "seed"), [("a", 0), ("b", 1)])
@@ -886,12 +1063,25 @@ def test_reanalysing_paper004_keeps_the_machine_and_applies_tost(tmp_path):
     src = BENCH.parent / "docs" / "results"
     shutil.copy(src / "paper004_ucb.csv", tmp_path / "paper004_ucb.csv")
     # the fragment beside the CSV states the engine its runs were made on (checked)
-    (tmp_path / "paper004_ucb.md").write_text("x, engine `inprocess`.\n"
-                                              "Machine: the box that ran it.\n")
-    proc = subprocess.run([sys.executable, str(BENCH / "paper004_ucb.py"), "--full",
-                           "--from-csv", str(tmp_path / "paper004_ucb.csv"), "--margin", "0.5",
-                           "--out", str(tmp_path)], capture_output=True, text=True,
-                          timeout=300)
+    (tmp_path / "paper004_ucb.md").write_text(
+        "x, engine `inprocess`.\nMachine: the box that ran it.\n"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "paper004_ucb.py"),
+            "--full",
+            "--from-csv",
+            str(tmp_path / "paper004_ucb.csv"),
+            "--margin",
+            "0.5",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     text = (tmp_path / "paper004_ucb.md").read_text()
     assert "Machine: the box that ran it (re-analysed from" in text
@@ -920,13 +1110,21 @@ def test_brown_forsythe_by_hand_and_its_error_rate():
     # data: exponential), and a doubled spread is found most of the time
     rng = np.random.default_rng(1)
     trials = 2000
-    false = sum(E.brown_forsythe_greater(list(rng.exponential(1, 20)),
-                                         list(rng.exponential(1, 20)))["p_greater"] < 0.05
-                for _ in range(trials))
+    false = sum(
+        E.brown_forsythe_greater(list(rng.exponential(1, 20)), list(rng.exponential(1, 20)))[
+            "p_greater"
+        ]
+        < 0.05
+        for _ in range(trials)
+    )
     assert false / trials < 0.05 + 3 * math.sqrt(0.05 * 0.95 / trials)
-    power = sum(E.brown_forsythe_greater(list(rng.normal(0, 3, 20)),
-                                         list(rng.normal(0, 1, 20)))["p_greater"] < 0.05
-                for _ in range(300))
+    power = sum(
+        E.brown_forsythe_greater(list(rng.normal(0, 3, 20)), list(rng.normal(0, 1, 20)))[
+            "p_greater"
+        ]
+        < 0.05
+        for _ in range(300)
+    )
     assert power / 300 > 0.8
     # the rule: holds when "x spreads more" is shown at 5%, does not hold when the
     # reverse is, not resolved otherwise
@@ -955,30 +1153,58 @@ def test_a_longer_runs_first_rounds_are_the_shorter_run():
             kw = P.settings_for(method, {**sc, "num_rounds": n}, "digits,synthetic")
             # torch's thread count changes the order of float sums: pinned (and the
             # batch size), the two runs are the same computation, bit for bit
-            result = run(Settings(**kw, seed=0, output_dir=""), engine="vectorized",
-                         threads=1, vector_chunk=64)
-            hist[n] = [(r["round"], r["task"], r["accuracy"], r["loss"], r["uploads"])
-                       for r in result.history if int(r["round"]) <= 2]
+            result = run(
+                Settings(**kw, seed=0, output_dir=""),
+                engine="vectorized",
+                threads=1,
+                vector_chunk=64,
+            )
+            hist[n] = [
+                (r["round"], r["task"], r["accuracy"], r["loss"], r["uploads"])
+                for r in result.history
+                if int(r["round"]) <= 2
+            ]
         assert hist[2] == hist[4], method
 
 
-@pytest.mark.parametrize("script", ["paper003_table1.py", "paper004_ucb.py",
-                                    "paper001_group.py", "paper002_gain.py",
-                                    "paper003_fig5.py"])
+@pytest.mark.parametrize(
+    "script",
+    [
+        "paper003_table1.py",
+        "paper004_ucb.py",
+        "paper001_group.py",
+        "paper002_gain.py",
+        "paper003_fig5.py",
+    ],
+)
 def test_a_cache_of_another_configuration_or_no_cache_is_refused(tmp_path, script):
     """--cache: a file whose runs all belong to another configuration, or that is not
     a cache at all, is refused in one line (exit code 2) before anything is written."""
     other = tmp_path / "other.jsonl"
-    other.write_text('{"key": "[\\"x\\", 0, {}, \\"vectorized\\"]", "result": [], '
-                     '"machine": "m"}\n')
+    other.write_text(
+        '{"key": "[\\"x\\", 0, {}, \\"vectorized\\"]", "result": [], "machine": "m"}\n'
+    )
     junk = tmp_path / "junk.jsonl"
     junk.write_text("method,seed\nlvr,0\nlvr,1\n")
     out = tmp_path / "out"
-    for cache, message in ((other, "none of its 1 runs belongs to this configuration"),
-                           (junk, "is not a cached run")):
-        proc = subprocess.run([sys.executable, str(BENCH / script), "--smoke", "--cache",
-                               str(cache), "--out", str(out)], capture_output=True,
-                              text=True, timeout=300)
+    for cache, message in (
+        (other, "none of its 1 runs belongs to this configuration"),
+        (junk, "is not a cached run"),
+    ):
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(BENCH / script),
+                "--smoke",
+                "--cache",
+                str(cache),
+                "--out",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 2, (script, proc.stderr[-2000:])
         assert message in proc.stderr and "Traceback" not in proc.stderr
         assert len(proc.stderr.splitlines()) == 1, proc.stderr
@@ -990,10 +1216,24 @@ def test_paper001_refuses_a_csv_of_another_task_kind(tmp_path):
     method, seed) all match, but the models are digits; refused in one line, not
     re-analysed under the mnist-5k label."""
     csv_path = Path(__file__).resolve().parents[2] / "docs" / "results" / "paper001_group.csv"
-    proc = subprocess.run([sys.executable, str(BENCH / "paper001_group.py"), "--full",
-                           "--scenarios", "consistent", "--task", "mnist-5k",
-                           "--from-csv", str(csv_path), "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "paper001_group.py"),
+            "--full",
+            "--scenarios",
+            "consistent",
+            "--task",
+            "mnist-5k",
+            "--from-csv",
+            str(csv_path),
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert "models of kind 'digits'" in proc.stderr.strip().splitlines()[-1], proc.stderr
@@ -1020,44 +1260,74 @@ def test_honest_defence_cost_builds_the_configuration_and_pairs_by_seed():
     assert no_clip.limits.update_norm_factor == default.limits.update_norm_factor
 
     jobs = H.jobs_for("digits", ["consistent"], [0, 1], 20, "inprocess", ["no-clip"])
-    assert jobs["default"] == [("consistent", m, sd, 20, "inprocess")
-                               for sd in (0, 1) for m in P.METHODS]
-    assert jobs["no-clip"] == [("consistent", m, sd, 20, "inprocess", "digits", "no-clip")
-                               for sd in (0, 1) for m in P.METHODS]
+    assert jobs["default"] == [
+        ("consistent", m, sd, 20, "inprocess") for sd in (0, 1) for m in P.METHODS
+    ]
+    assert jobs["no-clip"] == [
+        ("consistent", m, sd, 20, "inprocess", "digits", "no-clip")
+        for sd in (0, 1)
+        for m in P.METHODS
+    ]
     jobs = H.jobs_for("mnist-5k", ["consistent"], [0], 20, "inprocess", ["no-clip"])
-    assert jobs["default"] == [("consistent", m, 0, 20, "inprocess", "mnist-5k")
-                               for m in P.METHODS]
+    assert jobs["default"] == [("consistent", m, 0, 20, "inprocess", "mnist-5k") for m in P.METHODS]
 
     def rows(acc: dict[tuple[str, int], float]) -> list[dict]:
-        return [{"scenario": "consistent", "method": m, "seed": sd, "round": r,
-                 "task": "digits", "accuracy": a}
-                for (m, sd), a in acc.items() for r in range(1, 7)]
+        return [
+            {
+                "scenario": "consistent",
+                "method": m,
+                "seed": sd,
+                "round": r,
+                "task": "digits",
+                "accuracy": a,
+            }
+            for (m, sd), a in acc.items()
+            for r in range(1, 7)
+        ]
 
     assert list(P.METHODS) == ["group", "rr-random-groups", "random"]
-    base = {("group", 0): 0.5, ("group", 1): 0.7, ("rr-random-groups", 0): 0.4,
-            ("rr-random-groups", 1): 0.4, ("random", 0): 0.3, ("random", 1): 0.5}
-    other = {("group", 0): 0.6, ("group", 1): 0.6, ("rr-random-groups", 0): 0.5,
-             ("rr-random-groups", 1): 0.5, ("random", 0): 0.3, ("random", 1): 0.5}
-    lines = H.table({"default": rows(base), "no-clip": rows(other)}, "consistent",
-                    "no-clip", 0.05)
+    base = {
+        ("group", 0): 0.5,
+        ("group", 1): 0.7,
+        ("rr-random-groups", 0): 0.4,
+        ("rr-random-groups", 1): 0.4,
+        ("random", 0): 0.3,
+        ("random", 1): 0.5,
+    }
+    other = {
+        ("group", 0): 0.6,
+        ("group", 1): 0.6,
+        ("rr-random-groups", 0): 0.5,
+        ("rr-random-groups", 1): 0.5,
+        ("random", 0): 0.3,
+        ("random", 1): 0.5,
+    }
+    lines = H.table({"default": rows(base), "no-clip": rows(other)}, "consistent", "no-clip", 0.05)
     assert len(lines) == 2 + len(P.METHODS) + 1
     assert lines[2].startswith("| group | 0.600 | 0.600 | +0.000 [")
     assert lines[3].startswith("| rr-random-groups | 0.400 | 0.500 | +0.100 [+0.100, +0.100]")
     assert lines[4].startswith("| random | 0.400 | 0.400 | +0.000 [+0.000, +0.000]")
-    assert lines[-1].startswith("| all methods (averaged per seed, 2 seeds) | 0.467 | 0.500 | "
-                                "+0.033 [")
+    assert lines[-1].startswith(
+        "| all methods (averaged per seed, 2 seeds) | 0.467 | 0.500 | +0.033 ["
+    )
 
 
-@pytest.mark.parametrize("script,engine,workers", [
-    ("paper001_group.py", "inprocess", "2"), ("paper004_ucb.py", "inprocess", "2"),
-    ("paper003_table1.py", "vectorized", "1"), ("reproduce.py", "each script's own", None),
-])
+@pytest.mark.parametrize(
+    "script,engine,workers",
+    [
+        ("paper001_group.py", "inprocess", "2"),
+        ("paper004_ucb.py", "inprocess", "2"),
+        ("paper003_table1.py", "vectorized", "1"),
+        ("reproduce.py", "each script's own", None),
+    ],
+)
 def test_help_states_the_engine_and_workers_a_script_uses(script, engine, workers):
     """--help names the defaults the script really runs with (paper001_group and
     paper004_ucb run the in-process engine with up to 2 workers; reproduce.py
     leaves each script its own)."""
-    proc = subprocess.run([sys.executable, str(BENCH / script), "--help"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     text = " ".join(proc.stdout.split())
     assert f"engine of every run (default: {engine}" in text
@@ -1072,13 +1342,28 @@ def test_table1_reanalyses_its_csv_without_running(tmp_path):
     equals the one of the runs, and a CSV of shorter runs is refused."""
     ran, again = tmp_path / "ran", tmp_path / "again"
     args = ["--smoke", "--methods", "full,random,lvr,gvr,rr-gvr", "--seeds", "0,1"]
-    first = subprocess.run([sys.executable, str(BENCH / "paper003_table1.py"), *args,
-                            "--out", str(ran)], capture_output=True, text=True, timeout=600)
+    first = subprocess.run(
+        [sys.executable, str(BENCH / "paper003_table1.py"), *args, "--out", str(ran)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert first.returncode == 0, first.stderr[-2000:]
     csv_path = ran / "paper003_table1.csv"
-    proc = subprocess.run([sys.executable, str(BENCH / "paper003_table1.py"), *args,
-                           "--from-csv", str(csv_path), "--out", str(again)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "paper003_table1.py"),
+            *args,
+            "--from-csv",
+            str(csv_path),
+            "--out",
+            str(again),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "re-analysing 10 runs" in proc.stdout and "done (" not in proc.stdout
     a = (ran / "paper003_table1.md").read_text()
@@ -1086,34 +1371,87 @@ def test_table1_reanalyses_its_csv_without_running(tmp_path):
     table = lambda t: t.split("| method |", 1)[1].split("\n\n", 1)[0]  # noqa: E731
     assert table(a) == table(b)
     assert "re-analysed from" in b
-    longer = subprocess.run([sys.executable, str(BENCH / "paper003_table1.py"), *args,
-                             "--num-rounds", "5", "--from-csv", str(csv_path),
-                             "--out", str(tmp_path / "x")], capture_output=True, text=True,
-                            timeout=300)
+    longer = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "paper003_table1.py"),
+            *args,
+            "--num-rounds",
+            "5",
+            "--from-csv",
+            str(csv_path),
+            "--out",
+            str(tmp_path / "x"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert longer.returncode == 2 and "Traceback" not in longer.stderr
     assert "its runs last 3 rounds" in longer.stderr
     assert not (tmp_path / "x").exists()
-    other = subprocess.run([sys.executable, str(BENCH / "paper003_table1.py"), *args,
-                            "--tasks", "digits,digits", "--from-csv", str(csv_path),
-                            "--out", str(tmp_path / "y")], capture_output=True, text=True,
-                           timeout=300)
+    other = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "paper003_table1.py"),
+            *args,
+            "--tasks",
+            "digits,digits",
+            "--from-csv",
+            str(csv_path),
+            "--out",
+            str(tmp_path / "y"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert other.returncode == 2 and "its runs train the models" in other.stderr
     assert not (tmp_path / "y").exists()
     # --quick's 16 clients and 6 rounds fit inside the runs' method, seed and length
     # checks; the section beside the CSV says they were made with 8 clients
-    quick = subprocess.run([sys.executable, str(BENCH / "paper003_table1.py"), "--quick",
-                            "--methods", "full,random,lvr,gvr,rr-gvr", "--seeds", "0,1",
-                            "--num-rounds", "3", "--from-csv", str(csv_path),
-                            "--out", str(tmp_path / "z")], capture_output=True, text=True,
-                           timeout=300)
+    quick = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "paper003_table1.py"),
+            "--quick",
+            "--methods",
+            "full,random,lvr,gvr,rr-gvr",
+            "--seeds",
+            "0,1",
+            "--num-rounds",
+            "3",
+            "--from-csv",
+            str(csv_path),
+            "--out",
+            str(tmp_path / "z"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert quick.returncode == 2 and "made with another configuration" in quick.stderr
     assert not (tmp_path / "z").exists()
     # without rr-gvr, Fig. 4's two claims (MMFL-GVR against RoundRobin-GVR) get no
     # verdict, so the summary gets no "not resolved" rows for a method nobody ran
-    sub = subprocess.run([sys.executable, str(BENCH / "paper003_table1.py"), *args[:-4],
-                          "--methods", "full,random,lvr,gvr", "--seeds", "0,1",
-                          "--from-csv", str(csv_path), "--out", str(tmp_path / "w")],
-                         capture_output=True, text=True, timeout=300)
+    sub = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "paper003_table1.py"),
+            *args[:-4],
+            "--methods",
+            "full,random,lvr,gvr",
+            "--seeds",
+            "0,1",
+            "--from-csv",
+            str(csv_path),
+            "--out",
+            str(tmp_path / "w"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert sub.returncode == 0, sub.stderr[-2000:]
     w = (tmp_path / "w" / "paper003_table1.md").read_text()
     assert "Fig. 4's claims get no verdict here" in w
@@ -1124,14 +1462,29 @@ def test_table1_reanalyses_its_csv_without_running(tmp_path):
     assert [ln for ln in a.splitlines() if ln.startswith("### ")] == [
         "### Paper 003, Table 1: MMFL-LVR / GVR / StaleVR / StaleVRE vs baselines",
         "### Paper 003, Fig. 2: summed global step size sum_s ||H_tau,s||_1",
-        "### Paper 003, Fig. 4: rounds to a target accuracy"]
+        "### Paper 003, Fig. 4: rounds to a target accuracy",
+    ]
     assert 'two methods widens".\n\nCommand: `' in a and "here.\n\nCommand: `" in w
     # a claim's table names each pair it shows: without lvr, the first pair that ran
     # (gvr > random) was printed as "lvr > random"
-    only = subprocess.run([sys.executable, str(BENCH / "paper003_table1.py"), "--smoke",
-                           "--methods", "full,random,gvr", "--seeds", "0,1", "--from-csv",
-                           str(csv_path), "--out", str(tmp_path / "v")],
-                          capture_output=True, text=True, timeout=300)
+    only = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "paper003_table1.py"),
+            "--smoke",
+            "--methods",
+            "full,random,gvr",
+            "--seeds",
+            "0,1",
+            "--from-csv",
+            str(csv_path),
+            "--out",
+            str(tmp_path / "v"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert only.returncode == 0, only.stderr[-2000:]
     v = (tmp_path / "v" / "paper003_table1.md").read_text()
     claim_v = v.split("**every proposed method above every uniform")[1].split("Verdict")[0]
@@ -1146,12 +1499,27 @@ def test_paper002_reanalyses_its_csvs_without_running(tmp_path):
     fixed beside it and writes the same verdicts (it used to refuse --from-csv); a
     fixed-data file of another configuration is refused in one line."""
     ran, again = tmp_path / "ran", tmp_path / "again"
-    first = subprocess.run([sys.executable, str(BENCH / "paper002_gain.py"), "--smoke",
-                            "--out", str(ran)], capture_output=True, text=True, timeout=600)
+    first = subprocess.run(
+        [sys.executable, str(BENCH / "paper002_gain.py"), "--smoke", "--out", str(ran)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert first.returncode == 0, first.stderr[-2000:]
-    proc = subprocess.run([sys.executable, str(BENCH / "paper002_gain.py"), "--smoke",
-                           "--from-csv", str(ran / "paper002_gain.csv"), "--out", str(again)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "paper002_gain.py"),
+            "--smoke",
+            "--from-csv",
+            str(ran / "paper002_gain.csv"),
+            "--out",
+            str(again),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "re-analysing" in proc.stdout and "done (" not in proc.stdout
 
@@ -1169,25 +1537,46 @@ def test_paper002_reanalyses_its_csvs_without_running(tmp_path):
     # a file of runs that varied the initial weights (before model-seed) is refused
     old = [ln.split(",") for ln in lines]
     k = old[0].index("model_seed")
-    fixed.write_text("\n".join(",".join(c[:k] + c[k + 1:]) for c in old) + "\n")
-    before = subprocess.run([sys.executable, str(BENCH / "paper002_gain.py"), "--smoke",
-                             "--from-csv", str(ran / "paper002_gain.csv"),
-                             "--out", str(tmp_path / "w")], capture_output=True, text=True,
-                            timeout=300)
+    fixed.write_text("\n".join(",".join(c[:k] + c[k + 1 :]) for c in old) + "\n")
+    before = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "paper002_gain.py"),
+            "--smoke",
+            "--from-csv",
+            str(ran / "paper002_gain.csv"),
+            "--out",
+            str(tmp_path / "w"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert before.returncode == 2 and "Traceback" not in before.stderr
     assert "model_seed" in before.stderr and not (tmp_path / "w").exists()
     fixed.write_text("\n".join(lines[:-1]) + "\n")  # one run short
-    short = subprocess.run([sys.executable, str(BENCH / "paper002_gain.py"), "--smoke",
-                            "--from-csv", str(ran / "paper002_gain.csv"),
-                            "--out", str(tmp_path / "x")], capture_output=True, text=True,
-                           timeout=300)
+    short = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "paper002_gain.py"),
+            "--smoke",
+            "--from-csv",
+            str(ran / "paper002_gain.csv"),
+            "--out",
+            str(tmp_path / "x"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert short.returncode == 2 and "another configuration" in short.stderr
     assert "Traceback" not in short.stderr and not (tmp_path / "x").exists()
 
 
 def _git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=E.REPO, capture_output=True, text=True,
-                          check=True).stdout.strip()
+    return subprocess.run(
+        ["git", *args], cwd=E.REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def test_the_header_names_every_run_csv_made_before_the_default_defences():
@@ -1201,16 +1590,24 @@ def test_the_header_names_every_run_csv_made_before_the_default_defences():
         pytest.skip("needs the repository's git history (b32233e)")
     import reproduce
 
-    listed = {f"docs/results/{p}": commit
-              for _, commit, paths in reproduce.BEFORE_DEFAULT_DEFENCES for p in paths}
+    listed = {
+        f"docs/results/{p}": commit
+        for _, commit, paths in reproduce.BEFORE_DEFAULT_DEFENCES
+        for p in paths
+    }
     older = {}
     for path in _git("ls-files", "docs/results").splitlines():
         if not path.endswith((".csv", ".jsonl")):
             continue
         # the commit that last wrote the file's content (a move is not a write)
         wrote = _git("log", "--follow", "--diff-filter=AM", "--format=%h", "-1", "--", path)
-        if wrote and subprocess.run(["git", "merge-base", "--is-ancestor", wrote, "b32233e"],
-                                    cwd=E.REPO).returncode == 0:
+        if (
+            wrote
+            and subprocess.run(
+                ["git", "merge-base", "--is-ancestor", wrote, "b32233e"], cwd=E.REPO
+            ).returncode
+            == 0
+        ):
             older[path] = wrote
     # a file changed in the working tree (being rerun) counts as made today
     changed = set(_git("diff", "--name-only", "HEAD").splitlines())
@@ -1218,8 +1615,9 @@ def test_the_header_names_every_run_csv_made_before_the_default_defences():
     assert sorted(older) == sorted(p for p in listed if p not in changed)
     for path, wrote in older.items():
         assert _git("rev-parse", wrote) == _git("rev-parse", listed[path]), path
-    assert all(commit in reproduce.code_note()
-               for _, commit, _ in reproduce.BEFORE_DEFAULT_DEFENCES)
+    assert all(
+        commit in reproduce.code_note() for _, commit, _ in reproduce.BEFORE_DEFAULT_DEFENCES
+    )
 
 
 def test_table1_details_by_hand(tmp_path):
@@ -1228,61 +1626,138 @@ def test_table1_details_by_hand(tmp_path):
     accuracy over the models at a round and the late fall; bad input refused."""
     path = tmp_path / "t.csv"
     # (seed, round, task, uploads, accuracy)
-    runs = [(0, 0, "x", "", 0.1), (0, 0, "y", "", 0.1),
-            (0, 1, "x", 1, 0.6), (0, 1, "y", 2, 0.4),    # uploads 3, accuracy 0.5
-            (0, 2, "x", 3, 0.7), (0, 2, "y", 2, 0.5),    # uploads 5, accuracy 0.6
-            (1, 0, "x", "", 0.1), (1, 0, "y", "", 0.1),
-            (1, 1, "x", 2, 0.7), (1, 1, "y", 2, 0.5),    # uploads 4, accuracy 0.6
-            (1, 2, "x", 4, 0.6), (1, 2, "y", 4, 0.4)]    # uploads 8, accuracy 0.5
-    path.write_text("method,seed,round,task,uploads,accuracy\n" + "".join(
-        f"a,{sd},{rd},{t},{u},{acc}\n" for sd, rd, t, u, acc in runs))
-    proc = subprocess.run([sys.executable, str(BENCH / "table1_details.py"), "--csv", str(path),
-                           "--rounds", "2", "--at", "1,2", "--late-from", "1"],
-                          capture_output=True, text=True, timeout=120)
+    runs = [
+        (0, 0, "x", "", 0.1),
+        (0, 0, "y", "", 0.1),
+        (0, 1, "x", 1, 0.6),
+        (0, 1, "y", 2, 0.4),  # uploads 3, accuracy 0.5
+        (0, 2, "x", 3, 0.7),
+        (0, 2, "y", 2, 0.5),  # uploads 5, accuracy 0.6
+        (1, 0, "x", "", 0.1),
+        (1, 0, "y", "", 0.1),
+        (1, 1, "x", 2, 0.7),
+        (1, 1, "y", 2, 0.5),  # uploads 4, accuracy 0.6
+        (1, 2, "x", 4, 0.6),
+        (1, 2, "y", 4, 0.4),
+    ]  # uploads 8, accuracy 0.5
+    path.write_text(
+        "method,seed,round,task,uploads,accuracy\n"
+        + "".join(f"a,{sd},{rd},{t},{u},{acc}\n" for sd, rd, t, u, acc in runs)
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "table1_details.py"),
+            "--csv",
+            str(path),
+            "--rounds",
+            "2",
+            "--at",
+            "1,2",
+            "--late-from",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     # seed 0: uploads 3, 5 (mean 4, population variance 1); seed 1: 4, 8 (6, 4)
     assert "a              mean    5.00  variance    2.50  (2 seeds)" in proc.stdout
     assert "a              seed 0: 0.500  0.600  fall +0.000" in proc.stdout
     assert "a              seed 1: 0.600  0.500  fall +0.100" in proc.stdout
-    assert "dips" not in proc.stdout                     # no round after --rounds 2
+    assert "dips" not in proc.stdout  # no round after --rounds 2
     # after round 1: seed 0's round 2 (0.6) is its best so far; seed 1's (0.5) lies 0.1
     # below its round 1 (0.6), a dip at --dip 0.1 and none at --dip 0.15
     for dip, count in (("0.1", 1), ("0.15", 0)):
-        proc = subprocess.run([sys.executable, str(BENCH / "table1_details.py"), "--csv",
-                               str(path), "--rounds", "1", "--at", "2", "--late-from", "1",
-                               "--dip", dip], capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(BENCH / "table1_details.py"),
+                "--csv",
+                str(path),
+                "--rounds",
+                "1",
+                "--at",
+                "2",
+                "--late-from",
+                "1",
+                "--dip",
+                dip,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr
-        assert "a              seed 0: 0.600  fall +0.000  low 0.600 (round 2)  dips 0" \
+        assert (
+            "a              seed 0: 0.600  fall +0.000  low 0.600 (round 2)  dips 0" in proc.stdout
+        )
+        assert (
+            f"a              seed 1: 0.500  fall +0.100  low 0.500 (round 2)  dips {count}"
             in proc.stdout
-        assert (f"a              seed 1: 0.500  fall +0.100  low 0.500 (round 2)  dips {count}"
-                in proc.stdout)
+        )
     # dips count rounds against the best so far (not the previous round, not the best
     # overall), through a recovery and a second dip: after round 1 (0.5) the rounds go
     # 0.7 (best), 0.55 (dip), 0.8 (new best), 0.65 (dip), 0.7 (dip; 0.05 above the
     # previous round), 0.75 (not a dip: 0.05 below the best)
     other = tmp_path / "u.csv"
     curve = [0.1, 0.5, 0.7, 0.55, 0.8, 0.65, 0.7, 0.75]
-    other.write_text("method,seed,round,task,uploads,accuracy\n" + "".join(
-        f"a,0,{rd},x,{int(rd > 0)},{acc}\n" for rd, acc in enumerate(curve)))
-    proc = subprocess.run([sys.executable, str(BENCH / "table1_details.py"), "--csv",
-                           str(other), "--rounds", "1", "--at", "7", "--late-from", "4"],
-                          capture_output=True, text=True, timeout=120)
+    other.write_text(
+        "method,seed,round,task,uploads,accuracy\n"
+        + "".join(f"a,0,{rd},x,{int(rd > 0)},{acc}\n" for rd, acc in enumerate(curve))
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "table1_details.py"),
+            "--csv",
+            str(other),
+            "--rounds",
+            "1",
+            "--at",
+            "7",
+            "--late-from",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
-    assert "a              seed 0: 0.750  fall +0.050  low 0.550 (round 3)  dips 3" \
-        in proc.stdout
-    gap = tmp_path / "gap.csv"                 # round 1 missing: refused, not a traceback
+    assert "a              seed 0: 0.750  fall +0.050  low 0.550 (round 3)  dips 3" in proc.stdout
+    gap = tmp_path / "gap.csv"  # round 1 missing: refused, not a traceback
     gap.write_text("method,seed,round,task,uploads,accuracy\na,0,0,x,,0.1\na,0,2,x,1,0.5\n")
-    bad = subprocess.run([sys.executable, str(BENCH / "table1_details.py"), "--csv", str(gap),
-                          "--rounds", "1", "--at", "2"], capture_output=True, text=True,
-                         timeout=120)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "table1_details.py"),
+            "--csv",
+            str(gap),
+            "--rounds",
+            "1",
+            "--at",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "rounds missing in a seed 0" in bad.stderr.splitlines()[-1]
-    for args, why in ((["--methods", "b"], "unknown"), (["--rounds", "3"], "--rounds"),
-                      (["--at", "5"], "--at"), (["--late-from", "3"], "--late-from"),
-                      (["--dip", "0"], "--dip")):
+    for args, why in (
+        (["--methods", "b"], "unknown"),
+        (["--rounds", "3"], "--rounds"),
+        (["--at", "5"], "--at"),
+        (["--late-from", "3"], "--late-from"),
+        (["--dip", "0"], "--dip"),
+    ):
         ok = ["--rounds", "2", "--at", "1", "--late-from", "1"]
-        bad = subprocess.run([sys.executable, str(BENCH / "table1_details.py"), "--csv",
-                              str(path), *ok, *args], capture_output=True, text=True,
-                             timeout=120)
+        bad = subprocess.run(
+            [sys.executable, str(BENCH / "table1_details.py"), "--csv", str(path), *ok, *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert bad.returncode == 2 and why in bad.stderr.splitlines()[-1]
         assert "Traceback" not in bad.stderr
 
@@ -1308,25 +1783,34 @@ def test_every_published_figure_link_names_an_existing_file_of_its_own_section()
 
 def test_figure_folder_keeps_a_published_subfolder(tmp_path):
     assert E.figure_folder("docs/results/synthetic_fig2") == "docs/results/synthetic_fig2"
-    assert E.figure_folder(str(E.REPO / "docs" / "results" / "mnist5k" / "x")) == \
-        "docs/results/mnist5k/x"
+    assert (
+        E.figure_folder(str(E.REPO / "docs" / "results" / "mnist5k" / "x"))
+        == "docs/results/mnist5k/x"
+    )
     assert E.figure_folder("docs/results") == "docs/results"
     assert E.figure_folder(str(tmp_path)) == "docs/results"
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--seeds", "x"], "expected integers"),
-    (["--num-rounds", "1"], "--num-rounds must be at least 2"),
-    (["--after", "150"], "--after must be in [0, 149]"),
-    (["--dip", "0"], "--dip must be in (0, 1)"),
-    (["--b0", "0"], "--b0 must be in (0, 10]"),
-    (["--big", "0.5"], "--big must be at least 1"),
-    (["--workers", "0"], "--workers must be >= 1"),
-    (["--workers", "two"], "--workers: invalid int value"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--seeds", "x"], "expected integers"),
+        (["--num-rounds", "1"], "--num-rounds must be at least 2"),
+        (["--after", "150"], "--after must be in [0, 149]"),
+        (["--dip", "0"], "--dip must be in (0, 1)"),
+        (["--b0", "0"], "--b0 must be in (0, 10]"),
+        (["--big", "0.5"], "--big must be at least 1"),
+        (["--workers", "0"], "--workers must be >= 1"),
+        (["--workers", "two"], "--workers: invalid int value"),
+    ],
+)
 def test_stalevre_dips_refuses_bad_arguments_in_one_line(args, message):
-    proc = subprocess.run([sys.executable, str(BENCH / "stalevre_dips.py"), *args],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "stalevre_dips.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr
 
@@ -1343,21 +1827,21 @@ def test_stalevre_dips_records_without_changing_the_run():
 
     original = StaleVREAggregator.aggregate
     history, records, pairs = D.run(1, 3)
-    assert StaleVREAggregator.aggregate is original      # the patch is undone
-    kw = T.settings_for("stalevre", dict(T.SCALES["full"], num_rounds=3),
-                        "digits,digits,digits")
+    assert StaleVREAggregator.aggregate is original  # the patch is undone
+    kw = T.settings_for("stalevre", dict(T.SCALES["full"], num_rounds=3), "digits,digits,digits")
     plain = run(Settings(**{**kw, "seed": 1, "output_dir": ""}), engine="vectorized").history
     strip = [{k: v for k, v in r.items() if k != "seconds"} for r in history]
     assert strip == [{k: v for k, v in r.items() if k != "seconds"} for r in plain]
     assert sorted((r["round"], r["task"]) for r in records) == [
-        (rd, t) for rd in (1, 2, 3) for t in ("digits", "digits_2", "digits_3")]
+        (rd, t) for rd in (1, 2, 3) for t in ("digits", "digits_2", "digits_3")
+    ]
     assert all(r["correction"] >= 0 and r["stale"] >= 0 for r in records)
     # the stale part plus the correction is the step the aggregator applied (float32
     # weights: relative rounding only)
     assert all(r["unexplained"] <= 1e-5 * r["step"] + 1e-9 for r in records)
     assert any(r["stale"] > 0 for r in records) and all(r["step"] > 0 for r in records)
     assert pairs and all(0 <= beta <= 1 and math.isfinite(star) for _, beta, star, _ in pairs)
-    assert all(beta == 1.0 for _, beta, _, once in pairs if once)   # b0 until a second upload
+    assert all(beta == 1.0 for _, beta, _, once in pairs if once)  # b0 until a second upload
 
 
 def test_table1_headings_name_a_task_other_than_the_stand_in():
@@ -1369,8 +1853,10 @@ def test_table1_headings_name_a_task_other_than_the_stand_in():
     assert T.on_tasks("mnist-5k,mnist-5k,mnist-5k") == ", on `mnist-5k`"
     assert T.on_tasks("synthetic, digits") == ", on `digits`, `synthetic`"
     # a second Table 1 on the same task with paper 003's data sizes gets its own rows
-    assert T.on_tasks("mnist-5k,mnist-5k", "paper003-sizes") == \
-        ", on `mnist-5k`, profile `paper003-sizes`"
+    assert (
+        T.on_tasks("mnist-5k,mnist-5k", "paper003-sizes")
+        == ", on `mnist-5k`, profile `paper003-sizes`"
+    )
     assert T.on_tasks("digits,digits", "paper003-sizes") == ", profile `paper003-sizes`"
 
 
@@ -1383,8 +1869,10 @@ def test_table1_variants_change_only_their_own_setting():
     from mmfl_flwr.flower_app.server_app import strategy_from_settings
 
     sc = dict(T.SCALES["smoke"])
-    wanted = {"mifa-uploaded": ("mifa_start", "start", "uploaded"),
-              "stalevre-b0-0.5": ("stalevre_b0", "b0", 0.5)}
+    wanted = {
+        "mifa-uploaded": ("mifa_start", "start", "uploaded"),
+        "stalevre-b0-0.5": ("stalevre_b0", "b0", 0.5),
+    }
     assert set(T.VARIANTS) == set(wanted) == set(T.VARIANT_TEXT)
     assert set(T.VARIANTS) <= set(T.METHODS)
     for v, (base, extra) in T.VARIANTS.items():
@@ -1398,7 +1886,8 @@ def test_table1_variants_change_only_their_own_setting():
         plain = strategy_from_settings(Settings(**base_kw)).aggregator.config()
         assert built[key] == value and plain[key] != value
         assert {k: x for k, x in built.items() if k != key} == {
-            k: x for k, x in plain.items() if k != key}
+            k: x for k, x in plain.items() if k != key
+        }
 
 
 def test_paper001_sizes_paper_runs_the_sizes_profiles_under_their_own_keys(tmp_path):
@@ -1412,30 +1901,51 @@ def test_paper001_sizes_paper_runs_the_sizes_profiles_under_their_own_keys(tmp_p
         pooled, _ = P.scenario_settings(sc, 20, "mnist-5k")
         sized, _ = P.scenario_settings(sc, 20, "mnist-5k", "paper")
         assert sized["profile"] == pooled["profile"] + "-sizes"
-        assert {k: v for k, v in sized.items() if k != "profile"} == \
-            {k: v for k, v in pooled.items() if k != "profile"}
+        assert {k: v for k, v in sized.items() if k != "profile"} == {
+            k: v for k, v in pooled.items() if k != "profile"
+        }
     assert P.jobs_for(["consistent"], [0], 20, "inprocess", "mnist-5k") == [
-        ("consistent", m, 0, 20, "inprocess", "mnist-5k") for m in P.METHODS]
+        ("consistent", m, 0, 20, "inprocess", "mnist-5k") for m in P.METHODS
+    ]
     assert P.jobs_for(["consistent"], [0], 20, "inprocess") == [
-        ("consistent", m, 0, 20, "inprocess") for m in P.METHODS]
+        ("consistent", m, 0, 20, "inprocess") for m in P.METHODS
+    ]
     assert P.jobs_for(["consistent"], [0], 20, "inprocess", "mnist-5k", "paper") == [
-        ("consistent", m, 0, 20, "inprocess", "mnist-5k", "paper") for m in P.METHODS]
-    assert P.jobs_for(["consistent"], [0], 20, "inprocess", "digits", "paper")[0][5:] == \
-        ("digits", "paper")
+        ("consistent", m, 0, 20, "inprocess", "mnist-5k", "paper") for m in P.METHODS
+    ]
+    assert P.jobs_for(["consistent"], [0], 20, "inprocess", "digits", "paper")[0][5:] == (
+        "digits",
+        "paper",
+    )
     s, _, _ = P.build("consistent", "group", 0, 4, "digits", sizes="paper")
     assert s.profile == "clusters-consistent-sizes"
     with pytest.raises(ValueError, match="sizes 'small'"):
         P.scenario_settings("consistent", 20, "digits", "small")
     text = P.sizes_text(["consistent", "clients"], [0], 20, "digits", "paper")
     # 30 clients keep 30-40 of their ~48; 60 share the 1,437 images, 22-26 each: kept whole
-    assert re.search(r"median of 3\d(\.5)? \(30-40\) in \(a\), 2\d(\.5)? \(2\d-2\d\) in \(c\)",
-                     text), text
+    assert re.search(
+        r"median of 3\d(\.5)? \(30-40\) in \(a\), 2\d(\.5)? \(2\d-2\d\) in \(c\)", text
+    ), text
     assert "(46-50) in (a)" in P.sizes_text(["consistent"], [0], 20, "digits", "pool")
     csv_path = Path(__file__).resolve().parents[2] / "docs" / "results" / "paper001_group.csv"
-    proc = subprocess.run([sys.executable, str(BENCH / "paper001_group.py"), "--full",
-                           "--scenarios", "consistent", "--sizes", "paper",
-                           "--from-csv", str(csv_path), "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "paper001_group.py"),
+            "--full",
+            "--scenarios",
+            "consistent",
+            "--sizes",
+            "paper",
+            "--from-csv",
+            str(csv_path),
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "profile `clusters-consistent-sizes`" in proc.stderr
     assert len(proc.stderr.splitlines()) == 1 and not list(tmp_path.iterdir())
@@ -1449,15 +1959,22 @@ def test_every_results_section_names_its_machine():
     sections = re.split(r"(?m)^### ", reported)[1:]
     assert len(sections) >= 15
     # a script's section: "machine: <the machine line>"
-    unnamed = [s.splitlines()[0] for s in sections
-               if not re.search(r"[Mm]achine:\s+(AMD|Intel|NVIDIA|one NVIDIA)", s)]
+    unnamed = [
+        s.splitlines()[0]
+        for s in sections
+        if not re.search(r"[Mm]achine:\s+(AMD|Intel|NVIDIA|one NVIDIA)", s)
+    ]
     assert not unnamed, unnamed
     # an investigation names the machine its runs were made on, in words
     notes = re.split(r"(?m)^### ", investigations)[1:]
     assert len(notes) >= 5
-    unnamed = [s.splitlines()[0] for s in notes if not re.search(
-        r"(2-core|AVX512|H200|H100)[^.]{0,30}\smachine|[Mm]achine[^.:]{0,60}:\s+(AMD|the )",
-        s)]
+    unnamed = [
+        s.splitlines()[0]
+        for s in notes
+        if not re.search(
+            r"(2-core|AVX512|H200|H100)[^.]{0,30}\smachine|[Mm]achine[^.:]{0,60}:\s+(AMD|the )", s
+        )
+    ]
     assert not unnamed, unnamed
 
 
@@ -1472,15 +1989,33 @@ def test_table1_claim_rows_give_the_found_values_relative_to_full(tmp_path):
     folder = Path(__file__).resolve().parents[2] / "docs" / "results" / "mnist5k" / "table1"
     csv_path = folder / "paper003_table1.csv"
     methods = "full,random,lvr,gvr,stalevr,stalevre,fedvarp,mifa,scaffold,mifa-uploaded"
-    proc = subprocess.run([sys.executable, str(BENCH / "paper003_table1.py"), "--full",
-                           "--tasks", "mnist-5k,mnist-5k,mnist-5k", "--methods", methods,
-                           "--seeds", "0,1,2", "--num-rounds", "40", "--engine", "inprocess",
-                           "--from-csv", str(csv_path), "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "paper003_table1.py"),
+            "--full",
+            "--tasks",
+            "mnist-5k,mnist-5k,mnist-5k",
+            "--methods",
+            methods,
+            "--seeds",
+            "0,1,2",
+            "--num-rounds",
+            "40",
+            "--engine",
+            "inprocess",
+            "--from-csv",
+            str(csv_path),
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = (tmp_path / "paper003_table1.md").read_text()
-    line = next(x for x in text.splitlines()
-                if x.startswith("Verdict (MMFL-LVR above MMFL-GVR)"))
+    line = next(x for x in text.splitlines() if x.startswith("Verdict (MMFL-LVR above MMFL-GVR)"))
     with open(csv_path) as f:
         rows = [r for r in csv.DictReader(f) if int(r["round"]) <= 40]
     finals = E.final_values(rows, "accuracy", last=P.SCALES["full"]["last"])
@@ -1490,21 +2025,43 @@ def test_table1_claim_rows_give_the_found_values_relative_to_full(tmp_path):
     assert "of full" in line.split("Found:")[1]
     # without full participation among the methods there is no "of" anything (the
     # first method was taken as the reference: "of lvr ... lvr 1.000")
-    synth = (BENCH.parent / "docs" / "results" / "synthetic_fig2" / "paper003_table1.md")
+    synth = BENCH.parent / "docs" / "results" / "synthetic_fig2" / "paper003_table1.md"
     out2 = tmp_path / "synth"
-    proc = subprocess.run([sys.executable, str(BENCH / "paper003_table1.py"), "--full",
-                           "--tasks", "synthetic,synthetic,synthetic", "--methods", "lvr,gvr",
-                           "--seeds", "0,1,2", "--num-rounds", "40", "--from-csv",
-                           str(synth.with_suffix(".csv")), "--out", str(out2)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "paper003_table1.py"),
+            "--full",
+            "--tasks",
+            "synthetic,synthetic,synthetic",
+            "--methods",
+            "lvr,gvr",
+            "--seeds",
+            "0,1,2",
+            "--num-rounds",
+            "40",
+            "--from-csv",
+            str(synth.with_suffix(".csv")),
+            "--out",
+            str(out2),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    line = next(x for x in (out2 / "paper003_table1.md").read_text().splitlines()
-                if x.startswith("Verdict (MMFL-LVR above MMFL-GVR)"))
+    line = next(
+        x
+        for x in (out2 / "paper003_table1.md").read_text().splitlines()
+        if x.startswith("Verdict (MMFL-LVR above MMFL-GVR)")
+    )
     assert "Found: lvr - gvr" in line and " of lvr" not in line
 
 
-@pytest.mark.parametrize("script", ["paper001_group", "paper003_table1", "paper003_fig5",
-                                    "paper004_ucb", "paper002_gain"])
+@pytest.mark.parametrize(
+    "script",
+    ["paper001_group", "paper003_table1", "paper003_fig5", "paper004_ucb", "paper002_gain"],
+)
 def test_a_csv_of_runs_on_another_engine_is_refused(tmp_path, script):
     """--from-csv with --engine naming an engine the published runs were not made on
     was accepted, and the section then named that engine and showed a command that
@@ -1516,9 +2073,22 @@ def test_a_csv_of_runs_on_another_engine_is_refused(tmp_path, script):
     assert len(used) == 1, used
     engine = "inprocess" if used == {"vectorized"} else "vectorized"
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), "--full", "--engine",
-                           engine, "--from-csv", str(csv_path), "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / f"{script}.py"),
+            "--full",
+            "--engine",
+            engine,
+            "--from-csv",
+            str(csv_path),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, (proc.stdout[-1500:], proc.stderr[-1500:])
     assert "engine" in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
@@ -1535,22 +2105,35 @@ def test_paper001_scenario_d_is_judged_on_the_arriving_models(tmp_path):
     import paper001_group as P
 
     csv_path = BENCH.parent / "docs" / "results" / "paper001_group.csv"
-    proc = subprocess.run([sys.executable, str(BENCH / "paper001_group.py"), "--full",
-                           "--scenarios", "tasks", "--from-csv", str(csv_path), "--out",
-                           str(tmp_path)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "paper001_group.py"),
+            "--full",
+            "--scenarios",
+            "tasks",
+            "--from-csv",
+            str(csv_path),
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = (tmp_path / "paper001_group.md").read_text()
     with open(csv_path) as f:
         rows = [r for r in csv.DictReader(f) if r["scenario"] == "tasks"]
-    new = E.final_values([r for r in rows if r["task"] in ("digits_4", "digits_5")],
-                         last=P.LAST)
+    new = E.final_values([r for r in rows if r["task"] in ("digits_4", "digits_5")], last=P.LAST)
     table = E.compare_to_reference({m: new[m] for m in P.METHODS}, P.REFERENCE)
     line = next(x for x in text.splitlines() if x.startswith("Verdict ((d) arriving tasks):"))
     assert f"Found: {P.found_text(table)}." in line
     assert line.split(": ")[1].split(".")[0] == P.scenario_verdict(table)
     assert "new models" in line
-    every = next(x for x in text.splitlines()
-                 if x.startswith("Verdict ((d) arriving tasks, every model):"))
+    every = next(
+        x for x in text.splitlines() if x.startswith("Verdict ((d) arriving tasks, every model):")
+    )
     assert "much better performance overall" in every
 
 

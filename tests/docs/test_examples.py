@@ -20,16 +20,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted(p for p in (ROOT / "examples").iterdir() if p.is_dir()
-                  and not p.name.startswith((".", "__")))
+EXAMPLES = sorted(
+    p for p in (ROOT / "examples").iterdir() if p.is_dir() and not p.name.startswith((".", "__"))
+)
 
 #: commands run verbatim by a slow test: command -> the test
 RUN_ELSEWHERE = {
-    'flwr run examples/plug_into_your_app --stream --federation-config '
-    '"num-supernodes=6 client-resources-num-cpus=1"':
-        "tests/docs/test_flwr_run_readme.py (the README's flwr-run-commands block)",
-    "python examples/user_task/run.py":
-        "tests/engines/test_sim_strategies_slow.py::test_user_task_example_runs_on_the_simulation_engine",
+    "flwr run examples/plug_into_your_app --stream --federation-config "
+    '"num-supernodes=6 client-resources-num-cpus=1"': "tests/docs/test_flwr_run_readme.py (the README's flwr-run-commands block)",
+    "python examples/user_task/run.py": "tests/engines/test_sim_strategies_slow.py::test_user_task_example_runs_on_the_simulation_engine",
 }
 
 
@@ -40,8 +39,7 @@ def commands(readme: str) -> list[str]:
 
 
 def outputs(readme: str) -> dict[str, list[str]]:
-    found = re.findall(r"<!-- example-output: (.+?) -->\n```text\n(.*?)\n```", readme,
-                       re.DOTALL)
+    found = re.findall(r"<!-- example-output: (.+?) -->\n```text\n(.*?)\n```", readme, re.DOTALL)
     return {cmd: text.splitlines() for cmd, text in found}
 
 
@@ -61,18 +59,25 @@ def test_every_example_has_a_readme_whose_commands_are_all_run():
         assert cmd in text or shlex.split(cmd)[1] in text, (cmd, where)
 
 
-CASES = [(folder.name, cmd, lines) for folder in EXAMPLES
-         for cmd, lines in outputs((folder / "README.md").read_text()).items()]
+CASES = [
+    (folder.name, cmd, lines)
+    for folder in EXAMPLES
+    for cmd, lines in outputs((folder / "README.md").read_text()).items()
+]
 
 
 @pytest.mark.parametrize("folder, cmd, lines", CASES, ids=[c for _, c, _ in CASES])
 def test_example_prints_what_its_readme_says(folder, cmd, lines, tmp_path):
     argv = shlex.split(cmd)
     assert argv[0] == "python"  # as written, with this interpreter
-    shutil.copytree(ROOT / "examples" / folder, tmp_path / "examples" / folder,
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    proc = subprocess.run([sys.executable, *argv[1:]], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=600)
+    shutil.copytree(
+        ROOT / "examples" / folder,
+        tmp_path / "examples" / folder,
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    proc = subprocess.run(
+        [sys.executable, *argv[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = proc.stdout.splitlines()
     for line in lines:

@@ -37,8 +37,9 @@ def test_readme_flwr_run_commands_run_verbatim(tmp_path: Path) -> None:
     assert lines[0] == "export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1"
     script = "set -e\n" + "\n".join(lines) + "\n"
     # only the README sets FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION
-    rc, output = run_isolated(["bash", "-c", script], tmp_path, cwd=REPO_ROOT, timeout=900,
-                              keep_runtime_install=True)
+    rc, output = run_isolated(
+        ["bash", "-c", script], tmp_path, cwd=REPO_ROOT, timeout=900, keep_runtime_install=True
+    )
     assert rc == 0, output[-6000:]
     assert "[mmfl] round   3/3" in output, output[-6000:]  # --stream showed the progress
     assert "Exit Code" not in output and "Runtime installation" not in output, output[-4000:]

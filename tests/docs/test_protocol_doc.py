@@ -50,8 +50,14 @@ PRESET_KW = {"ranklist-ucb": {"clients_per_round": 3}, "pareto-ucb": {"clients_p
 def test_the_documented_client_app_serves_every_preset(preset):
     snippet = server_snippet()
     grid = InProcessGrid(client_app(), [{"partition-id": i} for i in range(8)], seed=0)
-    kw = dict(local_epochs=5, lr=0.5, seed=0, node_wait_timeout=0.0, fraction_evaluate=0.5,
-              **PRESET_KW.get(preset, {}))
+    kw = dict(
+        local_epochs=5,
+        lr=0.5,
+        seed=0,
+        node_wait_timeout=0.0,
+        fraction_evaluate=0.5,
+        **PRESET_KW.get(preset, {}),
+    )
     if "budget_fraction" in PRESETS[preset].__code__.co_varnames:
         kw["budget_fraction"] = 0.5
     strategy = make_strategy(preset, **kw)
@@ -65,8 +71,9 @@ def test_the_documented_client_app_serves_every_preset(preset):
     assert all(np.isfinite(v).all() for v in w.values())
     assert accuracy(w) > 0.75, accuracy(w)  # the zero model scores ~0.5
     evaluated = result.evaluate_metrics_clientapp
-    assert evaluated and all("lin.accuracy" in rec for per_round in evaluated.values()
-                             for rec in per_round.values())
+    assert evaluated and all(
+        "lin.accuracy" in rec for per_round in evaluated.values() for rec in per_round.values()
+    )
 
 
 def test_the_documented_server_snippet_builds_lvr_and_reports_real_accuracies(capsys):
@@ -107,11 +114,14 @@ def test_the_documented_shard_app_hosts_its_clients_behind_one_message_per_node(
 
     grid = InProcessGrid(recording, [{"clients": "0-3"}, {"clients": "4-7"}], seed=0)
     strategy = MultiModelStrategy(FullParticipation(), local_epochs=1, lr=0.5, seed=0)
-    result = strategy.start(grid, {"mean": ArrayRecord({"m": Array(np.zeros(1, np.float32))})},
-                            num_rounds=2, timeout=30.0)
+    result = strategy.start(
+        grid,
+        {"mean": ArrayRecord({"m": Array(np.zeros(1, np.float32))})},
+        num_rounds=2,
+        timeout=30.0,
+    )
     assert sorted(strategy.table.ids(), key=int) == [str(c) for c in range(8)]
     assert [m for _, m in seen].count("train") == 4  # 2 nodes x 2 rounds
-    assert sorted({c for c, _, _ in result.assignments[2]}, key=int) == \
-        [str(c) for c in range(8)]
+    assert sorted({c for c, _, _ in result.assignments[2]}, key=int) == [str(c) for c in range(8)]
     # FullParticipation + FedAvg: the mean moves towards the clients' data (means 0..7)
     assert 0.5 < float(arrays_to_numpy(result.arrays["mean"])["m"][0]) < 7.0

@@ -77,7 +77,8 @@ def test_calls_in_inline_code_are_exported():
     assert {"stalevr", "MultiModelStrategy", "FixedRates"} <= called
     classes = [getattr(mmfl_flwr, n) for n in mmfl_flwr.__all__ if n[:1].isupper()]
     missing = sorted(
-        n for n in called
+        n
+        for n in called
         # an exported name, or a method of an exported class (the contract tables)
         if not hasattr(mmfl_flwr, n) and not any(hasattr(c, n) for c in classes)
     )

@@ -24,8 +24,13 @@ def readme_block() -> list[str]:
 def test_readme_gain_commands_run_verbatim(tmp_path: Path) -> None:
     lines = readme_block()
     assert len(lines) == 3
-    proc = subprocess.run(["bash", "-c", "set -e\n" + "\n".join(lines)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        ["bash", "-c", "set -e\n" + "\n".join(lines)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = tmp_path / "results" / "g"
     for name in ("metrics.csv", "single.csv", "summary.json"):

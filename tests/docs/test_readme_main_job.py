@@ -46,8 +46,9 @@ def test_the_main_job_command_is_venv_install_then_mmfl_run():
 def test_the_main_job_runs_verbatim(tmp_path: Path) -> None:
     run_part = main_job_command()[3:]
     assert run_part == ["mmfl run"]
-    rc, output = run_isolated(shlex.split(run_part[0]), tmp_path, cwd=tmp_path, timeout=1500,
-                              local_superlink=False)
+    rc, output = run_isolated(
+        shlex.split(run_part[0]), tmp_path, cwd=tmp_path, timeout=1500, local_superlink=False
+    )
     assert rc == 0, output[-6000:]
     out = tmp_path / "results" / "mmfl"
     summary = json.loads((out / "summary.json").read_text())

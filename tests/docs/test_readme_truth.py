@@ -19,22 +19,32 @@ def _output_table_patterns() -> list[re.Pattern[str]]:
     """File names in the first column of the README's output-file table
     (``<r>``-style placeholders match any text)."""
     start = README.index("| file | content |")
-    table = README[start:README.index("\n\n", start)]
+    table = README[start : README.index("\n\n", start)]
     names = re.findall(r"^\| `([^`]+)` \|", table, flags=re.M)
-    return [re.compile(re.sub(r"<[^>]+>", ".+", re.escape(n).replace(r"\<", "<")
-                              .replace(r"\>", ">")) + "$") for n in names]
+    return [
+        re.compile(
+            re.sub(r"<[^>]+>", ".+", re.escape(n).replace(r"\<", "<").replace(r"\>", ">")) + "$"
+        )
+        for n in names
+    ]
 
 
 def test_output_table_lists_every_file_of_a_group_run(tmp_path):
-    s = Settings(strategy="group", tasks="digits,digits,digits", profile="clusters-consistent",
-                 num_clients=12, num_rounds=2, local_epochs=1, output_dir=str(tmp_path))
+    s = Settings(
+        strategy="group",
+        tasks="digits,digits,digits",
+        profile="clusters-consistent",
+        num_clients=12,
+        num_rounds=2,
+        local_epochs=1,
+        output_dir=str(tmp_path),
+    )
     runner.run(s, engine="inprocess")
     written = sorted(p.name for p in tmp_path.iterdir() if p.is_file())
     assert "clusters.csv" in written and any(n.startswith("clusters_round_") for n in written)
     patterns = _output_table_patterns()
     documented = {"config.json", "checkpoint.pkl"}  # described in the sentence above it
-    missing = [n for n in written
-               if n not in documented and not any(p.match(n) for p in patterns)]
+    missing = [n for n in written if n not in documented and not any(p.match(n) for p in patterns)]
     assert not missing, f"files a run writes but the README's output table omits: {missing}"
 
 
@@ -45,17 +55,17 @@ def test_introduction_calls_no_implemented_algorithm_roadmap():
 
 
 def test_algorithm_notes_state_the_deviations():
-    notes = README[README.index("### Algorithm notes"):]
-    notes = notes[:notes.index("\n## ")]
+    notes = README[README.index("### Algorithm notes") :]
+    notes = notes[: notes.index("\n## ")]
     for phrase in (
-        "trainable",               # G over trainable parameters, BN state averaged
-        "clipped to `[0, b0]`",    # StaleVRE's clipping of beta
-        "max(Δ_t − 1, 1)",         # StaleVRE's guard
-        "loss query",              # UCB's initialisation
-        "`N_t`",                   # UCB's counting
+        "trainable",  # G over trainable parameters, BN state averaged
+        "clipped to `[0, b0]`",  # StaleVRE's clipping of beta
+        "max(Δ_t − 1, 1)",  # StaleVRE's guard
+        "loss query",  # UCB's initialisation
+        "`N_t`",  # UCB's counting
         "re-sampled every round",  # MFA-RR with K < N
-        "(s + τ) mod L",           # pseudo-models rotate
-        "`mifa-start`",            # MIFA's start (zero, the rule as stated, or uploaded)
-        "fdu_no_wait",             # what MIFA's published code does
+        "(s + τ) mod L",  # pseudo-models rotate
+        "`mifa-start`",  # MIFA's start (zero, the rule as stated, or uploaded)
+        "fdu_no_wait",  # what MIFA's published code does
     ):
         assert phrase in notes, phrase

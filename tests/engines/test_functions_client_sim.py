@@ -19,9 +19,16 @@ pytestmark = [
 
 
 def test_quickstart_app_runs_on_the_simulation_engine(tmp_path: Path) -> None:
-    cmd = [flower_exe("flwr"), "run", str(REPO_ROOT / "tests" / "quickstart_app"), "--stream",
-           "--run-config", "num-rounds=3 strategy='lvr'",
-           "--federation-config", "num-supernodes=4 client-resources-num-cpus=1"]
+    cmd = [
+        flower_exe("flwr"),
+        "run",
+        str(REPO_ROOT / "tests" / "quickstart_app"),
+        "--stream",
+        "--run-config",
+        "num-rounds=3 strategy='lvr'",
+        "--federation-config",
+        "num-supernodes=4 client-resources-num-cpus=1",
+    ]
     rc, output = run_isolated(cmd, tmp_path, cwd=tmp_path, timeout=600)
     assert rc == 0, output[-6000:]
     found = dict(re.findall(r"\[quickstart\] lvr (\w+): accuracy (\d\.\d+) after round 3", output))

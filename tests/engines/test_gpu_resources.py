@@ -37,8 +37,7 @@ from mmfl_flwr.flower_app.launch import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-SMALL = ["--num-clients", "4", "--num-rounds", "1", "--local-epochs", "1", "--tasks",
-         "synthetic"]
+SMALL = ["--num-clients", "4", "--num-rounds", "1", "--local-epochs", "1", "--tasks", "synthetic"]
 
 
 def _closed_port() -> int:
@@ -68,18 +67,21 @@ def test_other_gpu_shares_are_refused_in_one_line(value):
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("nodes, gpus", [
-    (((2.0, 0.0),), 0.0),
-    (((2.0, 0.0),), 0.25),                    # no GPU: no client fits
-    (((16.0, 1.0),), 0.25),                   # GPU-bound: 4
-    (((2.0, 1.0),), 0.25),                    # CPU-bound: 2
-    (((16.0, 1.0),), 0.3),                    # 3 (not 3.33)
-    (((16.0, 2.0),), 1.0),
-    (((16.0, 1.0),), 2.0),                    # one GPU is not enough for 2
-    (((4.0, 0.0), (4.0, 1.0)), 0.5),          # only the GPU node counts
-    (((1.0, 0.0), (1.0, 0.0)), 0.0),          # the two-node test cluster: 2
-    (((0.0, 0.0), (3.0, 0.0)), 0.0),          # a head that runs no tasks
-])
+@pytest.mark.parametrize(
+    "nodes, gpus",
+    [
+        (((2.0, 0.0),), 0.0),
+        (((2.0, 0.0),), 0.25),  # no GPU: no client fits
+        (((16.0, 1.0),), 0.25),  # GPU-bound: 4
+        (((2.0, 1.0),), 0.25),  # CPU-bound: 2
+        (((16.0, 1.0),), 0.3),  # 3 (not 3.33)
+        (((16.0, 2.0),), 1.0),
+        (((16.0, 1.0),), 2.0),  # one GPU is not enough for 2
+        (((4.0, 0.0), (4.0, 1.0)), 0.5),  # only the GPU node counts
+        (((1.0, 0.0), (1.0, 0.0)), 0.0),  # the two-node test cluster: 2
+        (((0.0, 0.0), (3.0, 0.0)), 0.0),  # a head that runs no tasks
+    ],
+)
 def test_clients_at_a_time_is_flowers_own_count(monkeypatch, nodes, gpus):
     """``_slots`` against Flower's ``pool_size_from_resources`` on fake Ray nodes."""
     from flwr.simulation.ray_transport import ray_actor
@@ -110,9 +112,12 @@ def test_the_local_federation_config_caps_ray_and_asks_for_gpus():
     federation, env = federation_config(6, plan, num_cpus=8)
     assert env == {}
     assert _parsed(federation) == {
-        "num_supernodes": 6, "client_resources_num_cpus": 1,
-        "client_resources_num_gpus": 0.25, "init_args_num_cpus": 8,
-        "init_args_logging_level": "ERROR", "init_args_log_to_driver": False,
+        "num_supernodes": 6,
+        "client_resources_num_cpus": 1,
+        "client_resources_num_gpus": 0.25,
+        "init_args_num_cpus": 8,
+        "init_args_logging_level": "ERROR",
+        "init_args_log_to_driver": False,
     }
 
 
@@ -123,15 +128,17 @@ def test_without_gpus_the_federation_config_asks_for_none():
 
 
 def test_a_cluster_gets_ray_address_and_no_num_cpus():
-    plan = RayPlan(address="10.1.2.3:6379", nodes=((4.0, 1.0), (4.0, 1.0)),
-                   num_gpus_per_client=1.0, slots=2)
+    plan = RayPlan(
+        address="10.1.2.3:6379", nodes=((4.0, 1.0), (4.0, 1.0)), num_gpus_per_client=1.0, slots=2
+    )
     federation, env = federation_config(10, plan, num_cpus=None)
     keys = _parsed(federation)
     assert env == {"RAY_ADDRESS": "10.1.2.3:6379"}
     assert "init_args_num_cpus" not in keys and "init_args_num_gpus" not in keys
     assert keys["client_resources_num_gpus"] == 1.0
     assert "2 nodes, 8 CPUs, 2 GPUs; 1 GPU and 1 CPU per client, up to 2 clients" in (
-        plan.describe())
+        plan.describe()
+    )
 
 
 # -------------------------------------------------------------------- plan_ray
@@ -150,20 +157,23 @@ def test_a_local_gpu_gives_clients_at_a_time(monkeypatch):
 
 
 def test_gpus_on_a_cluster_count_its_gpu_nodes(monkeypatch):
-    monkeypatch.setattr(launch, "_probe_cluster",
-                        lambda address: ("10.1.2.3:6379", ((8.0, 0.0), (8.0, 1.0))))
+    monkeypatch.setattr(
+        launch, "_probe_cluster", lambda address: ("10.1.2.3:6379", ((8.0, 0.0), (8.0, 1.0)))
+    )
     plan = plan_ray(0.5, "head.example:6379")
     assert (plan.address, plan.slots) == ("10.1.2.3:6379", 2)
-    monkeypatch.setattr(launch, "_probe_cluster",
-                        lambda address: ("10.1.2.3:6379", ((8.0, 0.0), (8.0, 0.0))))
+    monkeypatch.setattr(
+        launch, "_probe_cluster", lambda address: ("10.1.2.3:6379", ((8.0, 0.0), (8.0, 0.0)))
+    )
     with pytest.raises(ValueError, match=r"Ray sees no GPU on the Ray cluster at head"):
         plan_ray(0.5, "head.example:6379")
 
 
 def test_an_unreachable_or_malformed_address_is_one_line():
     port = _closed_port()
-    with pytest.raises(ValueError, match=f"--ray-address 127.0.0.1:{port}: no Ray cluster "
-                                         "answers there"):
+    with pytest.raises(
+        ValueError, match=f"--ray-address 127.0.0.1:{port}: no Ray cluster answers there"
+    ):
         plan_ray(0.0, f"127.0.0.1:{port}")
     with pytest.raises(ValueError, match="expected HOST:PORT"):
         plan_ray(0.0, "head-without-port")
@@ -195,19 +205,30 @@ def _cli_error(argv: list[str], capsys: pytest.CaptureFixture[str], out: Path) -
     return lines[0]
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["--num-gpus-per-client", "0.25"],
-     "--num-gpus-per-client 0.25: Ray sees no GPU on this machine"),
-    (["--num-gpus-per-client", "1.5"], "must be in [0, 1]"),
-    (["--num-gpus-per-client", "lots"], "--num-gpus-per-client: invalid float value"),
-    (["--engine", "inprocess", "--num-gpus-per-client", "0.5"],
-     "--num-gpus-per-client applies to --engine simulation (Flower's Ray engine) only"),
-    (["--engine", "inprocess", "--ray-address", "auto"],
-     "--ray-address applies to --engine simulation"),
-    (["--ray-address", "127.0.0.1:{port}"],
-     "--ray-address 127.0.0.1:{port}: no Ray cluster answers there"),
-    (["--ray-address", "127.0.0.1:{port}", "--num-cpus", "2"], "exclude each other"),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (
+            ["--num-gpus-per-client", "0.25"],
+            "--num-gpus-per-client 0.25: Ray sees no GPU on this machine",
+        ),
+        (["--num-gpus-per-client", "1.5"], "must be in [0, 1]"),
+        (["--num-gpus-per-client", "lots"], "--num-gpus-per-client: invalid float value"),
+        (
+            ["--engine", "inprocess", "--num-gpus-per-client", "0.5"],
+            "--num-gpus-per-client applies to --engine simulation (Flower's Ray engine) only",
+        ),
+        (
+            ["--engine", "inprocess", "--ray-address", "auto"],
+            "--ray-address applies to --engine simulation",
+        ),
+        (
+            ["--ray-address", "127.0.0.1:{port}"],
+            "--ray-address 127.0.0.1:{port}: no Ray cluster answers there",
+        ),
+        (["--ray-address", "127.0.0.1:{port}", "--num-cpus", "2"], "exclude each other"),
+    ],
+)
 def test_cli_refuses_in_one_line_with_exit_2(argv, expected, capsys, tmp_path):
     port = _closed_port()
     line = _cli_error([a.format(port=port) for a in argv], capsys, tmp_path / "out")
@@ -221,9 +242,23 @@ def test_cli_gpu_request_without_gpu_has_no_traceback(tmp_path):
     env["CUDA_VISIBLE_DEVICES"] = ""
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "mmfl_flwr.cli", "run", *SMALL, "--num-gpus-per-client",
-         "0.25", "--output-dir", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+        [
+            sys.executable,
+            "-m",
+            "mmfl_flwr.cli",
+            "run",
+            *SMALL,
+            "--num-gpus-per-client",
+            "0.25",
+            "--output-dir",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr

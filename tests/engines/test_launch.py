@@ -17,15 +17,24 @@ from mmfl_flwr.flower_app.launch import _show, app_pyproject
 
 
 def test_the_app_pyproject_holds_every_setting_exactly():
-    s = Settings(strategy="lvr", num_clients=7, lr=0.0125, output_dir='/tmp/a "quoted" dir',
-                 tasks="digits,synthetic", budget_fraction=0.35, overwrite=True)
+    s = Settings(
+        strategy="lvr",
+        num_clients=7,
+        lr=0.0125,
+        output_dir='/tmp/a "quoted" dir',
+        tasks="digits,synthetic",
+        budget_fraction=0.35,
+        overwrite=True,
+    )
     config = s.to_run_config()
     config["odd"] = math.inf
     doc = tomllib.loads(app_pyproject(config))
     assert doc["tool"]["flwr"]["app"]["config"] == config
     components = doc["tool"]["flwr"]["app"]["components"]
-    assert components == {"serverapp": "mmfl_flwr.flower_app.server_app:app",
-                          "clientapp": "mmfl_flwr.flower_app.client_app:app"}
+    assert components == {
+        "serverapp": "mmfl_flwr.flower_app.server_app:app",
+        "clientapp": "mmfl_flwr.flower_app.client_app:app",
+    }
     back = Settings.from_run_config({k: v for k, v in config.items() if k != "odd"})
     assert back == s
 
@@ -38,8 +47,11 @@ def test_the_log_filter_keeps_progress_warnings_and_errors_only():
     assert _show("Traceback (most recent call last):", verbose=False)
     assert not _show("\x1b[92mINFO \x1b[0m:      [ROUND 1/2]", verbose=False)
     assert not _show("Using SuperLink: mmfl (127.0.0.1:40843)", verbose=False)
-    assert not _show("\x1b[93mWARNING \x1b[0m:   Since flwr 1.32, default simulated SuperNodes "
-                     "changed from 10 to 2.", verbose=False)
+    assert not _show(
+        "\x1b[93mWARNING \x1b[0m:   Since flwr 1.32, default simulated SuperNodes "
+        "changed from 10 to 2.",
+        verbose=False,
+    )
     assert _show("\x1b[92mINFO \x1b[0m:      [ROUND 1/2]", verbose=True)
 
 
@@ -54,8 +66,7 @@ def test_streamed_log_lines_go_where_the_in_process_engines_put_them(capsys):
     _echo("\x1b[91mERROR \x1b[0m:     boom\n")
     out, err = capsys.readouterr()
     assert out == "[mmfl] round   1/2 | acc digits=0.300 | uploads 4 | elapsed   30.7s\n"
-    assert err == ("WARNING :   strategy lvr: budget-fraction=0.1 gives m = 2\n"
-                   "ERROR :     boom\n")
+    assert err == ("WARNING :   strategy lvr: budget-fraction=0.1 gives m = 2\nERROR :     boom\n")
 
 
 def test_the_run_log_names_the_run_shows_progress_and_sees_the_results_line(capsys):
@@ -74,17 +85,23 @@ def test_the_run_log_names_the_run_shows_progress_and_sees_the_results_line(caps
         f"{RESULTS_LINE}/tmp/out\n",
     ]
     assert follow_run_log(iter(lines), verbose=False, timeout=None) == (
-        "8052306127553436162", True, ["Loading project configuration..."])
+        "8052306127553436162",
+        True,
+        ["Loading project configuration..."],
+    )
     out, err = capsys.readouterr()
-    assert out == ("[mmfl] round   1/1 | acc digits=0.300 | uploads 4 | elapsed   30.7s\n"
-                   f"{RESULTS_LINE}/tmp/out\n")
+    assert out == (
+        "[mmfl] round   1/1 | acc digits=0.300 | uploads 4 | elapsed   30.7s\n"
+        f"{RESULTS_LINE}/tmp/out\n"
+    )
     assert err == "WARNING :   Client 3: rejected update\n"
     # a log that ends without the results line: the run did not finish its work
     run_id, finished, _ = follow_run_log(iter(lines[:-1]), verbose=False, timeout=None)
     assert run_id == "8052306127553436162" and not finished
     # the results line printed by something else than the ServerApp's last print
-    run_id, finished, _ = follow_run_log(iter(lines[:1] + [f"x {RESULTS_LINE}\n"]),
-                                         verbose=False, timeout=None)
+    run_id, finished, _ = follow_run_log(
+        iter(lines[:1] + [f"x {RESULTS_LINE}\n"]), verbose=False, timeout=None
+    )
     assert (run_id, finished) == ("", False)
 
 
@@ -93,19 +110,23 @@ def test_a_run_that_was_not_started_keeps_flowers_whole_reason():
     the panel's text joined into one line."""
     from mmfl_flwr.flower_app.launch import flwr_reason, follow_run_log
 
-    lines = ["Loading project configuration...\n",
-             "╭─ Error ──────────────────────────────────────────────────────────────╮\n",
-             "│ Connection to the SuperLink is unavailable. Please check your         │\n",
-             "│ connection and 'address' in the SuperLink connection configuration.   │\n",
-             "╰───────────────────────────────────────────────────────────────────────╯\n",
-             "\n"]
+    lines = [
+        "Loading project configuration...\n",
+        "╭─ Error ──────────────────────────────────────────────────────────────╮\n",
+        "│ Connection to the SuperLink is unavailable. Please check your         │\n",
+        "│ connection and 'address' in the SuperLink connection configuration.   │\n",
+        "╰───────────────────────────────────────────────────────────────────────╯\n",
+        "\n",
+    ]
     run_id, finished, before = follow_run_log(iter(lines), verbose=False, timeout=None)
     assert (run_id, finished) == ("", False)
     assert flwr_reason(before) == (
         "Connection to the SuperLink is unavailable. Please check your connection and "
-        "'address' in the SuperLink connection configuration.")
+        "'address' in the SuperLink connection configuration."
+    )
     assert flwr_reason(["Loading project configuration...", "Error: no such app"]) == (
-        "Error: no such app")
+        "Error: no such app"
+    )
     assert flwr_reason([]) == ""
 
 
@@ -113,8 +134,7 @@ def test_the_run_id_line_is_reported_once():
     from mmfl_flwr.flower_app.launch import follow_run_log
 
     seen = []
-    lines = ["Successfully started run 7\n", "[mmfl] round   1/1\n",
-             "Successfully started run 7\n"]
+    lines = ["Successfully started run 7\n", "[mmfl] round   1/1\n", "Successfully started run 7\n"]
     assert follow_run_log(iter(lines), False, None, on_started=lambda: seen.append(1))[0] == "7"
     assert seen == [1]
 
@@ -128,12 +148,13 @@ def test_the_servers_last_line_is_the_one_mmfl_run_waits_for():
 
     assert "_run_server(" in inspect.getsource(server_app.server_main)
     src = inspect.getsource(server_app._run_server)
-    assert 'print(f"' + launch.RESULTS_LINE + '{' in src
+    assert 'print(f"' + launch.RESULTS_LINE + "{" in src
 
 
 @pytest.mark.parametrize("exported", [False, True])
 def test_a_local_simulation_shares_its_nodes_data_through_a_directory_removed_after(
-        tmp_path, monkeypatch, exported):
+    tmp_path, monkeypatch, exported
+):
     """`mmfl run --engine simulation` on this machine gives the SuperLink's tree
     (and so the Ray workers) MMFL_SHARED_DATA, a directory of its own that is gone
     once the run ends, however it ends; a directory the user exported is used as
@@ -187,8 +208,9 @@ def test_a_cluster_run_gets_no_shared_data_folder(tmp_path, monkeypatch):
 
     monkeypatch.delenv(SHARED_DATA_ENV, raising=False)
     seen: dict[str, object] = {}
-    cluster = L.RayPlan(address="10.0.0.1:6379", nodes=((4.0, 0.0), (4.0, 0.0)),
-                        num_gpus_per_client=0.0, slots=8)
+    cluster = L.RayPlan(
+        address="10.0.0.1:6379", nodes=((4.0, 0.0), (4.0, 0.0)), num_gpus_per_client=0.0, slots=8
+    )
     monkeypatch.setattr(L, "plan_ray", lambda *a, **k: cluster)
 
     def popen(cmd, env=None, **kw):
@@ -212,8 +234,12 @@ def test_a_later_run_removes_the_shared_data_a_killed_run_left(tmp_path):
 
     from mmfl_flwr.flower_app.launch import remove_stale_shared_data
 
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     gone, alive = tmp_path / "mmfl-run-gone", tmp_path / "mmfl-run-alive"
     for run, pid in ((gone, int(dead.stdout)), (alive, os.getpid())):
         (run / "shared-data").mkdir(parents=True)

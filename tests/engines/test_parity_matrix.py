@@ -32,9 +32,17 @@ TOL = 1e-5
 
 
 def settings(strategy: str, **kw) -> Settings:
-    base = dict(strategy=strategy, num_clients=N, num_rounds=3, local_epochs=2, lr=0.05,
-                tasks="synthetic,synthetic", synthetic_max_samples=60, seed=5,
-                output_dir="")
+    base = dict(
+        strategy=strategy,
+        num_clients=N,
+        num_rounds=3,
+        local_epochs=2,
+        lr=0.05,
+        tasks="synthetic,synthetic",
+        synthetic_max_samples=60,
+        seed=5,
+        output_dir="",
+    )
     if strategy in ("lvr", "stalevr"):
         base["budget_fraction"] = 0.5
     base.update(kw)
@@ -47,8 +55,9 @@ def _numpy(arrays):
 
 def assert_same_run(ref, got, s: Settings) -> None:
     assert got.assignments == ref.assignments
-    assert [(r["round"], r["task"], r["uploads"]) for r in got.history] == \
-        [(r["round"], r["task"], r["uploads"]) for r in ref.history]
+    assert [(r["round"], r["task"], r["uploads"]) for r in got.history] == [
+        (r["round"], r["task"], r["uploads"]) for r in ref.history
+    ]
     gaps = run_gaps(_numpy(initial_arrays(s)), _numpy(ref.arrays), _numpy(got.arrays))
     assert len(gaps) == 2 and max(gaps.values()) <= TOL, gaps
 
@@ -61,7 +70,8 @@ def reference(strategy: str, profile: str = "uniform"):
 
     if (strategy, profile) not in _REFERENCE:
         _REFERENCE[strategy, profile] = run(
-            settings(strategy, clients_per_node="1", profile=profile), engine="inprocess")
+            settings(strategy, clients_per_node="1", profile=profile), engine="inprocess"
+        )
     return _REFERENCE[strategy, profile]
 
 
@@ -71,15 +81,17 @@ def test_the_gap_measure():
     w0 = {"w": np.zeros(4), "n": np.array(3)}
     a = {"w": np.array([1.0, 0, 0, 0]), "n": np.array(3)}
     assert relative_update_gap(w0, a, a) == 0.0
-    assert relative_update_gap(w0, a, {"w": np.array([1.0, 1e-6, 0, 0]), "n": np.array(3)}) \
-        == pytest.approx(1e-6)
+    assert relative_update_gap(
+        w0, a, {"w": np.array([1.0, 1e-6, 0, 0]), "n": np.array(3)}
+    ) == pytest.approx(1e-6)
     assert relative_update_gap(w0, a, {"w": a["w"], "n": np.array(4)}) == float("inf")
     assert relative_update_gap(w0, a, {"w": a["w"]}) == float("inf")
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("engine,k", [("inprocess", str(N // 2)), ("vectorized", "auto"),
-                                       ("inprocess", str(N))])
+@pytest.mark.parametrize(
+    "engine,k", [("inprocess", str(N // 2)), ("vectorized", "auto"), ("inprocess", str(N))]
+)
 def test_shard_nodes_give_the_reference_run(strategy, engine, k):
     from mmfl_flwr.runner import run
 
@@ -96,8 +108,11 @@ def test_multi_processor_clients_give_the_reference_run(engine, k):
 
     s = settings("lvr", clients_per_node=k, profile="paper003")
     ref = reference("lvr", "paper003")
-    models_per_client = [len({t for c2, t, _ in picks if c2 == c})
-                         for picks in ref.assignments.values() for c, _, _ in picks]
+    models_per_client = [
+        len({t for c2, t, _ in picks if c2 == c})
+        for picks in ref.assignments.values()
+        for c, _, _ in picks
+    ]
     assert max(models_per_client) >= 2  # the case is exercised
     assert_same_run(ref, run(s, engine=engine), s)
 
@@ -120,11 +135,11 @@ def test_one_seed_fixes_a_sharded_run_and_another_seed_changes_it():
 #: (lvr, K = N), the C-step with one client per node (group, K = 1); ranklist-ucb's
 #: client work (loss queries, training losses) is lvr's, its selection is server
 #: code. ``MMFL_FULL_PARITY=1`` runs all 18 (every strategy with K = 1, N/2, N) and lvr's.
-SIM_CASES = ([(st, k, "uniform") for st in STRATEGIES for k in (1, N // 2, N)]
-             + [("lvr", N, "paper003")]
-             if os.environ.get("MMFL_FULL_PARITY") == "1"
-             else [("scaffold", N // 2, "uniform"), ("lvr", N, "paper003"),
-                   ("group", 1, "uniform")])
+SIM_CASES = (
+    [(st, k, "uniform") for st in STRATEGIES for k in (1, N // 2, N)] + [("lvr", N, "paper003")]
+    if os.environ.get("MMFL_FULL_PARITY") == "1"
+    else [("scaffold", N // 2, "uniform"), ("lvr", N, "paper003"), ("group", 1, "uniform")]
+)
 
 
 @pytest.mark.slow

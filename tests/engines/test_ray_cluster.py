@@ -73,11 +73,21 @@ ray.shutdown()
 def _ray_start(env: dict[str, str], args: list[str]) -> None:
     """``ray start ARGS`` with its own free ports for every service of the node."""
     ports = free_ports(5)
-    cmd = [str(VENV_BIN / "ray"), "start", *args, "--node-ip-address=127.0.0.1",
-           "--num-cpus=1", "--num-gpus=0", "--object-store-memory=100000000",
-           "--disable-usage-stats", f"--node-manager-port={ports[0]}",
-           f"--object-manager-port={ports[1]}", f"--dashboard-agent-listen-port={ports[2]}",
-           f"--dashboard-agent-grpc-port={ports[3]}", f"--metrics-export-port={ports[4]}"]
+    cmd = [
+        str(VENV_BIN / "ray"),
+        "start",
+        *args,
+        "--node-ip-address=127.0.0.1",
+        "--num-cpus=1",
+        "--num-gpus=0",
+        "--object-store-memory=100000000",
+        "--disable-usage-stats",
+        f"--node-manager-port={ports[0]}",
+        f"--object-manager-port={ports[1]}",
+        f"--dashboard-agent-listen-port={ports[2]}",
+        f"--dashboard-agent-grpc-port={ports[3]}",
+        f"--metrics-export-port={ports[4]}",
+    ]
     res = run_cmd(cmd, env=env, timeout=RAY_START_TIMEOUT)
     assert res.returncode == 0, f"ray start failed:\n{describe(res)}"
 
@@ -89,18 +99,30 @@ def test_mmfl_run_on_a_two_node_ray_cluster(
     marker = new_marker()
     # Short: Ray's socket paths live below it (a Unix socket path has <= 107 bytes).
     ray_tmp = Path(tempfile.mkdtemp(prefix="mmfl-ray-", dir="/tmp"))
-    env = flower_env(tmp_path / "home", marker,
-                     {"RAY_TMPDIR": str(ray_tmp), "RAY_USAGE_STATS_ENABLED": "0",
-                      "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"})
+    env = flower_env(
+        tmp_path / "home",
+        marker,
+        {
+            "RAY_TMPDIR": str(ray_tmp),
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+        },
+    )
     gcs_port, client_port, dashboard_port = free_ports(3)
     address = f"127.0.0.1:{gcs_port}"
     out = tmp_path / "out"
     try:
         with ProcessTracker(marker) as procs:
-            _ray_start(env, ["--head", f"--port={gcs_port}",
-                                    "--include-dashboard=false",
-                                    f"--ray-client-server-port={client_port}",
-                                    f"--dashboard-port={dashboard_port}"])
+            _ray_start(
+                env,
+                [
+                    "--head",
+                    f"--port={gcs_port}",
+                    "--include-dashboard=false",
+                    f"--ray-client-server-port={client_port}",
+                    f"--dashboard-port={dashboard_port}",
+                ],
+            )
             _ray_start(env, [f"--address={address}"])
             t_cluster = time.monotonic() - t0
 
@@ -113,10 +135,29 @@ def test_mmfl_run_on_a_two_node_ray_cluster(
             t1 = time.monotonic()
             log = tmp_path / "mmfl.log"
             proc = procs.popen(
-                [sys.executable, "-m", "mmfl_flwr.cli", "run", "--engine", "simulation",
-                 "--ray-address", address, "--num-clients", "4", "--num-rounds", "2",
-                 "--local-epochs", "1", "--tasks", TASKS, "--output-dir", str(out)],
-                env=env, cwd=tmp_path, log_path=log,
+                [
+                    sys.executable,
+                    "-m",
+                    "mmfl_flwr.cli",
+                    "run",
+                    "--engine",
+                    "simulation",
+                    "--ray-address",
+                    address,
+                    "--num-clients",
+                    "4",
+                    "--num-rounds",
+                    "2",
+                    "--local-epochs",
+                    "1",
+                    "--tasks",
+                    TASKS,
+                    "--output-dir",
+                    str(out),
+                ],
+                env=env,
+                cwd=tmp_path,
+                log_path=log,
             )
             try:
                 rc = proc.wait(timeout=RUN_TIMEOUT)
@@ -140,5 +181,7 @@ def test_mmfl_run_on_a_two_node_ray_cluster(
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     check_outputs(out, task_names(TASKS.split(",")), num_rounds=2)
-    print(f"\n[ray-cluster] cluster up {t_cluster:.1f} s, mmfl run {t_run:.1f} s, "
-          f"test {time.monotonic() - t0:.1f} s")
+    print(
+        f"\n[ray-cluster] cluster up {t_cluster:.1f} s, mmfl run {t_run:.1f} s, "
+        f"test {time.monotonic() - t0:.1f} s"
+    )

@@ -22,12 +22,17 @@ def test_clients_values_parse_as_ranges_and_ids():
     assert parse_clients(4, 10) == [4]
 
 
-@pytest.mark.parametrize("raw,words", [
-    ("a-b", "expected partition ids or ranges"), ("3-1", "expected partition ids"),
-    ("", "expected partition ids"), ("0-12", "12 is outside the federation of num-clients=10"),
-    ("0-9999999999", "9999999999 is outside the federation"),
-    ("1,1", "names a client twice"),
-])
+@pytest.mark.parametrize(
+    "raw,words",
+    [
+        ("a-b", "expected partition ids or ranges"),
+        ("3-1", "expected partition ids"),
+        ("", "expected partition ids"),
+        ("0-12", "12 is outside the federation of num-clients=10"),
+        ("0-9999999999", "9999999999 is outside the federation"),
+        ("1,1", "names a client twice"),
+    ],
+)
 def test_a_clients_value_that_does_not_parse_is_one_line(raw, words):
     with pytest.raises(ValueError, match=words) as err:
         parse_clients(raw, 10)
@@ -35,8 +40,13 @@ def test_a_clients_value_that_does_not_parse_is_one_line(raw, words):
 
 
 def test_a_shard_node_config_may_not_also_name_one_client():
-    ctx = Context(run_id=1, node_id=1, node_config={"clients": "0-1", "partition-id": 0},
-                  state=RecordDict(), run_config={})
+    ctx = Context(
+        run_id=1,
+        node_id=1,
+        node_config={"clients": "0-1", "partition-id": 0},
+        state=RecordDict(),
+        run_config={},
+    )
     with pytest.raises(ValueError, match="both 'clients' and 'partition-id'"):
         client_spec(ctx, Settings(num_clients=4, tasks="synthetic"))
 
@@ -45,18 +55,31 @@ def _run(settings: Settings, nodes: list[dict], vectorize: bool = True):
     from mmfl_flwr.client.app import make_client_app
     from mmfl_flwr.flower_app.client_app import node_spec_fn
 
-    app = (build_client_app(settings) if vectorize
-           else make_client_app(node_spec_fn(settings), vectorize=False))
+    app = (
+        build_client_app(settings)
+        if vectorize
+        else make_client_app(node_spec_fn(settings), vectorize=False)
+    )
     grid = InProcessGrid(app, nodes, settings.to_run_config(), seed=settings.seed)
-    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
-                  run_config=settings.to_run_config())
+    ctx = Context(
+        run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=settings.to_run_config()
+    )
     # the preset of the settings: its first round waits for num_clients clients,
     # however many nodes host them
     return server_main(grid, ctx, settings, strategy_from_settings(settings)), grid
 
 
-_FED = dict(strategy="lvr", budget_fraction=0.5, num_clients=6, tasks="synthetic,synthetic",
-            num_rounds=2, local_epochs=1, output_dir="", seed=3, synthetic_max_samples=50)
+_FED = dict(
+    strategy="lvr",
+    budget_fraction=0.5,
+    num_clients=6,
+    tasks="synthetic,synthetic",
+    num_rounds=2,
+    local_epochs=1,
+    output_dir="",
+    seed=3,
+    synthetic_max_samples=50,
+)
 _SHARDS = [{"clients": "0-2"}, {"partition-id": 3, "num-partitions": 6}, {"clients": "4,5"}]
 
 
@@ -65,8 +88,9 @@ def test_shard_nodes_answering_client_by_client_equal_one_node_per_client_exactl
     single, _ = _run(s, node_configs(s))
     sharded, _ = _run(s, _SHARDS, vectorize=False)
     assert sharded.assignments == single.assignments
-    assert [{k: v for k, v in r.items() if k != "seconds"} for r in sharded.history] == \
-        [{k: v for k, v in r.items() if k != "seconds"} for r in single.history]
+    assert [{k: v for k, v in r.items() if k != "seconds"} for r in sharded.history] == [
+        {k: v for k, v in r.items() if k != "seconds"} for r in single.history
+    ]
     for task, rec in single.arrays.items():
         for k, v in rec.items():
             np.testing.assert_array_equal(sharded.arrays[task][k].numpy(), v.numpy())
@@ -85,6 +109,7 @@ def test_batched_shard_nodes_run_the_federation_as_one_node_per_client():
     for a, b in zip(single.history, sharded.history):
         assert (a["round"], a["task"], a["uploads"]) == (b["round"], b["task"], b["uploads"])
         assert a["accuracy"] == pytest.approx(b["accuracy"], abs=0.02)
+
     def numpy(arrays):
         return {t: arrays_to_numpy(a) for t, a in arrays.items()}
 
@@ -115,12 +140,16 @@ def test_a_pickled_client_app_finds_its_process_state_again(tmp_path):
         return inner(ctx)
 
     app = make_client_app(spec_fn)
-    ctx = Context(run_id=1, node_id=5, node_config={"clients": "0-3"}, state=RecordDict(),
-                  run_config=s.to_run_config())
+    ctx = Context(
+        run_id=1,
+        node_id=5,
+        node_config={"clients": "0-3"},
+        state=RecordDict(),
+        run_config=s.to_run_config(),
+    )
     for _ in range(3):
         copy = cloudpickle.loads(cloudpickle.dumps(app))
-        msg = Message(RecordDict(), dst_node_id=5, message_type=MessageType.QUERY,
-                      group_id="1")
+        msg = Message(RecordDict(), dst_node_id=5, message_type=MessageType.QUERY, group_id="1")
         msg.metadata.__dict__["_message_id"] = "m"
         msg.metadata.__dict__["_message_type"] = P.QUERY_INFO
         reply = copy(msg, ctx)
@@ -142,10 +171,12 @@ def test_a_batched_shard_holds_no_model_per_client():
         specs[ctx.node_config["clients"]] = out = inner(ctx)
         return out
 
-    grid = InProcessGrid(make_client_app(spec_fn), [{"clients": "0-5"}], s.to_run_config(),
-                         seed=s.seed)
-    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
-                  run_config=s.to_run_config())
+    grid = InProcessGrid(
+        make_client_app(spec_fn), [{"clients": "0-5"}], s.to_run_config(), seed=s.seed
+    )
+    ctx = Context(
+        run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=s.to_run_config()
+    )
     server_main(grid, ctx, s, strategy_from_settings(s))
     trainers = [tr for spec in specs["0-5"] for tr in spec.trainers.values()]
     # no network per client: the trainers of a model share one per thread (and the
@@ -187,8 +218,9 @@ def test_a_torch_trainer_subclass_with_its_own_training_is_not_batched(caplog):
     with pytest.raises(Exception, match="overrides TorchTrainer.train"):
         comp._plan(spec, ["t"], False, "train")
     plain = Plain(lambda: make_model("synthetic"), train, test, 8)
-    assert set(comp._plan(type("S", (), {"trainers": {"t": plain}})(), ["t"], False,
-                          "train")) == {"t"}
+    assert set(comp._plan(type("S", (), {"trainers": {"t": plain}})(), ["t"], False, "train")) == {
+        "t"
+    }
 
 
 def test_the_contract_is_checked_once_per_trainer(monkeypatch):
@@ -204,8 +236,7 @@ def test_the_contract_is_checked_once_per_trainer(monkeypatch):
 
     calls = []
     original = S._overrides_torch_trainer
-    monkeypatch.setattr(S, "_overrides_torch_trainer",
-                        lambda tr: calls.append(tr) or original(tr))
+    monkeypatch.setattr(S, "_overrides_torch_trainer", lambda tr: calls.append(tr) or original(tr))
 
     class Proximal(TorchTrainer):
         def loss(self, weights):
@@ -218,8 +249,10 @@ def test_the_contract_is_checked_once_per_trainer(monkeypatch):
     for _ in range(3):
         assert comp._why_not_batched(plain) == ""
         why = comp._why_not_batched(prox)
-        assert why.format(task=repr("t")) == ("task 't': Proximal overrides TorchTrainer.loss "
-                                              "(its own loop runs, not the batched SGD)")
+        assert why.format(task=repr("t")) == (
+            "task 't': Proximal overrides TorchTrainer.loss "
+            "(its own loop runs, not the batched SGD)"
+        )
     assert calls == [plain, prox]
 
     class Slotted:  # no __weakref__: not cached, still answered
@@ -227,7 +260,8 @@ def test_the_contract_is_checked_once_per_trainer(monkeypatch):
 
     for _ in range(2):
         assert comp._why_not_batched(Slotted()).format(task="'t'") == (
-            "task 't' has a trainer without the vectorizable contract (Slotted)")
+            "task 't' has a trainer without the vectorizable contract (Slotted)"
+        )
 
 
 def test_one_clients_bad_train_config_fails_it_alone():
@@ -244,12 +278,23 @@ def test_one_clients_bad_train_config_fails_it_alone():
     ensure_task_identity()
     s = Settings(**_FED)
     app = make_client_app(node_spec_fn(s))
-    ctx = Context(run_id=1, node_id=5, node_config={"clients": "0-2"}, state=RecordDict(),
-                  run_config=s.to_run_config())
+    ctx = Context(
+        run_id=1,
+        node_id=5,
+        node_config={"clients": "0-2"},
+        state=RecordDict(),
+        run_config=s.to_run_config(),
+    )
     content = RecordDict({P.arrays_key("synthetic"): initial_arrays(s)["synthetic"]})
     for cid in ("0", "1", "2"):
-        cfg = {P.CFG_TASKS: ["synthetic"], P.CFG_EPOCHS: 1, P.CFG_LR: 0.05,
-               P.CFG_BATCH_SIZE: 8, P.CFG_SEED: 1, P.CFG_ROUND: 1}
+        cfg = {
+            P.CFG_TASKS: ["synthetic"],
+            P.CFG_EPOCHS: 1,
+            P.CFG_LR: 0.05,
+            P.CFG_BATCH_SIZE: 8,
+            P.CFG_SEED: 1,
+            P.CFG_ROUND: 1,
+        }
         if cid == "1":
             cfg["clipping_norm"] = -3.0
         content[P.client_key(P.CONFIG_KEY, cid)] = ConfigRecord(cfg)
@@ -264,7 +309,8 @@ def test_one_clients_bad_train_config_fails_it_alone():
 
 @pytest.mark.parametrize("mtype", ["query.losses", "evaluate"])
 def test_a_shards_forward_passes_answer_each_client_as_alone_and_draw_no_training_seed(
-        monkeypatch, mtype):
+    monkeypatch, mtype
+):
     """A loss query or an evaluation of a shard gives every client the values its
     own trainer gives (to float32 rounding), and derives no training seed (the
     per-client seed costs 32 us a client and task, and only training uses it)."""
@@ -281,18 +327,24 @@ def test_a_shards_forward_passes_answer_each_client_as_alone_and_draw_no_trainin
     real_seed = S.training_seed
     monkeypatch.setattr(S, "training_seed", lambda *a: seeds.append(a) or real_seed(*a))
     s = Settings(strategy="lvr", tasks="synthetic,synthetic", num_clients=8)
-    specs = client_spec(Context(run_id=1, node_id=1, node_config={"clients": "2-6"},
-                                state=RecordDict(), run_config={}), s)
+    specs = client_spec(
+        Context(
+            run_id=1, node_id=1, node_config={"clients": "2-6"}, state=RecordDict(), run_config={}
+        ),
+        s,
+    )
     content = RecordDict()
     weights = {}
     for i, task in enumerate(s.model_names):
         torch.manual_seed(i)
-        weights[task] = {k: v.detach().numpy().copy()
-                         for k, v in make_model("synthetic").state_dict().items()}
+        weights[task] = {
+            k: v.detach().numpy().copy() for k, v in make_model("synthetic").state_dict().items()
+        }
         content[P.arrays_key(task)] = numpy_to_arrays(weights[task])
     for spec in specs:
         content[P.client_key(P.CONFIG_KEY, spec.client_id)] = ConfigRecord(
-            {P.CFG_TASKS: s.model_names, P.CFG_ROUND: 1})
+            {P.CFG_TASKS: s.model_names, P.CFG_ROUND: 1}
+        )
     ensure_task_identity()
     kind = P.QUERY_LOSSES if mtype == "query.losses" else MessageType.EVALUATE
     msg = Message(content, dst_node_id=1, message_type=kind, group_id="1")
@@ -315,7 +367,8 @@ def test_a_shards_forward_passes_answer_each_client_as_alone_and_draw_no_trainin
 
 @pytest.mark.parametrize("mtype", ["query.losses", "evaluate"])
 def test_a_shards_forward_pass_reads_its_packed_rows_without_a_tensor_per_client(
-        monkeypatch, mtype):
+    monkeypatch, mtype
+):
     """The clients of a shard lie one after another in its packed arrays: a loss
     query or an evaluation reads them as one run of rows (no ClientData, and no
     tensor view, per client); a client whose labels were replaced (label
@@ -338,19 +391,30 @@ def test_a_shards_forward_pass_reads_its_packed_rows_without_a_tensor_per_client
         content = RecordDict()
         for task in s.model_names:
             content[P.arrays_key(task)] = numpy_to_arrays(
-                {k: v.detach().numpy() for k, v in make_model("synthetic").state_dict().items()})
+                {k: v.detach().numpy() for k, v in make_model("synthetic").state_dict().items()}
+            )
         for spec in specs:
             content[P.client_key(P.CONFIG_KEY, spec.client_id)] = ConfigRecord(
-                {P.CFG_TASKS: s.model_names, P.CFG_ROUND: 1})
+                {P.CFG_TASKS: s.model_names, P.CFG_ROUND: 1}
+            )
         ensure_task_identity()
         kind = P.QUERY_LOSSES if mtype == "query.losses" else MessageType.EVALUATE
         ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
-        return S.ShardComputer().reply(specs, Message(content, dst_node_id=1, message_type=kind,
-                                                      group_id="1"), ctx, None)
+        return S.ShardComputer().reply(
+            specs, Message(content, dst_node_id=1, message_type=kind, group_id="1"), ctx, None
+        )
 
     def shard():
-        return client_spec(Context(run_id=1, node_id=1, node_config={"clients": "1-6"},
-                                   state=RecordDict(), run_config={}), s)
+        return client_spec(
+            Context(
+                run_id=1,
+                node_id=1,
+                node_config={"clients": "1-6"},
+                state=RecordDict(),
+                run_config={},
+            ),
+            s,
+        )
 
     import torch
 

@@ -46,6 +46,7 @@ from e2e_utils import describe, flower_env, new_marker, pids_with_marker, run_cm
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
+
 def _rows(path: Path) -> list[dict[str, str]]:
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
@@ -77,16 +78,32 @@ def test_interrupted_and_killed_runs_resume_on_the_simulation_engine(tmp_path: P
     marker = new_marker()
     env = flower_env(tmp_path / "home", marker)
     out = tmp_path / "run"
-    args = ["--num-clients", "4", "--num-rounds", "5", "--local-epochs", "1",
-            "--strategy", "stalevre", "--budget-fraction", "0.5"]
+    args = [
+        "--num-clients",
+        "4",
+        "--num-rounds",
+        "5",
+        "--local-epochs",
+        "1",
+        "--strategy",
+        "stalevre",
+        "--budget-fraction",
+        "0.5",
+    ]
     cmd = [sys.executable, "-m", "mmfl_flwr.cli", "run", *args, "--output-dir", str(out)]
     try:
         # 1. Ctrl-C after round 1's checkpoint
         # SIGINT handled as a terminal's Ctrl-C is (pytest-xdist's workers ignore it,
         # and a child would inherit that)
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
         _wait_for_round(proc, out, 1)
         assert proc.poll() is None, "the run finished before it could be interrupted"
         proc.send_signal(signal.SIGINT)
@@ -101,8 +118,14 @@ def test_interrupted_and_killed_runs_resume_on_the_simulation_engine(tmp_path: P
         resume = lines[0].split("continue with: ")[1]
         assert resume == f"mmfl run --resume {out}", resume
         # 2. the printed command, killed hard after a later round
-        proc = subprocess.Popen(["bash", "-c", resume], env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            ["bash", "-c", resume],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         _wait_for_round(proc, out, done + 1)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -122,12 +145,16 @@ def test_interrupted_and_killed_runs_resume_on_the_simulation_engine(tmp_path: P
     assert sorted({int(r["round"]) for r in rows}) == [0, 1, 2, 3, 4, 5]
     assert all(math.isfinite(float(r["accuracy"])) for r in rows)
     # the uninterrupted reference, in this process
-    assert cli.main(["run", *args, "--output-dir", str(tmp_path / "inp"),
-                     "--engine", "inprocess"]) == 0
+    assert (
+        cli.main(["run", *args, "--output-dir", str(tmp_path / "inp"), "--engine", "inprocess"])
+        == 0
+    )
     assert (out / "assignments.csv").read_text() == (
-        tmp_path / "inp" / "assignments.csv").read_text()
+        tmp_path / "inp" / "assignments.csv"
+    ).read_text()
     assert [(r["round"], r["task"], r["uploads"]) for r in rows] == [
-        (r["round"], r["task"], r["uploads"]) for r in _rows(tmp_path / "inp" / "metrics.csv")]
+        (r["round"], r["task"], r["uploads"]) for r in _rows(tmp_path / "inp" / "metrics.csv")
+    ]
 
 
 def test_user_task_example_runs_on_the_simulation_engine(tmp_path: Path) -> None:
@@ -142,8 +169,9 @@ def test_user_task_example_runs_on_the_simulation_engine(tmp_path: Path) -> None
     repo = Path(__file__).resolve().parents[2]
     shutil.copytree(repo / "examples" / "user_task", tmp_path / "examples" / "user_task")
     try:
-        res = run_cmd(["bash", "-c", "python examples/user_task/run.py"], env=env,
-                      cwd=tmp_path, timeout=900)
+        res = run_cmd(
+            ["bash", "-c", "python examples/user_task/run.py"], env=env, cwd=tmp_path, timeout=900
+        )
     finally:
         for pid in pids_with_marker(marker):
             try:

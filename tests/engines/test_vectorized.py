@@ -67,8 +67,9 @@ def _check_parity(model_fn, datasets, epochs, lr, batch, tol, seed=5):
     ref_loss = [tr.loss(start) for tr in trainers]
     vm = V.VectorModel(model_fn, DEV)
     data = [V.ClientData(*tr.train_tensors()) for tr in trainers]
-    got = V.batched_train(vm, start, [V.TrainJob(d, s) for d, s in zip(data, seeds)],
-                          epochs, lr, batch)
+    got = V.batched_train(
+        vm, start, [V.TrainJob(d, s) for d, s in zip(data, seeds)], epochs, lr, batch
+    )
     got_loss = V.batched_losses(vm, start, data)
     for (rw, rn, rl), (gw, gn, gl), ql, gq in zip(ref, got, ref_loss, got_loss):
         assert gn == rn
@@ -82,27 +83,50 @@ def _check_parity(model_fn, datasets, epochs, lr, batch, tol, seed=5):
 
 def test_digits_cnn_parity_with_unequal_sizes():
     # sizes 5, 17, 33 with batch 8: 1, 3 and 5 steps per epoch
-    _check_parity(lambda: make_model("digits"), _datasets((1, 8, 8), 10, [5, 17, 33]),
-                  epochs=3, lr=0.05, batch=8, tol=1e-5)
+    _check_parity(
+        lambda: make_model("digits"),
+        _datasets((1, 8, 8), 10, [5, 17, 33]),
+        epochs=3,
+        lr=0.05,
+        batch=8,
+        tol=1e-5,
+    )
 
 
 def test_logistic_regression_parity():
-    _check_parity(lambda: make_model("synthetic"), _datasets((60,), 5, [40, 9, 23]),
-                  epochs=4, lr=0.05, batch=8, tol=1e-5)
+    _check_parity(
+        lambda: make_model("synthetic"),
+        _datasets((60,), 5, [40, 9, 23]),
+        epochs=4,
+        lr=0.05,
+        batch=8,
+        tol=1e-5,
+    )
 
 
 def test_image_cnn_parity():
     # the papers' CNN for 28x28 inputs (1.6M parameters)
-    _check_parity(lambda: make_model("mnist"), _datasets((1, 28, 28), 10, [6, 11]),
-                  epochs=2, lr=0.02, batch=4, tol=1e-5)
+    _check_parity(
+        lambda: make_model("mnist"),
+        _datasets((1, 28, 28), 10, [6, 11]),
+        epochs=2,
+        lr=0.02,
+        batch=4,
+        tol=1e-5,
+    )
 
 
 @pytest.mark.slow
 def test_char_lstm_parity():
     # on CUDA the LSTM runs step by step under vmap (see the next test)
-    _check_parity(lambda: make_model("shakespeare"),
-                  _datasets((80,), 80, [5, 9], integer=True), epochs=2, lr=0.5, batch=4,
-                  tol=1e-5)
+    _check_parity(
+        lambda: make_model("shakespeare"),
+        _datasets((80,), 80, [5, 9], integer=True),
+        epochs=2,
+        lr=0.5,
+        batch=4,
+        tol=1e-5,
+    )
 
 
 def test_step_by_step_lstm_equals_the_fused_one():
@@ -129,8 +153,14 @@ def test_step_by_step_lstm_training_parity():
     ref = [tr.train(start, 2, 0.5, 100 + i, 4) for i, tr in enumerate(trainers)]
     vm = V.VectorModel(model_fn, DEV)
     vm.step_by_step = True
-    got = V.batched_train(vm, start, [V.TrainJob(V.ClientData(*tr.train_tensors()), 100 + i)
-                                      for i, tr in enumerate(trainers)], 2, 0.5, 4)
+    got = V.batched_train(
+        vm,
+        start,
+        [V.TrainJob(V.ClientData(*tr.train_tensors()), 100 + i) for i, tr in enumerate(trainers)],
+        2,
+        0.5,
+        4,
+    )
     assert not vm.base.unfused  # switched back after training
     for (rw, _, rl), (gw, _, gl) in zip(ref, got):
         gap, _ = _update_gap(start, rw, gw)
@@ -140,8 +170,14 @@ def test_step_by_step_lstm_training_parity():
 
 def test_resnet_float32_single_step_parity():
     # one full-batch step per client: float32 rounding only
-    _check_parity(lambda: PreActResNet18(10), _datasets((3, 8, 8), 10, [6, 9]),
-                  epochs=1, lr=0.05, batch=16, tol=1e-5)
+    _check_parity(
+        lambda: PreActResNet18(10),
+        _datasets((3, 8, 8), 10, [6, 9]),
+        epochs=1,
+        lr=0.05,
+        batch=16,
+        tol=1e-5,
+    )
 
 
 @pytest.mark.slow
@@ -153,15 +189,17 @@ def test_resnet_float64_parity_keeps_per_client_batch_norm_statistics():
     def model_fn():
         return PreActResNet18(10).double()
 
-    ref, got = _check_parity(model_fn, _datasets((3, 12, 12), 10, [6, 5, 8]),
-                             epochs=2, lr=0.05, batch=3, tol=1e-9)
+    ref, got = _check_parity(
+        model_fn, _datasets((3, 12, 12), 10, [6, 5, 8]), epochs=2, lr=0.05, batch=3, tol=1e-9
+    )
     # each client keeps its own running statistics
     key = "layer1.0.bn1.running_mean"
     assert not np.allclose(got[0][0][key], got[1][0][key])
     for (rw, *_), (gw, *_) in zip(ref, got):
         np.testing.assert_allclose(gw[key], rw[key], rtol=1e-9, atol=1e-12)
         assert int(gw["layer1.0.bn1.num_batches_tracked"]) == int(
-            rw["layer1.0.bn1.num_batches_tracked"])
+            rw["layer1.0.bn1.num_batches_tracked"]
+        )
 
 
 def test_a_client_out_of_batches_stops_exactly():
@@ -173,8 +211,10 @@ def test_a_client_out_of_batches_stops_exactly():
     alone = TorchTrainer(model_fn, small, Dataset(small.x[:0], small.y[:0]), 4)
     w_alone, _, loss_alone = alone.train(start, 3, 0.1, 11, 4)
     vm = V.VectorModel(model_fn, DEV)
-    jobs = [V.TrainJob(V.ClientData(*alone.train_tensors()), 11),
-            V.TrainJob(V.ClientData(*TorchTrainer(model_fn, big, big, 4).train_tensors()), 12)]
+    jobs = [
+        V.TrainJob(V.ClientData(*alone.train_tensors()), 11),
+        V.TrainJob(V.ClientData(*TorchTrainer(model_fn, big, big, 4).train_tensors()), 12),
+    ]
     (w_vec, _, loss_vec), _ = V.batched_train(vm, start, jobs, 3, 0.1, 4)
     gap, _ = _update_gap(start, w_alone, w_vec)
     assert gap < 1e-6
@@ -186,8 +226,10 @@ def test_chunking_does_not_change_results():
     data = _datasets((1, 8, 8), 10, [9, 14, 3, 20, 11])
     start = initial_weights(model_fn, 2)
     vm = V.VectorModel(model_fn, DEV)
-    jobs = [V.TrainJob(V.ClientData(torch.tensor(d.x).to(DEV), torch.tensor(d.y).to(DEV)), i)
-            for i, d in enumerate(data)]
+    jobs = [
+        V.TrainJob(V.ClientData(torch.tensor(d.x).to(DEV), torch.tensor(d.y).to(DEV)), i)
+        for i, d in enumerate(data)
+    ]
     whole = V.batched_train(vm, start, jobs, 2, 0.05, 4)
     pieces = V.batched_train(vm, start, jobs, 2, 0.05, 4, chunk=2)
     for (a, na, la), (b, nb, lb) in zip(whole, pieces):
@@ -216,8 +258,9 @@ def test_loss_queries_reuse_the_concatenated_data_only_while_it_is_the_same():
     model_fn = lambda: make_model("synthetic")  # noqa: E731
     vm = V.VectorModel(model_fn, DEV)
     w = initial_weights(model_fn, 0)
-    tensors = [(torch.randn(n, 60, device=DEV), torch.randint(0, 5, (n,), device=DEV))
-               for n in (3, 5)]
+    tensors = [
+        (torch.randn(n, 60, device=DEV), torch.randint(0, 5, (n,), device=DEV)) for n in (3, 5)
+    ]
     first = V.batched_losses(vm, w, [V.ClientData(*t) for t in tensors])
     cached = vm.loss_cache._value
     # new wrappers of the same tensors (what the Grid builds each round): reused
@@ -259,8 +302,14 @@ def test_fused_recurrent_models_are_not_vectorised_on_cuda():
 def test_bad_arguments_are_refused():
     vm = V.VectorModel(lambda: make_model("synthetic"), DEV)
     start = initial_weights(lambda: make_model("synthetic"), 1)
-    job = [V.TrainJob(V.ClientData(torch.zeros(3, 60, device=DEV),
-                                   torch.zeros(3, dtype=torch.long, device=DEV)), 1)]
+    job = [
+        V.TrainJob(
+            V.ClientData(
+                torch.zeros(3, 60, device=DEV), torch.zeros(3, dtype=torch.long, device=DEV)
+            ),
+            1,
+        )
+    ]
     with pytest.raises(ValueError, match="epochs"):
         V.batched_train(vm, start, job, 0, 0.1, 2)
     with pytest.raises(ValueError, match="chunk"):
@@ -294,8 +343,10 @@ def _plain_and_shard(plain, vec, spec, mtype, records, config=None, extra=None):
 
     from mmfl_flwr import protocol as P
 
-    a = [r.content for r in plain.send_and_receive(
-        _messages(plain, spec, mtype, records, config, extra))]
+    a = [
+        r.content
+        for r in plain.send_and_receive(_messages(plain, spec, mtype, records, config, extra))
+    ]
     content, order = RecordDict(), []
     for nid in plain.get_node_ids():
         cs = spec(plain.context(nid))
@@ -341,8 +392,10 @@ def _initial_records(spec_settings):
     from mmfl_flwr.records import numpy_to_arrays
 
     fed = federation_for(spec_settings)
-    return {t: numpy_to_arrays(initial_weights(lambda k=fed.kinds[t]: make_model(k), 1))
-            for t in fed.tasks}
+    return {
+        t: numpy_to_arrays(initial_weights(lambda k=fed.kinds[t]: make_model(k), 1))
+        for t in fed.tasks
+    }
 
 
 #: Through the Grid, on the embedded digits data: clients are batched with others,
@@ -382,8 +435,7 @@ def test_grid_replies_equal_the_client_app_replies(mtype):
 
     s, spec, plain, vec = _grids()
     records = _initial_records(s)
-    config = {P.CFG_EPOCHS: 2, P.CFG_LR: 0.05, P.CFG_BATCH_SIZE: 16, P.CFG_SEED: 1,
-              P.CFG_ROUND: 3}
+    config = {P.CFG_EPOCHS: 2, P.CFG_LR: 0.05, P.CFG_BATCH_SIZE: 16, P.CFG_SEED: 1, P.CFG_ROUND: 3}
     a, b = _plain_and_shard(plain, vec, spec, mtype, records, config)
     _assert_replies_equal(a, b, records)
     assert vec.counts == {"vectorized": len(b), "per-client": 0}
@@ -397,11 +449,13 @@ def test_scaffold_messages_take_the_per_client_path_with_one_log_line(caplog):
 
     s, spec, plain, vec = _grids(num_clients=4)
     records = _initial_records(s)
-    zeros = {P.control_key(t): numpy_to_arrays(
-        {k: np.zeros_like(v) for k, v in arrays_to_numpy(r).items()})
-        for t, r in records.items()}
-    config = {P.CFG_EPOCHS: 1, P.CFG_LR: 0.05, P.CFG_BATCH_SIZE: 16, P.CFG_SEED: 1,
-              P.CFG_ROUND: 1}
+    zeros = {
+        P.control_key(t): numpy_to_arrays(
+            {k: np.zeros_like(v) for k, v in arrays_to_numpy(r).items()}
+        )
+        for t, r in records.items()
+    }
+    config = {P.CFG_EPOCHS: 1, P.CFG_LR: 0.05, P.CFG_BATCH_SIZE: 16, P.CFG_SEED: 1, P.CFG_ROUND: 1}
     with caplog.at_level(logging.INFO, logger="mmfl_flwr"):
         a, b = _plain_and_shard(plain, vec, spec, MessageType.TRAIN, records, config, zeros)
         _plain_and_shard(plain, vec, spec, MessageType.TRAIN, records, config, zeros)
@@ -418,8 +472,7 @@ def _run(engine, threads=None, **kw):
 
     base = dict(num_clients=6, num_rounds=2, local_epochs=2, lr=0.05, seed=4, output_dir="")
     base.update(kw)
-    return run(Settings(**base), engine=engine,
-               **({} if threads is None else {"threads": threads}))
+    return run(Settings(**base), engine=engine, **({} if threads is None else {"threads": threads}))
 
 
 @pytest.mark.parametrize("strategy", ["mfa-rr", "lvr", "fedvarp", "scaffold"])
@@ -440,8 +493,7 @@ def test_whole_runs_match_the_in_process_engine(strategy):
         # the picks (assignments) must be identical. Accuracy is a count: near
         # chance a prediction on a tie can flip, so it may differ by 2 of the
         # task's server test examples
-        for key, tol in (("loss", 1e-3), ("train_loss", 1e-3),
-                         ("accuracy", 2 / tests[ra["task"]])):
+        for key, tol in (("loss", 1e-3), ("train_loss", 1e-3), ("accuracy", 2 / tests[ra["task"]])):
             x, y = ra.get(key), rb.get(key)
             if isinstance(x, float) and not math.isnan(x):
                 assert y == pytest.approx(x, rel=tol, abs=tol), (key, ra["round"])
@@ -473,8 +525,26 @@ def test_cli_runs_the_vectorized_engine_and_refuses_a_misplaced_chunk(tmp_path, 
     from mmfl_flwr.cli import main
 
     out = tmp_path / "run"
-    assert main(["run", "--engine", "vectorized", "--vector-chunk", "2", "--num-clients", "4",
-                 "--num-rounds", "1", "--local-epochs", "1", "--output-dir", str(out)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--engine",
+                "vectorized",
+                "--vector-chunk",
+                "2",
+                "--num-clients",
+                "4",
+                "--num-rounds",
+                "1",
+                "--local-epochs",
+                "1",
+                "--output-dir",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert (out / "metrics.csv").is_file()
     with pytest.raises(SystemExit) as err:
         main(["run", "--engine", "inprocess", "--vector-chunk", "2", "--output-dir", ""])
@@ -519,8 +589,7 @@ def test_any_trainer_with_the_vectorizable_contract_takes_the_fast_path(vectoriz
     assert isinstance(some, LocalTrainer) and type(some) is _Delegate
     assert isinstance(some, VectorizableTrainer) is vectorizable
     records = _initial_records(s)
-    config = {P.CFG_EPOCHS: 1, P.CFG_LR: 0.05, P.CFG_BATCH_SIZE: 16, P.CFG_SEED: 2,
-              P.CFG_ROUND: 1}
+    config = {P.CFG_EPOCHS: 1, P.CFG_LR: 0.05, P.CFG_BATCH_SIZE: 16, P.CFG_SEED: 2, P.CFG_ROUND: 1}
     with caplog.at_level(logging.INFO, logger="mmfl_flwr"):
         a, b = _plain_and_shard(plain, vec, spec, "train", records, config)
     _assert_replies_equal(a, b, records)
@@ -550,12 +619,24 @@ def test_scaffold_with_a_trainer_that_takes_no_correction_is_an_error_reply():
     records = _initial_records(s)
     assert not takes_correction(NoCorrection(None, False))
     assert takes_correction(_Delegate(None, False))
-    zeros = {P.control_key(t): numpy_to_arrays(
-        {k: np.zeros_like(v) for k, v in arrays_to_numpy(r).items()})
-        for t, r in records.items()}
-    replies = list(plain.send_and_receive(_messages(
-        plain, spec, MessageType.TRAIN, records,
-        {P.CFG_EPOCHS: 1, P.CFG_LR: 0.05, P.CFG_BATCH_SIZE: 16}, zeros)))
+    zeros = {
+        P.control_key(t): numpy_to_arrays(
+            {k: np.zeros_like(v) for k, v in arrays_to_numpy(r).items()}
+        )
+        for t, r in records.items()
+    }
+    replies = list(
+        plain.send_and_receive(
+            _messages(
+                plain,
+                spec,
+                MessageType.TRAIN,
+                records,
+                {P.CFG_EPOCHS: 1, P.CFG_LR: 0.05, P.CFG_BATCH_SIZE: 16},
+                zeros,
+            )
+        )
+    )
     assert replies and all(r.has_error() for r in replies)
     assert "correction=" in replies[0].error.reason
 
@@ -580,16 +661,34 @@ def test_a_model_without_a_batching_rule_under_autograd_trains_with_functorch():
     _check_parity(_CellNet, _datasets((3, 4), 3, [5, 9]), epochs=2, lr=0.1, batch=4, tol=1e-5)
     vm = V.VectorModel(_CellNet, DEV)
     data = _datasets((3, 4), 3, [5, 9])
-    V.batched_train(vm, initial_weights(_CellNet, 0),
-                    [V.TrainJob(V.ClientData(torch.as_tensor(d.x, device=DEV),
-                                             torch.as_tensor(d.y, device=DEV)), i)
-                     for i, d in enumerate(data)], 1, 0.1, 4)
+    V.batched_train(
+        vm,
+        initial_weights(_CellNet, 0),
+        [
+            V.TrainJob(
+                V.ClientData(torch.as_tensor(d.x, device=DEV), torch.as_tensor(d.y, device=DEV)), i
+            )
+            for i, d in enumerate(data)
+        ],
+        1,
+        0.1,
+        4,
+    )
     assert vm.grad_modes == {vm.step_by_step: "functorch"}
     cnn = V.VectorModel(lambda: make_model("synthetic"), DEV)
     d = _datasets((60,), 5, [7])[0]
-    V.batched_train(cnn, initial_weights(lambda: make_model("synthetic"), 0),
-                    [V.TrainJob(V.ClientData(torch.as_tensor(d.x, device=DEV),
-                                             torch.as_tensor(d.y, device=DEV)), 0)], 1, 0.1, 4)
+    V.batched_train(
+        cnn,
+        initial_weights(lambda: make_model("synthetic"), 0),
+        [
+            V.TrainJob(
+                V.ClientData(torch.as_tensor(d.x, device=DEV), torch.as_tensor(d.y, device=DEV)), 0
+            )
+        ],
+        1,
+        0.1,
+        4,
+    )
     assert cnn.grad_modes == {cnn.step_by_step: "autograd"}
 
 
@@ -597,9 +696,12 @@ def test_batched_training_trains_under_an_outer_no_grad():
     model_fn = lambda: make_model("synthetic")  # noqa: E731
     data = _datasets((60,), 5, [12, 7])
     start = initial_weights(model_fn, 3)
-    jobs = [V.TrainJob(V.ClientData(torch.as_tensor(d.x, device=DEV),
-                                    torch.as_tensor(d.y, device=DEV)), 40 + i)
-            for i, d in enumerate(data)]
+    jobs = [
+        V.TrainJob(
+            V.ClientData(torch.as_tensor(d.x, device=DEV), torch.as_tensor(d.y, device=DEV)), 40 + i
+        )
+        for i, d in enumerate(data)
+    ]
     free = V.batched_train(V.VectorModel(model_fn, DEV), start, jobs, 2, 0.1, 4)
     with torch.no_grad():
         held = V.batched_train(V.VectorModel(model_fn, DEV), start, jobs, 2, 0.1, 4)
@@ -619,10 +721,19 @@ def test_a_model_with_nothing_trainable_keeps_its_weights():
 
     data = _datasets((60,), 5, [6, 9])
     start = initial_weights(frozen, 1)
-    got = V.batched_train(V.VectorModel(frozen, DEV), start,
-                          [V.TrainJob(V.ClientData(torch.as_tensor(d.x, device=DEV),
-                                                   torch.as_tensor(d.y, device=DEV)), i)
-                           for i, d in enumerate(data)], 1, 0.1, 4)
+    got = V.batched_train(
+        V.VectorModel(frozen, DEV),
+        start,
+        [
+            V.TrainJob(
+                V.ClientData(torch.as_tensor(d.x, device=DEV), torch.as_tensor(d.y, device=DEV)), i
+            )
+            for i, d in enumerate(data)
+        ],
+        1,
+        0.1,
+        4,
+    )
     for (w, n, loss), d in zip(got, data):
         assert n == len(d.y) and math.isfinite(loss)
         for k in start:

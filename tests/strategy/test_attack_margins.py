@@ -33,8 +33,9 @@ from mmfl_flwr.testing import hostile as H
 #: Largest accepted drop of the final mean accuracy against the honest run.
 MARGIN = 0.05
 HOSTILE = "3"
-BASE = dict(tasks="digits,synthetic", num_clients=12, num_rounds=8, local_epochs=5,
-            output_dir="", seed=0)
+BASE = dict(
+    tasks="digits,synthetic", num_clients=12, num_rounds=8, local_epochs=5, output_dir="", seed=0
+)
 PRESET_KW: dict[str, dict[str, Any]] = {
     "mfa-rr": {},
     "full": {},
@@ -88,8 +89,10 @@ def crashes_in_training(who: str) -> H.Attack:
 
 
 def outcome(result) -> list[tuple[Any, ...]]:
-    return [(r["round"], r["task"], r["accuracy"], r["loss"], r["uploads"], r["rejected"])
-            for r in result.history]
+    return [
+        (r["round"], r["task"], r["accuracy"], r["loss"], r["uploads"], r["rejected"])
+        for r in result.history
+    ]
 
 
 #: Attacks the bounds answer by rejecting every part the client trains: nothing
@@ -99,18 +102,37 @@ REJECTED = {"huge-weights", "scaled-x1000", "scaled-x-1000", "count-train"}
 
 CASES = [
     # (id, preset, attack, settings, words of the log line naming the client)
-    ("huge-weights", "mfa-rr", H.huge_weights(HOSTILE, 1e30), {},
-     ("rejected update", "update norm")),
-    ("scaled-x1000", "mfa-rr", H.scaled_update(HOSTILE, 1000.0), {},
-     ("rejected update", "update norm")),
-    ("scaled-x-1000", "full", H.scaled_update(HOSTILE, -1000.0), {},
-     ("rejected update", "update norm")),
-    ("count-train", "mfa-rr", H.inflated_count(HOSTILE, 10**6, at_registration=False), {},
-     ("rejected update", "exceeds")),
+    (
+        "huge-weights",
+        "mfa-rr",
+        H.huge_weights(HOSTILE, 1e30),
+        {},
+        ("rejected update", "update norm"),
+    ),
+    (
+        "scaled-x1000",
+        "mfa-rr",
+        H.scaled_update(HOSTILE, 1000.0),
+        {},
+        ("rejected update", "update norm"),
+    ),
+    (
+        "scaled-x-1000",
+        "full",
+        H.scaled_update(HOSTILE, -1000.0),
+        {},
+        ("rejected update", "update norm"),
+    ),
+    (
+        "count-train",
+        "mfa-rr",
+        H.inflated_count(HOSTILE, 10**6, at_registration=False),
+        {},
+        ("rejected update", "exceeds"),
+    ),
     ("replay", "full", H.replay(HOSTILE), {}, ("answers round",)),
     ("lying-loss-lvr", "lvr", H.lying_loss(HOSTILE, 1e5), {}, ("loss", "capped")),
-    ("lying-loss-ucb", "ranklist-ucb", H.lying_loss(HOSTILE, 1e5), {},
-     ("training loss", "capped")),
+    ("lying-loss-ucb", "ranklist-ucb", H.lying_loss(HOSTILE, 1e5), {}, ("training loss", "capped")),
 ]
 
 
@@ -146,8 +168,10 @@ def test_inflated_registration_count_is_capped_and_the_median_ignores_it():
     assert naming(warnings, HOSTILE, "declared 100000000 examples", "are used")
     honest = honest_accuracy("mfa-rr", aggregator="median")
     attacked = final_accuracy(result)
-    print(f"\n[attack] count-registration (mfa-rr, median): honest {honest:.3f} "
-          f"attacked {attacked:.3f}")
+    print(
+        f"\n[attack] count-registration (mfa-rr, median): honest {honest:.3f} "
+        f"attacked {attacked:.3f}"
+    )
     assert attacked >= honest - MARGIN
 
 
@@ -160,6 +184,7 @@ def test_squatter_is_refused_when_the_id_is_pinned():
     (logged with the claimed id) and the real client 3 trains from round 2; the
     federation loses only the squatter's own data."""
     secret = "client-3-secret"
+
     def opening():
         return H.chain(H.impersonate("1", HOSTILE), H.late_registration(HOSTILE))
 
@@ -168,10 +193,16 @@ def test_squatter_is_refused_when_the_id_is_pinned():
     for rnd in range(1, BASE["num_rounds"] + 1):  # "3" trains, but it is node 1
         assert HOSTILE in {cid for cid, _, _ in squatted.assignments[rnd]}
 
-    result, warnings = run("mfa-rr", H.chain(opening(), H.with_token(HOSTILE, secret)),
-                           client_pins=f"{HOSTILE}={token_pin(secret)}")
-    refused = [m for m in warnings
-               if f"claims client id {HOSTILE} with" in m and m.endswith("refused (the id is pinned)")]
+    result, warnings = run(
+        "mfa-rr",
+        H.chain(opening(), H.with_token(HOSTILE, secret)),
+        client_pins=f"{HOSTILE}={token_pin(secret)}",
+    )
+    refused = [
+        m
+        for m in warnings
+        if f"claims client id {HOSTILE} with" in m and m.endswith("refused (the id is pinned)")
+    ]
     assert len(refused) == BASE["num_rounds"]  # asked again at the start of every round
     registered = [m for m in LAST_LOG if "identity proved by its token" in m]
     # client 3 registers in round 2; MFA-RR lets a client that comes online

@@ -21,16 +21,24 @@ HOSTILE = "3"
 
 def run_attack(attack, strategy="mfa-rr", client_hook=None, **kw):
     kw = dict(dict(num_rounds=3), **kw)
-    s = Settings(strategy=strategy, tasks="digits,synthetic", num_clients=8, local_epochs=1,
-                 output_dir="", seed=2, **kw)
+    s = Settings(
+        strategy=strategy,
+        tasks="digits,synthetic",
+        num_clients=8,
+        local_epochs=1,
+        output_dir="",
+        seed=2,
+        **kw,
+    )
     with LogTap.on_flwr() as tap:
         result = run_inprocess(s, wrap_client_app=attack, client_hook=client_hook)
     return result, tap.warnings()
 
 
 def mine(warnings, *words):
-    return [m for m in warnings
-            if m.startswith(f"Client {HOSTILE}:") and all(w in m for w in words)]
+    return [
+        m for m in warnings if m.startswith(f"Client {HOSTILE}:") and all(w in m for w in words)
+    ]
 
 
 def assert_sane(result):
@@ -43,10 +51,13 @@ def assert_sane(result):
     assert sum(r["uploads"] for r in later) > 0
 
 
-@pytest.mark.parametrize("attack, words", [
-    (H.huge_weights(HOSTILE), ("rejected update", "update norm", "reference norm")),
-    (H.scaled_update(HOSTILE, 1e6), ("rejected update", "update norm", "reference norm")),
-])
+@pytest.mark.parametrize(
+    "attack, words",
+    [
+        (H.huge_weights(HOSTILE), ("rejected update", "update norm", "reference norm")),
+        (H.scaled_update(HOSTILE, 1e6), ("rejected update", "update norm", "reference norm")),
+    ],
+)
 def test_huge_updates_are_rejected_and_named(attack, words):
     result, warnings = run_attack(attack)
     # MFA-RR with every client in every round: the hostile update is rejected in
@@ -54,8 +65,9 @@ def test_huge_updates_are_rejected_and_named(attack, words):
     # an honest one at the edge of the spread: here a synthetic user at 4.0 x
     # its reference; tests/strategy/test_update_clipping.py)
     assert len(mine(warnings, *words)) == 3
-    assert [m for m in warnings if "rejected update" in m
-            and not m.startswith(f"Client {HOSTILE}:")] == []
+    assert [
+        m for m in warnings if "rejected update" in m and not m.startswith(f"Client {HOSTILE}:")
+    ] == []
     assert sum(r["rejected"] for r in result.history) == 3
     assert_sane(result)
 
@@ -80,15 +92,15 @@ def test_replayed_reply_is_ignored_and_named():
 
 
 def test_lying_losses_are_capped_and_named():
-    result, warnings = run_attack(H.lying_loss(HOSTILE, 1e5), strategy="lvr",
-                                  budget_fraction=0.3)
+    result, warnings = run_attack(H.lying_loss(HOSTILE, 1e5), strategy="lvr", budget_fraction=0.3)
     assert mine(warnings, "loss", "capped")
     assert_sane(result)
 
 
 def test_ucb_training_losses_are_capped_and_named():
-    result, warnings = run_attack(H.lying_loss(HOSTILE, 1e5), strategy="ranklist-ucb",
-                                  clients_per_round=3)
+    result, warnings = run_attack(
+        H.lying_loss(HOSTILE, 1e5), strategy="ranklist-ucb", clients_per_round=3
+    )
     assert mine(warnings, "training loss", "capped")
     assert_sane(result)
 
@@ -98,8 +110,12 @@ def test_a_scaled_update_is_clipped_and_named_with_its_model_and_no_honest_clien
     clipped (3 x the reference norm) and the log names it with the model; no
     honest client is rejected (the attack is contained without blaming them)."""
     result, warnings = run_attack(H.scaled_update(HOSTILE, 50.0))
-    parts = [(rnd, task) for rnd, picks in result.assignments.items()
-             for cid, task, _ in picks if cid == HOSTILE]
+    parts = [
+        (rnd, task)
+        for rnd, picks in result.assignments.items()
+        for cid, task, _ in picks
+        if cid == HOSTILE
+    ]
     clipped = mine(warnings, "clipped update", "3 x the reference norm")
     assert len(parts) == 3 and len(clipped) == len(parts)
     assert sorted(m.split("'")[1] for m in clipped) == sorted(t for _, t in parts)
@@ -111,19 +127,26 @@ def test_an_attack_on_one_model_leaves_the_other_models_run_unchanged():
     """Isolation under MFA-RR: client 3 scales only its synthetic updates (x50,
     then -10x); the digits model's history is the honest run's, round by round."""
     honest, _ = run_attack(None)
-    for attack in (H.scaled_update(HOSTILE, 50.0, {"synthetic"}),
-                   H.scaled_update(HOSTILE, -10.0, {"synthetic"})):
+    for attack in (
+        H.scaled_update(HOSTILE, 50.0, {"synthetic"}),
+        H.scaled_update(HOSTILE, -10.0, {"synthetic"}),
+    ):
         attacked, warnings = run_attack(attack)
         assert mine(warnings, "clipped update for task 'synthetic'")
         assert mine(warnings, "'digits'") == []
-        rows = [(r["round"], r["accuracy"], r["loss"]) for r in honest.history
-                if r["task"] == "digits"]
-        assert rows == [(r["round"], r["accuracy"], r["loss"]) for r in attacked.history
-                        if r["task"] == "digits"]
+        rows = [
+            (r["round"], r["accuracy"], r["loss"]) for r in honest.history if r["task"] == "digits"
+        ]
+        assert rows == [
+            (r["round"], r["accuracy"], r["loss"])
+            for r in attacked.history
+            if r["task"] == "digits"
+        ]
 
 
 def test_a_loss_liar_on_one_model_takes_at_most_its_processors_from_the_other_under_lvr(
-        monkeypatch):
+    monkeypatch,
+):
     """Isolation under LVR, in a real run: client 3 reports 1e5 x its synthetic
     losses (capped by the loss cap). In every round, the digits model's expected
     uploads under the probabilities the policy used are at least those it
@@ -145,8 +168,9 @@ def test_a_loss_liar_on_one_model_takes_at_most_its_processors_from_the_other_un
         return ids, p, procs
 
     monkeypatch.setattr(lvr.LVR, "probabilities", recording)
-    result, warnings = run_attack(H.lying_loss(HOSTILE, 1e5, tasks={"synthetic"}),
-                                  strategy="lvr", num_rounds=4)
+    result, warnings = run_attack(
+        H.lying_loss(HOSTILE, 1e5, tasks={"synthetic"}), strategy="lvr", num_rounds=4
+    )
     assert mine(warnings, "'synthetic' capped")
     assert mine(warnings, "'digits'") == []
     assert_sane(result)
@@ -171,8 +195,7 @@ def test_label_flipping_reaches_the_run_through_client_hook():
     assert_sane(flipped)
 
     def rows(result, task):
-        return [(r["round"], r["accuracy"], r["loss"]) for r in result.history
-                if r["task"] == task]
+        return [(r["round"], r["accuracy"], r["loss"]) for r in result.history if r["task"] == task]
 
     assert rows(flipped, "digits") != rows(honest, "digits")
     assert rows(flipped, "synthetic") == rows(honest, "synthetic")
@@ -196,13 +219,21 @@ def test_a_flipper_is_shrunk_by_the_direction_check_and_named_and_no_honest_clie
     updates to the reference norm and names it with the model. No honest
     client is shrunk or rejected; synthetic (whose clients do not agree on a
     direction) is never judged."""
-    s = Settings(strategy="stalevr", tasks="digits,synthetic", num_clients=12, num_rounds=5,
-                 local_epochs=5, output_dir="", seed=1)
+    s = Settings(
+        strategy="stalevr",
+        tasks="digits,synthetic",
+        num_clients=12,
+        num_rounds=5,
+        local_epochs=5,
+        output_dir="",
+        seed=1,
+    )
     with LogTap.on_flwr() as tap:
         result = run_inprocess(s, wrap_client_app=H.scaled_update(HOSTILE, -10.0))
     warnings = tap.warnings()
     turned = [m for m in warnings if "its updates point against" in m]
-    assert turned and all(m.startswith(f"Client {HOSTILE}: clipped update for task 'digits'")
-                          for m in turned)
+    assert turned and all(
+        m.startswith(f"Client {HOSTILE}: clipped update for task 'digits'") for m in turned
+    )
     assert [m for m in warnings if "rejected" in m] == []
     assert_sane(result)

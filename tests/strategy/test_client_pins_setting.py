@@ -23,8 +23,10 @@ def test_pins_parse_and_normalise():
     assert Settings().client_pin_map() == {}
 
 
-@pytest.mark.parametrize("value", ["3", "=token:" + "a" * 64, "3=token:abc",
-                                   f"3={DIGEST},3={DIGEST}", "3=sha1:" + "a" * 64])
+@pytest.mark.parametrize(
+    "value",
+    ["3", "=token:" + "a" * 64, "3=token:abc", f"3={DIGEST},3={DIGEST}", "3=sha1:" + "a" * 64],
+)
 def test_bad_pins_are_one_line_errors_naming_the_key(value):
     with pytest.raises(ValueError, match="client-pins") as err:
         Settings(client_pins=value).validate()
@@ -34,8 +36,14 @@ def test_bad_pins_are_one_line_errors_naming_the_key(value):
 def test_a_pinned_id_without_its_token_is_refused_in_a_run():
     """Client 3 is pinned to a token that no node holds: it is refused every
     round (the log names it) and never trains; the other clients run on."""
-    s = Settings(tasks="synthetic", num_clients=5, num_rounds=2, local_epochs=1,
-                 output_dir="", client_pins=f"3=token:{DIGEST}")
+    s = Settings(
+        tasks="synthetic",
+        num_clients=5,
+        num_rounds=2,
+        local_epochs=1,
+        output_dir="",
+        client_pins=f"3=token:{DIGEST}",
+    )
     tap = LogTap()
     logging.getLogger("flwr").addHandler(tap)
     try:

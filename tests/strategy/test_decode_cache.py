@@ -9,8 +9,9 @@ from mmfl_flwr.records import DecodeCache, arrays_to_numpy, numpy_to_arrays
 
 
 def _rec(value: float):
-    return numpy_to_arrays({"w": np.full((2, 3), value, dtype=np.float32),
-                            "n": np.array(3, dtype=np.int64)})
+    return numpy_to_arrays(
+        {"w": np.full((2, 3), value, dtype=np.float32), "n": np.array(3, dtype=np.int64)}
+    )
 
 
 def test_same_bytes_decode_once_and_copies_are_independent(monkeypatch):
@@ -59,8 +60,7 @@ def test_shared_byte_strings_skip_hashing_but_equal_bytes_still_hit(monkeypatch)
     first = cache.decode(rec)
     hashed = []
     real = DecodeCache.digest
-    monkeypatch.setattr(DecodeCache, "digest", staticmethod(
-        lambda r: hashed.append(1) or real(r)))
+    monkeypatch.setattr(DecodeCache, "digest", staticmethod(lambda r: hashed.append(1) or real(r)))
     # an in-process copy shares the (immutable) byte strings: no hashing
     again = cache.decode(copy.deepcopy(rec))
     assert hashed == []
@@ -79,8 +79,12 @@ def test_in_process_transport_copies_share_the_bytes_and_are_independent():
 
     ensure_task_identity()
     rec = _rec(1.0)
-    msg = Message(RecordDict({"arrays.x": rec, "config": ConfigRecord({"k": 1})}),
-                  dst_node_id=3, message_type="query.losses", group_id="1")
+    msg = Message(
+        RecordDict({"arrays.x": rec, "config": ConfigRecord({"k": 1})}),
+        dst_node_id=3,
+        message_type="query.losses",
+        group_id="1",
+    )
     copy_ = transport_copy(msg)
     assert copy_.content["arrays.x"]["w"].data is rec["w"].data  # immutable, shared
     assert copy_.content["arrays.x"] is not rec

@@ -91,8 +91,15 @@ def test_cli_run_inprocess_writes_all_outputs(tmp_path, capsys):
     out = tmp_path / "cli"
     code = main(
         [
-            "run", "--engine", "inprocess", "--num-rounds", "2", "--num-clients", "5",
-            "--output-dir", str(out),
+            "run",
+            "--engine",
+            "inprocess",
+            "--num-rounds",
+            "2",
+            "--num-clients",
+            "5",
+            "--output-dir",
+            str(out),
         ]
     )
     assert code == 0
@@ -129,8 +136,11 @@ def test_cli_run_inprocess_writes_all_outputs(tmp_path, capsys):
         assert math.isfinite(float(row["loss"]))
         assert int(row["uploads"]) >= 0
     # the final accuracies of the summary are the last rows of metrics.csv
-    last = {dict(zip(header, r))["task"]: float(dict(zip(header, r))["accuracy"])
-            for r in body if int(r[0]) == 2}
+    last = {
+        dict(zip(header, r))["task"]: float(dict(zip(header, r))["accuracy"])
+        for r in body
+        if int(r[0]) == 2
+    }
     assert last == pytest.approx(summary["final_accuracy"])
 
     text = capsys.readouterr().out
@@ -139,8 +149,17 @@ def test_cli_run_inprocess_writes_all_outputs(tmp_path, capsys):
 
 def test_cli_rejects_bad_settings(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
-        main(["run", "--engine", "inprocess", "--num-clients", "0",
-              "--output-dir", str(tmp_path / "x")])
+        main(
+            [
+                "run",
+                "--engine",
+                "inprocess",
+                "--num-clients",
+                "0",
+                "--output-dir",
+                str(tmp_path / "x"),
+            ]
+        )
     assert exc.value.code == 2
     assert "num-clients" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()

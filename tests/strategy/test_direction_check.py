@@ -26,8 +26,9 @@ R = 1 / math.sqrt(2)
 
 
 def upd(cid: str, values: list[float]) -> Update:
-    return Update(cid=cid, delta=[np.array(values, dtype=np.float64)], num_examples=10,
-                  data_share=0.1)
+    return Update(
+        cid=cid, delta=[np.array(values, dtype=np.float64)], num_examples=10, data_share=0.1
+    )
 
 
 def check(updates, history, factor=3.0):
@@ -48,9 +49,17 @@ def federation():
     (at most two of six y values are 1; np.median of an even count averages the
     middle two, both 0) and x > 0, so the cosines are 1 (c0-c4), 1/sqrt 2 (c5)
     and -1/sqrt 2 (c6)."""
-    return {"a": [upd("c0", [1.0, 0.0]), upd("c1", [2.0, 0.0]), upd("c2", [3.0, 0.0]),
-                  upd("c3", [1.0, 0.0]), upd("c4", [0.5, 0.0]), upd("c5", [1.0, 1.0]),
-                  upd("c6", [-2.0, 2.0])]}
+    return {
+        "a": [
+            upd("c0", [1.0, 0.0]),
+            upd("c1", [2.0, 0.0]),
+            upd("c2", [3.0, 0.0]),
+            upd("c3", [1.0, 0.0]),
+            upd("c4", [0.5, 0.0]),
+            upd("c5", [1.0, 1.0]),
+            upd("c6", [-2.0, 2.0]),
+        ]
+    }
 
 
 def test_a_client_pointing_against_the_others_is_shrunk_from_its_second_round_and_named():
@@ -65,7 +74,8 @@ def test_a_client_pointing_against_the_others_is_shrunk_from_its_second_round_an
     us = federation()
     assert check(us, history) == []
     assert [u.delta[0].tolist() for u in us["a"]] == [
-        u.delta[0].tolist() for u in federation()["a"]]
+        u.delta[0].tolist() for u in federation()["a"]
+    ]
     assert history["a"]["c0"] == pytest.approx([1.0])
     assert history["a"]["c5"] == pytest.approx([R])
     assert history["a"]["c6"] == pytest.approx([-R])
@@ -79,7 +89,8 @@ def test_a_client_pointing_against_the_others_is_shrunk_from_its_second_round_an
         "Client c6: clipped update for task 'a': its updates point against the other "
         "clients' (mean cosine -0.707 over its last 2 rounds; the clients' median 1.000, "
         "bound 1.000 = median - 3 x robust deviation 0.000); update norm 2.828 scaled to the "
-        "reference norm 1.414"]
+        "reference norm 1.414"
+    ]
     assert history["a"]["c6"] == pytest.approx([-R, -R])
 
 
@@ -95,8 +106,16 @@ def seeded(past_honest: float, past_hostile: float) -> dict:
 def round_of_six(last=(-1.0, 1.0)):
     """Norms 1, 2, 3, 1, 0.5 and c5's: with c5 = (-1, 1) (norm 1.414) the lower
     median of the six is 1."""
-    return {"a": [upd("c0", [1.0, 0.0]), upd("c1", [2.0, 0.0]), upd("c2", [3.0, 0.0]),
-                  upd("c3", [1.0, 0.0]), upd("c4", [0.5, 0.0]), upd("c5", list(last))]}
+    return {
+        "a": [
+            upd("c0", [1.0, 0.0]),
+            upd("c1", [2.0, 0.0]),
+            upd("c2", [3.0, 0.0]),
+            upd("c3", [1.0, 0.0]),
+            upd("c4", [0.5, 0.0]),
+            upd("c5", list(last)),
+        ]
+    }
 
 
 def test_no_client_is_judged_where_the_clients_do_not_agree_on_a_direction():
@@ -134,6 +153,7 @@ def test_a_spread_of_honest_scores_widens_the_bound():
     0.095, 0.095, 0.285, 0.475, 0.5604 -> median (0.285 + 0.285) / 2 = 0.285,
     s = 1.4826 x 0.285 = 0.42254. Factor 3: bound 0.43 - 1.2676 = -0.8376,
     c5 is left alone; factor 1: bound 0.43 - 0.42254 = 0.00746, c5 is shrunk."""
+
     def history():
         h = seeded(0.0, -0.1)
         for i, v in enumerate((0.1, 0.3, 0.5, 0.7, 0.9)):
@@ -142,8 +162,10 @@ def test_a_spread_of_honest_scores_widens_the_bound():
 
     assert check(round_of_six(), history(), factor=3.0) == []
     warnings = check(round_of_six(), history(), factor=1.0)
-    assert ("mean cosine -0.130 over its last 20 rounds; the clients' median 0.430, bound "
-            "0.007 = median - 1 x robust deviation 0.423") in warnings[0]
+    assert (
+        "mean cosine -0.130 over its last 20 rounds; the clients' median 0.430, bound "
+        "0.007 = median - 1 x robust deviation 0.423"
+    ) in warnings[0]
 
 
 def test_fewer_than_five_judged_clients_are_not_judged():
@@ -151,8 +173,14 @@ def test_fewer_than_five_judged_clients_are_not_judged():
     with two cosines each, one fewer than needed; nothing changes."""
     history: dict = {}
     for _ in range(3):
-        us = {"a": [upd("c0", [1.0, 0.0]), upd("c1", [2.0, 0.0]), upd("c2", [1.0, 0.0]),
-                    upd("c3", [-1.0, 0.0])]}
+        us = {
+            "a": [
+                upd("c0", [1.0, 0.0]),
+                upd("c1", [2.0, 0.0]),
+                upd("c2", [1.0, 0.0]),
+                upd("c3", [-1.0, 0.0]),
+            ]
+        }
         assert check(us, history) == []
         assert us["a"][3].delta[0].tolist() == [-1.0, 0.0]
     assert history["a"]["c3"] == pytest.approx([-1.0] * 3)
@@ -165,8 +193,7 @@ def test_the_reference_leaves_the_update_out():
     history: dict = {}
     check({"a": [upd("p", [1.0, 0.0]), upd("q", [-1.0, 0.0])]}, history)
     assert history == {"a": {"p": [-1.0], "q": [-1.0]}}
-    check({"b": [upd("p", [1.0, 0.0])], "a": [upd("p", [1.0, 0.0]), upd("z", [0.0, 0.0])]},
-          history)
+    check({"b": [upd("p", [1.0, 0.0])], "a": [upd("p", [1.0, 0.0]), upd("z", [0.0, 0.0])]}, history)
     assert history == {"a": {"p": [-1.0], "q": [-1.0]}}
 
 
@@ -176,8 +203,10 @@ def test_above_the_leave_one_out_size_the_reference_is_the_median_of_all():
     reference would still be (1, 0); a cheaper rule with the same outcome
     here, checked on the values.)"""
     assert DIRECTION_LEAVE_ONE_OUT == 16
-    us = {"a": [upd(f"x{i}", [1.0, 0.0]) for i in range(12)]
-          + [upd(f"y{i}", [0.0, 1.0]) for i in range(5)]}
+    us = {
+        "a": [upd(f"x{i}", [1.0, 0.0]) for i in range(12)]
+        + [upd(f"y{i}", [0.0, 1.0]) for i in range(5)]
+    }
     history: dict = {}
     check(us, history)
     assert all(history["a"][f"x{i}"] == [1.0] for i in range(12))
@@ -193,7 +222,8 @@ def test_the_history_keeps_the_last_cosines_and_off_means_off():
     assert check_directions(us, before, None) == []
     assert before == {"a": {"c0": [0.5]}}
     assert [u.delta[0].tolist() for u in us["a"]] == [
-        u.delta[0].tolist() for u in federation()["a"]]
+        u.delta[0].tolist() for u in federation()["a"]
+    ]
 
 
 def test_the_default_factor_and_its_check():
@@ -239,8 +269,9 @@ def _stacked_cosines(us):
     out = {}
     for i, u in enumerate(us):
         ref = whole if whole is not None else np.median(np.delete(flat, i, axis=0), axis=0)
-        out[u.cid] = float(flat[i] @ ref) / (float(np.linalg.norm(flat[i]))
-                                             * float(np.linalg.norm(ref)))
+        out[u.cid] = float(flat[i] @ ref) / (
+            float(np.linalg.norm(flat[i])) * float(np.linalg.norm(ref))
+        )
     return out
 
 
@@ -254,9 +285,15 @@ def test_the_blocked_median_gives_the_stacked_cosines_exactly(monkeypatch, n):
 
     monkeypatch.setattr(V, "MEDIAN_BLOCK", 7 * n)  # 7 coordinates a block
     rng = np.random.default_rng(n)
-    us = [Update(cid=f"c{k}", delta=[rng.normal(size=(5, 9)), rng.normal(size=23),
-                                     rng.normal(size=(2, 2, 3))],
-                 num_examples=10, data_share=0.1) for k in range(n)]
+    us = [
+        Update(
+            cid=f"c{k}",
+            delta=[rng.normal(size=(5, 9)), rng.normal(size=23), rng.normal(size=(2, 2, 3))],
+            num_examples=10,
+            data_share=0.1,
+        )
+        for k in range(n)
+    ]
     history: dict = {}
     check({"m": us}, history)
     expected = _stacked_cosines(us)
@@ -275,8 +312,10 @@ def test_the_check_holds_no_stacked_copy_of_the_updates(monkeypatch):
     monkeypatch.setattr(V, "MEDIAN_BLOCK", 1 << 18)
     rng = np.random.default_rng(0)
     n, size = 40, 200_000
-    us = [Update(cid=f"c{k}", delta=[rng.normal(size=size)], num_examples=10,
-                 data_share=0.1) for k in range(n)]
+    us = [
+        Update(cid=f"c{k}", delta=[rng.normal(size=size)], num_examples=10, data_share=0.1)
+        for k in range(n)
+    ]
     tracemalloc.start()
     try:
         tracemalloc.reset_peak()

@@ -22,8 +22,13 @@ from mmfl_flwr.strategy.validation import bound_expected_influence, l2_norm
 
 
 def upd(cid: str, values: list[float], share: float, prob: float = 0.5) -> Update:
-    return Update(cid=cid, delta=[np.array(values, dtype=np.float64)], num_examples=10,
-                  data_share=share, prob=prob)
+    return Update(
+        cid=cid,
+        delta=[np.array(values, dtype=np.float64)],
+        num_examples=10,
+        data_share=share,
+        prob=prob,
+    )
 
 
 def run_bound(updates, factor):
@@ -43,8 +48,14 @@ def test_a_large_share_update_is_scaled_to_the_bound_and_named():
     scaled by 0.6 / 3 = 0.2 to (0.6, 0.8); the others are untouched, whatever
     their inclusion probabilities: c0's p of 0.01 would make its d / (B p) ||G||
     10, far above any bound on those, but the bound reads d."""
-    us = {"a": [upd("c0", [1.0, 0.0], 0.1, prob=0.01), upd("c1", [0.0, 2.0], 0.1),
-                upd("c2", [1.0, 0.0], 0.2), upd("c3", [3.0, 4.0], 0.6)]}
+    us = {
+        "a": [
+            upd("c0", [1.0, 0.0], 0.1, prob=0.01),
+            upd("c1", [0.0, 2.0], 0.1),
+            upd("c2", [1.0, 0.0], 0.2),
+            upd("c3", [3.0, 4.0], 0.6),
+        ]
+    }
     warnings = run_bound(us, 3.0)
     np.testing.assert_allclose(us["a"][3].delta[0], [0.6, 0.8])
     for u, v in zip(us["a"][:3], ([1.0, 0.0], [0.0, 2.0], [1.0, 0.0])):
@@ -52,7 +63,8 @@ def test_a_large_share_update_is_scaled_to_the_bound_and_named():
     assert warnings == [
         "Client c3: clipped update for task 'a': its influence on the expected step (data "
         "share 0.6 x update norm 5 = 3) exceeds 0.6 (3 x the round's reference, 0.2); "
-        "update norm scaled to 1"]
+        "update norm scaled to 1"
+    ]
 
 
 def test_off_without_a_factor_and_with_one_update():
@@ -79,8 +91,10 @@ def test_a_non_finite_influence_leaves_the_model_unbounded_and_says_why(caplog):
     with caplog.at_level(_logging.INFO, logger="flwr"):
         assert run_bound(us, 1.0) == []
     np.testing.assert_array_equal(us["a"][1].delta[0], [50.0])
-    assert any("task 'a' not bounded this round (a share or norm is not finite)" in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        "task 'a' not bounded this round (a share or norm is not finite)" in r.getMessage()
+        for r in caplog.records
+    )
 
 
 def test_in_a_stalevr_run_no_fresh_update_moves_the_expected_step_beyond_the_bound(monkeypatch):
@@ -117,13 +131,23 @@ def test_in_a_stalevr_run_no_fresh_update_moves_the_expected_step_beyond_the_bou
     logger.addHandler(tap)
     try:
         runner.run_inprocess(
-            Settings(strategy="stalevr", tasks="digits,synthetic", num_clients=12,
-                     num_rounds=3, local_epochs=1, output_dir="", seed=5,
-                     influence_clip_factor=1.0),
-            wrap_client_app=H.scaled_update("3", -10.0))
+            Settings(
+                strategy="stalevr",
+                tasks="digits,synthetic",
+                num_clients=12,
+                num_rounds=3,
+                local_epochs=1,
+                output_dir="",
+                seed=5,
+                influence_clip_factor=1.0,
+            ),
+            wrap_client_app=H.scaled_update("3", -10.0),
+        )
     finally:
         logger.removeHandler(tap)
     assert len(ratios) == 6  # two models, three rounds
     assert max(ratios) <= 1.0 + 1e-9
-    assert any(m.startswith("Client 3: clipped update for task")
-               and "influence on the expected step" in m for _, m in tap.records)
+    assert any(
+        m.startswith("Client 3: clipped update for task") and "influence on the expected step" in m
+        for _, m in tap.records
+    )

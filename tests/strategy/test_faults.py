@@ -114,22 +114,34 @@ def run_fed(
             hook(rnd, run.grid, run.strategy)
 
     return run_federation(
-        make_strategy(config, **kwargs), fake_client_app(app_clients or clients),
-        {c: {"cid": c} for c in clients}, initial(), rounds, wrap=wrap,
-        grid_factory=lambda rec, cfgs: InProcessGrid(rec, cfgs, seed=0, latency=latency,
-                                                     wait=wait),
-        hook=grid_hook, check_round=check_round, timeout=timeout, evaluate_fn=evaluate_fn,
+        make_strategy(config, **kwargs),
+        fake_client_app(app_clients or clients),
+        {c: {"cid": c} for c in clients},
+        initial(),
+        rounds,
+        wrap=wrap,
+        grid_factory=lambda rec, cfgs: InProcessGrid(rec, cfgs, seed=0, latency=latency, wait=wait),
+        hook=grid_hook,
+        check_round=check_round,
+        timeout=timeout,
+        evaluate_fn=evaluate_fn,
     )
 
 
 def initial():
-    return {t: numpy_to_arrays({k: np.zeros(s, np.float32) for k, s in SHAPES.items()})
-            for t in TASKS}
+    return {
+        t: numpy_to_arrays({k: np.zeros(s, np.float32) for k, s in SHAPES.items()}) for t in TASKS
+    }
 
 
 # --------------------------------------------------- expected steps, by hand
-def expected_step(clients: dict[str, ClientDef], task: str, trained: Sequence[str],
-                  online: Sequence[str], config: str) -> float:
+def expected_step(
+    clients: dict[str, ClientDef],
+    task: str,
+    trained: Sequence[str],
+    online: Sequence[str],
+    config: str,
+) -> float:
     """The global step of ``task`` from the updates of ``trained``.
 
     FedAvg: ``sum n_i s_i / sum n_i`` over the updates received. Unbiased:
@@ -147,15 +159,21 @@ def expected_step(clients: dict[str, ClientDef], task: str, trained: Sequence[st
     return sum(n[c] / total * len(clients[c].tasks) * s[c] for c in trained)
 
 
-def check_rounds(run: FedRun, clients: dict[str, ClientDef], config: str,
-                 online: dict[int, set[str]], missing: dict[int, set[str]]) -> None:
+def check_rounds(
+    run: FedRun,
+    clients: dict[str, ClientDef],
+    config: str,
+    online: dict[int, set[str]],
+    missing: dict[int, set[str]],
+) -> None:
     """Every round's step, uploads and rejections match the hand computation."""
     for rnd in sorted(online):
         picks = run.result.assignments[rnd]
         assert run.picked(rnd) == {c for c in online[rnd] if clients[c].tasks}
         if config == "fedavg":
             assert sorted((c, t) for c, t, _ in picks) == sorted(
-                (c, t) for c in online[rnd] for t in clients[c].tasks)
+                (c, t) for c in online[rnd] for t in clients[c].tasks
+            )
         else:  # one processor each, always active: one task per online client
             assert sorted(c for c, _, _ in picks) == sorted(online[rnd])
         assert missing.get(rnd, set()) <= run.picked(rnd), "the fault must hit a picked client"
@@ -165,8 +183,13 @@ def check_rounds(run: FedRun, clients: dict[str, ClientDef], config: str,
             step = expected_step(clients, task, trained, sorted(online[rnd]), config)
             for k, v in run.snapshots[rnd][task].items():
                 prev = run.snapshots[rnd - 1][task][k].astype(np.float64)
-                np.testing.assert_allclose(v, prev - step, rtol=1e-5, atol=1e-5,
-                                           err_msg=f"round {rnd} task {task} array {k}")
+                np.testing.assert_allclose(
+                    v,
+                    prev - step,
+                    rtol=1e-5,
+                    atol=1e-5,
+                    err_msg=f"round {rnd} task {task} array {k}",
+                )
             row = run.rows(rnd)[task]
             assert row["uploads"] == len(trained), (rnd, task, row)
             assert row["assigned"] == len(assigned), (rnd, task, row)
@@ -185,8 +208,11 @@ def everyone(clients) -> set[str]:
 def crash_in_round(who: str, rnd: int):
     def wrap(app):
         def call(msg: Message, ctx: Context) -> Message:
-            if (ctx.node_config["cid"] == who and msg.metadata.message_type == "train"
-                    and msg.metadata.group_id == str(rnd)):
+            if (
+                ctx.node_config["cid"] == who
+                and msg.metadata.message_type == "train"
+                and msg.metadata.group_id == str(rnd)
+            ):
                 raise RuntimeError("simulated crash mid-round")
             return app(msg, ctx)
 
@@ -235,8 +261,11 @@ def test_disconnect_mid_round_then_reconnect_with_a_new_node_id(config):
     def wrap(app):
         def call(msg, ctx):
             reply = app(msg, ctx)
-            if (ctx.node_config["cid"] == "carol" and msg.metadata.message_type == "train"
-                    and msg.metadata.group_id == "2"):
+            if (
+                ctx.node_config["cid"] == "carol"
+                and msg.metadata.message_type == "train"
+                and msg.metadata.group_id == "2"
+            ):
                 grids[0].remove_node(ctx.node_id)  # disconnected before replying
             return reply
 
@@ -247,8 +276,7 @@ def test_disconnect_mid_round_then_reconnect_with_a_new_node_id(config):
             grids.append(grid)
             nodes["old"] = node_of(grid, "carol")
         if rnd == 2:
-            assert "carol" not in [grid.context(n).node_config["cid"]
-                                   for n in grid.get_node_ids()]
+            assert "carol" not in [grid.context(n).node_config["cid"] for n in grid.get_node_ids()]
             nodes["new"] = grid.add_node({"cid": "carol"})
 
     run = run_fed(clients, config, wrap=wrap, hook=hook)
@@ -258,7 +286,8 @@ def test_disconnect_mid_round_then_reconnect_with_a_new_node_id(config):
     # she re-registered under her new node id (one info query, in round 3) and trained
     assert run.rec.nodes("carol", P.QUERY_INFO) == [(1, nodes["old"]), (3, nodes["new"])]
     assert run.rec.nodes("carol", "train") == [(r, nodes["old"]) for r in (1, 2)] + [
-        (3, nodes["new"])]
+        (3, nodes["new"])
+    ]
     assert run.strategy.run_state.node_to_cid.get(nodes["new"]) == "carol"
     assert nodes["old"] not in run.strategy.run_state.node_to_cid
     # the log says her round-2 update is missing; nobody else is blamed
@@ -310,8 +339,11 @@ def test_disconnect_and_reconnect_are_logged_by_name():
 # ==================================================================== stragglers
 def slow_train(who: str, rounds: set[int] | None, seconds: float = 3600.0):
     def latency(msg: Message, ctx: Context) -> float:
-        if (ctx.node_config["cid"] == who and msg.metadata.message_type == "train"
-                and (rounds is None or int(msg.metadata.group_id) in rounds)):
+        if (
+            ctx.node_config["cid"] == who
+            and msg.metadata.message_type == "train"
+            and (rounds is None or int(msg.metadata.group_id) in rounds)
+        ):
             return seconds
         return 0.0
 
@@ -322,8 +354,7 @@ def slow_train(who: str, rounds: set[int] | None, seconds: float = 3600.0):
 def test_straggler_past_the_timeout_is_dropped_and_the_round_does_not_wait(config):
     clients = federation()
     timeout = 0.5
-    run = run_fed(clients, config, latency=slow_train("erin", {2}), wait=True,
-                  timeout=timeout)
+    run = run_fed(clients, config, latency=slow_train("erin", {2}), wait=True, timeout=timeout)
     every = everyone(clients)
     check_rounds(run, clients, config, {1: every, 2: every, 3: every}, {2: {"erin"}})
     # the grid waited for the straggler until the timeout, and not longer
@@ -353,11 +384,15 @@ def test_every_train_reply_late_every_round_is_bounded_and_keeps_the_model(confi
     def latency(msg, ctx):
         return math.inf if msg.metadata.message_type == "train" else 0.0
 
-    run = run_fed(clients, config, rounds=rounds, latency=latency, wait=True,
-                  timeout=timeout)
+    run = run_fed(clients, config, rounds=rounds, latency=latency, wait=True, timeout=timeout)
     every = everyone(clients)
-    check_rounds(run, clients, config, {r: every for r in range(1, rounds + 1)},
-                 {r: every for r in range(1, rounds + 1)})
+    check_rounds(
+        run,
+        clients,
+        config,
+        {r: every for r in range(1, rounds + 1)},
+        {r: every for r in range(1, rounds + 1)},
+    )
     assert rounds * timeout <= run.seconds < rounds * timeout + 2.5, run.seconds
     assert len(run.grid.late) == rounds * len(clients)
     for rnd in range(1, rounds + 1):
@@ -382,11 +417,11 @@ def test_straggler_whose_own_call_outlasts_the_timeout_is_dropped():
 
         return call
 
-    run = run_fed(clients, "fedavg", rounds=1, wrap=wrap, latency=lambda m, c: 0.0,
-                  timeout=0.1)
+    run = run_fed(clients, "fedavg", rounds=1, wrap=wrap, latency=lambda m, c: 0.0, timeout=0.1)
     check_rounds(run, clients, "fedavg", {1: everyone(clients)}, {1: {"erin"}})
     assert [(x.node_id, x.message_type) for x in run.grid.late] == [
-        (node_of(run.grid, "erin"), "train")]
+        (node_of(run.grid, "erin"), "train")
+    ]
     assert 0.3 <= run.grid.late[0].arrival < 2.0
     assert run.seconds < 2.5
     assert any("erin" in m and MISSING in m for m in run.warnings(1))
@@ -401,8 +436,7 @@ def test_latency_model_keeps_the_default_results():
     for rnd in a.snapshots:
         for task in TASKS:
             for k in SHAPES:
-                np.testing.assert_array_equal(a.snapshots[rnd][task][k],
-                                              b.snapshots[rnd][task][k])
+                np.testing.assert_array_equal(a.snapshots[rnd][task][k], b.snapshots[rnd][task][k])
     assert b.grid.late == []
 
 

@@ -22,18 +22,25 @@ from mmfl_flwr.strategy import MultiModelStrategy
 TASKS = ("a", "b")
 #: label -> (examples, step) on both models; FedAvg's round-1 model is -(weighted mean step)
 CLIENTS = {
-    "c0": ClientDef({t: (10, 1.0) for t in TASKS}, losses={"a": 1.0, "b": 2.0},
-                    evals={t: (0.5, 0.8, 10) for t in TASKS}),
-    "c1": ClientDef({t: (30, 2.0) for t in TASKS}, losses={"a": 3.0, "b": 1.0},
-                    evals={t: (1.5, 0.4, 30) for t in TASKS}),
+    "c0": ClientDef(
+        {t: (10, 1.0) for t in TASKS},
+        losses={"a": 1.0, "b": 2.0},
+        evals={t: (0.5, 0.8, 10) for t in TASKS},
+    ),
+    "c1": ClientDef(
+        {t: (30, 2.0) for t in TASKS},
+        losses={"a": 3.0, "b": 1.0},
+        evals={t: (1.5, 0.4, 30) for t in TASKS},
+    ),
 }
 NODES = {label: {"cid": label} for label in CLIENTS}
 MEAN_STEP = (10 * 1.0 + 30 * 2.0) / 40  # 1.75
 
 
 def run(strategy: MultiModelStrategy, rounds: int = 2, **kw):
-    return run_federation(strategy, fake_client_app(CLIENTS), NODES, zero_models(TASKS),
-                          rounds, **kw)
+    return run_federation(
+        strategy, fake_client_app(CLIENTS), NODES, zero_models(TASKS), rounds, **kw
+    )
 
 
 def full(cls: type[MultiModelStrategy] = MultiModelStrategy, **kw) -> MultiModelStrategy:
@@ -60,8 +67,9 @@ class HalveModelA(MultiModelStrategy):
     def aggregate_train(self, server_round, replies):
         models, metrics = super().aggregate_train(server_round, replies)
         w = models["a"].to_numpy_ndarrays()
-        models["a"] = ArrayRecord({k: Array(v * np.float32(0.5))
-                                   for k, v in zip(models["a"].keys(), w)})
+        models["a"] = ArrayRecord(
+            {k: Array(v * np.float32(0.5)) for k, v in zip(models["a"].keys(), w)}
+        )
         for task in models.keys():
             metrics[f"{task}.server-step"] = 1.0 if task == "a" else 0.0
         return models, metrics
@@ -79,8 +87,9 @@ def test_the_hooks_get_the_current_models_as_one_record_per_model():
 
     class Spy(MultiModelStrategy):
         def configure_train(self, server_round, arrays, config, grid):
-            seen.append((server_round, sorted(arrays.keys()),
-                         float(arrays["a"]["w"].numpy()[0, 0])))
+            seen.append(
+                (server_round, sorted(arrays.keys()), float(arrays["a"]["w"].numpy()[0, 0]))
+            )
             return super().configure_train(server_round, arrays, config, grid)
 
     run(full(Spy))
@@ -160,8 +169,9 @@ def test_loss_query_hooks_decide_what_the_policy_reads():
     class HalfLosses(MultiModelStrategy):
         def aggregate_loss_query(self, server_round, replies):
             losses = super().aggregate_loss_query(server_round, replies)
-            return RecordDict({t: MetricRecord({c: v / 2 for c, v in rec.items()})
-                               for t, rec in losses.items()})
+            return RecordDict(
+                {t: MetricRecord({c: v / 2 for c, v in rec.items()}) for t, rec in losses.items()}
+            )
 
     plain, half = lvr(), lvr(HalfLosses)
     run(plain, rounds=1)
@@ -199,15 +209,17 @@ def _agg_raises(self, server_round, replies):
 
 def _agg_shape(self, server_round, replies):
     models, metrics = MultiModelStrategy.aggregate_train(self, server_round, replies)
-    models["a"] = ArrayRecord({"w": Array(np.zeros((3, 3), np.float32)),
-                               "b": Array(np.zeros(3, np.float32))})
+    models["a"] = ArrayRecord(
+        {"w": Array(np.zeros((3, 3), np.float32)), "b": Array(np.zeros(3, np.float32))}
+    )
     return models, metrics
 
 
 def _agg_nan(self, server_round, replies):
     models, metrics = MultiModelStrategy.aggregate_train(self, server_round, replies)
-    models["b"] = ArrayRecord({"w": Array(np.full((2, 3), np.nan, np.float32)),
-                               "b": Array(np.zeros(3, np.float32))})
+    models["b"] = ArrayRecord(
+        {"w": Array(np.full((2, 3), np.nan, np.float32)), "b": Array(np.zeros(3, np.float32))}
+    )
     return models, metrics
 
 
@@ -247,22 +259,36 @@ def _loss_nan(self, server_round, replies):
 
 
 CASES = {
-    "configure_train raises": (bad("configure_train", _train_raises), "configure_train",
-                               "boom"),
-    "configure_train returns strings": (bad("configure_train", _train_not_messages),
-                                        "configure_train", "expected Flower Messages"),
-    "aggregate_train raises": (bad("aggregate_train", _agg_raises), "aggregate_train",
-                               "bad arithmetic"),
+    "configure_train raises": (bad("configure_train", _train_raises), "configure_train", "boom"),
+    "configure_train returns strings": (
+        bad("configure_train", _train_not_messages),
+        "configure_train",
+        "expected Flower Messages",
+    ),
+    "aggregate_train raises": (
+        bad("aggregate_train", _agg_raises),
+        "aggregate_train",
+        "bad arithmetic",
+    ),
     "wrong shape": (bad("aggregate_train", _agg_shape), "aggregate_train", "shape (3, 3)"),
     "NaN model": (bad("aggregate_train", _agg_nan), "aggregate_train", "NaN"),
     "unknown model": (bad("aggregate_train", _agg_unknown_model), "aggregate_train", "wines"),
-    "not a pair": (bad("aggregate_train", _agg_not_a_pair), "aggregate_train",
-                   "expected (models, metrics)"),
-    "dict metrics": (bad("aggregate_train", _agg_dict_metrics), "aggregate_train",
-                     "expected a MetricRecord"),
+    "not a pair": (
+        bad("aggregate_train", _agg_not_a_pair),
+        "aggregate_train",
+        "expected (models, metrics)",
+    ),
+    "dict metrics": (
+        bad("aggregate_train", _agg_dict_metrics),
+        "aggregate_train",
+        "expected a MetricRecord",
+    ),
     "no super()": (bad("aggregate_train", _agg_without_super), "aggregate_train", "super()"),
-    "evaluate dict": (bad("aggregate_evaluate", _eval_dict), "aggregate_evaluate",
-                      "expected a MetricRecord"),
+    "evaluate dict": (
+        bad("aggregate_evaluate", _eval_dict),
+        "aggregate_evaluate",
+        "expected a MetricRecord",
+    ),
 }
 
 
@@ -282,8 +308,9 @@ def test_a_bad_hook_is_one_error_naming_it_and_no_model_changes(case):
             np.testing.assert_allclose(v, expected)
 
 
-@pytest.mark.parametrize("body,words", [(_loss_unknown_client, "'ghost'"),
-                                        (_loss_nan, "must be finite")])
+@pytest.mark.parametrize(
+    "body,words", [(_loss_unknown_client, "'ghost'"), (_loss_nan, "must be finite")]
+)
 def test_a_bad_loss_query_hook_is_one_error_and_nothing_is_stored(body, words):
     s = lvr(bad("aggregate_loss_query", body))
     with pytest.raises(HookError) as err:
@@ -307,10 +334,18 @@ def test_the_readmes_override_example_runs_as_written():
     scope: dict = {}
     exec(block.group(1), scope)
     s = scope["DampedDigits"](FullParticipation(), seed=3)
-    out = run_federation(s, fake_client_app({label: ClientDef({"digits": d.tasks["a"],
-                                                                "other": d.tasks["b"]})
-                                             for label, d in CLIENTS.items()}),
-                         NODES, zero_models(("digits", "other")), 1)
+    out = run_federation(
+        s,
+        fake_client_app(
+            {
+                label: ClientDef({"digits": d.tasks["a"], "other": d.tasks["b"]})
+                for label, d in CLIENTS.items()
+            }
+        ),
+        NODES,
+        zero_models(("digits", "other")),
+        1,
+    )
     np.testing.assert_allclose(out.snapshots[1]["digits"]["w"], -MEAN_STEP / 2)
     np.testing.assert_allclose(out.snapshots[1]["other"]["w"], -MEAN_STEP)
     assert out.result.train_metrics_clientapp[1]["all"]["other.server-round"] == 1

@@ -78,8 +78,9 @@ class Fed:
 
 
 def initial() -> dict[str, ArrayRecord]:
-    return {t: numpy_to_arrays({k: np.zeros(s, np.float32) for k, s in SHAPES.items()})
-            for t in TASKS}
+    return {
+        t: numpy_to_arrays({k: np.zeros(s, np.float32) for k, s in SHAPES.items()}) for t in TASKS
+    }
 
 
 def bypass(record, key: str, value: Any) -> None:
@@ -102,9 +103,16 @@ class Outcome:
         return [m for lvl, m in self.logs[rnd] if lvl >= logging.ERROR]
 
 
-def run(fed: Fed, wrap, policy: Policy, aggregator=None, rounds: int = 2,
-        grid_cls: type[InProcessGrid] = InProcessGrid,
-        init: dict[str, ArrayRecord] | None = None, **kwargs: Any) -> Outcome:
+def run(
+    fed: Fed,
+    wrap,
+    policy: Policy,
+    aggregator=None,
+    rounds: int = 2,
+    grid_cls: type[InProcessGrid] = InProcessGrid,
+    init: dict[str, ArrayRecord] | None = None,
+    **kwargs: Any,
+) -> Outcome:
     """Run the strategy; after every round assert every global weight is finite
     and keeps its dtype and shape (property 1)."""
     grid = grid_cls(wrap(fed.app()), [{"cid": c} for c in fed.tasks], seed=0)
@@ -116,8 +124,14 @@ def run(fed: Fed, wrap, policy: Policy, aggregator=None, rounds: int = 2,
     # weights, so the bound on reversed updates (tests/strategy/test_reversed_influence.py)
     # would scale the heavier one and change the same hand-computed FedAvg
     kwargs.setdefault("reversed_influence_factor", None)
-    strategy = MultiModelStrategy(policy, aggregator or FedAvgAggregator(), seed=0,
-                                  node_wait_timeout=0.0, max_loss=MAX_LOSS, **kwargs)
+    strategy = MultiModelStrategy(
+        policy,
+        aggregator or FedAvgAggregator(),
+        seed=0,
+        node_wait_timeout=0.0,
+        max_loss=MAX_LOSS,
+        **kwargs,
+    )
     start = initial() if init is None else init
     snapshots: dict[int, dict[str, dict[str, np.ndarray]]] = {}
     rows: dict[int, dict[str, dict[str, Any]]] = {}
@@ -132,7 +146,7 @@ def run(fed: Fed, wrap, policy: Policy, aggregator=None, rounds: int = 2,
                 assert np.isfinite(v).all(), f"round {rnd}: global {task}/{k} is not finite"
         snapshots[rnd] = copy.deepcopy(strategy.weights)
         rows[rnd] = {r["task"]: r for r in round_rows}
-        logs[rnd] = tap.records[mark[0]:]
+        logs[rnd] = tap.records[mark[0] :]
         mark[0] = len(tap.records)
 
     strategy.on_round_end = on_round_end
@@ -156,19 +170,33 @@ keys = st.sampled_from(sorted(SHAPES))
 # A part is the (task) piece of a client's train reply. Faults make it unusable;
 # "ok" variants look unusual but are valid and must be accepted. Every fault, by
 # category (drawn uniformly, then the variant within it):
-RECORD_FAULTS = ["no-arrays", "no-metrics", "metrics-as-config", "arrays-as-config",
-                 "empty-arrays"]
+RECORD_FAULTS = ["no-arrays", "no-metrics", "metrics-as-config", "arrays-as-config", "empty-arrays"]
 BYTES_FAULTS = ["garbage", "truncated", "wrong-stype", "not-an-array", "dtype-lie"]
 # 123456 and 10**9 are valid numbers but more than any client registered (<= 1000):
 # an inflated count is rejected, not used.
-COUNT_FAULTS = [0, -5, -1e9, 1e12, 10**12, 10**9 + 1, NAN, INF, -INF, 2.5, [5, 6], True,
-                "12", None, 123456, 10**9]
+COUNT_FAULTS = [
+    0,
+    -5,
+    -1e9,
+    1e12,
+    10**12,
+    10**9 + 1,
+    NAN,
+    INF,
+    -INF,
+    2.5,
+    [5, 6],
+    True,
+    "12",
+    None,
+    123456,
+    10**9,
+]
 LOSS_FAULTS = [NAN, INF, -INF, -1.0, -1e-9, 1e30, 1.5 * MAX_LOSS, [0.5], True, "0.5"]
 FAULT_CATEGORIES = [
     st.tuples(st.just("dtype"), st.sampled_from(["float16", "float64", "int32"]), keys),
     st.tuples(st.just("shape"), st.sampled_from(["reshape", "grow", "shrink", "scalar"]), keys),
-    st.tuples(st.just("nonfinite"), st.sampled_from([NAN, INF, -INF]), keys,
-              st.integers(0, 5)),
+    st.tuples(st.just("nonfinite"), st.sampled_from([NAN, INF, -INF]), keys, st.integers(0, 5)),
     st.tuples(st.just("keys"), st.sampled_from(["missing", "extra", "renamed"]), keys),
     st.tuples(st.just("record"), st.sampled_from(RECORD_FAULTS)),
     st.tuples(st.just("bytes"), st.sampled_from(BYTES_FAULTS), keys, st.binary(max_size=48)),
@@ -189,12 +217,14 @@ EVERY_FAULT = (
 )
 part_ok = st.one_of(
     st.just(("ok", "no-train-loss")),
-    st.tuples(st.just("ok"), st.just("count"),
-              st.sampled_from([1, 1.0])),  # at most what every client registered
+    st.tuples(
+        st.just("ok"), st.just("count"), st.sampled_from([1, 1.0])
+    ),  # at most what every client registered
     st.tuples(st.just("ok"), st.just("loss"), st.sampled_from([0.0, 1e-300, 3.5, MAX_LOSS])),
 )
 part_plan = st.sampled_from(["fault", "fault", "none", "ok"]).flatmap(
-    lambda kind: {"fault": part_faults, "none": st.none(), "ok": part_ok}[kind])
+    lambda kind: {"fault": part_faults, "none": st.none(), "ok": part_ok}[kind]
+)
 WHOLE = ["raise", "empty", "dup", "stray", "unknown-task"]
 whole_plan = st.sampled_from([*WHOLE, None, None, None])
 
@@ -210,8 +240,7 @@ def federations(draw, max_clients: int = len(CLIENTS)):
     for cid in CLIENTS[:k]:
         held = draw(st.sampled_from([("a",), ("b",), ("a", "b"), ("a", "b")]))
         # steps are multiples of 1/4: exact in float32
-        tasks[cid] = {t: (draw(st.integers(1, 1000)), draw(st.integers(-16, 16)) / 4)
-                      for t in held}
+        tasks[cid] = {t: (draw(st.integers(1, 1000)), draw(st.integers(-16, 16)) / 4) for t in held}
     return Fed(tasks)
 
 
@@ -280,18 +309,27 @@ def apply_part(content: RecordDict, task: str, part) -> None:
         good = Array(v)
         shape = tuple(v.shape)
         if how == "garbage":
-            rec[key] = Array(dtype="float32", shape=shape, stype="numpy.ndarray",
-                             data=b"\x00" + blob)  # never the .npy magic
+            rec[key] = Array(
+                dtype="float32", shape=shape, stype="numpy.ndarray", data=b"\x00" + blob
+            )  # never the .npy magic
         elif how == "truncated":
-            rec[key] = Array(dtype="float32", shape=shape, stype="numpy.ndarray",
-                             data=good.data[: len(good.data) - 1 - len(blob) % 8])
+            rec[key] = Array(
+                dtype="float32",
+                shape=shape,
+                stype="numpy.ndarray",
+                data=good.data[: len(good.data) - 1 - len(blob) % 8],
+            )
         elif how == "wrong-stype":
             rec[key] = Array(dtype="float32", shape=shape, stype="torch.Tensor", data=good.data)
         elif how == "not-an-array":
             bypass(rec, key, blob.hex() or "x")
         else:  # the header says float32, the bytes are float64
-            rec[key] = Array(dtype="float32", shape=shape, stype="numpy.ndarray",
-                             data=Array(v.astype(np.float64)).data)
+            rec[key] = Array(
+                dtype="float32",
+                shape=shape,
+                stype="numpy.ndarray",
+                data=Array(v.astype(np.float64)).data,
+            )
     elif kind == "count":
         value = part[1]
         if value is None:
@@ -334,9 +372,11 @@ def hostile_wrap(whole: dict[str, Any], parts: dict[str, dict[str, Any]]):
                     apply_part(reply.content, task, part)
             if whole[cid] == "unknown-task":
                 reply.content[P.arrays_key("zzz")] = numpy_to_arrays(
-                    {k: np.full(s, 1e3, np.float32) for k, s in SHAPES.items()})
+                    {k: np.full(s, 1e3, np.float32) for k, s in SHAPES.items()}
+                )
                 reply.content[P.metrics_key("zzz")] = MetricRecord(
-                    {P.NUM_EXAMPLES: 10**6, P.TRAIN_LOSS: 0.1})
+                    {P.NUM_EXAMPLES: 10**6, P.TRAIN_LOSS: 0.1}
+                )
             return reply
 
         return call
@@ -361,7 +401,8 @@ def hostile_grid(whole: dict[str, Any]) -> type[InProcessGrid]:
                     dup = copy.deepcopy(r)
                     for key in list(dup.content.array_records):
                         dup.content[key] = numpy_to_arrays(
-                            {k: np.full(s, 7.0, np.float32) for k, s in SHAPES.items()})
+                            {k: np.full(s, 7.0, np.float32) for k, s in SHAPES.items()}
+                        )
                     out += [dup, copy.deepcopy(r)]
                 elif whole[cid] == "stray":
                     stray = copy.deepcopy(r)
@@ -381,17 +422,24 @@ def fedavg_step(fed: Fed, task: str, good: list[str]) -> float:
     return sum(a * b for a, b in zip(n, s)) / sum(n)
 
 
-def check_train_plan(fed: Fed, whole: dict[str, Any], parts: dict[str, dict[str, Any]],
-                     rounds: int = 2) -> None:
+def check_train_plan(
+    fed: Fed, whole: dict[str, Any], parts: dict[str, dict[str, Any]], rounds: int = 2
+) -> None:
     """Run with this plan (the same every round) and check properties 1-3."""
-    out = run(fed, hostile_wrap(whole, parts), FullParticipation(),
-              grid_cls=hostile_grid(whole), rounds=rounds)
+    out = run(
+        fed,
+        hostile_wrap(whole, parts),
+        FullParticipation(),
+        grid_cls=hostile_grid(whole),
+        rounds=rounds,
+    )
 
     def bad(c: str, t: str) -> bool:
         return whole[c] in ("raise", "empty") or is_bad(parts[c][t])
 
-    clean = [c for c in fed.tasks
-             if whole[c] is None and not any(is_bad(p) for p in parts[c].values())]
+    clean = [
+        c for c in fed.tasks if whole[c] is None and not any(is_bad(p) for p in parts[c].values())
+    ]
     for task in TASKS:
         holders = [c for c in fed.tasks if task in fed.tasks[c]]
         good = [c for c in holders if not bad(c, task)]
@@ -399,8 +447,13 @@ def check_train_plan(fed: Fed, whole: dict[str, Any], parts: dict[str, dict[str,
         for rnd in range(1, rounds + 1):
             # (3) the good parts aggregate to exactly their FedAvg
             for k, v in out.snapshots[rnd][task].items():
-                np.testing.assert_allclose(v, np.full(SHAPES[k], -rnd * step), rtol=1e-5,
-                                           atol=1e-5, err_msg=f"{task}/{k} round {rnd}")
+                np.testing.assert_allclose(
+                    v,
+                    np.full(SHAPES[k], -rnd * step),
+                    rtol=1e-5,
+                    atol=1e-5,
+                    err_msg=f"{task}/{k} round {rnd}",
+                )
             row = out.rows[rnd][task]
             assert row["uploads"] == len(good), (task, rnd, row)
             assert row["rejected"] == len(holders) - len(good), (task, rnd, row)
@@ -435,12 +488,14 @@ def test_malformed_train_replies_are_rejected_logged_and_never_corrupt_a_model(p
     check_train_plan(fed, whole, parts)
 
 
-SWEEP_FED = Fed({
-    "c0": {"a": (10, 0.5), "b": (30, 1.0)},
-    "c1": {"a": (30, -1.0), "b": (10, 2.0)},
-    "c2": {"a": (20, 2.0)},
-    "c3": {"a": (40, 4.0), "b": (20, -0.25)},
-})
+SWEEP_FED = Fed(
+    {
+        "c0": {"a": (10, 0.5), "b": (30, 1.0)},
+        "c1": {"a": (30, -1.0), "b": (10, 2.0)},
+        "c2": {"a": (20, 2.0)},
+        "c3": {"a": (40, 4.0), "b": (20, -0.25)},
+    }
+)
 
 
 @pytest.mark.parametrize("part", EVERY_FAULT, ids=repr)
@@ -471,18 +526,22 @@ class FullWithLosses(FullParticipation):
 
 
 good_loss = st.sampled_from([0.5, 0.75, 1.0, 1.25, 1.5, 2.0])
-bad_loss = st.sampled_from([NAN, INF, -INF, -1.0, -1e-12, MAX_LOSS * (1 + 1e-9), 1e30,
-                            1e308, True, "1.0", [0.5]])
+bad_loss = st.sampled_from(
+    [NAN, INF, -INF, -1.0, -1e-12, MAX_LOSS * (1 + 1e-9), 1e30, 1e308, True, "1.0", [0.5]]
+)
 LOSS_WHOLE = ["raise", "empty", "as-config", "unknown-task", "dup"]
 
 
 @st.composite
 def loss_plans(draw):
     fed = draw(federations())
-    whole = {c: draw(st.one_of(st.none(), st.none(), st.sampled_from(LOSS_WHOLE)))
-             for c in fed.tasks}
-    losses = {c: {t: draw(st.one_of(good_loss, good_loss, bad_loss)) for t in fed.tasks[c]}
-              for c in fed.tasks}
+    whole = {
+        c: draw(st.one_of(st.none(), st.none(), st.sampled_from(LOSS_WHOLE))) for c in fed.tasks
+    }
+    losses = {
+        c: {t: draw(st.one_of(good_loss, good_loss, bad_loss)) for t in fed.tasks[c]}
+        for c in fed.tasks
+    }
     return fed, whole, losses
 
 
@@ -505,8 +564,7 @@ def loss_wrap(whole, losses):
             if whole[cid] == "unknown-task":
                 rec["zzz"] = 0.001
             if whole[cid] == "as-config":
-                return Message(RecordDict({P.LOSSES_KEY: ConfigRecord(dict(rec))}),
-                               reply_to=msg)
+                return Message(RecordDict({P.LOSSES_KEY: ConfigRecord(dict(rec))}), reply_to=msg)
             return Message(RecordDict({P.LOSSES_KEY: rec}), reply_to=msg)
 
         return call
@@ -535,15 +593,14 @@ def loss_grid(whole) -> type[InProcessGrid]:
 
 
 def is_good_loss(v) -> bool:
-    return (not isinstance(v, (bool, str, list)) and math.isfinite(v) and 0 <= v <= MAX_LOSS)
+    return not isinstance(v, (bool, str, list)) and math.isfinite(v) and 0 <= v <= MAX_LOSS
 
 
 @BUDGET
 @given(loss_plans())
 def test_absurd_reported_losses_are_rejected_and_never_enter_the_table(plan):
     fed, whole, losses = plan
-    out = run(fed, loss_wrap(whole, losses), FullWithLosses(), grid_cls=loss_grid(whole),
-              rounds=1)
+    out = run(fed, loss_wrap(whole, losses), FullWithLosses(), grid_cls=loss_grid(whole), rounds=1)
     table = out.strategy.table
     w = out.warnings(1)
     for c in fed.tasks:
@@ -560,8 +617,11 @@ def test_absurd_reported_losses_are_rejected_and_never_enter_the_table(plan):
                 assert any(c in m and repr(t) in m and "loss" in m for m in w), (c, t, v, w)
         if whole[c] == "unknown-task":
             assert any(c in m and "'zzz'" in m for m in w), (c, w)
-    clean = [c for c in fed.tasks
-             if whole[c] is None and all(is_good_loss(v) for v in losses[c].values())]
+    clean = [
+        c
+        for c in fed.tasks
+        if whole[c] is None and all(is_good_loss(v) for v in losses[c].values())
+    ]
     assert not [m for m in w if any(c in m for c in clean)], (clean, w)
 
 
@@ -569,8 +629,9 @@ def test_duplicated_loss_reply_counts_once():
     whole = {c: None for c in SWEEP_FED.tasks}
     whole["c1"] = "dup"
     losses = {c: {t: 1.0 for t in ts} for c, ts in SWEEP_FED.tasks.items()}
-    out = run(SWEEP_FED, loss_wrap(whole, losses), FullWithLosses(), grid_cls=loss_grid(whole),
-              rounds=1)
+    out = run(
+        SWEEP_FED, loss_wrap(whole, losses), FullWithLosses(), grid_cls=loss_grid(whole), rounds=1
+    )
     assert out.strategy.table["c1"].losses == {"a": 1.0, "b": 1.0}  # not the copy's 1.9
 
 
@@ -578,8 +639,9 @@ def test_duplicated_loss_reply_is_logged():
     whole = {c: None for c in SWEEP_FED.tasks}
     whole["c1"] = "dup"
     losses = {c: {t: 1.0 for t in ts} for c, ts in SWEEP_FED.tasks.items()}
-    out = run(SWEEP_FED, loss_wrap(whole, losses), FullWithLosses(), grid_cls=loss_grid(whole),
-              rounds=1)
+    out = run(
+        SWEEP_FED, loss_wrap(whole, losses), FullWithLosses(), grid_cls=loss_grid(whole), rounds=1
+    )
     assert any("c1" in m and "duplicate" in m for m in out.warnings(1)), out.warnings(1)
 
 
@@ -594,25 +656,30 @@ class AllWithProb(Policy):
         self.prob = prob
 
     def assign(self, table, tasks, server_round, rng):
-        return [Pick(c.cid, t, 1, self.prob) for c in table.clients() for t in c.tasks
-                if t in tasks]
+        return [
+            Pick(c.cid, t, 1, self.prob) for c in table.clients() for t in c.tasks if t in tasks
+        ]
 
 
-HUGE_FED = Fed({
-    "c0": {"a": (10, 1.0), "b": (10, 1.0)},
-    "c1": {"a": (20, -2.0), "b": (20, 0.5)},
-    "c2": {"a": (30, 0.5), "b": (30, -1.0)},
-    "c3": {"a": (40, 4.0), "b": (40, 2.0)},  # the hostile one, weight 0.4
-})
+HUGE_FED = Fed(
+    {
+        "c0": {"a": (10, 1.0), "b": (10, 1.0)},
+        "c1": {"a": (20, -2.0), "b": (20, 0.5)},
+        "c2": {"a": (30, 0.5), "b": (30, -1.0)},
+        "c3": {"a": (40, 4.0), "b": (40, 2.0)},  # the hostile one, weight 0.4
+    }
+)
 
 
-def huge_in_round(value: float, rounds: set[int], who: str = "c3", task: str = "a",
-                  key: str = "w"):
+def huge_in_round(value: float, rounds: set[int], who: str = "c3", task: str = "a", key: str = "w"):
     def wrap(app):
         def call(msg, ctx):
             reply = app(msg, ctx)
-            if (ctx.node_config["cid"] == who and msg.metadata.message_type == "train"
-                    and int(msg.metadata.group_id) in rounds):
+            if (
+                ctx.node_config["cid"] == who
+                and msg.metadata.message_type == "train"
+                and int(msg.metadata.group_id) in rounds
+            ):
                 rec = reply.content.array_records[P.arrays_key(task)]
                 rec[key] = Array(np.full(SHAPES[key], value, np.float32))
             return reply
@@ -630,24 +697,26 @@ def test_huge_finite_update_is_rejected_by_the_default_norm_bound():
     c0, c1, c2 alone, exactly as if c3 had not replied; "b" is untouched."""
     out = run(HUGE_FED, huge_in_round(1e30, {1}), FullParticipation(), rounds=3)
     (warning,) = out.warnings(1)
-    assert warning.startswith("Client c3: rejected update for task 'a': update norm 2.449e+30 "
-                              "exceeds 300 (100 x the reference norm, 3)")
+    assert warning.startswith(
+        "Client c3: rejected update for task 'a': update norm 2.449e+30 "
+        "exceeds 300 (100 x the reference norm, 3)"
+    )
     step_a = fedavg_step(HUGE_FED, "a", ["c0", "c1", "c2"])
-    np.testing.assert_allclose(out.snapshots[1]["a"]["w"], np.full(SHAPES["w"], -step_a),
-                               atol=1e-5)
+    np.testing.assert_allclose(out.snapshots[1]["a"]["w"], np.full(SHAPES["w"], -step_a), atol=1e-5)
     assert np.isfinite(out.snapshots[3]["a"]["w"]).all()
     step_b = fedavg_step(HUGE_FED, "b", ["c0", "c1", "c2", "c3"])
-    np.testing.assert_allclose(out.snapshots[1]["b"]["w"], np.full(SHAPES["w"], -step_b),
-                               atol=1e-5)
+    np.testing.assert_allclose(out.snapshots[1]["b"]["w"], np.full(SHAPES["w"], -step_b), atol=1e-5)
     assert out.rows[1]["a"]["rejected"] == 1 and out.rows[1]["a"]["uploads"] == 3
     assert out.rows[1]["b"]["rejected"] == 0 and out.rows[1]["b"]["uploads"] == 4
 
 
-LONE_FED = Fed({
-    "c0": {"b": (10, 1.0)},
-    "c1": {"b": (20, 0.5)},
-    "c3": {"a": (40, 4.0), "b": (40, 2.0)},  # the only trainer of "a"
-})
+LONE_FED = Fed(
+    {
+        "c0": {"b": (10, 1.0)},
+        "c1": {"b": (20, 0.5)},
+        "c3": {"a": (40, 4.0), "b": (40, 2.0)},  # the only trainer of "a"
+    }
+)
 
 
 def test_lone_first_update_is_measured_against_the_model_norm():
@@ -656,17 +725,22 @@ def test_lone_first_update_is_measured_against_the_model_norm():
     the model it started from, 0.5 everywhere over 9 entries -> 1.5, bound 150,
     and rejected; "a" stays at its initial weights. In round 2 c3 is honest
     (norm 4 x 3 = 12 < 150) and its step is taken whole."""
-    init = {t: numpy_to_arrays({k: np.full(s, 0.5, np.float32) for k, s in SHAPES.items()})
-            for t in TASKS}
+    init = {
+        t: numpy_to_arrays({k: np.full(s, 0.5, np.float32) for k, s in SHAPES.items()})
+        for t in TASKS
+    }
     out = run(LONE_FED, huge_in_round(1e30, {1}), FullParticipation(), rounds=2, init=init)
     (warning,) = out.warnings(1)
-    assert warning.startswith("Client c3: rejected update for task 'a': update norm 2.449e+30 "
-                              "exceeds 150 (100 x the norm of the model it started from, 1.5)")
+    assert warning.startswith(
+        "Client c3: rejected update for task 'a': update norm 2.449e+30 "
+        "exceeds 150 (100 x the norm of the model it started from, 1.5)"
+    )
     np.testing.assert_allclose(out.snapshots[1]["a"]["w"], np.full(SHAPES["w"], 0.5))
     assert out.rows[1]["a"]["rejected"] == 1 and out.rows[1]["a"]["uploads"] == 0
     assert out.warnings(2) == []
-    np.testing.assert_allclose(out.snapshots[2]["a"]["w"], np.full(SHAPES["w"], 0.5 - 4.0),
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        out.snapshots[2]["a"]["w"], np.full(SHAPES["w"], 0.5 - 4.0), atol=1e-6
+    )
 
 
 def test_huge_finite_weights_corrupt_the_fedavg_model_without_the_norm_bound():
@@ -675,8 +749,9 @@ def test_huge_finite_weights_corrupt_the_fedavg_model_without_the_norm_bound():
     dtype and shape), no warning is logged, and FedAvg moves that array to
     about 0.4 * 1e30, where it stays: honest updates are relative, so later
     rounds cannot pull it back."""
-    out = run(HUGE_FED, huge_in_round(1e30, {1}), FullParticipation(), rounds=3,
-              update_norm_factor=None)
+    out = run(
+        HUGE_FED, huge_in_round(1e30, {1}), FullParticipation(), rounds=3, update_norm_factor=None
+    )
     assert out.warnings(1) == [] and out.errors(1) == []
     honest = [("c0", 10, 1.0), ("c1", 20, -2.0), ("c2", 30, 0.5)]
     # round 1, array a/w: FedAvg of the returned models = sum_i (n_i/100) local_i
@@ -717,42 +792,54 @@ def test_huge_finite_weights_that_overflow_the_aggregate_leave_the_model_unchang
     returned 3e38 gives 4.8e38 = inf in float32. The strategy logs an ERROR and
     keeps the old model of that task for the round, which also discards every
     honest update of that task in that round; the other task is unaffected."""
-    out = run(HUGE_FED, huge_in_round(3e38, {1}), AllWithProb(0.25), UnbiasedAggregator(),
-              rounds=2, update_norm_factor=None)
+    out = run(
+        HUGE_FED,
+        huge_in_round(3e38, {1}),
+        AllWithProb(0.25),
+        UnbiasedAggregator(),
+        rounds=2,
+        update_norm_factor=None,
+    )
     errors = out.errors(1)
     assert len(errors) == 1 and "'a'" in errors[0] and "unchanged" in errors[0], errors
     assert out.warnings(1) == []  # the update itself was accepted
     for k in SHAPES:  # the whole model "a" is unchanged, honest parts included
         np.testing.assert_array_equal(out.snapshots[1]["a"][k], np.zeros(SHAPES[k], np.float32))
+
     # "b", and "a" in the (honest) round 2, move by sum_i (d_i / p) s_i
     def unbiased_step(task):
         return sum(n / 100 / 0.25 * s for n, s in (ts[task] for ts in HUGE_FED.tasks.values()))
 
     for k in SHAPES:
-        np.testing.assert_allclose(out.snapshots[1]["b"][k],
-                                   np.full(SHAPES[k], -unbiased_step("b")), atol=1e-5)
-        np.testing.assert_allclose(out.snapshots[2]["a"][k],
-                                   np.full(SHAPES[k], -unbiased_step("a")), atol=1e-5)
+        np.testing.assert_allclose(
+            out.snapshots[1]["b"][k], np.full(SHAPES[k], -unbiased_step("b")), atol=1e-5
+        )
+        np.testing.assert_allclose(
+            out.snapshots[2]["a"][k], np.full(SHAPES[k], -unbiased_step("a")), atol=1e-5
+        )
     assert out.errors(2) == []
 
 
-huge_value = st.sampled_from([1e20, -1e25, 1e30, -3e37, 1e38, 3e38,
-                              float(np.finfo(np.float32).max)])
+huge_value = st.sampled_from(
+    [1e20, -1e25, 1e30, -3e37, 1e38, 3e38, float(np.finfo(np.float32).max)]
+)
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
 @BUDGET
-@given(fed=federations(),
-       data=st.data(),
-       prob=st.sampled_from([None, 1.0, 0.5, 0.25, 0.05]))
+@given(fed=federations(), data=st.data(), prob=st.sampled_from([None, 1.0, 0.5, 0.25, 0.05]))
 def test_huge_finite_values_never_make_a_model_non_finite(fed, data, prob):
     """Random huge finite entries under FedAvg (prob None) or the unbiased rule,
     with the norm and count bounds off: every model stays finite; a round whose aggregate overflows keeps the old
     model of that task and logs an ERROR naming it; tasks no huge value touched
     aggregate exactly."""
-    huge = {c: {t: data.draw(st.one_of(st.none(), st.tuples(huge_value, keys,
-                                                              st.integers(0, 5))))
-                for t in fed.tasks[c]} for c in fed.tasks}
+    huge = {
+        c: {
+            t: data.draw(st.one_of(st.none(), st.tuples(huge_value, keys, st.integers(0, 5))))
+            for t in fed.tasks[c]
+        }
+        for c in fed.tasks
+    }
 
     def wrap(app):
         def call(msg, ctx):
@@ -786,8 +873,9 @@ def test_huge_finite_values_never_make_a_model_non_finite(fed, data, prob):
             overflowed = [m for m in out.errors(rnd) if repr(task) in m]
             if overflowed:
                 for k in SHAPES:
-                    np.testing.assert_array_equal(out.snapshots[rnd][task][k],
-                                                  out.snapshots[rnd - 1][task][k])
+                    np.testing.assert_array_equal(
+                        out.snapshots[rnd][task][k], out.snapshots[rnd - 1][task][k]
+                    )
             touched = any(huge[c].get(task) is not None for c in fed.tasks)
             if not touched:
                 assert not overflowed
@@ -796,11 +884,14 @@ def test_huge_finite_values_never_make_a_model_non_finite(fed, data, prob):
                     step = fedavg_step(fed, task, holders)
                 else:
                     total = sum(fed.tasks[c][task][0] for c in holders)
-                    step = sum(fed.tasks[c][task][0] / total / prob * fed.tasks[c][task][1]
-                               for c in holders)
+                    step = sum(
+                        fed.tasks[c][task][0] / total / prob * fed.tasks[c][task][1]
+                        for c in holders
+                    )
                 for k, v in out.snapshots[rnd][task].items():
-                    np.testing.assert_allclose(v, np.full(SHAPES[k], -rnd * step),
-                                               rtol=1e-5, atol=1e-4)
+                    np.testing.assert_allclose(
+                        v, np.full(SHAPES[k], -rnd * step), rtol=1e-5, atol=1e-4
+                    )
         if prob is None:
             assert out.errors(rnd) == []  # FedAvg is convex: it cannot overflow
 
@@ -817,8 +908,17 @@ def test_bound_observers_see_every_check_with_the_reference_it_uses():
     seen: list[tuple[str, str, list[float], float]] = []
     BOUND_OBSERVERS.append(lambda *args: seen.append(args))
     try:
-        run(Settings(strategy="ranklist-ucb", num_clients=6, num_rounds=2, local_epochs=1,
-                     clients_per_round=4, output_dir=""), engine="inprocess")
+        run(
+            Settings(
+                strategy="ranklist-ucb",
+                num_clients=6,
+                num_rounds=2,
+                local_epochs=1,
+                clients_per_round=4,
+                output_dir="",
+            ),
+            engine="inprocess",
+        )
     finally:
         BOUND_OBSERVERS.clear()
     kinds = {k for k, *_ in seen}

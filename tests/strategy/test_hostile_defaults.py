@@ -34,20 +34,32 @@ from mmfl_flwr.presets import PRESETS
 
 ACTS = ("capped", "are used (", "answers round", "rejected", "exceeds")
 CLIP = re.compile(r"clipped update for task '[^']+': update norm (\S+) exceeds (\S+) ")
-DIRECTION = re.compile(r"^Client (\S+): clipped update for task '([^']+)': its updates point "
-                       r"against the other clients'")
-REVERSED = re.compile(r"; it points against the model's other updates \(cosine (\S+) with "
-                      r"their median this round, mean (\S+) over its last \d+ rounds\)")
+DIRECTION = re.compile(
+    r"^Client (\S+): clipped update for task '([^']+)': its updates point "
+    r"against the other clients'"
+)
+REVERSED = re.compile(
+    r"; it points against the model's other updates \(cosine (\S+) with "
+    r"their median this round, mean (\S+) over its last \d+ rounds\)"
+)
 
 
 def honest_settings(preset: str, profile: str) -> Settings:
-    kw = dict(strategy=preset, profile=profile, num_clients=20, num_rounds=4, local_epochs=3,
-              output_dir="", seed=1)
+    kw = dict(
+        strategy=preset,
+        profile=profile,
+        num_clients=20,
+        num_rounds=4,
+        local_epochs=3,
+        output_dir="",
+        seed=1,
+    )
     if preset in ("ranklist-ucb", "pareto-ucb"):
         kw["clients_per_round"] = 4
     if preset == "group":
-        kw.update(profile="clusters-consistent" if profile == "uniform" else "paper003",
-                  num_clients=30)
+        kw.update(
+            profile="clusters-consistent" if profile == "uniform" else "paper003", num_clients=30
+        )
     return Settings(**kw)
 
 
@@ -66,8 +78,11 @@ def test_no_bound_acts_in_an_honest_run(preset, profile):
     clipped = [m for m in warnings if CLIP.search(m)]
     turned = [m for m in warnings if DIRECTION.search(m)]
     held = [m for m in warnings if REVERSED.search(m)]
-    acted = [m for m in warnings if m not in clipped + turned + held
-             and any(word in m for word in ACTS + ("clipped",))]
+    acted = [
+        m
+        for m in warnings
+        if m not in clipped + turned + held and any(word in m for word in ACTS + ("clipped",))
+    ]
     assert acted == []
     for m in held:  # only updates pointing against the others, this round and on average
         cosine, mean = (float(x) for x in REVERSED.search(m).groups())

@@ -23,28 +23,39 @@ def honest(step: dict[str, np.ndarray]):
         out = RecordDict()
         for key, rec in msg.content.array_records.items():
             w = rec["w"].numpy()
-            out[key] = ArrayRecord({"w": Array(w + step[str(ctx.node_config["cid"])]),
-                                    "n": Array(np.array([7], np.int64))})
+            out[key] = ArrayRecord(
+                {
+                    "w": Array(w + step[str(ctx.node_config["cid"])]),
+                    "n": Array(np.array([7], np.int64)),
+                }
+            )
         return Message(out, dst_node_id=0, message_type="train")
 
     return app
 
 
 def train(app, cid: str, rnd: int = 1, tasks=("a", "b")) -> dict[str, np.ndarray]:
-    content = RecordDict({P.arrays_key(t): ArrayRecord({"w": Array(GLOBAL.copy()),
-                                                       "n": Array(np.array([7], np.int64))})
-                          for t in tasks})
+    content = RecordDict(
+        {
+            P.arrays_key(t): ArrayRecord(
+                {"w": Array(GLOBAL.copy()), "n": Array(np.array([7], np.int64))}
+            )
+            for t in tasks
+        }
+    )
     msg = Message(content, dst_node_id=1, message_type="train", group_id=str(rnd))
-    ctx = Context(run_id=1, node_id=1, node_config={"cid": cid}, state=RecordDict(),
-                  run_config={})
+    ctx = Context(run_id=1, node_id=1, node_config={"cid": cid}, state=RecordDict(), run_config={})
     reply = app(msg, ctx)
     for t in tasks:
         assert reply.content[P.arrays_key(t)]["n"].numpy()[0] == 7  # non-floats untouched
     return {t: reply.content[P.arrays_key(t)]["w"].numpy() - GLOBAL for t in tasks}
 
 
-STEPS = {"3": np.array([0.3, 0.0, 0.4], np.float32), "7": np.array([0.1, 0.2, 0.0], np.float32),
-         "1": np.array([1.0, 1.0, 1.0], np.float32)}
+STEPS = {
+    "3": np.array([0.3, 0.0, 0.4], np.float32),
+    "7": np.array([0.1, 0.2, 0.0], np.float32),
+    "1": np.array([1.0, 1.0, 1.0], np.float32),
+}
 
 
 def test_scaled_update_aimed_at_one_model():
@@ -75,9 +86,12 @@ def test_alie_sends_mean_minus_z_std_of_what_the_colluders_know():
     knows both: mean (0.2, 0.1, 0.2), std |d| / 2 = (0.1, 0.1, 0.2), z = 1.5."""
     app = H.alie(["3", "7"], 1.5)(honest(STEPS))
     np.testing.assert_allclose(train(app, "3")["a"], STEPS["3"], rtol=1e-5)
-    np.testing.assert_allclose(train(app, "7")["a"],
-                               np.array([0.2, 0.1, 0.2]) - 1.5 * np.array([0.1, 0.1, 0.2]),
-                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(
+        train(app, "7")["a"],
+        np.array([0.2, 0.1, 0.2]) - 1.5 * np.array([0.1, 0.1, 0.2]),
+        rtol=1e-5,
+        atol=1e-7,
+    )
 
 
 def test_label_flipping_by_hand():
@@ -92,11 +106,21 @@ def test_label_flipping_by_hand():
     s = Settings(tasks="digits,synthetic", num_clients=6, seed=1)
 
     def spec(pid: int):
-        return client_spec(Context(run_id=1, node_id=pid, node_config={"partition-id": pid},
-                                   state=RecordDict(), run_config={}), s)
+        return client_spec(
+            Context(
+                run_id=1,
+                node_id=pid,
+                node_config={"partition-id": pid},
+                state=RecordDict(),
+                run_config={},
+            ),
+            s,
+        )
 
-    before = {pid: {t: tr.train_tensors()[1].clone() for t, tr in spec(pid).trainers.items()}
-              for pid in (3, 4)}
+    before = {
+        pid: {t: tr.train_tensors()[1].clone() for t, tr in spec(pid).trainers.items()}
+        for pid in (3, 4)
+    }
     hook = H.label_flipping("3", tasks={"digits"})
     flipped, other = hook(spec(3)), hook(spec(4))
     assert "digits" in flipped.trainers and "synthetic" in flipped.trainers

@@ -52,8 +52,9 @@ CLIENTS: dict[str, dict[str, tuple[int, float]]] = {
 }
 
 
-def node(label: str, claim: str | None = None, token: str | None = None,
-         **extra: Any) -> dict[str, Any]:
+def node(
+    label: str, claim: str | None = None, token: str | None = None, **extra: Any
+) -> dict[str, Any]:
     """A node config: ``cid`` is who the node really is (the fake's data),
     ``claim`` the client id it reports, ``client-token`` its secret."""
     cfg: dict[str, Any] = {"cid": label, "claim": claim or label, **extra}
@@ -70,9 +71,11 @@ SQUATTER = node("mallory", claim="alice", token="a-guess")
 def make_app():
     """Node label ``cid`` -> its fake client; it reports the id ``claim`` and
     the secret of its node config."""
-    return fake_client_app({label: ClientDef(dict(tasks)) for label, tasks in CLIENTS.items()},
-                           client_id=lambda ctx: str(ctx.node_config["claim"]),
-                           client_token=lambda ctx: client_token(ctx.node_config))
+    return fake_client_app(
+        {label: ClientDef(dict(tasks)) for label, tasks in CLIENTS.items()},
+        client_id=lambda ctx: str(ctx.node_config["claim"]),
+        client_token=lambda ctx: client_token(ctx.node_config),
+    )
 
 
 def make_strategy(pins: Mapping[str, str] | None) -> MultiModelStrategy:
@@ -88,20 +91,32 @@ def make_strategy(pins: Mapping[str, str] | None) -> MultiModelStrategy:
     return strategy
 
 
-def run_fed(start: Mapping[str, dict[str, Any]], rounds: int, events: Events | None = None,
-            pins: Mapping[str, str] | None = None,
-            grid_cls: Callable[..., InProcessGrid] = InProcessGrid,
-            hook: Callable[[int, FedRun], None] | None = None) -> FedRun:
+def run_fed(
+    start: Mapping[str, dict[str, Any]],
+    rounds: int,
+    events: Events | None = None,
+    pins: Mapping[str, str] | None = None,
+    grid_cls: Callable[..., InProcessGrid] = InProcessGrid,
+    hook: Callable[[int, FedRun], None] | None = None,
+) -> FedRun:
     """Run FedAvg over the nodes ``start`` (name -> node config); after round
     ``r`` the ``events[r]`` add or remove named nodes."""
-    return run_federation(make_strategy(pins), make_app(), start, initial(), rounds,
-                          grid_factory=lambda rec, cfgs: grid_cls(rec, cfgs, seed=0),
-                          events=events, hook=hook)
+    return run_federation(
+        make_strategy(pins),
+        make_app(),
+        start,
+        initial(),
+        rounds,
+        grid_factory=lambda rec, cfgs: grid_cls(rec, cfgs, seed=0),
+        events=events,
+        hook=hook,
+    )
 
 
 def initial():
-    return {t: numpy_to_arrays({k: np.zeros(s, np.float32) for k, s in SHAPES.items()})
-            for t in TASKS}
+    return {
+        t: numpy_to_arrays({k: np.zeros(s, np.float32) for k, s in SHAPES.items()}) for t in TASKS
+    }
 
 
 def assert_same_models(run: FedRun, honest: FedRun) -> None:
@@ -110,8 +125,9 @@ def assert_same_models(run: FedRun, honest: FedRun) -> None:
     for rnd, models in honest.snapshots.items():
         for task, w in models.items():
             for k, v in w.items():
-                np.testing.assert_array_equal(run.snapshots[rnd][task][k], v,
-                                              err_msg=f"round {rnd}, {task}/{k}")
+                np.testing.assert_array_equal(
+                    run.snapshots[rnd][task][k], v, err_msg=f"round {rnd}, {task}/{k}"
+                )
 
 
 def only_info_queries(run: FedRun, label: str) -> bool:
@@ -123,8 +139,7 @@ PINS = {"alice": token_pin(SECRET)}
 
 # alice trains in round 1, disconnects; mallory claims "alice" in round 2;
 # alice comes back with a new node id for round 3
-RECONNECT = {1: [("remove", "alice"), ("add", "mallory", SQUATTER)],
-             2: [("add", "alice2", ALICE)]}
+RECONNECT = {1: [("remove", "alice"), ("add", "mallory", SQUATTER)], 2: [("add", "alice2", ALICE)]}
 HONEST_RECONNECT = {1: [("remove", "alice")], 2: [("add", "alice2", ALICE)]}
 
 
@@ -181,8 +196,7 @@ def test_pinned_client_reconnecting_with_a_new_node_id_gets_its_id_back():
     """Alice disconnects after round 1; mallory claims "alice" in round 2 and
     is refused; alice comes back as a new node in round 3 and trains."""
     run = run_fed({"alice": ALICE, "bob": BOB}, rounds=3, events=RECONNECT, pins=PINS)
-    honest = run_fed({"alice": ALICE, "bob": BOB}, rounds=3, events=HONEST_RECONNECT,
-                     pins=PINS)
+    honest = run_fed({"alice": ALICE, "bob": BOB}, rounds=3, events=HONEST_RECONNECT, pins=PINS)
     old, new, squatter = run.nodes["alice"], run.nodes["alice2"], run.nodes["mallory"]
     assert new != old
     assert run.trained("alice") == [(1, old), (3, new)]
@@ -190,8 +204,9 @@ def test_pinned_client_reconnecting_with_a_new_node_id_gets_its_id_back():
     assert run.strategy.run_state.node_to_cid.get(new) == "alice"
     assert run.strategy.run_state.verified_nodes == {new: PINS["alice"]}
     for rnd in (2, 3):
-        assert any("alice" in m and str(squatter) in m and "refused" in m
-                   for m in run.warnings(rnd)), run.warnings(rnd)
+        assert any(
+            "alice" in m and str(squatter) in m and "refused" in m for m in run.warnings(rnd)
+        ), run.warnings(rnd)
     assert_same_models(run, honest)
 
 
@@ -210,13 +225,15 @@ def test_pin_set_during_the_run_evicts_the_squatter():
     """Mallory holds "alice" (no pins yet) and alice is refused as a duplicate;
     once the operator pins the id, mallory is evicted (logged with the client
     id and her node) at the next round and alice trains in that round."""
+
     def pin_after_round_2(rnd: int, run: FedRun) -> None:
         if rnd == 2:
             run.strategy.run_state.client_pins = dict(PINS)
 
     events = {1: [("add", "alice", ALICE)]}
-    run = run_fed({"mallory": SQUATTER, "bob": BOB}, rounds=3, events=events,
-                  hook=pin_after_round_2)
+    run = run_fed(
+        {"mallory": SQUATTER, "bob": BOB}, rounds=3, events=events, hook=pin_after_round_2
+    )
     squatter, alice = run.nodes["mallory"], run.nodes["alice"]
     assert run.trained("mallory") == [(1, squatter), (2, squatter)]
     assert run.trained("alice") == [(3, alice)]
@@ -231,10 +248,12 @@ def test_pin_set_during_the_run_evicts_the_squatter():
 # ============================================== SuperNode public-key pins
 def ssh_and_pem(key: ec.EllipticCurvePrivateKey) -> tuple[bytes, bytes]:
     pub = key.public_key()
-    return (pub.public_bytes(serialization.Encoding.OpenSSH,
-                             serialization.PublicFormat.OpenSSH),
-            pub.public_bytes(serialization.Encoding.PEM,
-                             serialization.PublicFormat.SubjectPublicKeyInfo))
+    return (
+        pub.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH),
+        pub.public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        ),
+    )
 
 
 class AuthGrid(InProcessGrid):
@@ -242,8 +261,10 @@ class AuthGrid(InProcessGrid):
     ``get_nodes()``, as Flower's Grid does with SuperNode authentication."""
 
     def get_nodes(self) -> Iterable[NodeInfo]:
-        return [NodeInfo(node_id=n, public_key=self.context(n).node_config.get("pubkey", b""))
-                for n in self.get_node_ids()]
+        return [
+            NodeInfo(node_id=n, public_key=self.context(n).node_config.get("pubkey", b""))
+            for n in self.get_node_ids()
+        ]
 
 
 def test_key_pin_admits_only_the_node_with_the_registered_key():
@@ -254,14 +275,14 @@ def test_key_pin_admits_only_the_node_with_the_registered_key():
     # mallory even knows alice's token: the key pin does not care
     squatter = node("mallory", claim="alice", token=SECRET, pubkey=other_pem)
     events = {1: [("add", "alice", node("alice", pubkey=alice_pem))]}
-    run = run_fed({"mallory": squatter, "bob": BOB}, rounds=2, events=events, pins=pins,
-                  grid_cls=AuthGrid)
+    run = run_fed(
+        {"mallory": squatter, "bob": BOB}, rounds=2, events=events, pins=pins, grid_cls=AuthGrid
+    )
     assert only_info_queries(run, "mallory")
     assert run.trained("alice") == [(2, run.nodes["alice"])]
     assert any("another node key" in m and "alice" in m for m in run.warnings(1))
     # without SuperNode authentication there is no key to check: refused
-    plain = run_fed({"alice": node("alice", pubkey=alice_pem), "bob": BOB}, rounds=1,
-                    pins=pins)
+    plain = run_fed({"alice": node("alice", pubkey=alice_pem), "bob": BOB}, rounds=1, pins=pins)
     assert plain.trained("alice") == []
     assert any("no authenticated node key" in m for m in plain.warnings(1))
 
@@ -277,14 +298,15 @@ def test_first_use_binds_each_id_to_the_key_of_its_first_node():
     _, bob_pem = ssh_and_pem(ec.generate_private_key(ec.SECP256R1()))
     alice, bob = node("alice", pubkey=alice_pem), node("bob", pubkey=bob_pem)
     squatter = node("mallory", claim="alice", token=SECRET, pubkey=other_pem)
-    events = {1: [("remove", "alice"), ("add", "mallory", squatter)],
-              2: [("add", "alice2", alice)]}
+    events = {1: [("remove", "alice"), ("add", "mallory", squatter)], 2: [("add", "alice2", alice)]}
     honest_events = {1: [("remove", "alice")], 2: [("add", "alice2", alice)]}
     pins = {"*": FIRST_USE}
-    run = run_fed({"alice": alice, "bob": bob}, rounds=3, events=events, pins=pins,
-                  grid_cls=AuthGrid)
-    honest = run_fed({"alice": alice, "bob": bob}, rounds=3, events=honest_events, pins=pins,
-                     grid_cls=AuthGrid)
+    run = run_fed(
+        {"alice": alice, "bob": bob}, rounds=3, events=events, pins=pins, grid_cls=AuthGrid
+    )
+    honest = run_fed(
+        {"alice": alice, "bob": bob}, rounds=3, events=honest_events, pins=pins, grid_cls=AuthGrid
+    )
     assert only_info_queries(run, "mallory")
     # (the recorder names nodes by their real client: alice's both nodes)
     assert run.trained("alice") == [(1, run.nodes["alice"]), (3, run.nodes["alice2"])]
@@ -302,17 +324,27 @@ def test_first_use_bindings_survive_a_resume(tmp_path):
     alice = node("alice", pubkey=alice_pem)
     ckpt = str(tmp_path / "ckpt.pkl")
     grid = AuthGrid(Recorder(make_app()), [alice, BOB], seed=0)
-    first = MultiModelStrategy(FullParticipation(), FedAvgAggregator(), seed=3,
-                               node_wait_timeout=0.0, client_pins={"*": FIRST_USE},
-                               checkpoint_path=ckpt)
+    first = MultiModelStrategy(
+        FullParticipation(),
+        FedAvgAggregator(),
+        seed=3,
+        node_wait_timeout=0.0,
+        client_pins={"*": FIRST_USE},
+        checkpoint_path=ckpt,
+    )
     first.start(grid, initial(), num_rounds=1, timeout=60.0)
     assert first.run_state.bound_at_first_use == {"alice": key_pin(alice_pem)}
     squatter = node("mallory", claim="alice", pubkey=other_pem)
     rec = Recorder(make_app())
     grid2 = AuthGrid(rec, [squatter, alice, BOB], seed=0)
-    second = MultiModelStrategy(FullParticipation(), FedAvgAggregator(), seed=3,
-                                node_wait_timeout=0.0, client_pins={"*": FIRST_USE},
-                                checkpoint_path=ckpt)
+    second = MultiModelStrategy(
+        FullParticipation(),
+        FedAvgAggregator(),
+        seed=3,
+        node_wait_timeout=0.0,
+        client_pins={"*": FIRST_USE},
+        checkpoint_path=ckpt,
+    )
     tap = LogTap()
     logging.getLogger("flwr").addHandler(tap)
     try:
@@ -378,10 +410,11 @@ def test_a_client_app_without_the_mmfl_handlers_stops_the_run_with_one_clear_err
         return Message(RecordDict(), reply_to=msg)
 
     grid = InProcessGrid(app, [{"cid": "a"}, {"cid": "b"}], seed=0)
-    strategy = MultiModelStrategy(FullParticipation(), FedAvgAggregator(), seed=0,
-                                  node_wait_timeout=0.0)
+    strategy = MultiModelStrategy(
+        FullParticipation(), FedAvgAggregator(), seed=0, node_wait_timeout=0.0
+    )
     with pytest.raises(NoClientRegistered) as err:
         strategy.start(grid, initial(), num_rounds=2, timeout=10.0)
     text = str(err.value)
-    assert "all 2 node(s)" in text and "no @app.query(\"info\") handler" in text
+    assert "all 2 node(s)" in text and 'no @app.query("info") handler' in text
     assert "docs/protocol.md" in text and "\n" not in text

@@ -28,8 +28,13 @@ from mmfl_flwr.strategy.validation import (
 
 
 def upd(cid: str, values: list[float], n: int, share: float = 0.25, prob: float = 1.0) -> Update:
-    return Update(cid=cid, delta=[np.array(values, dtype=np.float64)], num_examples=n,
-                  data_share=share, prob=prob)
+    return Update(
+        cid=cid,
+        delta=[np.array(values, dtype=np.float64)],
+        num_examples=n,
+        data_share=share,
+        prob=prob,
+    )
 
 
 def bound(updates, weights=None, factor=3.0):
@@ -48,8 +53,14 @@ def test_a_heavy_update_is_scaled_to_the_bound_and_named():
     Norms 1, 2, 1 and 5 (c3's (3, 4)). Influences 0.1, 0.2, 0.2, 3.0: lower
     median 0.2, bound 3 x 0.2 = 0.6, so c3's update is scaled by 0.6 / 3 = 0.2
     to (0.6, 0.8), norm 1; the others are untouched."""
-    us = {"a": [upd("c0", [1.0, 0.0], 10), upd("c1", [0.0, 2.0], 10),
-                upd("c2", [1.0, 0.0], 20), upd("c3", [3.0, 4.0], 60)]}
+    us = {
+        "a": [
+            upd("c0", [1.0, 0.0], 10),
+            upd("c1", [0.0, 2.0], 10),
+            upd("c2", [1.0, 0.0], 20),
+            upd("c3", [3.0, 4.0], 60),
+        ]
+    }
     warnings = bound(us)
     np.testing.assert_allclose(us["a"][3].delta[0], [0.6, 0.8])
     for u, v in zip(us["a"][:3], ([1.0, 0.0], [0.0, 2.0], [1.0, 0.0])):
@@ -57,7 +68,8 @@ def test_a_heavy_update_is_scaled_to_the_bound_and_named():
     assert warnings == [
         "Client c3: clipped update for task 'a': its influence on the step (weight 0.6 x "
         "update norm 5 = 3) exceeds 0.6 (3 x the round's reference influence, 0.2); "
-        "update norm scaled to 1"]
+        "update norm scaled to 1"
+    ]
 
 
 def test_the_bound_reads_weights_not_norms_alone():
@@ -65,8 +77,14 @@ def test_the_bound_reads_weights_not_norms_alone():
     0.25, 0.5, 0.25, 1.25; lower median 0.25, bound 0.75 -> c3 (1.25) is
     scaled by 0.6 and c1 (0.5) is not. With c3 holding most of the data (the
     first test) the same update is cut five times harder."""
-    us = {"a": [upd("c0", [1.0, 0.0], 10), upd("c1", [0.0, 2.0], 10),
-                upd("c2", [1.0, 0.0], 10), upd("c3", [3.0, 4.0], 10)]}
+    us = {
+        "a": [
+            upd("c0", [1.0, 0.0], 10),
+            upd("c1", [0.0, 2.0], 10),
+            upd("c2", [1.0, 0.0], 10),
+            upd("c3", [3.0, 4.0], 10),
+        ]
+    }
     warnings = bound(us)
     assert l2_norm(us["a"][3].delta) == pytest.approx(3.0)
     np.testing.assert_array_equal(us["a"][1].delta[0], [0.0, 2.0])
@@ -78,9 +96,16 @@ def test_the_unbiased_rule_bounds_by_d_over_bp():
     1, 1 and 0.05 -> weights 0.1, 0.1, 2; norms 1, 1, 1 -> influences 0.1, 0.1,
     2; lower median 0.1, bound 0.3 -> the rare pick's update is scaled by 0.15.
     The same norms under FedAvg's weights (equal counts) are not touched."""
+
     def three():
-        return {"a": [upd("c0", [1.0], 10, 0.1, 1.0), upd("c1", [1.0], 10, 0.1, 1.0),
-                      upd("c2", [1.0], 10, 0.1, 0.05)]}
+        return {
+            "a": [
+                upd("c0", [1.0], 10, 0.1, 1.0),
+                upd("c1", [1.0], 10, 0.1, 1.0),
+                upd("c2", [1.0], 10, 0.1, 0.05),
+            ]
+        }
+
     us = three()
     bound(us, UnbiasedAggregator().step_weights)
     assert us["a"][2].delta[0][0] == pytest.approx(0.15)
@@ -112,8 +137,14 @@ def test_a_zero_influence_does_not_switch_the_bound_off():
     """Influences 0, 0, 1 and 10 (FedAvg, equal counts): the reference is the
     lower median of the positive ones (1), so 10 is bounded at 3; with a
     single positive influence nothing is bounded and the round is logged."""
-    us = {"a": [upd("c0", [0.0], 10), upd("c1", [0.0], 10), upd("c2", [4.0], 10),
-                upd("c3", [40.0], 10)]}
+    us = {
+        "a": [
+            upd("c0", [0.0], 10),
+            upd("c1", [0.0], 10),
+            upd("c2", [4.0], 10),
+            upd("c3", [40.0], 10),
+        ]
+    }
     warnings = bound(us)
     assert us["a"][3].delta[0][0] == pytest.approx(12.0)
     assert len(warnings) == 1
@@ -126,8 +157,11 @@ def test_a_zero_influence_does_not_switch_the_bound_off():
     finally:
         logger.removeHandler(tap)
     assert lone["a"][1].delta[0][0] == 40.0
-    assert any("Influence bound: task 'a' not bounded this round (fewer than two updates "
-               "with a positive influence)" in m for _, m in tap.records)
+    assert any(
+        "Influence bound: task 'a' not bounded this round (fewer than two updates "
+        "with a positive influence)" in m
+        for _, m in tap.records
+    )
 
 
 def test_after_a_select_after_training_policy_the_weights_are_the_drawn_ones(monkeypatch):
@@ -152,9 +186,19 @@ def test_after_a_select_after_training_policy_the_weights_are_the_drawn_ones(mon
 
     monkeypatch.setattr(A, "bound_influence", bound_spy)
     monkeypatch.setattr(A, "select_after_training", select_spy)
-    runner.run(Settings(strategy="gvr", tasks="digits,synthetic", num_clients=8, num_rounds=2,
-                        local_epochs=1, budget_fraction=0.3, output_dir="",
-                        influence_clip_factor=4.0), engine="inprocess")
+    runner.run(
+        Settings(
+            strategy="gvr",
+            tasks="digits,synthetic",
+            num_clients=8,
+            num_rounds=2,
+            local_epochs=1,
+            budget_fraction=0.3,
+            output_dir="",
+            influence_clip_factor=4.0,
+        ),
+        engine="inprocess",
+    )
     assert seen and seen == drawn
     assert any(p < 1.0 for _, _, p in seen)
 
@@ -166,12 +210,25 @@ def test_the_oracle_stalevr_reads_bounded_fresh_updates():
     one that did not is scaled so d ||G|| is at most the model's bound. Here the
     reference is 0.2 and the bound 3 x 0.2 = 0.6 (from :func:`bound_influence`); c4 (d 0.5, G = (3, 4), norm 5:
     2.5) is scaled by 0.6 / 2.5 to (0.72, 0.96); c5 (d 0.1, norm 5: 0.5) is not."""
-    counted = {"a": [upd("c0", [1.0, 0.0], 10), upd("c1", [0.0, 2.0], 10),
-                     upd("c2", [1.0, 0.0], 20), upd("c3", [3.0, 4.0], 60)]}
-    fresh = {"a": [upd("c0", [1.0, 0.0], 10), upd("c1", [0.0, 2.0], 10),
-                   upd("c2", [1.0, 0.0], 20), upd("c3", [3.0, 4.0], 60),
-                   upd("c4", [3.0, 4.0], 60, share=0.5), upd("c5", [0.0, 5.0], 10, share=0.1)],
-             "b": [upd("c0", [30.0], 10, share=0.9)]}
+    counted = {
+        "a": [
+            upd("c0", [1.0, 0.0], 10),
+            upd("c1", [0.0, 2.0], 10),
+            upd("c2", [1.0, 0.0], 20),
+            upd("c3", [3.0, 4.0], 60),
+        ]
+    }
+    fresh = {
+        "a": [
+            upd("c0", [1.0, 0.0], 10),
+            upd("c1", [0.0, 2.0], 10),
+            upd("c2", [1.0, 0.0], 20),
+            upd("c3", [3.0, 4.0], 60),
+            upd("c4", [3.0, 4.0], 60, share=0.5),
+            upd("c5", [0.0, 5.0], 10, share=0.1),
+        ],
+        "b": [upd("c0", [30.0], 10, share=0.9)],
+    }
     refs = bound_influence(counted, FedAvgAggregator().step_weights, 3.0)  # c3 -> (0.6, 0.8)
     assert refs == {"a": pytest.approx(0.2)}
     tap = LogTap()
@@ -190,7 +247,8 @@ def test_the_oracle_stalevr_reads_bounded_fresh_updates():
     assert [m for lvl, m in tap.records if lvl == logging.WARNING] == [
         "Client c4: clipped update for task 'a': the fresh update its stale update's weight "
         "is read from (data share 0.5 x update norm 5 = 2.5) exceeds the round's influence "
-        "bound 0.6; update norm scaled to 1.2"]
+        "bound 0.6; update norm scaled to 1.2"
+    ]
 
 
 def test_a_counted_update_whose_share_exceeds_its_weight_is_held_for_beta_too():
@@ -200,8 +258,14 @@ def test_a_counted_update_whose_share_exceeds_its_weight_is_held_for_beta_too():
     to ``d ||G|| <= bound`` too. d 0.9, G (3, 4): c ||G|| = 2.5 <= 3, d ||G|| =
     4.5 > 3, so beta reads G x 3 / 4.5 = (2, 2.667); the aggregated delta is
     the counted one."""
-    u = Update(cid="c0", delta=[np.array([3.0, 4.0])], num_examples=10, data_share=0.9,
-               processors=3, prob=0.6)
+    u = Update(
+        cid="c0",
+        delta=[np.array([3.0, 4.0])],
+        num_examples=10,
+        data_share=0.9,
+        processors=3,
+        prob=0.6,
+    )
     got = bound_fresh_influence({"a": [u]}, {"a": [u]}, {"a": 1.0}, 3.0)
     np.testing.assert_allclose(got["a"]["c0"][0], [2.0, 8.0 / 3.0])
     np.testing.assert_array_equal(u.delta[0], [3.0, 4.0])
@@ -253,10 +317,19 @@ def test_in_a_stalevr_run_beta_reads_the_bounded_updates(monkeypatch):
     # this bound to hold: switched off here, so that this bound's own hold is what is tested
     monkeypatch.setattr(A, "bound_expected_influence", lambda updates, factor: None)
     runner.run_inprocess(
-        Settings(strategy="stalevr", tasks="digits,synthetic", num_clients=12, num_rounds=3,
-                 local_epochs=1, budget_fraction=0.8, output_dir="", seed=1,
-                 influence_clip_factor=1.0),
-        wrap_client_app=H.scaled_update("3", -10.0))
+        Settings(
+            strategy="stalevr",
+            tasks="digits,synthetic",
+            num_clients=12,
+            num_rounds=3,
+            local_epochs=1,
+            budget_fraction=0.8,
+            output_dir="",
+            seed=1,
+            influence_clip_factor=1.0,
+        ),
+        wrap_client_app=H.scaled_update("3", -10.0),
+    )
     assert {c for _, _, c, _ in checked} == {True, False}  # counted and uncounted pairs read
     assert any(not c and scaled for _, _, c, scaled in checked)  # an uncounted one held
 
@@ -269,21 +342,34 @@ def test_in_a_stalevr_run_beta_reads_the_bounded_updates(monkeypatch):
 
     monkeypatch.setattr(A, "aggregate_round", round_off)
     runner.run_inprocess(
-        Settings(strategy="stalevr", tasks="digits,synthetic", num_clients=12, num_rounds=2,
-                 local_epochs=1, budget_fraction=0.8, output_dir="", seed=1,
-                 reversed_influence_factor=0.0),
-        wrap_client_app=H.scaled_update("3", -10.0))
+        Settings(
+            strategy="stalevr",
+            tasks="digits,synthetic",
+            num_clients=12,
+            num_rounds=2,
+            local_epochs=1,
+            budget_fraction=0.8,
+            output_dir="",
+            seed=1,
+            reversed_influence_factor=0.0,
+        ),
+        wrap_client_app=H.scaled_update("3", -10.0),
+    )
     assert seen_off and all(seen_off)
 
 
 def test_no_weights_no_single_update_no_factor_leave_updates_as_they_are():
     """A coordinate-wise rule has no weights; a lone update has no reference;
     None switches the bound off."""
+
     def heavy():
         return {"a": [upd("c0", [1.0], 1), upd("c1", [1.0], 1), upd("c2", [50.0], 100)]}
-    for us, weights, factor in ((heavy(), MedianAggregator().step_weights, 3.0),
-                                ({"a": [upd("c0", [50.0], 100)]}, None, 3.0),
-                                (heavy(), None, None)):
+
+    for us, weights, factor in (
+        (heavy(), MedianAggregator().step_weights, 3.0),
+        ({"a": [upd("c0", [50.0], 100)]}, None, 3.0),
+        (heavy(), None, None),
+    ):
         before = [u.delta[0].copy() for u in us["a"]]
         assert bound(us, weights, factor) == []
         for u, b in zip(us["a"], before):
@@ -292,8 +378,10 @@ def test_no_weights_no_single_update_no_factor_leave_updates_as_they_are():
 
 def test_each_model_has_its_own_reference():
     """A client heavy on one model is bounded there only."""
-    us = {"a": [upd("c0", [1.0], 10), upd("c1", [1.0], 10), upd("c2", [1.0], 80)],
-          "b": [upd("c0", [1.0], 40), upd("c1", [1.0], 40), upd("c2", [1.0], 20)]}
+    us = {
+        "a": [upd("c0", [1.0], 10), upd("c1", [1.0], 10), upd("c2", [1.0], 80)],
+        "b": [upd("c0", [1.0], 40), upd("c1", [1.0], 40), upd("c2", [1.0], 20)],
+    }
     warnings = bound(us)
     assert len(warnings) == 1 and "task 'a'" in warnings[0]
     assert us["a"][2].delta[0][0] == pytest.approx(3 * 0.1 / 0.8)
@@ -352,8 +440,16 @@ def test_in_a_run_the_bound_names_a_heavy_flipper_and_changes_nothing_when_off()
         logger = logging.getLogger("flwr")
         logger.addHandler(tap)
         try:
-            s = Settings(strategy="mfa-rr", tasks="digits,synthetic", num_clients=12,
-                         num_rounds=4, local_epochs=5, output_dir="", seed=5, **kw)
+            s = Settings(
+                strategy="mfa-rr",
+                tasks="digits,synthetic",
+                num_clients=12,
+                num_rounds=4,
+                local_epochs=5,
+                output_dir="",
+                seed=5,
+                **kw,
+            )
             result = run_inprocess(s, wrap_client_app=HC._field_attack("flip1"))
         finally:
             logger.removeHandler(tap)
@@ -361,8 +457,9 @@ def test_in_a_run_the_bound_names_a_heavy_flipper_and_changes_nothing_when_off()
         return result, lines
 
     on, lines = run(influence_clip_factor=4.0, reversed_influence_factor=0.0)
-    assert any(m.startswith("Client 3: clipped update for task 'synthetic': its influence")
-               for m in lines), lines
+    assert any(
+        m.startswith("Client 3: clipped update for task 'synthetic': its influence") for m in lines
+    ), lines
     off, none = run(reversed_influence_factor=0.0)
     assert none == []
     assert [r["accuracy"] for r in on.history] != [r["accuracy"] for r in off.history]

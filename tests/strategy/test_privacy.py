@@ -32,9 +32,11 @@ WRAPPERS = {
     "server-fixed": lambda s, z, c, m: dp.DifferentialPrivacyServerSideFixedClipping(s, z, c, m),
     "client-fixed": lambda s, z, c, m: dp.DifferentialPrivacyClientSideFixedClipping(s, z, c, m),
     "server-adaptive": lambda s, z, c, m: dp.DifferentialPrivacyServerSideAdaptiveClipping(
-        s, z, m, initial_clipping_norm=c),
+        s, z, m, initial_clipping_norm=c
+    ),
     "client-adaptive": lambda s, z, c, m: dp.DifferentialPrivacyClientSideAdaptiveClipping(
-        s, z, m, initial_clipping_norm=c),
+        s, z, m, initial_clipping_norm=c
+    ),
 }
 
 
@@ -43,25 +45,33 @@ def strategy(**kw) -> MultiModelStrategy:
 
 
 def run(s, rounds=2, shapes=SMALL, **kw):
-    return run_federation(s, fake_client_app(CLIENTS), NODES, zero_models(TASKS, shapes),
-                          rounds, **kw)
+    return run_federation(
+        s, fake_client_app(CLIENTS), NODES, zero_models(TASKS, shapes), rounds, **kw
+    )
 
 
 # ------------------------------------------------------------ Flower's own
-@pytest.mark.parametrize("name,args", [
-    ("DifferentialPrivacyServerSideFixedClipping", (0.1, 10.0, 4)),
-    ("DifferentialPrivacyClientSideFixedClipping", (0.1, 10.0, 4)),
-    ("DifferentialPrivacyServerSideAdaptiveClipping", (0.1, 4)),
-    ("DifferentialPrivacyClientSideAdaptiveClipping", (0.1, 4)),
-])
+@pytest.mark.parametrize(
+    "name,args",
+    [
+        ("DifferentialPrivacyServerSideFixedClipping", (0.1, 10.0, 4)),
+        ("DifferentialPrivacyClientSideFixedClipping", (0.1, 10.0, 4)),
+        ("DifferentialPrivacyServerSideAdaptiveClipping", (0.1, 4)),
+        ("DifferentialPrivacyClientSideAdaptiveClipping", (0.1, 4)),
+    ],
+)
 def test_flowers_wrapper_refuses_a_multimodel_strategy_at_construction(name, args):
     cls = getattr(flower, name)
     with pytest.raises(TypeError) as err:
         cls(strategy(), *args)
     assert f"mmfl_flwr.privacy.{name}" in str(err.value)
     with pytest.raises(TypeError):
-        cls(strategy=strategy(), noise_multiplier=args[0], num_sampled_clients=4,
-            **({"clipping_norm": 10.0} if "Fixed" in name else {}))
+        cls(
+            strategy=strategy(),
+            noise_multiplier=args[0],
+            num_sampled_clients=4,
+            **({"clipping_norm": 10.0} if "Fixed" in name else {}),
+        )
     assert cls(FedAvg(), *args).strategy is not None  # Flower's own use is untouched
 
 
@@ -104,11 +114,11 @@ def test_under_dp_a_clients_declared_trainable_keys_are_ignored():
                 for task in TASKS:
                     reply.content.config_records["info"][f"trainable.{task}"] = ["b"]
             return reply
+
         return declaring
 
     s = strategy()
-    out = run(dp.DifferentialPrivacyServerSideFixedClipping(s, 0.0, 1.0, 2), rounds=1,
-              wrap=declare)
+    out = run(dp.DifferentialPrivacyServerSideFixedClipping(s, 0.0, 1.0, 2), rounds=1, wrap=declare)
     assert s.split_keys("a")[0] == ["w", "b"]
     np.testing.assert_allclose(out.snapshots[1]["a"]["w"], -1 / 3, rtol=1e-5)
     plain = strategy()
@@ -161,10 +171,12 @@ def test_a_client_that_ignores_client_side_clipping_is_clipped_on_the_server():
                 for key in [k for k in cfg if k.startswith("clipping_norm")]:
                     del cfg[key]
             return app(msg, ctx)
+
         return app_without_clipping
 
-    out = run(dp.DifferentialPrivacyClientSideFixedClipping(strategy(), 0.0, 1.0, 2),
-              rounds=1, wrap=strip)
+    out = run(
+        dp.DifferentialPrivacyClientSideFixedClipping(strategy(), 0.0, 1.0, 2), rounds=1, wrap=strip
+    )
     np.testing.assert_allclose(out.snapshots[1]["a"]["w"], -1 / 3, rtol=1e-5)
     warned = [w for w in out.warnings(1) if "client-side clipping not applied" in w]
     assert len(warned) == 4  # two clients, two models
@@ -174,8 +186,11 @@ def test_a_client_that_ignores_client_side_clipping_is_clipped_on_the_server():
 def test_each_model_gets_noise_of_std_z_c_over_m():
     shapes = {"w": (100, 200), "b": (3,)}  # 20,003 entries: 20,000 noise draws on "w"
     s = strategy()
-    out = run(dp.DifferentialPrivacyServerSideFixedClipping(s, 1.0, 0.5, {"a": 2, "b": 1}),
-              rounds=1, shapes=shapes)
+    out = run(
+        dp.DifferentialPrivacyServerSideFixedClipping(s, 1.0, 0.5, {"a": 2, "b": 1}),
+        rounds=1,
+        shapes=shapes,
+    )
     n = 20003
     clipped_entry = -0.5 / math.sqrt(n)  # both updates point the same way: clipped to 0.5
     for task, m in (("a", 2), ("b", 1)):
@@ -188,8 +203,9 @@ def test_each_model_gets_noise_of_std_z_c_over_m():
 def test_noise_skips_the_models_state_entries():
     shapes = {"w": (50, 40), "b": (3,)}
     s = strategy(trainable_keys={t: ["w"] for t in TASKS})
-    out = run(dp.DifferentialPrivacyServerSideFixedClipping(s, 2.0, 0.5, 2), rounds=1,
-              shapes=shapes)
+    out = run(
+        dp.DifferentialPrivacyServerSideFixedClipping(s, 2.0, 0.5, 2), rounds=1, shapes=shapes
+    )
     assert np.all(out.snapshots[1]["a"]["b"] == 0.0)
     assert out.snapshots[1]["a"]["w"].std() > 0.4  # std 2 * 0.5 / 2 = 0.5
 
@@ -200,10 +216,8 @@ def test_the_noise_is_fresh_unless_a_noise_seed_fixes_it():
     a = run(dp.DifferentialPrivacyServerSideFixedClipping(strategy(), 1.0, 1.0, 2))
     b = run(dp.DifferentialPrivacyServerSideFixedClipping(strategy(), 1.0, 1.0, 2))
     assert not np.array_equal(a.snapshots[2]["a"]["w"], b.snapshots[2]["a"]["w"])
-    c = run(dp.DifferentialPrivacyServerSideFixedClipping(strategy(), 1.0, 1.0, 2,
-                                                          noise_seed=7))
-    d = run(dp.DifferentialPrivacyServerSideFixedClipping(strategy(), 1.0, 1.0, 2,
-                                                          noise_seed=7))
+    c = run(dp.DifferentialPrivacyServerSideFixedClipping(strategy(), 1.0, 1.0, 2, noise_seed=7))
+    d = run(dp.DifferentialPrivacyServerSideFixedClipping(strategy(), 1.0, 1.0, 2, noise_seed=7))
     np.testing.assert_array_equal(c.snapshots[2]["a"]["w"], d.snapshots[2]["a"]["w"])
 
 
@@ -222,6 +236,7 @@ def _exact_gaussian_epsilon(mu: float, delta: float) -> float:
     """The tight epsilon of a Gaussian mechanism with ``mu = sensitivity / sigma``
     (Balle and Wang 2018: delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)),
     by bisection."""
+
     def phi(x):
         return 0.5 * math.erfc(-x / math.sqrt(2))
 
@@ -242,8 +257,10 @@ def test_accounted_epsilon_lies_between_the_exact_value_and_the_classic_rdp_boun
     # T compositions of a Gaussian mechanism: one Gaussian with mu = sqrt(T) / z
     exact = _exact_gaussian_epsilon(math.sqrt(rounds) / z, delta)
     # RDP of order a: T a / (2 z^2); classic conversion eps = rdp + log(1/delta) / (a - 1)
-    classic = min(rounds * a / (2 * z * z) + math.log(1 / delta) / (a - 1)
-                  for a in np.linspace(1.01, 200, 20000))
+    classic = min(
+        rounds * a / (2 * z * z) + math.log(1 / delta) / (a - 1)
+        for a in np.linspace(1.01, 200, 20000)
+    )
     assert exact <= got <= classic * (1 + 1e-6)
     assert got < 1.5 * exact  # and RDP is not far from tight here
 
@@ -256,8 +273,9 @@ def test_subsampling_amplifies_and_more_rounds_spend_more():
 
 def test_the_run_records_each_models_privacy():
     s = strategy()
-    w = dp.DifferentialPrivacyServerSideFixedClipping(s, 1.2, 1.0, {"a": 1, "b": 2},
-                                                      amplification=True, delta=1e-6)
+    w = dp.DifferentialPrivacyServerSideFixedClipping(
+        s, 1.2, 1.0, {"a": 1, "b": 2}, amplification=True, delta=1e-6
+    )
     out = run(w, rounds=3)
     pa, pb = out.result.privacy["a"], out.result.privacy["b"]
     assert pa["releases"] == pb["releases"] == 3 and pa["delta"] == 1e-6
@@ -272,20 +290,22 @@ def test_the_run_records_each_models_privacy():
 # ---------------------------------------------------------------- adaptive
 def test_adaptive_norm_grows_when_updates_are_clipped_and_shrinks_when_not():
     grow = dp.DifferentialPrivacyServerSideAdaptiveClipping(
-        strategy(), 0.0, 2, initial_clipping_norm=1.0, clip_norm_lr=0.2,
-        target_clipped_quantile=0.5)
+        strategy(), 0.0, 2, initial_clipping_norm=1.0, clip_norm_lr=0.2, target_clipped_quantile=0.5
+    )
     run(grow, rounds=2)
     # both updates (norms 3 and 6) above C in both rounds: C = exp(0.2 * (1 - 0.5)) ** 2
     assert grow.clipping_norms["a"] == pytest.approx(math.exp(0.2))
     shrink = dp.DifferentialPrivacyServerSideAdaptiveClipping(
-        strategy(), 0.0, 2, initial_clipping_norm=100.0, clip_norm_lr=0.2)
+        strategy(), 0.0, 2, initial_clipping_norm=100.0, clip_norm_lr=0.2
+    )
     run(shrink, rounds=1)
     assert shrink.clipping_norms["b"] == pytest.approx(100 * math.exp(-0.1))
 
 
 def test_adaptive_splits_the_noise_between_updates_and_the_count():
-    w = dp.DifferentialPrivacyServerSideAdaptiveClipping(strategy(), 1.0, 2,
-                                                         clipped_count_stddev=10.0)
+    w = dp.DifferentialPrivacyServerSideAdaptiveClipping(
+        strategy(), 1.0, 2, clipped_count_stddev=10.0
+    )
     assert w.update_noise_multiplier == pytest.approx((1 - 1 / 400) ** -0.5)
     with pytest.raises(ValueError, match="clipped_count_stddev"):
         dp.DifferentialPrivacyServerSideAdaptiveClipping(strategy(), 1.0, 2)  # sigma_b 0.1
@@ -313,23 +333,27 @@ def test_resume_continues_the_noise_and_the_accountant(tmp_path):
     def wrapped(path):
         s = strategy(checkpoint_path=str(path))
         return dp.DifferentialPrivacyServerSideAdaptiveClipping(
-            s, 1.0, 2, initial_clipping_norm=1.0, clipped_count_stddev=5.0, noise_seed=3)
+            s, 1.0, 2, initial_clipping_norm=1.0, clipped_count_stddev=5.0, noise_seed=3
+        )
 
     whole = wrapped(tmp_path / "whole")
     full = run(whole, rounds=3)
     part = wrapped(tmp_path / "part")
     run(part, rounds=2)
     again = wrapped(tmp_path / "part")
-    res = again.start(_grid(), zero_models(TASKS, SMALL), num_rounds=3,
-                      resume_from=str(tmp_path / "part"))
+    res = again.start(
+        _grid(), zero_models(TASKS, SMALL), num_rounds=3, resume_from=str(tmp_path / "part")
+    )
     for task in TASKS:
-        np.testing.assert_array_equal(res.arrays[task]["w"].numpy(),
-                                      full.result.arrays[task]["w"].numpy())
+        np.testing.assert_array_equal(
+            res.arrays[task]["w"].numpy(), full.result.arrays[task]["w"].numpy()
+        )
         assert res.privacy[task] == full.result.privacy[task]
     plain = strategy()
     with pytest.raises(ValueError, match="wrapper_name"):
-        plain.start(_grid(), zero_models(TASKS, SMALL), num_rounds=3,
-                    resume_from=str(tmp_path / "part"))
+        plain.start(
+            _grid(), zero_models(TASKS, SMALL), num_rounds=3, resume_from=str(tmp_path / "part")
+        )
     # a checkpoint from before wrappers were recorded (no wrapper keys): a DP run
     # may not continue it (its earlier rounds had no noise)
     from mmfl_flwr.checkpoint import load_checkpoint, save_checkpoint
@@ -339,8 +363,9 @@ def test_resume_continues_the_noise_and_the_accountant(tmp_path):
         old.pop(key, None)
     save_checkpoint(str(tmp_path / "old"), old)
     with pytest.raises(ValueError, match="wrapper_name"):
-        wrapped(tmp_path / "x").start(_grid(), zero_models(TASKS, SMALL), num_rounds=3,
-                                      resume_from=str(tmp_path / "old"))
+        wrapped(tmp_path / "x").start(
+            _grid(), zero_models(TASKS, SMALL), num_rounds=3, resume_from=str(tmp_path / "old")
+        )
 
 
 def _grid():

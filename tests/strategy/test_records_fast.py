@@ -30,7 +30,11 @@ def test_encoding_is_flowers_and_decoding_round_trips(a):
     ref = _flower(a)
     mine = numpy_to_array(a)
     assert (mine.data, mine.dtype, tuple(mine.shape), mine.stype) == (
-        ref.data, ref.dtype, tuple(ref.shape), ref.stype)
+        ref.data,
+        ref.dtype,
+        tuple(ref.shape),
+        ref.stype,
+    )
     back = array_to_numpy(ref)
     np.testing.assert_array_equal(back, ref.numpy())
     assert back.dtype == ref.numpy().dtype and back.shape == ref.numpy().shape

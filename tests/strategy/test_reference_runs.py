@@ -36,8 +36,9 @@ from mmfl_flwr import runner
 from mmfl_flwr.config import Settings
 
 REFERENCE = Path(__file__).resolve().parents[1] / "reference"
-COMMON = dict(tasks="digits,synthetic", num_clients=10, num_rounds=3, local_epochs=1,
-              batch_size=16, seed=3)
+COMMON = dict(
+    tasks="digits,synthetic", num_clients=10, num_rounds=3, local_epochs=1, batch_size=16, seed=3
+)
 RUNS: dict[str, dict] = {
     "mfa-rr": dict(COMMON, strategy="mfa-rr"),
     "lvr": dict(COMMON, strategy="lvr", budget_fraction=0.3),
@@ -45,8 +46,14 @@ RUNS: dict[str, dict] = {
     "stalevre": dict(COMMON, strategy="stalevre", budget_fraction=0.3),
     "scaffold": dict(COMMON, strategy="scaffold", budget_fraction=0.3),
     "pareto-ucb": dict(COMMON, strategy="pareto-ucb", clients_per_round=3),
-    "group": dict(COMMON, strategy="group", tasks="digits,digits", num_clients=12,
-                  profile="clusters-consistent", group_participation=0.5),
+    "group": dict(
+        COMMON,
+        strategy="group",
+        tasks="digits,digits",
+        num_clients=12,
+        profile="clusters-consistent",
+        group_participation=0.5,
+    ),
 }
 FILES = ("metrics.csv", "assignments.csv")
 #: metrics.csv columns newer than some references (issue 16: ``coef_sum``).

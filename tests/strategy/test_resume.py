@@ -26,14 +26,14 @@ from mmfl_flwr.flower_app import server_app
 from mmfl_flwr.presets import presets_taking
 from mmfl_flwr.runner import run
 
-BASE = dict(num_clients=6, num_rounds=4, profile="paper003", local_epochs=1,
-            budget_fraction=0.5)
+BASE = dict(num_clients=6, num_rounds=4, profile="paper003", local_epochs=1, budget_fraction=0.5)
 
 
 def settings(strategy: str, out: Path, **kw) -> Settings:
     """BASE settings for ``strategy`` (budget-fraction only where it is used)."""
-    base = {k: v for k, v in BASE.items()
-            if k != "budget_fraction" or strategy in presets_taking(k)}
+    base = {
+        k: v for k, v in BASE.items() if k != "budget_fraction" or strategy in presets_taking(k)
+    }
     return Settings(strategy=strategy, output_dir=str(out), **{**base, **kw})
 
 
@@ -49,6 +49,7 @@ def kill_after(monkeypatch, at: int = 2) -> list[int]:
             seen.append(rnd)
             if rnd == at:
                 raise Killed(f"killed after round {rnd}")
+
         return cb
 
     monkeypatch.setattr(server_app, "progress_printer", printer)
@@ -57,7 +58,9 @@ def kill_after(monkeypatch, at: int = 2) -> list[int]:
 
 def record_rounds(monkeypatch) -> list[int]:
     seen: list[int] = []
-    monkeypatch.setattr(server_app, "progress_printer", lambda n: lambda rnd, rows: seen.append(rnd))
+    monkeypatch.setattr(
+        server_app, "progress_printer", lambda n: lambda rnd, rows: seen.append(rnd)
+    )
     return seen
 
 
@@ -119,10 +122,10 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("strategy, kw", CASES,
-                         ids=[s + "".join(f"-{v}" for v in kw.values()) for s, kw in CASES])
-def test_kill_and_resume_gives_identical_outputs(strategy, kw, reference, tmp_path,
-                                                 monkeypatch):
+@pytest.mark.parametrize(
+    "strategy, kw", CASES, ids=[s + "".join(f"-{v}" for v in kw.values()) for s, kw in CASES]
+)
+def test_kill_and_resume_gives_identical_outputs(strategy, kw, reference, tmp_path, monkeypatch):
     ref = reference(strategy, **kw)
     out = tmp_path / "run"
     state = _kill(strategy, out, monkeypatch, **kw)
@@ -204,8 +207,10 @@ def test_resume_with_a_different_strategy_raises(reference, tmp_path):
     (out / CHECKPOINT_FILE).write_bytes((src / CHECKPOINT_FILE).read_bytes())
     for other in ("lvr", "fedvarp"):  # same policy / a different policy and aggregator
         with pytest.raises(ValueError, match="resume with the same strategy"):
-            run(settings(other, tmp_path / f"o-{other}", resume_from=str(out),
-                         num_rounds=5), engine="inprocess")
+            run(
+                settings(other, tmp_path / f"o-{other}", resume_from=str(out), num_rounds=5),
+                engine="inprocess",
+            )
 
 
 def test_rejected_resume_leaves_the_run_folder_resumable(reference, tmp_path, monkeypatch):

@@ -30,8 +30,9 @@ from mmfl_flwr.strategy.validation import (
 
 
 def upd(cid: str, values: list[float], n: int = 10, share: float = 0.25) -> Update:
-    return Update(cid=cid, delta=[np.array(values, dtype=np.float64)], num_examples=n,
-                  data_share=share)
+    return Update(
+        cid=cid, delta=[np.array(values, dtype=np.float64)], num_examples=n, data_share=share
+    )
 
 
 def logged(fn, *args):
@@ -49,8 +50,14 @@ def heavy_pair():
     """FedAvg weights from 10, 10, 40 and 40 examples: 0.1, 0.1, 0.4, 0.4; norms
     1, 2, 5, 5; influences 0.1, 0.2, 2.0, 2.0. Lower median 0.2, so the bound at
     4 is 0.8: c2 and c3 are both 10x the reference."""
-    return {"a": [upd("c0", [1.0, 0.0], 10), upd("c1", [0.0, 2.0], 10),
-                  upd("c2", [3.0, 4.0], 40), upd("c3", [-3.0, -4.0], 40)]}
+    return {
+        "a": [
+            upd("c0", [1.0, 0.0], 10),
+            upd("c1", [0.0, 2.0], 10),
+            upd("c2", [3.0, 4.0], 40),
+            upd("c3", [-3.0, -4.0], 40),
+        ]
+    }
 
 
 def test_only_the_reversed_heavy_update_is_held_and_named():
@@ -67,13 +74,15 @@ def test_only_the_reversed_heavy_update_is_held_and_named():
         "Client c3: clipped update for task 'a': its influence on the step (weight 0.4 x "
         "update norm 5 = 2) exceeds 0.8 (4 x the round's reference influence, 0.2); it "
         "points against the model's other updates (cosine -0.500 with their median this "
-        "round, mean -0.400 over its last 3 rounds); update norm scaled to 2"]
+        "round, mean -0.400 over its last 3 rounds); update norm scaled to 2"
+    ]
 
 
 def test_with_no_reversed_update_nothing_moves_and_nothing_is_logged():
     us = heavy_pair()
-    records = logged(bound_influence, us, FedAvgAggregator().step_weights,
-                     InfluenceBound(None, 4.0, {}))
+    records = logged(
+        bound_influence, us, FedAvgAggregator().step_weights, InfluenceBound(None, 4.0, {})
+    )
     assert records == []
     assert [float(l2_norm(u.delta)) for u in us["a"]] == [1.0, 2.0, 5.0, 5.0]
 
@@ -106,8 +115,10 @@ def test_no_weights_no_line_unless_the_bound_on_every_update_was_asked_for():
 
 def test_off_the_aggregator_is_not_asked_for_weights():
     """Both factors off: the path before the bound existed (no weights read)."""
+
     def weights(_):
         raise KeyError("not to be called")
+
     assert bound_influence(heavy_pair(), weights, InfluenceBound(None, None, {})) == {}
     assert bound_influence(heavy_pair(), weights, None) == {}
 
@@ -116,8 +127,12 @@ def test_reversed_means_negative_this_round_and_on_average():
     """Of the cosines (this round, mean, rounds): c1 negative only this round,
     c2 only on average, c3 both, c4 neither: only c3 is reversed. Off (factor
     None) nothing is."""
-    cos = {("a", "c1"): (-0.2, 0.1, 3), ("a", "c2"): (0.3, -0.2, 3),
-           ("a", "c3"): (-0.1, -0.05, 2), ("a", "c4"): (0.4, 0.3, 2)}
+    cos = {
+        ("a", "c1"): (-0.2, 0.1, 3),
+        ("a", "c2"): (0.3, -0.2, 3),
+        ("a", "c3"): (-0.1, -0.05, 2),
+        ("a", "c4"): (0.4, 0.3, 2),
+    }
     assert set(InfluenceBound.of(None, 4.0, cos).reversed) == {("a", "c3")}
     assert InfluenceBound.of(None, None, cos).reversed == {}
 
@@ -133,8 +148,9 @@ def test_the_lower_factor_holds_and_the_log_says_which():
     assert InfluenceBound(None, 4.0, rev).factor_for("a", "c2") is None
     assert InfluenceBound(4.0, 4.0, rev).why("a", "c3") == ""
     us = heavy_pair()  # c2, c3 at 10x the reference 0.2: every update at 6 (1.2), c3 at 4
-    records = logged(bound_influence, us, FedAvgAggregator().step_weights,
-                     InfluenceBound(6.0, 4.0, rev))
+    records = logged(
+        bound_influence, us, FedAvgAggregator().step_weights, InfluenceBound(6.0, 4.0, rev)
+    )
     assert l2_norm(us["a"][2].delta) == pytest.approx(5.0 * 1.2 / 2.0)
     assert l2_norm(us["a"][3].delta) == pytest.approx(5.0 * 0.8 / 2.0)
     lines = [m for lvl, m in records if lvl == logging.WARNING]
@@ -144,15 +160,24 @@ def test_the_lower_factor_holds_and_the_log_says_which():
 def test_the_expected_step_bound_holds_reversed_updates_only():
     """Under the oracle StaleVR, data share x norm: shares 0.1, 0.1, 0.4, 0.4
     with the norms above give the same 0.1, 0.2, 2, 2; only reversed c3 is held."""
-    us = {"a": [upd("c0", [1.0, 0.0], share=0.1), upd("c1", [0.0, 2.0], share=0.1),
-                upd("c2", [3.0, 4.0], share=0.4), upd("c3", [-3.0, -4.0], share=0.4)]}
-    records = logged(bound_expected_influence, us,
-                     InfluenceBound(None, 4.0, {("a", "c3"): (-0.5, -0.4, 3)}))
+    us = {
+        "a": [
+            upd("c0", [1.0, 0.0], share=0.1),
+            upd("c1", [0.0, 2.0], share=0.1),
+            upd("c2", [3.0, 4.0], share=0.4),
+            upd("c3", [-3.0, -4.0], share=0.4),
+        ]
+    }
+    records = logged(
+        bound_expected_influence, us, InfluenceBound(None, 4.0, {("a", "c3"): (-0.5, -0.4, 3)})
+    )
     np.testing.assert_allclose(us["a"][3].delta[0], [-1.2, -1.6])
     np.testing.assert_array_equal(us["a"][2].delta[0], [3.0, 4.0])
     (line,) = [m for lvl, m in records if lvl == logging.WARNING]
-    assert line.startswith("Client c3: clipped update for task 'a': its influence on the "
-                           "expected step (data share 0.4 x update norm 5 = 2)")
+    assert line.startswith(
+        "Client c3: clipped update for task 'a': its influence on the "
+        "expected step (data share 0.4 x update norm 5 = 2)"
+    )
 
 
 def test_check_directions_reports_each_cosine_and_mean_even_when_off():
@@ -209,8 +234,16 @@ def _run(strategy: str, attack: str, **kw):
     logger = logging.getLogger("flwr")
     logger.addHandler(tap)
     try:
-        s = Settings(strategy=strategy, tasks="digits,synthetic", num_clients=12,
-                     num_rounds=4, local_epochs=5, output_dir="", seed=5, **kw)
+        s = Settings(
+            strategy=strategy,
+            tasks="digits,synthetic",
+            num_clients=12,
+            num_rounds=4,
+            local_epochs=5,
+            output_dir="",
+            seed=5,
+            **kw,
+        )
         result = run_inprocess(s, wrap_client_app=HC._field_attack(attack))
     finally:
         logger.removeHandler(tap)
@@ -233,9 +266,19 @@ def test_off_no_cosines_are_read_and_the_direction_history_is_left_alone(monkeyp
     monkeypatch.setattr(A, "check_directions", spy)
     for kw, want in (({"reversed_influence_factor": 0.0}, None), ({}, {})):
         seen.clear()
-        run_inprocess(Settings(strategy="mfa-rr", tasks="digits,synthetic", num_clients=6,
-                               num_rounds=2, local_epochs=1, output_dir="", seed=0,
-                               direction_factor=0.0, **kw))
+        run_inprocess(
+            Settings(
+                strategy="mfa-rr",
+                tasks="digits,synthetic",
+                num_clients=6,
+                num_rounds=2,
+                local_epochs=1,
+                output_dir="",
+                seed=0,
+                direction_factor=0.0,
+                **kw,
+            )
+        )
         assert seen and all(f is None for f, _ in seen)
         assert all((c is None) if want is None else isinstance(c, dict) for _, c in seen)
 
@@ -252,4 +295,4 @@ def test_by_default_a_heavy_sign_flipper_is_held_and_named(strategy):
     assert any(m.startswith("Client 3: clipped update for task 'synthetic'") for m in lines)
     off, none = _run(strategy, "flip1", reversed_influence_factor=0.0)
     assert none == []
-    assert ([r["accuracy"] for r in on.history] != [r["accuracy"] for r in off.history])
+    assert [r["accuracy"] for r in on.history] != [r["accuracy"] for r in off.history]

@@ -40,8 +40,10 @@ class PollGrid:
 
 
 def _msgs(n):
-    return [Message(RecordDict(), dst_node_id=i + 1, message_type="train", group_id="1")
-            for i in range(n)]
+    return [
+        Message(RecordDict(), dst_node_id=i + 1, message_type="train", group_id="1")
+        for i in range(n)
+    ]
 
 
 def test_replies_are_collected_soon_after_they_arrive():

@@ -91,10 +91,17 @@ def run_strategy(
         if hook is not None:
             hook(rnd, run.grid, run.strategy)
 
-    return run_federation(strategy, make_app(clients), {c: {"cid": c} for c in clients},
-                          initial_arrays(tasks), rounds, wrap=wrap,
-                          grid_factory=lambda rec, cfgs: grid_cls(rec, cfgs, seed=0),
-                          hook=grid_hook, check_round=check_round)
+    return run_federation(
+        strategy,
+        make_app(clients),
+        {c: {"cid": c} for c in clients},
+        initial_arrays(tasks),
+        rounds,
+        wrap=wrap,
+        grid_factory=lambda rec, cfgs: grid_cls(rec, cfgs, seed=0),
+        hook=grid_hook,
+        check_round=check_round,
+    )
 
 
 def fedavg_step(clients: dict[str, ClientDef], task: str, cids: Sequence[str]) -> float:
@@ -110,8 +117,13 @@ def assert_global(run: FedRun, task: str, value: float, rnd: int | None = None) 
     w = run.snapshots[rnd] if rnd is not None else run.strategy.weights
     for k, v in w[task].items():
         assert v.dtype == np.float32 and v.shape == SHAPES[k]
-        np.testing.assert_allclose(v, np.full(SHAPES[k], value), rtol=1e-6, atol=1e-6,
-                                   err_msg=f"task {task} array {k} round {rnd}")
+        np.testing.assert_allclose(
+            v,
+            np.full(SHAPES[k], value),
+            rtol=1e-6,
+            atol=1e-6,
+            err_msg=f"task {task} array {k} round {rnd}",
+        )
     if rnd is None:
         final = arrays_to_numpy(run.result.arrays[task])
         for k, v in final.items():
@@ -433,9 +445,7 @@ def test_arrays_of_a_known_but_unassigned_task_are_not_aggregated(caplog):
 
     run = run_strategy(clients, FixedPolicy(picks), rounds=2, wrap=hostile_train(add_a))
     assert_global(run, "a", -2 * fedavg_step(clients, "a", good_for(clients, "a")))
-    assert_global(
-        run, "b", -2 * fedavg_step(clients, "b", good_for(clients, "b") + [HOSTILE])
-    )
+    assert_global(run, "b", -2 * fedavg_step(clients, "b", good_for(clients, "b") + [HOSTILE]))
     mine = [m for m in warnings_of(caplog) if HOSTILE in m]
     assert len(mine) == 2 and all(P.arrays_key("a") in m for m in mine), mine
 
@@ -523,8 +533,11 @@ def test_node_vanishing_while_training_does_not_stop_the_run(caplog):
     def wrap(app):
         def call(msg, ctx):
             reply = app(msg, ctx)
-            if (ctx.node_config["cid"] == HOSTILE and msg.metadata.message_type == "train"
-                    and msg.metadata.group_id == "2"):
+            if (
+                ctx.node_config["cid"] == HOSTILE
+                and msg.metadata.message_type == "train"
+                and msg.metadata.group_id == "2"
+            ):
                 holder["grid"].remove_node(ctx.node_id)  # gone before replying
             return reply
 
@@ -695,8 +708,12 @@ def test_two_new_nodes_claiming_one_client_id_in_the_same_round(caplog):
     # exactly one node trains as "alice" each round, and the table holds that
     # node's declaration
     for rnd in (1, 2):
-        alice_nodes = {r.node for r in run.rec.of_type("train") if r.round == rnd
-                       and r.node in (node_of(run.grid, "alice"), node_of(run.grid, "impostor"))}
+        alice_nodes = {
+            r.node
+            for r in run.rec.of_type("train")
+            if r.round == rnd
+            and r.node in (node_of(run.grid, "alice"), node_of(run.grid, "impostor"))
+        }
         assert len(alice_nodes) == 1
     (kept,) = alice_nodes
     owner = run.grid.context(kept).node_config["cid"]
@@ -757,8 +774,11 @@ def test_loss_query_before_training_fills_the_table_and_rejects_bad_losses(caplo
     policy = GreedyLoss()
     rounds = 3
     run = run_strategy(clients, policy, rounds=rounds, wrap=wrap)
-    good = {(c, t): v for c in ("alice", "bob", "carol", "dave", "eve")
-            for t, v in clients[c].losses.items()}
+    good = {
+        (c, t): v
+        for c in ("alice", "bob", "carol", "dave", "eve")
+        for t, v in clients[c].losses.items()
+    }
     for rnd in range(1, rounds + 1):
         in_round = [r for r in run.rec.log if r.round == rnd]
         lq = [r for r in in_round if r.type == P.QUERY_LOSSES]
@@ -829,8 +849,9 @@ def test_client_side_evaluation_gives_client_accuracy_in_history(caplog):
     clients["carol"].evals = {"a": (0.2, 1.0, 20)}
     clients["dave"].evals = {"b": (0.5, 0.75, 20)}
     # a hostile evaluator whose numbers must not enter the mean
-    clients[HOSTILE] = ClientDef({"a": (40, 4.0), "b": (40, -1.0)},
-                                 evals={"a": (0.1, 1.5, 1000), "b": (math.nan, 0.9, 1000)})
+    clients[HOSTILE] = ClientDef(
+        {"a": (40, 4.0), "b": (40, -1.0)}, evals={"a": (0.1, 1.5, 1000), "b": (math.nan, 0.9, 1000)}
+    )
     run = run_strategy(clients, rounds=2, fraction_evaluate=1.0)
     expected = {}
     for task in TASKS:
@@ -973,6 +994,7 @@ def _without_handlers(full, lacking_clients, missing=("losses",)):
         return full(msg, ctx)
 
     if "losses" not in missing:
+
         @partial.query("losses")
         def losses(msg, ctx):
             return full(msg, ctx)
@@ -997,12 +1019,20 @@ def test_a_client_without_a_handler_the_strategy_needs_is_named_and_left_out():
     rounds, and the others train on (issue 25)."""
     from mmfl_flwr.core.lvr import LVR
 
-    clients = {c: ClientDef({"a": (10, 1.0), "b": (5, 1.0)}, losses={"a": 1.0, "b": 2.0})
-               for c in ("0", "1", "2")}
+    clients = {
+        c: ClientDef({"a": (10, 1.0), "b": (5, 1.0)}, losses={"a": 1.0, "b": 2.0})
+        for c in ("0", "1", "2")
+    }
     strategy = MultiModelStrategy(LVR(budget_fraction=1.0), node_wait_timeout=0.0, seed=0)
     app = _without_handlers(make_app(clients), {"1"})
-    run = run_federation(strategy, app, {c: {"cid": c} for c in clients}, initial_arrays(),
-                         3, grid_factory=lambda rec, cfgs: InProcessGrid(rec, cfgs, seed=0))
+    run = run_federation(
+        strategy,
+        app,
+        {c: {"cid": c} for c in clients},
+        initial_arrays(),
+        3,
+        grid_factory=lambda rec, cfgs: InProcessGrid(rec, cfgs, seed=0),
+    )
     errors = [m for r in (1, 2, 3) for m in run.errors(r) if "no handler" in m]
     assert len(errors) == 1, errors
     assert "Client 1" in errors[0] and "'query.losses'" in errors[0], errors
@@ -1020,8 +1050,14 @@ def test_no_client_that_can_serve_the_run_stops_it_with_one_error():
     strategy = MultiModelStrategy(LVR(budget_fraction=1.0), node_wait_timeout=0.0, seed=0)
     app = _without_handlers(make_app(clients), {"0", "1"})
     with pytest.raises(NoClientCanServe) as err:
-        run_federation(strategy, app, {c: {"cid": c} for c in clients}, initial_arrays(), 3,
-                       grid_factory=lambda rec, cfgs: InProcessGrid(rec, cfgs, seed=0))
+        run_federation(
+            strategy,
+            app,
+            {c: {"cid": c} for c in clients},
+            initial_arrays(),
+            3,
+            grid_factory=lambda rec, cfgs: InProcessGrid(rec, cfgs, seed=0),
+        )
     text = str(err.value)
     assert "'query.losses'" in text and "make_client_app" in text and "\n" not in text, text
 
@@ -1030,8 +1066,10 @@ def test_the_result_records_which_parts_were_rejected_or_missing():
     """result.rejections names the (client, task) parts that did not reach the
     aggregate (assignments.png crosses them out); they add up to the rows'
     rejected counts."""
-    clients = {"0": ClientDef({"a": (10, 1.0), "b": (5, 1.0)}),
-               "1": ClientDef({"a": (5, 1.0), "b": (5, 1.0)}, fail_train=True)}
+    clients = {
+        "0": ClientDef({"a": (10, 1.0), "b": (5, 1.0)}),
+        "1": ClientDef({"a": (5, 1.0), "b": (5, 1.0)}, fail_train=True),
+    }
     run = run_strategy(clients, rounds=2)
     for rnd in (1, 2):
         parts = run.result.rejections[rnd]
@@ -1046,32 +1084,44 @@ def _declaring(full, handlers, clients_affected):
 
     def app(msg, ctx):
         reply = full(msg, ctx)
-        if msg.metadata.message_type == P.QUERY_INFO and \
-                ctx.node_config["cid"] in clients_affected:
+        if msg.metadata.message_type == P.QUERY_INFO and ctx.node_config["cid"] in clients_affected:
             reply.content.config_records[P.INFO_KEY][P.HANDLERS] = list(handlers)
         return reply
 
     return app
 
 
-@pytest.mark.parametrize("fraction,declared,missing", [
-    (0.0, ["query.info", "train", "evaluate"], "query.losses"),
-    (1.0, ["query.info", "query.losses", "train"], "evaluate"),
-])
+@pytest.mark.parametrize(
+    "fraction,declared,missing",
+    [
+        (0.0, ["query.info", "train", "evaluate"], "query.losses"),
+        (1.0, ["query.info", "query.losses", "train"], "evaluate"),
+    ],
+)
 def test_a_client_declaring_it_lacks_a_needed_handler_is_refused_at_registration(
-        fraction, declared, missing):
+    fraction, declared, missing
+):
     """A ClientApp whose info reply declares its handlers and lacks one the
     strategy needs is named in one ERROR when it registers and is sent nothing
     else; the others train (issue 25)."""
     from mmfl_flwr.core.lvr import LVR
 
-    clients = {c: ClientDef({"a": (10, 1.0), "b": (5, 1.0)}, losses={"a": 1.0, "b": 2.0})
-               for c in ("0", "1", "2")}
-    strategy = MultiModelStrategy(LVR(budget_fraction=1.0), node_wait_timeout=0.0, seed=0,
-                                  fraction_evaluate=fraction)
+    clients = {
+        c: ClientDef({"a": (10, 1.0), "b": (5, 1.0)}, losses={"a": 1.0, "b": 2.0})
+        for c in ("0", "1", "2")
+    }
+    strategy = MultiModelStrategy(
+        LVR(budget_fraction=1.0), node_wait_timeout=0.0, seed=0, fraction_evaluate=fraction
+    )
     app = _declaring(make_app(clients), declared, {"1"})
-    run = run_federation(strategy, app, {c: {"cid": c} for c in clients}, initial_arrays(),
-                         2, grid_factory=lambda rec, cfgs: InProcessGrid(rec, cfgs, seed=0))
+    run = run_federation(
+        strategy,
+        app,
+        {c: {"cid": c} for c in clients},
+        initial_arrays(),
+        2,
+        grid_factory=lambda rec, cfgs: InProcessGrid(rec, cfgs, seed=0),
+    )
     errors = [m for m in run.errors(1) if "declares no handler" in m]
     assert len(errors) == 1 and "Client 1" in errors[0] and f"'{missing}'" in errors[0], errors
     assert not [m for r in (1, 2) for m in run.errors(r) if "no handler" in m and m not in errors]
@@ -1092,9 +1142,11 @@ def test_a_run_no_declared_client_can_serve_stops_at_registration():
         def recording(msg, ctx):
             sent.append(msg.metadata.message_type)
             return rec(msg, ctx)
+
         return InProcessGrid(recording, cfgs, seed=0)
 
     with pytest.raises(NoClientCanServe, match="'query.losses'"):
-        run_federation(strategy, app, {c: {"cid": c} for c in clients}, initial_arrays(), 3,
-                       grid_factory=watch)
+        run_federation(
+            strategy, app, {c: {"cid": c} for c in clients}, initial_arrays(), 3, grid_factory=watch
+        )
     assert set(sent) == {"query.info"}

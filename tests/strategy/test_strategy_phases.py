@@ -37,13 +37,16 @@ ensure_task_identity(1)
 
 
 # ------------------------------------------------------------------ pairing
-@pytest.mark.parametrize("policy, aggregator, words", [
-    (RanklistMultiUCB(2), UnbiasedAggregator(), "inclusion probabilities"),
-    (ParetoMultiUCB(2), FedVARPAggregator(), "inclusion probabilities"),
-    (RandomAllocation(), StaleVRAggregator(), "fresh update"),
-    (StaleVRSampling(signal="stale-residual"), FedVARPAggregator(), "stale residual"),
-    (StaleVRSampling(signal="stale-residual"), UnbiasedAggregator(), "stale residual"),
-])
+@pytest.mark.parametrize(
+    "policy, aggregator, words",
+    [
+        (RanklistMultiUCB(2), UnbiasedAggregator(), "inclusion probabilities"),
+        (ParetoMultiUCB(2), FedVARPAggregator(), "inclusion probabilities"),
+        (RandomAllocation(), StaleVRAggregator(), "fresh update"),
+        (StaleVRSampling(signal="stale-residual"), FedVARPAggregator(), "stale residual"),
+        (StaleVRSampling(signal="stale-residual"), UnbiasedAggregator(), "stale residual"),
+    ],
+)
 def test_mismatched_pairs_are_refused(policy, aggregator, words):
     with pytest.raises(ValueError, match=words):
         check_pairing(policy, aggregator)
@@ -51,15 +54,18 @@ def test_mismatched_pairs_are_refused(policy, aggregator, words):
         MultiModelStrategy(policy, aggregator)
 
 
-@pytest.mark.parametrize("policy, aggregator", [
-    (StaleVRSampling(), StaleVRAggregator()),
-    (StaleVRSampling(signal="stale-residual"), StaleVRAggregator()),
-    (FullParticipation(), StaleVRAggregator()),
-    (GVR(), UnbiasedAggregator()),
-    (RanklistMultiUCB(2), FedAvgAggregator()),
-    (ParetoMultiUCB(2), MIFAAggregator()),
-    (RandomAllocation(), FedVARPAggregator()),
-])
+@pytest.mark.parametrize(
+    "policy, aggregator",
+    [
+        (StaleVRSampling(), StaleVRAggregator()),
+        (StaleVRSampling(signal="stale-residual"), StaleVRAggregator()),
+        (FullParticipation(), StaleVRAggregator()),
+        (GVR(), UnbiasedAggregator()),
+        (RanklistMultiUCB(2), FedAvgAggregator()),
+        (ParetoMultiUCB(2), MIFAAggregator()),
+        (RandomAllocation(), FedVARPAggregator()),
+    ],
+)
 def test_matching_pairs_are_accepted(policy, aggregator):
     check_pairing(policy, aggregator)
 
@@ -93,13 +99,15 @@ def test_reply_preamble_maps_nodes_and_drops_strangers_duplicates_and_errors():
     logging.getLogger("flwr").addHandler(tap)
     errors: list[str] = []
     try:
-        got = list(client_replies(
-            {1: "alice", 2: "bob", 3: "carol"},
-            [_reply(1), _reply(9), _reply(1), _reply(2, error=True), _reply(3)],
-            "train",
-            asked={"alice", "bob"},
-            on_error=lambda cid, r: errors.append(cid),
-        ))
+        got = list(
+            client_replies(
+                {1: "alice", 2: "bob", 3: "carol"},
+                [_reply(1), _reply(9), _reply(1), _reply(2, error=True), _reply(3)],
+                "train",
+                asked={"alice", "bob"},
+                on_error=lambda cid, r: errors.append(cid),
+            )
+        )
     finally:
         logging.getLogger("flwr").removeHandler(tap)
     assert [cid for cid, _ in got] == ["alice"]
@@ -130,25 +138,33 @@ def _content(local=None, n=20, loss=0.5, control=None, metrics=True) -> RecordDi
 
 def test_validate_train_part_builds_the_update_over_trainable_entries():
     local = {"w": np.array([0.5, 3.0], np.float32), "rv": np.array([4.0], np.float32)}
-    update, loss = validate_train_part(_content(local), "t", PICK, INFO, GLOB, KEYS, 0.4,
-                                       Limits(), False)
+    update, loss = validate_train_part(
+        _content(local), "t", PICK, INFO, GLOB, KEYS, 0.4, Limits(), False
+    )
     np.testing.assert_allclose(update.delta[0], [0.5, -1.0])  # G = w_global - w_local
     assert len(update.delta) == 1 and update.state[0].tolist() == [4.0]
     assert (update.num_examples, update.data_share, update.processors) == (20, 0.4, 2)
     assert (update.prob, update.count, loss) == (0.25, 2, 0.5)
 
 
-@pytest.mark.parametrize("content, limits, needs_control, words", [
-    (_content(None), Limits(), False, "no weights"),
-    (_content({"w": GLOB["w"]}), Limits(), False, "keys differ"),
-    (_content({**GLOB, "w": np.array([1.0, np.nan], np.float32)}), Limits(), False, "NaN"),
-    (_content({**GLOB, "w": np.array([4.0, 6.0], np.float32)}), Limits(max_update_norm=4.9),
-     False, "update norm 5 exceeds"),
-    (_content(GLOB, metrics=False), Limits(), False, "MetricRecord"),
-    (_content(GLOB, n=0), Limits(), False, "num-examples"),
-    (_content(GLOB, loss=-1.0), Limits(), False, "train-loss"),
-    (_content(GLOB), Limits(), True, "control variate"),
-])
+@pytest.mark.parametrize(
+    "content, limits, needs_control, words",
+    [
+        (_content(None), Limits(), False, "no weights"),
+        (_content({"w": GLOB["w"]}), Limits(), False, "keys differ"),
+        (_content({**GLOB, "w": np.array([1.0, np.nan], np.float32)}), Limits(), False, "NaN"),
+        (
+            _content({**GLOB, "w": np.array([4.0, 6.0], np.float32)}),
+            Limits(max_update_norm=4.9),
+            False,
+            "update norm 5 exceeds",
+        ),
+        (_content(GLOB, metrics=False), Limits(), False, "MetricRecord"),
+        (_content(GLOB, n=0), Limits(), False, "num-examples"),
+        (_content(GLOB, loss=-1.0), Limits(), False, "train-loss"),
+        (_content(GLOB), Limits(), True, "control variate"),
+    ],
+)
 def test_validate_train_part_rejects_with_the_reason(content, limits, needs_control, words):
     with pytest.raises(InvalidReply, match=words):
         validate_train_part(content, "t", PICK, INFO, GLOB, KEYS, 0.4, limits, needs_control)
@@ -157,20 +173,22 @@ def test_validate_train_part_rejects_with_the_reason(content, limits, needs_cont
 def test_update_norm_is_over_trainable_entries_only():
     """A huge running-variance change must not count towards the norm bound."""
     local = {"w": np.array([1.0, 2.0], np.float32), "rv": np.array([1e6], np.float32)}
-    validate_train_part(_content(local), "t", PICK, INFO, GLOB, KEYS, 0.4,
-                        Limits(max_update_norm=1e-3), False)
+    validate_train_part(
+        _content(local), "t", PICK, INFO, GLOB, KEYS, 0.4, Limits(max_update_norm=1e-3), False
+    )
 
 
 # ----------------------------------------------------------- aggregation
 def _update(cid, n, state, delta=(0.0,)):
-    return Update(cid=cid, delta=[np.array(delta)], num_examples=n, data_share=0.5,
-                  state=state)
+    return Update(cid=cid, delta=[np.array(delta)], num_examples=n, data_share=0.5, state=state)
 
 
 def test_average_state_is_the_sample_weighted_mean_and_rounds_counters():
     old = [np.array([1.0, 1.0], np.float32), np.array(3, np.int64)]
-    ups = [_update("a", 10, [np.array([2.0, 4.0], np.float32), np.array(13, np.int64)]),
-           _update("b", 30, [np.array([6.0, 0.0], np.float32), np.array(20, np.int64)])]
+    ups = [
+        _update("a", 10, [np.array([2.0, 4.0], np.float32), np.array(13, np.int64)]),
+        _update("b", 30, [np.array([6.0, 0.0], np.float32), np.array(20, np.int64)]),
+    ]
     new = average_state(old, ups)
     np.testing.assert_allclose(new[0], [5.0, 1.0])  # (10*2 + 30*6)/40, (10*4 + 0)/40
     assert new[1].dtype == np.int64 and new[1].shape == () and int(new[1]) == 18  # 18.25
@@ -208,13 +226,14 @@ def test_client_metrics_weighted_by_examples_and_rejects_bad_parts():
         run.node_to_cid[i + 1] = cid
     ev = MetricRecord({P.NUM_EXAMPLES: 10, P.LOSS: 1.0, P.ACCURACY: 0.5})
     replies = []
-    for node, rec in ((1, {"t": ev, "u": MetricRecord({P.NUM_EXAMPLES: 10, P.LOSS: 1.0,
-                                                         P.ACCURACY: 7.0})}),
-                      (2, {"t": MetricRecord({P.NUM_EXAMPLES: 30, P.LOSS: 3.0,
-                                              P.ACCURACY: 0.9})})):
+    for node, rec in (
+        (1, {"t": ev, "u": MetricRecord({P.NUM_EXAMPLES: 10, P.LOSS: 1.0, P.ACCURACY: 7.0})}),
+        (2, {"t": MetricRecord({P.NUM_EXAMPLES: 30, P.LOSS: 3.0, P.ACCURACY: 0.9})}),
+    ):
         msg = Message(RecordDict(), dst_node_id=node, message_type="evaluate", group_id="1")
-        replies.append(Message(RecordDict({P.metrics_key(t): m for t, m in rec.items()}),
-                               reply_to=msg))
+        replies.append(
+            Message(RecordDict({P.metrics_key(t): m for t, m in rec.items()}), reply_to=msg)
+        )
     out = client_metrics(run, replies, max_loss=1e6)
     assert out["t.loss"] == pytest.approx((10 * 1.0 + 30 * 3.0) / 40)
     assert out["t.accuracy"] == pytest.approx((10 * 0.5 + 30 * 0.9) / 40)
@@ -256,8 +275,11 @@ CLIENTS = {"a": (10, 0.5), "b": (30, -1.0), "c": (20, 2.0)}
 
 
 def _grid() -> InProcessGrid:
-    app = make_client_app(lambda ctx: ClientSpec(
-        str(ctx.node_config["cid"]), {"t": StepTrainer(*CLIENTS[str(ctx.node_config["cid"])])}))
+    app = make_client_app(
+        lambda ctx: ClientSpec(
+            str(ctx.node_config["cid"]), {"t": StepTrainer(*CLIENTS[str(ctx.node_config["cid"])])}
+        )
+    )
     return InProcessGrid(app, [{"cid": c} for c in CLIENTS], seed=0)
 
 
@@ -284,19 +306,45 @@ def test_summary_logs_every_constructor_argument():
     logging.getLogger("flwr").addHandler(tap)
     try:
         MultiModelStrategy(
-            RandomAllocation(0.25), FedAvgAggregator(), local_epochs=3, lr=0.2, batch_size=7,
-            seed=11, fraction_evaluate=0.5, evaluate_every=2, min_available_nodes=4, min_available_clients=5,
-            node_wait_timeout=9.0, max_loss=123.0, loss_cap=50.0, max_update_norm=8.0,
-            client_arrivals={"a": 2}, task_arrivals={"t": 1}, trainable_keys={"t": ["w"]},
+            RandomAllocation(0.25),
+            FedAvgAggregator(),
+            local_epochs=3,
+            lr=0.2,
+            batch_size=7,
+            seed=11,
+            fraction_evaluate=0.5,
+            evaluate_every=2,
+            min_available_nodes=4,
+            min_available_clients=5,
+            node_wait_timeout=9.0,
+            max_loss=123.0,
+            loss_cap=50.0,
+            max_update_norm=8.0,
+            client_arrivals={"a": 2},
+            task_arrivals={"t": 1},
+            trainable_keys={"t": ["w"]},
             checkpoint_path="/tmp/ck",
         ).summary()
     finally:
         logging.getLogger("flwr").removeHandler(tap)
     text = "\n".join(m for _, m in tap.records)
-    for piece in ("RandomAllocation(budget=0.25", "FedAvgAggregator()", "local_epochs=3",
-                  "lr=0.2", "batch_size=7", "fraction 0.5, every 2", "wait for 4 nodes and 5 clients at most 9 s",
-                  "max_loss=123.0", "loss_cap=50.0", "max_update_norm=8.0", "{'a': 2}",
-                  "{'t': 1}", "{'t': ['w']}", "/tmp/ck", "Seed: 11"):
+    for piece in (
+        "RandomAllocation(budget=0.25",
+        "FedAvgAggregator()",
+        "local_epochs=3",
+        "lr=0.2",
+        "batch_size=7",
+        "fraction 0.5, every 2",
+        "wait for 4 nodes and 5 clients at most 9 s",
+        "max_loss=123.0",
+        "loss_cap=50.0",
+        "max_update_norm=8.0",
+        "{'a': 2}",
+        "{'t': 1}",
+        "{'t': ['w']}",
+        "/tmp/ck",
+        "Seed: 11",
+    ):
         assert piece in text, piece
 
 
@@ -310,8 +358,14 @@ def test_phase_observers_time_every_phase_and_round_trip_of_every_round():
     from mmfl_flwr.runner import run
     from mmfl_flwr.strategy.timing import PHASE_OBSERVERS
 
-    settings = Settings(strategy="lvr", num_clients=4, num_rounds=2, local_epochs=1,
-                        fraction_evaluate=0.5, output_dir="")
+    settings = Settings(
+        strategy="lvr",
+        num_clients=4,
+        num_rounds=2,
+        local_epochs=1,
+        fraction_evaluate=0.5,
+        output_dir="",
+    )
     assert PHASE_OBSERVERS == []
     plain = run(settings, engine="inprocess")
     seen = []
@@ -325,18 +379,29 @@ def test_phase_observers_time_every_phase_and_round_trip_of_every_round():
         for key, arr in rec.items():
             np.testing.assert_array_equal(arr.numpy(), timed.arrays[task][key].numpy())
     # in the order they end: a round trip before the phase that holds it
-    phases = ["rt:query.info", "registration", "rt:query.losses", "loss_query", "plan",
-              "rt:train", "train", "aggregate", "rt:evaluate", "client_eval", "server_eval",
-              "round"]
+    phases = [
+        "rt:query.info",
+        "registration",
+        "rt:query.losses",
+        "loss_query",
+        "plan",
+        "rt:train",
+        "train",
+        "aggregate",
+        "rt:evaluate",
+        "client_eval",
+        "server_eval",
+        "round",
+    ]
     for rnd in (1, 2):
         events = [t for t in seen if t.round == rnd]
         names = [t.phase for t in events]
         # new nodes are asked for their info in round 1 only
         assert names == [p for p in phases if rnd == 1 or p != "rt:query.info"], names
         assert all(t.seconds >= 0 for t in events)
-        assert all(isinstance(t.grid, InProcessGrid) for t in events
-                   if t.phase.startswith("rt:"))
+        assert all(isinstance(t.grid, InProcessGrid) for t in events if t.phase.startswith("rt:"))
         assert all(t.grid is None for t in events if not t.phase.startswith("rt:"))
         whole = next(t.seconds for t in events if t.phase == "round")
-        assert whole >= sum(t.seconds for t in events
-                            if t.phase != "round" and not t.phase.startswith("rt:"))
+        assert whole >= sum(
+            t.seconds for t in events if t.phase != "round" and not t.phase.startswith("rt:")
+        )

@@ -20,8 +20,9 @@ from mmfl_flwr.strategy.validation import (
 
 
 def upd(cid: str, values: list[float]) -> Update:
-    return Update(cid=cid, delta=[np.array(values, dtype=np.float64)], num_examples=10,
-                  data_share=0.25)
+    return Update(
+        cid=cid, delta=[np.array(values, dtype=np.float64)], num_examples=10, data_share=0.25
+    )
 
 
 def bound(updates, history=None, factor=100.0, clip=3.0, model_norm=None):
@@ -41,16 +42,24 @@ def test_an_update_above_the_clip_is_scaled_to_it_and_named():
     is 2, the bound 3 x 2 = 6, so c3's (18, 24) becomes (3.6, 4.8): the same
     direction at norm 6. The others are untouched; nothing is rejected (100 x 2
     = 200 > 30); the history holds the norms after clipping."""
-    us = {"a": [upd("c0", [0.6, 0.8]), upd("c1", [1.2, 1.6]), upd("c2", [1.8, 2.4]),
-                upd("c3", [18.0, 24.0])]}
+    us = {
+        "a": [
+            upd("c0", [0.6, 0.8]),
+            upd("c1", [1.2, 1.6]),
+            upd("c2", [1.8, 2.4]),
+            upd("c3", [18.0, 24.0]),
+        ]
+    }
     rejected, history, warnings = bound(us)
     assert rejected == []
     np.testing.assert_allclose(us["a"][3].delta[0], [3.6, 4.8])
     for u, v in zip(us["a"][:3], ([0.6, 0.8], [1.2, 1.6], [1.8, 2.4])):
         np.testing.assert_array_equal(u.delta[0], v)
     assert history["a"] == pytest.approx([1.0, 2.0, 3.0, 6.0])
-    assert warnings == ["Client c3: clipped update for task 'a': update norm 30 exceeds 6 "
-                        "(3 x the reference norm, 2); scaled to it"]
+    assert warnings == [
+        "Client c3: clipped update for task 'a': update norm 30 exceeds 6 "
+        "(3 x the reference norm, 2); scaled to it"
+    ]
 
 
 def test_rejection_comes_first_and_a_rejected_update_is_not_clipped():
@@ -71,21 +80,24 @@ def test_a_lone_update_is_clipped_against_the_models_history():
     rejected, history, warnings = bound(us, {"a": [4.0, 5.0, 6.0, 7.0]})
     assert rejected == []
     np.testing.assert_allclose(us["a"][0].delta[0], [18.0])
-    assert warnings[0].startswith("Client c3: clipped update for task 'a': update norm 40 "
-                                  "exceeds 18 (3 x the reference norm, 6)")
+    assert warnings[0].startswith(
+        "Client c3: clipped update for task 'a': update norm 40 "
+        "exceeds 18 (3 x the reference norm, 6)"
+    )
 
 
 def test_each_model_has_its_own_reference():
     """The clip of one model never looks at another's norms: "b"'s norms are
     100x "a"'s and nothing is clipped in either."""
-    us = {"a": [upd("c0", [1.0]), upd("c1", [2.0])],
-          "b": [upd("c0", [100.0]), upd("c1", [150.0])]}
+    us = {"a": [upd("c0", [1.0]), upd("c1", [2.0])], "b": [upd("c0", [100.0]), upd("c1", [150.0])]}
     rejected, _, warnings = bound(us, clip=3.0)
     assert rejected == [] and warnings == []
     us["b"].append(upd("c2", [1000.0]))  # b's lower median is now 150: clipped to 450
     _, _, warnings = bound(us, clip=3.0)
-    assert warnings == ["Client c2: clipped update for task 'b': update norm 1000 exceeds 450 "
-                        "(3 x the reference norm, 150); scaled to it"]
+    assert warnings == [
+        "Client c2: clipped update for task 'b': update norm 1000 exceeds 450 "
+        "(3 x the reference norm, 150); scaled to it"
+    ]
     assert l2_norm(us["b"][2].delta) == pytest.approx(450.0)
 
 
@@ -137,8 +149,14 @@ def test_huge_finite_updates_are_clipped_without_overflow_or_nan():
     computed without overflow, and are scaled to the bound 6 along (1, 1);
     entries of 1.5e308 have a norm beyond the float range (inf): scaled by
     bound / inf = 0, the update adds nothing and no NaN. Both are named."""
-    us = {"a": [upd("c0", [1.0, 0.0]), upd("c1", [2.0, 0.0]), upd("c2", [1e300, 1e300]),
-                upd("c3", [1.5e308, 1.5e308])]}
+    us = {
+        "a": [
+            upd("c0", [1.0, 0.0]),
+            upd("c1", [2.0, 0.0]),
+            upd("c2", [1e300, 1e300]),
+            upd("c3", [1.5e308, 1.5e308]),
+        ]
+    }
     _, _, warnings = bound(us, factor=None)
     np.testing.assert_allclose(us["a"][2].delta[0], [6 / np.sqrt(2)] * 2)
     np.testing.assert_array_equal(us["a"][3].delta[0], [0.0, 0.0])

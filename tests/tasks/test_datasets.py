@@ -143,8 +143,7 @@ def test_load_emnist_balanced_fixes_orientation(tmp_path):
     labels = np.array([0, 23, 46])
     raw = tmp_path / "EMNIST" / "raw"
     # EMNIST stores every image transposed.
-    write_idx(raw / "emnist-balanced-train-images-idx3-ubyte", images.transpose(0, 2, 1),
-              gz=True)
+    write_idx(raw / "emnist-balanced-train-images-idx3-ubyte", images.transpose(0, 2, 1), gz=True)
     write_idx(raw / "emnist-balanced-train-labels-idx1-ubyte", labels, gz=True)
     ds = load_emnist(tmp_path, "train")
     assert ds.x.shape == (3, 1, 28, 28) and ds.x.dtype == np.float32
@@ -183,15 +182,11 @@ def test_load_cifar10_train_and_test(tmp_path):
     np.testing.assert_array_equal(train.y, labels)
     all_data = np.concatenate(datas)
     # channel-major: the first 1024 bytes are the red plane, row by row
-    np.testing.assert_allclose(train.x[3, 0], all_data[3, :1024].reshape(32, 32) / 255.0,
-                               atol=1e-7)
-    np.testing.assert_allclose(train.x[3, 2], all_data[3, 2048:].reshape(32, 32) / 255.0,
-                               atol=1e-7)
+    np.testing.assert_allclose(train.x[3, 0], all_data[3, :1024].reshape(32, 32) / 255.0, atol=1e-7)
+    np.testing.assert_allclose(train.x[3, 2], all_data[3, 2048:].reshape(32, 32) / 255.0, atol=1e-7)
     test = load_cifar10(tmp_path, "test")
     np.testing.assert_array_equal(test.y, [7, 8, 9])
-    np.testing.assert_array_equal(
-        np.round(test.x * 255).astype(np.uint8).reshape(3, -1), test_data
-    )
+    np.testing.assert_array_equal(np.round(test.x * 255).astype(np.uint8).reshape(3, -1), test_data)
 
 
 def test_load_cifar10_missing_batch(tmp_path):
@@ -296,8 +291,10 @@ def test_load_leaf_shakespeare_per_user(tmp_path):
     b1 = ([_seq(rng) for _ in range(2)], ["}", "0"])
     b2 = ([_seq(rng)], ["?"])
     c = ([_seq(rng)], ["z"])
-    write_leaf_json(data_dir / "train" / "all_data_0_train.json",
-                    {"THE_TEMPEST_MIRANDA": a, "HAMLET_OPHELIA": b1})
+    write_leaf_json(
+        data_dir / "train" / "all_data_0_train.json",
+        {"THE_TEMPEST_MIRANDA": a, "HAMLET_OPHELIA": b1},
+    )
     write_leaf_json(data_dir / "train" / "all_data_1_train.json", {"HAMLET_OPHELIA": b2})
     write_leaf_json(data_dir / "test" / "all_data_0_test.json", {"KING_LEAR_FOOL": c})
 
@@ -331,8 +328,9 @@ def test_load_leaf_shakespeare_missing(tmp_path):
 
 
 def test_load_leaf_shakespeare_rejects_ragged(tmp_path):
-    write_leaf_json(tmp_path / "shakespeare" / "data" / "train" / "x.json",
-                    {"u": (["abc", "ab"], ["d", "c"])})
+    write_leaf_json(
+        tmp_path / "shakespeare" / "data" / "train" / "x.json", {"u": (["abc", "ab"], ["d", "c"])}
+    )
     with pytest.raises(ValueError, match="different lengths"):
         load_leaf_shakespeare(tmp_path)
 
@@ -359,8 +357,7 @@ def test_load_celeba_jpeg(tmp_path):
     pytest.importorskip("PIL")
     write_celeba(tmp_path, ROWS, COLORS, size=(12, 10))
     assert celeba_attribute_names(tmp_path) == CELEBA_NAMES
-    tasks = load_celeba(tmp_path, "train", attributes=("Smiling", "Eyeglasses"),
-                        image_size=None)
+    tasks = load_celeba(tmp_path, "train", attributes=("Smiling", "Eyeglasses"), image_size=None)
     assert list(tasks) == ["Smiling", "Eyeglasses"]
     smiling, glasses = tasks["Smiling"], tasks["Eyeglasses"]
     # train = images 1, 2 and 5; 1 -> 1, -1 -> 0
@@ -371,16 +368,18 @@ def test_load_celeba_jpeg(tmp_path):
     assert smiling.x is glasses.x  # one shared image array
     for i, color in zip(range(3), [COLORS[0], COLORS[1], COLORS[4]]):
         # solid colours survive JPEG compression up to a few levels
-        np.testing.assert_allclose(smiling.x[i].mean(axis=(1, 2)), np.array(color) / 255.0,
-                                   atol=4 / 255)
+        np.testing.assert_allclose(
+            smiling.x[i].mean(axis=(1, 2)), np.array(color) / 255.0, atol=4 / 255
+        )
 
     resized = load_celeba(tmp_path, "test", attributes=("Male",), image_size=8)
     assert resized["Male"].x.shape == (1, 3, 8, 8)
     np.testing.assert_array_equal(resized["Male"].y, [0])
     np.testing.assert_allclose(resized["Male"].x[0], 128 / 255.0, atol=4 / 255)
 
-    everything = load_celeba(tmp_path, "all", attributes=PAPER004_ATTRIBUTES, image_size=(6, 4),
-                             limit=4)
+    everything = load_celeba(
+        tmp_path, "all", attributes=PAPER004_ATTRIBUTES, image_size=(6, 4), limit=4
+    )
     assert everything["Smiling"].x.shape == (4, 3, 6, 4)
     np.testing.assert_array_equal(everything["Smiling"].y, [0, 1, 1, 0])
 

@@ -43,8 +43,7 @@ def model_fn():
 
 
 def _train_sets(fed, task):
-    return [fed.client_data(c, task)[0] for c in range(fed.num_clients)
-            if fed.eligible[task][c]]
+    return [fed.client_data(c, task)[0] for c in range(fed.num_clients) if fed.eligible[task][c]]
 
 
 def _rows(train: Dataset, part: Dataset) -> np.ndarray:
@@ -96,9 +95,14 @@ def test_profile_partition_is_seeded(partition):
     assert a != b  # every copy draws its own partition
 
 
-@pytest.mark.parametrize("partition,cls", [("iid", "IidPartitioner"),
-                                           ("dirichlet", "DirichletPartitioner"),
-                                           ("pathological", "PathologicalPartitioner")])
+@pytest.mark.parametrize(
+    "partition,cls",
+    [
+        ("iid", "IidPartitioner"),
+        ("dirichlet", "DirichletPartitioner"),
+        ("pathological", "PathologicalPartitioner"),
+    ],
+)
 def test_profile_partition_runs_the_flwr_datasets_partitioner(partition, cls, monkeypatch):
     fds = _fds()
     made = []
@@ -109,8 +113,7 @@ def test_profile_partition_runs_the_flwr_datasets_partitioner(partition, cls, mo
         return original(*args, **kwargs)
 
     monkeypatch.setattr(fds, cls, spy)
-    build_federation(["digits", "synthetic", "digits"], 9, 0,
-                     profile=Profile(partition=partition))
+    build_federation(["digits", "synthetic", "digits"], 9, 0, profile=Profile(partition=partition))
     assert made == [9, 9]  # one partitioner per digits copy, one partition per client
     made.clear()
     build_federation(["digits"], 9, 0)  # the default label skew is our own code
@@ -119,8 +122,9 @@ def test_profile_partition_runs_the_flwr_datasets_partitioner(partition, cls, mo
 
 def test_dirichlet_profile_alpha_controls_skew():
     def labels_held(alpha):
-        fed = build_federation(["digits"], 10, 0,
-                               profile=Profile(partition="dirichlet", dirichlet_alpha=alpha))
+        fed = build_federation(
+            ["digits"], 10, 0, profile=Profile(partition="dirichlet", dirichlet_alpha=alpha)
+        )
         return np.mean([np.unique(s.y).shape[0] for s in _train_sets(fed, "digits")])
 
     assert labels_held(0.05) < 4
@@ -139,11 +143,11 @@ def test_profile_partition_respects_eligibility():
 
 def test_profile_partition_refuses_what_flwr_datasets_cannot_express():
     with pytest.raises(ValueError, match="cannot express"):
-        build_federation(["digits"], 10, 0,
-                         profile=Profile(partition="iid", clusters=5))
+        build_federation(["digits"], 10, 0, profile=Profile(partition="iid", clusters=5))
     with pytest.raises(ValueError, match="cannot express"):
-        build_federation(["digits"], 10, 0,
-                         profile=Profile(partition="pathological", high_data_fraction=0.1))
+        build_federation(
+            ["digits"], 10, 0, profile=Profile(partition="pathological", high_data_fraction=0.1)
+        )
     with pytest.raises(ValueError, match="unknown partition"):
         build_federation(["digits"], 10, 0, profile=Profile(partition="shards"))
 
@@ -153,8 +157,13 @@ def test_profile_partition_refuses_what_flwr_datasets_cannot_express():
 
 def _register(partitioner, dataset=None):
     train, test = load_digits_data(0)
-    return register_task(NAME, model_fn=model_fn, dataset=dataset or (train, test),
-                         partitioner=partitioner, replace=True)
+    return register_task(
+        NAME,
+        model_fn=model_fn,
+        dataset=dataset or (train, test),
+        partitioner=partitioner,
+        replace=True,
+    )
 
 
 def test_user_partitioner_factory_gets_clients_and_a_derived_seed():
@@ -163,8 +172,9 @@ def test_user_partitioner_factory_gets_clients_and_a_derived_seed():
 
     def factory(num_partitions, seed):
         calls.append((num_partitions, seed))
-        return fds.DirichletPartitioner(num_partitions, "label", 0.3, min_partition_size=1,
-                                        seed=seed)
+        return fds.DirichletPartitioner(
+            num_partitions, "label", 0.3, min_partition_size=1, seed=seed
+        )
 
     _register(factory)
     train, test = load_digits_data(0)
@@ -181,8 +191,9 @@ def test_user_partitioner_factory_gets_clients_and_a_derived_seed():
     rows = np.concatenate([_rows(train, s) for s in sets])
     np.testing.assert_array_equal(np.sort(rows), np.arange(len(train)))
     for c in range(8):
-        np.testing.assert_array_equal(fed.client_data(c, NAME)[0].y,
-                                      fed_again.client_data(c, NAME)[0].y)
+        np.testing.assert_array_equal(
+            fed.client_data(c, NAME)[0].y, fed_again.client_data(c, NAME)[0].y
+        )
         assert len(fed.client_data(c, NAME)[1]) == 0  # no local test set
     np.testing.assert_array_equal(fed.server_test(NAME).y, test.y)
 
@@ -205,8 +216,10 @@ def test_user_natural_id_partitioner_with_a_column():
     fds = _fds()
     train, test = load_digits_data(0)
     writers = np.random.default_rng(0).integers(0, 30, len(train))
-    _register(lambda n, seed: fds.NaturalIdPartitioner("writer"),
-              dataset=lambda seed: (train, test, {"writer": writers}))
+    _register(
+        lambda n, seed: fds.NaturalIdPartitioner("writer"),
+        dataset=lambda seed: (train, test, {"writer": writers}),
+    )
     fed = build_federation([NAME], 6, 0)
     seen = set()
     for s in _train_sets(fed, NAME):
@@ -220,8 +233,9 @@ def test_user_natural_id_partitioner_with_a_column():
 
 def test_empty_partitions_make_clients_ineligible():
     fds = _fds()
-    _register(lambda n, seed: fds.PathologicalPartitioner(n, "label", 1, "deterministic",
-                                                           seed=seed))
+    _register(
+        lambda n, seed: fds.PathologicalPartitioner(n, "label", 1, "deterministic", seed=seed)
+    )
     fed = build_federation([NAME], 4, 0)
     assert fed.eligible[NAME].all()
     with pytest.raises(ValueError, match="fewer than"):
@@ -241,18 +255,31 @@ def test_register_refuses_bad_partitioners_and_datasets():
     with pytest.raises(ValueError, match="needs dataset"):
         register_task(NAME, model_fn, partitioner=fds.IidPartitioner(2))
     with pytest.raises(ValueError, match="not both"):
-        register_task(NAME, model_fn, data_fn=lambda n, s, c: None, dataset=(train, test),
-                      partitioner=fds.IidPartitioner(2))
+        register_task(
+            NAME,
+            model_fn,
+            data_fn=lambda n, s, c: None,
+            dataset=(train, test),
+            partitioner=fds.IidPartitioner(2),
+        )
     with pytest.raises(ValueError, match="needs partitioner"):
         register_task(NAME, model_fn, data_fn=lambda n, s, c: None, dataset=(train, test))
     with pytest.raises(TypeError, match="dataset must be"):
         register_task(NAME, model_fn, dataset=train, partitioner=fds.IidPartitioner(2))
     with pytest.raises(ValueError, match="one value per training example"):
-        register_task(NAME, model_fn, dataset=(train, test, {"w": np.zeros(3)}),
-                      partitioner=fds.IidPartitioner(2))
+        register_task(
+            NAME,
+            model_fn,
+            dataset=(train, test, {"w": np.zeros(3)}),
+            partitioner=fds.IidPartitioner(2),
+        )
     with pytest.raises(ValueError, match="'label'"):
-        register_task(NAME, model_fn, dataset=(train, test, {"label": train.y}),
-                      partitioner=fds.IidPartitioner(2))
+        register_task(
+            NAME,
+            model_fn,
+            dataset=(train, test, {"label": train.y}),
+            partitioner=fds.IidPartitioner(2),
+        )
     assert get_task(NAME) is None
     # a factory returning something else is caught when the federation is built
     register_task(NAME, model_fn, dataset=(train, test), partitioner=lambda n, s: "iid")
@@ -293,8 +320,9 @@ def test_user_partitioner_runs_through_the_runner():
 
     train, _ = load_digits_data(0)
     _register(factory)
-    s = Settings(tasks=f"{NAME},digits", num_clients=5, num_rounds=2, local_epochs=1,
-                 output_dir="", seed=7)
+    s = Settings(
+        tasks=f"{NAME},digits", num_clients=5, num_rounds=2, local_epochs=1, output_dir="", seed=7
+    )
     result = runner.run(s, engine="inprocess")
     rows = [h for h in result.history if h["task"] == NAME]
     assert [h["round"] for h in rows] == [0, 1, 2]

@@ -119,9 +119,9 @@ def test_dirichlet_skew_follows_alpha():
     ent_large = np.mean([_mean_entropy(labels, p) for p in large])
     assert ent_small < 0.35 * np.log(10)
     assert ent_large > 0.98 * np.log(10)
-    top_small = np.mean([
-        np.bincount(labels[ix], minlength=10).max() / ix.shape[0] for p in small for ix in p
-    ])
+    top_small = np.mean(
+        [np.bincount(labels[ix], minlength=10).max() / ix.shape[0] for p in small for ix in p]
+    )
     assert top_small > 0.6
     sizes = np.array([ix.shape[0] for p in large for ix in p])
     assert np.abs(sizes - 150).max() < 30  # 3000 / 20, within 20%
@@ -151,8 +151,9 @@ def test_dirichlet_min_size_and_giving_up():
         assert min(p.shape[0] for p in parts) >= 20
         _valid(parts, 400)
     with pytest.raises(RuntimeError, match="no Dirichlet"):
-        P.dirichlet_partition(_labels(100), 10, 0.01, np.random.default_rng(0), min_size=10,
-                              max_tries=3)
+        P.dirichlet_partition(
+            _labels(100), 10, 0.01, np.random.default_rng(0), min_size=10, max_tries=3
+        )
     with pytest.raises(ValueError, match="num_clients"):
         P.dirichlet_partition(_labels(5), 6, 1.0, np.random.default_rng(0), min_size=0)
 
@@ -252,8 +253,9 @@ def test_make_partitioner_copies_instances_and_checks_factories():
     inst = fds.IidPartitioner(4)
     made = P.make_partitioner(inst, 4, 0)
     assert made is not inst and not inst.is_dataset_assigned()
-    assert isinstance(P.make_partitioner(lambda n, s: fds.IidPartitioner(n), 3, 0),
-                      fds.IidPartitioner)
+    assert isinstance(
+        P.make_partitioner(lambda n, s: fds.IidPartitioner(n), 3, 0), fds.IidPartitioner
+    )
     with pytest.raises(TypeError, match="must return"):
         P.make_partitioner(lambda n, s: None, 3, 0)
     with pytest.raises(TypeError, match="partitioner must be"):
@@ -272,6 +274,7 @@ def test_importing_the_package_does_not_import_flwr_datasets():
         "bad = [m for m in ('flwr_datasets', 'datasets') if m in sys.modules]\n"
         "sys.exit(f'imported {bad}' if bad else 0)"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=False, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]

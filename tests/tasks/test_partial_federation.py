@@ -21,13 +21,15 @@ def _same(a, b) -> None:
 
 
 @pytest.mark.parametrize("profile", ["uniform", "paper003", "paper003-sizes"])
-@pytest.mark.parametrize("kinds", [["synthetic", "synthetic"], ["digits", "synthetic-b"],
-                                   ["synthetic-iid", "synthetic"]])
+@pytest.mark.parametrize(
+    "kinds", [["synthetic", "synthetic"], ["digits", "synthetic-b"], ["synthetic-iid", "synthetic"]]
+)
 def test_a_shard_builds_exactly_its_clients_data(kinds, profile):
     full = build_federation(kinds, 23, 4, profile=profile, max_synthetic_samples=60)
     ids = [2, 3, 4, 5, 17]
-    part = build_federation(kinds, 23, 4, profile=profile, max_synthetic_samples=60,
-                            clients=ids, server_tests=False)
+    part = build_federation(
+        kinds, 23, 4, profile=profile, max_synthetic_samples=60, clients=ids, server_tests=False
+    )
     assert part.hosted == frozenset(ids) and not part.has_server_tests
     np.testing.assert_array_equal(part.processors, full.processors)
     for task in full.tasks:
@@ -49,8 +51,7 @@ def test_a_shard_builds_exactly_its_clients_data(kinds, profile):
 def test_the_server_part_holds_the_test_sets_and_no_client_data(profile):
     kinds = ["synthetic", "digits", "synthetic-b"]
     full = build_federation(kinds, 15, 1, profile=profile, max_synthetic_samples=40)
-    server = build_federation(kinds, 15, 1, profile=profile, max_synthetic_samples=40,
-                              clients=())
+    server = build_federation(kinds, 15, 1, profile=profile, max_synthetic_samples=40, clients=())
     for task in full.tasks:
         _same(server.server_test(task), full.server_test(task))
         if full.kinds[task].startswith("synthetic"):
@@ -108,8 +109,10 @@ def test_a_shards_clients_are_packed_and_read_without_a_copy():
 
     fed = build_federation(["synthetic"], 12, 3, clients=range(2, 9), server_tests=False)
     task = fed.tasks[0]
-    trainers = [TorchTrainer(lambda: make_model("synthetic"), *fed.client_data(k, task), 4)
-                for k in range(2, 9)]
+    trainers = [
+        TorchTrainer(lambda: make_model("synthetic"), *fed.client_data(k, task), 4)
+        for k in range(2, 9)
+    ]
     data = [V.ClientData(*t.train_tensors()) for t in trainers]
     x_all, y_all, owner, offsets = V._concat(data)
     assert x_all.data_ptr() == data[0].x.data_ptr()  # a view: no copy
@@ -136,8 +139,9 @@ def test_the_clis_check_generates_no_synthetic_user(monkeypatch):
     calls = []
     real = F.synthetic_users
     monkeypatch.setattr(F, "synthetic_users", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
-    fed = build_federation(["synthetic", "digits"], 40, 0, profile="paper003", clients=(),
-                           server_tests=False)
+    fed = build_federation(
+        ["synthetic", "digits"], 40, 0, profile="paper003", clients=(), server_tests=False
+    )
     assert calls == [] or all(list(kw.get("ids", [None])) == [] for kw in calls)
     assert len(fed.data[fed.tasks[1]]) == 40  # the digits task is built as before
 
@@ -200,15 +204,18 @@ def test_with_a_shared_data_directory_shards_map_one_copy_of_their_data(tmp_path
     for k in range(0, 60):
         for a, b in zip(first.client_data(k, task), plain.client_data(k, task)):
             _same(a, b)
-    trainers = [TorchTrainer(lambda: make_model("synthetic"), *first.client_data(k, task), 4)
-                for k in range(0, 60)]
+    trainers = [
+        TorchTrainer(lambda: make_model("synthetic"), *first.client_data(k, task), 4)
+        for k in range(0, 60)
+    ]
     data = [V.ClientData(*t.train_tensors()) for t in trainers]
     x_all, *_ = V._concat(data)
     assert x_all.data_ptr() == data[0].x.data_ptr() == x_first.ctypes.data  # no copy
 
 
-def test_an_unusable_shared_data_directory_is_warned_about_and_changes_nothing(tmp_path,
-                                                                               monkeypatch):
+def test_an_unusable_shared_data_directory_is_warned_about_and_changes_nothing(
+    tmp_path, monkeypatch
+):
     """A directory that cannot be written: one warning, the data built as without
     it. A file of the right name whose content differs is not read as the data."""
     from mmfl_flwr.tasks import federation as F

@@ -70,11 +70,14 @@ def test_dirichlet_covers_every_index_once(alpha):
 def test_dirichlet_small_alpha_is_more_skewed():
     labels = _labels()
     ent = {
-        alpha: np.mean([
-            _mean_label_entropy(labels, dirichlet_partition(labels, 20, alpha,
-                                                            np.random.default_rng(s)))
-            for s in range(3)
-        ])
+        alpha: np.mean(
+            [
+                _mean_label_entropy(
+                    labels, dirichlet_partition(labels, 20, alpha, np.random.default_rng(s))
+                )
+                for s in range(3)
+            ]
+        )
         for alpha in (0.05, 1.0, 100.0)
     }
     assert ent[0.05] < ent[1.0] < ent[100.0]
@@ -100,8 +103,9 @@ def test_dirichlet_impossible_min_size():
     with pytest.raises(ValueError, match="cannot give"):
         dirichlet_partition(_labels(50), 10, 1.0, np.random.default_rng(0), min_size=6)
     with pytest.raises(RuntimeError, match="no Dirichlet"):
-        dirichlet_partition(_labels(100), 10, 0.01, np.random.default_rng(0), min_size=10,
-                            max_tries=3)
+        dirichlet_partition(
+            _labels(100), 10, 0.01, np.random.default_rng(0), min_size=10, max_tries=3
+        )
     with pytest.raises(ValueError, match="alpha"):
         dirichlet_partition(_labels(), 3, 0.0, np.random.default_rng(0))
 

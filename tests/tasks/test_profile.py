@@ -76,8 +76,11 @@ def test_partial_eligibility(feds):
         fed = build_federation(["synthetic"] * 3, n_clients, 1, profile="paper003")
         el = eligibility(fed)
         assert int((el.sum(axis=0) == 2).sum()) == round(0.1 * n_clients)
-    dropped = [int(np.flatnonzero(~eligibility(f)[:, c])[0])
-               for f, _ in feds.values() for c in np.flatnonzero(eligibility(f).sum(0) < 3)]
+    dropped = [
+        int(np.flatnonzero(~eligibility(f)[:, c])[0])
+        for f, _ in feds.values()
+        for c in np.flatnonzero(eligibility(f).sum(0) < 3)
+    ]
     assert len(set(dropped)) == 3
 
 
@@ -85,8 +88,9 @@ def test_processors_distribution_exact_with_five_tasks():
     # With S = 5, |S_i| is 5 or 4, and |S_i|, ceil(|S_i|/2), 1 are all distinct
     # (5, 3, 1 and 4, 2, 1), so each client's category is identifiable.
     for seed in (0, 3):
-        fed = build_federation(["synthetic", "digits", "synthetic", "synthetic", "digits"],
-                               N, seed, profile="paper003")
+        fed = build_federation(
+            ["synthetic", "digits", "synthetic", "synthetic", "digits"], N, seed, profile="paper003"
+        )
         sizes = eligibility(fed).sum(axis=0)
         b = np.asarray(fed.processors)
         full = b == sizes
@@ -150,8 +154,11 @@ def test_high_data_synthetic_per_user(feds):
 def test_high_data_sets_drawn_independently_per_task(feds):
     overlaps, identical = [], 0
     for seed, (fed, uni) in feds.items():
-        sets = [high_digits(fed, "digits"), high_synthetic(fed, uni, "synthetic"),
-                high_digits(fed, "digits_2")]
+        sets = [
+            high_digits(fed, "digits"),
+            high_synthetic(fed, uni, "synthetic"),
+            high_digits(fed, "digits_2"),
+        ]
         for a in range(3):
             for b in range(a + 1, 3):
                 overlaps.append(int((sets[a] & sets[b]).sum()))
@@ -204,10 +211,16 @@ def fingerprint(fed: Federation) -> str:
 
 # Computed with the package at commit 8078577 (before profiles existed).
 UNIFORM_FINGERPRINTS = {
-    (("digits", "synthetic", "digits"), 20, 0):
-        "d4409b2cdb503dd7534c832155fb0a3a4156f6895f53189d2a115074a648d02e",
-    (("synthetic", "digits"), 37, 5):
-        "220929a342050b0af28ade8eb60512f3237bd72116f0724781e2922198ce53e4",
+    (
+        ("digits", "synthetic", "digits"),
+        20,
+        0,
+    ): "d4409b2cdb503dd7534c832155fb0a3a4156f6895f53189d2a115074a648d02e",
+    (
+        ("synthetic", "digits"),
+        37,
+        5,
+    ): "220929a342050b0af28ade8eb60512f3237bd72116f0724781e2922198ce53e4",
 }
 
 
@@ -252,6 +265,7 @@ def test_paper003_sizes_draws_the_image_pools_down_to_the_papers_sizes():
             # by hand: 12 x (number of low-data holders + 10 x number of high-data ones)
             assert n.sum() == 12 * (int((el & ~high).sum()) + 10 * int(high.sum()))
             assert n.sum() < counts(base, task).sum() == 1437
+
             # drawn without replacement: no image is held more often than the whole
             # pool (paper003 shares it out exactly once) has it
             def held(fed):
@@ -260,6 +274,7 @@ def test_paper003_sizes_draws_the_image_pools_down_to_the_papers_sizes():
                     for row in fed.data[task][i][0].x:
                         out[row.tobytes()] = out.get(row.tobytes(), 0) + 1
                 return out
+
             pool = held(base)
             assert all(c <= pool.get(r, 0) for r, c in held(sized).items())
             # (how the drawn pool falls to the clients is not checked on this small
@@ -268,8 +283,9 @@ def test_paper003_sizes_draws_the_image_pools_down_to_the_papers_sizes():
             # 5-10x a low-data one; the sizes are checked on the Table 1 federation)
     # a pool smaller than the paper's sizes need (120 clients: about 2,700 > 1,437) is
     # shared out whole, exactly as paper003 does it
-    assert fingerprint(build_federation(KINDS3, N, 3, profile="paper003-sizes")) == \
-        fingerprint(build_federation(KINDS3, N, 3, profile="paper003"))
+    assert fingerprint(build_federation(KINDS3, N, 3, profile="paper003-sizes")) == fingerprint(
+        build_federation(KINDS3, N, 3, profile="paper003")
+    )
     # the Table 1 federation on mnist-5k (120 clients, 4,000 training images a model):
     # the 90% of a model's holders with the least data about 12, the other 10% about 120
     for seed in (0, 1, 2):
@@ -278,8 +294,12 @@ def test_paper003_sizes_draws_the_image_pools_down_to_the_papers_sizes():
             el = fed.eligible[task]
             n = np.sort(counts(fed, task)[el])
             cut = int(round(0.9 * n.size))
-            assert 11 <= np.median(n[:cut]) <= 14 and 100 <= np.median(n[cut:]) <= 140, \
-                (seed, task, np.median(n[:cut]), np.median(n[cut:]))
+            assert 11 <= np.median(n[:cut]) <= 14 and 100 <= np.median(n[cut:]) <= 140, (
+                seed,
+                task,
+                np.median(n[:cut]),
+                np.median(n[cut:]),
+            )
     assert PROFILES["paper003-sizes"].low_data_samples == 12
     assert PROFILES["paper003"].low_data_samples == 0
     Settings(profile="paper003-sizes").validate()
@@ -333,15 +353,20 @@ def test_cluster_sizes_draw_at_random_and_shards_get_the_same_data():
         assert np.array_equal(base.server_tests[t].x, sized.server_tests[t].x)
         for i in range(30):
             tr, kept = base.data[t][i][0], sized.data[t][i][0]
-            prefixes += np.array_equal(tr.x[:len(kept)], kept.x)
+            prefixes += np.array_equal(tr.x[: len(kept)], kept.x)
     assert prefixes == 0
-    part = build_federation(["mnist-5k"] * 2, 30, 4, profile="clusters-consistent-sizes",
-                            clients=[3, 17])
+    part = build_federation(
+        ["mnist-5k"] * 2, 30, 4, profile="clusters-consistent-sizes", clients=[3, 17]
+    )
     for t in sized.tasks:
         for i in (3, 17):
             assert np.array_equal(part.data[t][i][0].x, sized.data[t][i][0].x)
             assert np.array_equal(part.data[t][i][0].y, sized.data[t][i][0].y)
     for bad in ((40, 30), (0, 10), (-1, 5)):
         with pytest.raises(ValueError, match="client_samples"):
-            build_federation(["digits"], 10, 0, profile=replace(
-                PROFILES["clusters-consistent"], client_samples=bad))
+            build_federation(
+                ["digits"],
+                10,
+                0,
+                profile=replace(PROFILES["clusters-consistent"], client_samples=bad),
+            )

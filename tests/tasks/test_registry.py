@@ -23,8 +23,9 @@ def data_with(per_client: int):
         rng = np.random.default_rng(seed)
 
         def ds(n):
-            return Dataset(rng.normal(size=(n, 3)).astype(np.float32),
-                           rng.integers(0, 2, n).astype(np.int64))
+            return Dataset(
+                rng.normal(size=(n, 3)).astype(np.float32), rng.integers(0, 2, n).astype(np.int64)
+            )
 
         return [(ds(per_client), ds(2)) for _ in range(num_clients)], ds(5)
 
@@ -49,8 +50,13 @@ def _settings() -> Settings:
 
 
 def _ctx(pid: int) -> Context:
-    return Context(run_id=1, node_id=pid + 1, node_config={"partition-id": pid},
-                   state=RecordDict(), run_config={})
+    return Context(
+        run_id=1,
+        node_id=pid + 1,
+        node_config={"partition-id": pid},
+        state=RecordDict(),
+        run_config={},
+    )
 
 
 def test_register_get_and_refuse_clashes():

@@ -79,20 +79,24 @@ def _fresh_split(monkeypatch, tmp_path, seed, fraction, cache="cache"):
 
 @pytest.mark.parametrize("seed,fraction", [(0, 0.2), (7, 0.2), (3, 0.35)])
 def test_digits_split_is_train_test_splits_and_the_cache_gives_it_back(
-        monkeypatch, tmp_path, seed, fraction) -> None:
+    monkeypatch, tmp_path, seed, fraction
+) -> None:
     from sklearn.model_selection import train_test_split
 
     from mmfl_flwr.tasks import data as D
 
     _, y = D._raw_digits()
-    want = train_test_split(np.arange(y.shape[0]), test_size=fraction, random_state=seed,
-                            stratify=y, shuffle=True)
+    want = train_test_split(
+        np.arange(y.shape[0]), test_size=fraction, random_state=seed, stratify=y, shuffle=True
+    )
     first = _fresh_split(monkeypatch, tmp_path, seed, fraction)
     assert [np.array_equal(a, b) for a, b in zip(first, want)] == [True, True]
     assert len(list((tmp_path / "cache").glob("digits-split-*.npz"))) == 1
+
     # read back from the file: scikit-learn's split is not computed again
     def no_sklearn(*a):
         raise AssertionError("recomputed")
+
     monkeypatch.setattr(D, "_sklearn_split", no_sklearn)
     again = _fresh_split(monkeypatch, tmp_path, seed, fraction)
     assert [np.array_equal(a, b) for a, b in zip(again, want)] == [True, True]
@@ -124,13 +128,22 @@ def test_an_empty_cache_dir_setting_writes_nothing(monkeypatch, tmp_path) -> Non
 
 
 def test_loading_digits_with_a_warm_cache_does_not_import_scikit_learn(tmp_path) -> None:
-    code = ("import sys; from mmfl_flwr.tasks.data import load_digits_data; "
-            "load_digits_data(0); print('sklearn' in sys.modules)")
+    code = (
+        "import sys; from mmfl_flwr.tasks.data import load_digits_data; "
+        "load_digits_data(0); print('sklearn' in sys.modules)"
+    )
     root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "MMFL_CACHE_DIR": str(tmp_path)}
-    runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                           text=True, check=True).stdout.strip() for _ in range(2)]
+    env = {
+        **os.environ,
+        "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "MMFL_CACHE_DIR": str(tmp_path),
+    }
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        for _ in range(2)
+    ]
     assert runs == ["True", "False"]  # the first computes the split, the second reads it
 
 
@@ -246,6 +259,7 @@ def test_federation_label_skew_and_full_use(fed) -> None:
         xs = np.concatenate([fed.client_data(c, t)[0].x for c in range(fed.num_clients)])
         yall = np.concatenate(ys)
         assert len(yall) == len(train)
+
         def rows(x: np.ndarray, y: np.ndarray) -> list[bytes]:
             flat = np.concatenate([x.reshape(len(x), -1).astype(np.float64), y[:, None]], 1)
             return sorted(map(bytes, flat))
@@ -329,8 +343,9 @@ def test_build_is_fast() -> None:
 
 @pytest.mark.parametrize("iid", [False, True])
 @pytest.mark.parametrize("max_samples", [None, 20])
-def test_packed_synthetic_users_are_the_users_one_after_another(iid, max_samples,
-                                                               monkeypatch) -> None:
+def test_packed_synthetic_users_are_the_users_one_after_another(
+    iid, max_samples, monkeypatch
+) -> None:
     """A shard node generates its users straight into the packed arrays: the same
     values as synthetic_users gives them, train rows and test rows each in order."""
     from mmfl_flwr.tasks.data import packed_synthetic_users
@@ -345,8 +360,9 @@ def test_packed_synthetic_users_are_the_users_one_after_another(iid, max_samples
         np.testing.assert_array_equal(ends, np.cumsum([len(u[side]) for u in users]))
     with monkeypatch.context() as m:  # no array left unwritten: fresh arrays hold 7s
         m.setattr(np, "empty", lambda shape, dtype=float, **kw: np.ones(shape, dtype) * 7)
-        got = packed_synthetic_users(1.0, 1.0, 10, iter(ids), seed=5, iid=iid,
-                                     max_samples=max_samples)  # any iterable
+        got = packed_synthetic_users(
+            1.0, 1.0, 10, iter(ids), seed=5, iid=iid, max_samples=max_samples
+        )  # any iterable
     for side in (0, 1):
         for a, b in zip(got[side], packed[side]):
             np.testing.assert_array_equal(a, b)

@@ -29,7 +29,9 @@ app = ServerApp()
 
 def evaluate(server_round: int, task: str, arrays: ArrayRecord) -> MetricRecord:
     """Central evaluation of one model on its held-out data."""
-    loss, acc = evaluate_arrays(lambda: make_model(task), arrays_to_numpy(arrays), server_test(task))
+    loss, acc = evaluate_arrays(
+        lambda: make_model(task), arrays_to_numpy(arrays), server_test(task)
+    )
     return MetricRecord({"loss": loss, "accuracy": acc})
 
 

@@ -22,9 +22,7 @@ def make_model(task: str) -> torch.nn.Module:
     if task == "iris":
         return torch.nn.Linear(4, 3)
     if task == "wine":
-        return torch.nn.Sequential(
-            torch.nn.Linear(13, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)
-        )
+        return torch.nn.Sequential(torch.nn.Linear(13, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
     raise KeyError(task)
 
 

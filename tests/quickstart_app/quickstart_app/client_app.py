@@ -11,9 +11,12 @@ from quickstart_app.task import TASKS, Net, load_data, test, train
 
 def tasks(context: Context) -> dict[str, FunctionTrainer]:
     pid = int(context.node_config["partition-id"])
-    return {name: FunctionTrainer(lambda d=dims, c=classes: Net(d, c), train, test,
-                                  *load_data(name, pid))
-            for name, (dims, classes) in TASKS.items()}
+    return {
+        name: FunctionTrainer(
+            lambda d=dims, c=classes: Net(d, c), train, test, *load_data(name, pid)
+        )
+        for name, (dims, classes) in TASKS.items()
+    }
 
 
 app = client_app_from_functions(tasks)

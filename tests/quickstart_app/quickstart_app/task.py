@@ -41,8 +41,9 @@ def load_data(task: str, partition_id: int) -> tuple[DataLoader, DataLoader]:
     return DataLoader(train, batch_size=16, shuffle=True, generator=g), DataLoader(test, 60)
 
 
-def train(net: nn.Module, trainloader: DataLoader, epochs: int, lr: float,
-          device: torch.device) -> float:
+def train(
+    net: nn.Module, trainloader: DataLoader, epochs: int, lr: float, device: torch.device
+) -> float:
     """Plain SGD; the mean training loss."""
     opt = torch.optim.SGD(net.parameters(), lr=lr)
     criterion = nn.CrossEntropyLoss()

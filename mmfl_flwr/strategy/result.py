@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from flwr.app import ArrayRecord, MetricRecord
 
 #: Server-side evaluation: ``(server_round, task, arrays) -> metrics or None``.
-EvaluateFn = Callable[[int, str, ArrayRecord], "MetricRecord | Mapping[str, float] | None"]
+EvaluateFn = Callable[[int, str, ArrayRecord], MetricRecord | Mapping[str, float] | None]
 #: Called after every round with that round's history rows.
 RoundCallback = Callable[[int, list[dict[str, Any]]], None]
 

@@ -114,8 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         rows[e] = {"idle": i, "contended": b, "ratio": b / i}
         print(f"{e:<12}{i:>9.3f}{b:>11.3f}{b / i:>8.2f}")
     print(
-        f"\nthe machine's floor: one thread's seconds, median of 3, idle and beside the "
-        "same process"
+        "\nthe machine's floor: one thread's seconds, median of 3, idle and beside the same process"
     )
     floors = {}
     for name in FLOORS:

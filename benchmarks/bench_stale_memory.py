@@ -26,7 +26,6 @@ import time
 
 import numpy as np
 
-
 from mmfl_flwr.core.stale import StaleStore
 
 

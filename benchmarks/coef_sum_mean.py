@@ -14,7 +14,6 @@ same expectation on fixed tables by Monte Carlo.
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import sys

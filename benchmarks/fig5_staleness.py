@@ -25,7 +25,6 @@ import sys
 import time
 from typing import Any
 
-
 from _evidence import Parser, at_least_one, int_list, mean_sd, run_jobs, write_outputs
 
 GROUPS = ((0.5, 0.04), (0.5, 0.16))
@@ -67,8 +66,8 @@ def _one(args: tuple[str, int, dict[str, Any]]) -> dict[str, Any]:
         batch_size=base["batch_size"],
     )
     t0 = time.monotonic()
-    import io
     import contextlib
+    import io
 
     with contextlib.redirect_stdout(io.StringIO()):
         result = run_inprocess(s, method_strategy(method, seed, base))

@@ -38,7 +38,6 @@ import sys
 from typing import Any
 
 from _evidence import Parser, command, int_list, machine, mean_ci, paired_ci, write_outputs
-
 from hostile_clients import DEFENCES, HOSTILE, _field_attack, field_settings
 
 

@@ -25,7 +25,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
 import _evidence as E
 import paper001_group as P
 

@@ -42,7 +42,6 @@ import statistics
 import sys
 from typing import Any
 
-
 from _evidence import Parser, int_list, write_outputs
 
 HOSTILE = "3"
@@ -298,6 +297,7 @@ def field(a: argparse.Namespace) -> int:
     from pathlib import Path
 
     from _evidence import mean_ci, paired_ci
+
     from mmfl_flwr.presets import takes_aggregator
 
     seeds = a.seed_list

@@ -13,7 +13,6 @@ gives the same shares as Table 1's five.
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import sys

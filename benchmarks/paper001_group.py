@@ -45,7 +45,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-
 import _evidence as E
 from group_compare import METHODS, SCENARIOS, random_allocation
 

@@ -45,7 +45,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-
 import _evidence as E
 
 NAME = "paper002_gain"

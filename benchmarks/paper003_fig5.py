@@ -16,7 +16,6 @@ Outputs: paper003_fig5.{csv,png,md}, paper003_fig5_final.png.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import os
@@ -24,7 +23,6 @@ import statistics
 import sys
 import time
 from typing import Any
-
 
 import _evidence as E
 import fig5_staleness as F5  # GROUPS and method_strategy

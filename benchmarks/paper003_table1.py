@@ -23,14 +23,12 @@ holds the three sections.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import statistics
 import sys
 import time
 from typing import Any
-
 
 import _evidence as E
 
@@ -371,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     # ---------------------------------------------------------------- Table 1
-    lengths = [L for L in sc["lengths"] if L <= sc["num_rounds"]]
+    lengths = [L for L in sc["lengths"] if sc["num_rounds"] >= L]
     primary = lengths[0]
     rows_all = rows
     rows = [r for r in rows_all if int(r["round"]) <= primary]

@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-
 import _evidence as E
 from ucb_compare import DATASETS, POLICIES
 

@@ -30,16 +30,14 @@ all sampled pairs of the run, how far the ``beta`` applied was from the optimum 
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 from collections import defaultdict
 from typing import Any
 
-import numpy as np
-
 import _evidence as E
+import numpy as np
 
 
 def norm(arrays: list[np.ndarray]) -> float:
@@ -54,11 +52,11 @@ def run(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Pair]]:
     """One StaleVRE run: (history rows, per (round, model) records, per sampled pair
     with a stored h: (k, beta applied, beta*, whether it had uploaded only once))."""
+    import paper003_table1 as T
+
     from mmfl_flwr.config import Settings
     from mmfl_flwr.core.stalevr import StaleVREAggregator, optimal_stale_beta
     from mmfl_flwr.runner import run as run_settings
-
-    import paper003_table1 as T
 
     sc = dict(T.SCALES["full"], num_rounds=num_rounds)
     kw = {**T.settings_for("stalevre", sc, "digits,digits,digits"), "stalevre_b0": b0}

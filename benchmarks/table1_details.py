@@ -18,12 +18,10 @@ CSV that ``paper003_table1.py`` wrote (nothing runs):
 
 from __future__ import annotations
 
-import argparse
 import csv
 import statistics
 import sys
 from collections import defaultdict
-from pathlib import Path
 
 import _evidence as E
 

@@ -26,7 +26,6 @@ import sys
 import time
 from typing import Any
 
-
 from _evidence import Parser, at_least_one, int_list, mean_sd, run_jobs, write_outputs
 
 DATASETS = {

@@ -298,9 +298,7 @@ def check_ray_options(args: argparse.Namespace, settings: Settings | None = None
         if getattr(args, "sequential", False):
             raise ValueError(f"{_flag(name)} does not apply to --sequential yet")
     if args.engine == "simulation" and (given or environ.get("RAY_ADDRESS", "").strip()):
-        from mmfl_flwr.flower_app.launch import plan_ray
-
-        from mmfl_flwr.flower_app.launch import resolve_clients_per_node
+        from mmfl_flwr.flower_app.launch import plan_ray, resolve_clients_per_node
 
         plan = plan_ray(
             given.get("num_gpus_per_client", 0.0),

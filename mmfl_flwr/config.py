@@ -509,7 +509,7 @@ class Settings:
             )
         if (
             self.dp.endswith("adaptive")
-            and 0 < self.dp_noise_multiplier
+            and self.dp_noise_multiplier > 0
             and self.dp_sampled_clients <= 10 * self.dp_noise_multiplier
         ):
             raise ValueError(
@@ -541,8 +541,7 @@ class Settings:
         builds the policy and aggregator objects (no strategy, no data), so an
         aggregator that does not fit the policy, a value a constructor refuses or
         a setting the strategy would silently drop is a ValueError here."""
-        from mmfl_flwr.core.card import card
-        from mmfl_flwr.core.card import check_unused_settings
+        from mmfl_flwr.core.card import card, check_unused_settings
 
         algorithm = card(self.strategy)
         values = dataclasses.asdict(self)

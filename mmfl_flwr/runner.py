@@ -99,12 +99,11 @@ def run_vectorized(
     import torch
 
     from mmfl_flwr.client.app import make_client_app
+    from mmfl_flwr.client.threads import cpu_budget, parse_threads
     from mmfl_flwr.flower_app.client_app import node_spec_fn
     from mmfl_flwr.flower_app.data import federation_for
     from mmfl_flwr.flower_app.server_app import server_main
     from mmfl_flwr.grid import InProcessGrid
-
-    from mmfl_flwr.client.threads import cpu_budget, parse_threads
 
     # every core this process may use, at most OMP_NUM_THREADS where it is set
     # (--threads auto takes the free ones of them on shard nodes), or the fixed

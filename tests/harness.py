@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from conftest import LogTap, Recorder, StepTrainer
 from flwr.app import ArrayRecord, Context
 
-from conftest import LogTap, Recorder, StepTrainer
 from mmfl_flwr.client.app import ClientSpec, make_client_app
 from mmfl_flwr.grid import InProcessGrid
 from mmfl_flwr.records import numpy_to_arrays

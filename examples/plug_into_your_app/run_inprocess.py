@@ -11,10 +11,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from flwr.app import Context, RecordDict  # noqa: E402
-
-from mmfl_flwr import InProcessGrid  # noqa: E402
 from your_app.client_app import app as client_app  # noqa: E402
 from your_app.server_app import app as server_app  # noqa: E402
+
+from mmfl_flwr import InProcessGrid  # noqa: E402
 
 if __name__ == "__main__":
     n = 6

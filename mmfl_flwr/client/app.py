@@ -8,11 +8,11 @@ This module is framework-agnostic: a *trainer* is any object with the methods of
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
-import weakref
 from uuid import uuid4
 
 import numpy as np
@@ -23,9 +23,9 @@ from mmfl_flwr import protocol as P
 from mmfl_flwr.client.contract import (
     LocalTrainer,
     Weights,
+    clip_for_config,
     put_evaluation,
     put_loss,
-    clip_for_config,
     put_train_reply,
     takes_correction,
     tasks_in,

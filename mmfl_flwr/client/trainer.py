@@ -135,7 +135,7 @@ def _whole_rows(a: np.ndarray) -> tuple[torch.Tensor, int]:
             if row
             else (0, 1)
         )
-        if rest == 0 and 0 <= first and first + a.shape[0] <= base.shape[0]:
+        if rest == 0 and first >= 0 and first + a.shape[0] <= base.shape[0]:
             whole = _BASE_TENSORS.get(id(base))
             if whole is None or whole.data_ptr() != base.__array_interface__["data"][0]:
                 whole = torch.from_numpy(base)
@@ -157,7 +157,7 @@ class _Rows:
         self.x, self.y, self.xs, self.ys, self.n = x, y, xs, ys, n
 
     @classmethod
-    def of(cls, dataset: Dataset, dtype: torch.dtype, device: torch.device) -> "_Rows":
+    def of(cls, dataset: Dataset, dtype: torch.dtype, device: torch.device) -> _Rows:
         """The rows of ``dataset`` (inputs in ``dtype``, labels int64) on ``device``:
         of the tensor over its packed array where no conversion is needed (CPU,
         float32 inputs); otherwise a converted copy of its own rows only."""
@@ -240,7 +240,7 @@ def evaluate_arrays(
 
 #: model_fn -> (its floating dtype, its trainable keys); a node hosting many
 #: clients shares one model_fn per task, and builds its model once here
-_PROBES: "weakref.WeakKeyDictionary[Callable[[], nn.Module], tuple[torch.dtype, list[str]]]" = (
+_PROBES: weakref.WeakKeyDictionary[Callable[[], nn.Module], tuple[torch.dtype, list[str]]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -248,7 +248,7 @@ _PROBES: "weakref.WeakKeyDictionary[Callable[[], nn.Module], tuple[torch.dtype, 
 #: call loads a whole state_dict into it, so one network per thread serves them all
 #: (one per (client, task) held 348 copies of a 6.6 MB CNN and their gradients in a
 #: 120-client in-process run)
-_NETS: "weakref.WeakKeyDictionary[Callable[[], nn.Module], dict[tuple[str, int], nn.Module]]" = (
+_NETS: weakref.WeakKeyDictionary[Callable[[], nn.Module], dict[tuple[str, int], nn.Module]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -378,7 +378,7 @@ class TorchTrainer:
         data when the test set is empty (shared tensors: do not modify)."""
         return self._eval_rows().tensors()
 
-    def _eval_rows(self) -> "_Rows":
+    def _eval_rows(self) -> _Rows:
         return self._test if self.num_test > 0 else self._train
 
     def train(

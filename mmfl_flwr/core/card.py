@@ -31,9 +31,9 @@ import importlib
 import inspect
 import math
 import pkgutil
-from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mmfl_flwr.core.aggregators import (

@@ -251,7 +251,7 @@ def resolve_budget(budget: float | None, budget_fraction: float, total_processor
 def check_budget(budget: float | None, budget_fraction: float) -> None:
     if budget is not None and not (math.isfinite(budget) and budget > 0):
         raise ValueError(f"budget must be a positive number, got {budget!r}")
-    if not (math.isfinite(budget_fraction) and 0 < budget_fraction):
+    if not (math.isfinite(budget_fraction) and budget_fraction > 0):
         raise ValueError(f"budget_fraction must be a positive number, got {budget_fraction!r}")
 
 

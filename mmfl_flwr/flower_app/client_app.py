@@ -58,7 +58,7 @@ def parse_clients(raw: object, num_clients: int) -> list[int]:
             lo, hi = int(first), int(last if dash else first)
             if hi < lo:
                 raise ValueError
-            if not (0 <= lo and hi < num_clients):
+            if not (lo >= 0 and hi < num_clients):
                 raise IndexError(hi if lo >= 0 else lo)
             ids.extend(range(lo, hi + 1))
     except ValueError:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from typing import Any, Iterable
+from collections.abc import Iterable
 from logging import WARNING
+from typing import Any
 
 from flwr.common.logger import log
 
@@ -20,7 +21,6 @@ from mmfl_flwr.core.card import presets_taking
 from mmfl_flwr.core.policy import MIN_UPLOADS_PER_MODEL
 from mmfl_flwr.tasks.federation import Federation, build_federation
 from mmfl_flwr.tasks.registry import get_task
-
 
 #: settings key -> {part: federation}; part None is the whole federation, else
 #: (the clients whose data is built, whether the server test sets are)

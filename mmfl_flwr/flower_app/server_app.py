@@ -26,8 +26,8 @@ from flwr.serverapp import Grid, ServerApp
 
 from mmfl_flwr.checkpoint import CHECKPOINT_FILE, checkpoint_file
 from mmfl_flwr.config import Settings
-from mmfl_flwr.core.scaffold import ScaffoldAggregator
 from mmfl_flwr.core.card import card, check_unused_settings
+from mmfl_flwr.core.scaffold import ScaffoldAggregator
 from mmfl_flwr.flower_app.data import effective_settings, resolved_budget, warn_if_few_uploads
 from mmfl_flwr.presets import build
 from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays

@@ -25,8 +25,8 @@ from mmfl_flwr.strategy.validation import (
     bound_fresh_influence,
     bound_influence,
     bound_update_norms,
-    check_directions,
     cap_train_losses,
+    check_directions,
     collect_updates,
     l2_norm,
 )

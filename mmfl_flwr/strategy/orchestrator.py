@@ -27,12 +27,12 @@ from mmfl_flwr.core.aggregators import Aggregator, FedAvgAggregator
 from mmfl_flwr.core.pairing import check_pairing
 from mmfl_flwr.core.policy import Policy
 from mmfl_flwr.core.random_allocation import RandomAllocation
-from mmfl_flwr.strategy import aggregate, evaluate, persist, registration, train, validation
 from mmfl_flwr.records import numpy_to_arrays
+from mmfl_flwr.strategy import aggregate, evaluate, persist, registration, train, validation
 from mmfl_flwr.strategy.loss_query import accepted_losses, install_losses, loss_query_messages
-from mmfl_flwr.strategy.timing import PHASE_OBSERVERS, report, round_trip, timed
 from mmfl_flwr.strategy.result import EvaluateFn, MultiModelResult, RoundCallback
 from mmfl_flwr.strategy.state import HookError, RoundPlan, RunState
+from mmfl_flwr.strategy.timing import PHASE_OBSERVERS, report, round_trip, timed
 from mmfl_flwr.strategy.validation import (
     DIRECTION_FACTOR,
     REVERSED_INFLUENCE_FACTOR,

@@ -14,7 +14,6 @@ from flwr.common.logger import log
 
 from mmfl_flwr import protocol as P
 
-
 _NO_HANDLER = re.compile(r"No (\w+) function registered with name '(\w+)'")
 
 

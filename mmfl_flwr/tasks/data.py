@@ -12,9 +12,10 @@ Two sources are provided:
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -55,7 +56,7 @@ class Dataset:
     def __len__(self) -> int:
         return int(self.y.shape[0])
 
-    def subset(self, indices: np.ndarray) -> "Dataset":
+    def subset(self, indices: np.ndarray) -> Dataset:
         """Return the examples at ``indices`` (a copy).
 
         Parameters

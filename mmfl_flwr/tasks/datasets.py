@@ -31,10 +31,10 @@ import gzip
 import json
 import os
 import pickle
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -104,7 +104,7 @@ class TokenDataset(Dataset):
         if self.x.shape[0] != self.y.shape[0]:
             raise ValueError(f"x has {self.x.shape[0]} examples but y has {self.y.shape[0]}")
 
-    def subset(self, indices: np.ndarray) -> "TokenDataset":
+    def subset(self, indices: np.ndarray) -> TokenDataset:
         """Return the examples at ``indices`` (a copy), still a :class:`TokenDataset`."""
         idx = np.asarray(indices, dtype=np.int64)
         return TokenDataset(self.x[idx], self.y[idx])

@@ -12,9 +12,9 @@ import operator
 import os
 import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, overload
+from typing import Any, overload
 
 import numpy as np
 
@@ -717,7 +717,7 @@ class PackedUsers(Sequence[tuple[Dataset, Dataset]]):
         held: list[int],
         users: list[tuple[Dataset, Dataset]],
         empty: tuple[Dataset, Dataset],
-    ) -> "PackedUsers":
+    ) -> PackedUsers:
         """The ``held`` users' datasets (``users``, in that order) packed."""
         packed = []
         for side in (0, 1):  # train, test

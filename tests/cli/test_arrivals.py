@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import Recorder, StepTrainer
 from flwr.app import Context, MessageType
 
 from mmfl_flwr import protocol as P
@@ -34,8 +35,6 @@ from mmfl_flwr.grid import InProcessGrid
 from mmfl_flwr.presets import group_sampling, mfa_rand
 from mmfl_flwr.records import numpy_to_arrays
 from mmfl_flwr.strategy import MultiModelStrategy
-
-from conftest import Recorder, StepTrainer
 
 
 # ------------------------------------------------------------------ settings

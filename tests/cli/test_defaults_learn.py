@@ -18,9 +18,9 @@ import pytest
 
 from mmfl_flwr.config import MIN_UPLOADS_PER_MODEL, Settings, options
 from mmfl_flwr.core.random_allocation import RandomAllocation
-from mmfl_flwr.flower_app.server_app import strategy_from_settings
 from mmfl_flwr.core.ucb import default_ucb_clients
 from mmfl_flwr.flower_app.data import budget_warning, upload_budget, warn_if_few_uploads
+from mmfl_flwr.flower_app.server_app import strategy_from_settings
 from mmfl_flwr.presets import UCB_PRESETS, pareto_ucb, presets_taking, ranklist_ucb
 
 BUDGETED = presets_taking("budget_fraction")
@@ -247,8 +247,8 @@ def test_the_default_budget_is_auto_and_gives_enough_uploads(flwr_log):
     5 expected uploads per model: 20 clients with one processor each (V = 20)
     and 3 models need m = 15, so 0.75; no warning; the strategy built from the
     settings samples with that fraction."""
-    from mmfl_flwr.flower_app.server_app import strategy_from_settings
     from mmfl_flwr.flower_app.data import auto_budget_fraction, resolved_budget
+    from mmfl_flwr.flower_app.server_app import strategy_from_settings
 
     s = Settings(strategy="lvr")
     assert s.budget_fraction == 0

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from data_files import write_cifar_batch, write_idx, write_leaf_json
 
 from mmfl_flwr.cli import main as cli_main
 from mmfl_flwr.config import Settings
 from mmfl_flwr.runner import run
 from mmfl_flwr.tasks.datasets import PAPER002_ATTRIBUTES
-from data_files import write_cifar_batch, write_idx, write_leaf_json
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").glob("*.toml"))

@@ -227,7 +227,7 @@ class TestRotation:
     def test_every_model_group_pair_once_per_cycle(self, planted):
         pol, table, _ = policy_with_groups(planted, TASKS3)
         L, S = pol.num_groups, len(TASKS3)
-        assert L == planted
+        assert planted == L
         real_pairs: Counter[tuple[str, int]] = Counter()
         idle_count: Counter[int] = Counter()
         for tau in range(L):

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import Recorder, StepTrainer
 from flwr.app import Context
 from scipy import optimize, stats
 
@@ -44,8 +45,6 @@ from mmfl_flwr.core import (
 from mmfl_flwr.core.policy import data_shares, eligibility_view
 from mmfl_flwr.grid import InProcessGrid
 from mmfl_flwr.records import numpy_to_arrays
-
-from conftest import Recorder, StepTrainer
 
 
 # ============================================================ references

@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 import pytest
-import torch
+from conftest import StepTrainer
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from torch import nn
 
@@ -32,8 +32,6 @@ from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
 from mmfl_flwr.seeding import training_seed
 from mmfl_flwr.strategy import MultiModelStrategy
 from mmfl_flwr.tasks.data import Dataset
-
-from conftest import StepTrainer
 
 
 def _data(n, dim, classes, seed):

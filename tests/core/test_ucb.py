@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import StepTrainer
 from flwr.app import Context, Message, MessageType
 
 from mmfl_flwr import protocol as P
@@ -36,8 +37,6 @@ from mmfl_flwr.core.ucb import ParetoMultiUCB, RanklistMultiUCB, pareto_front
 from mmfl_flwr.grid import InProcessGrid
 from mmfl_flwr.presets import pareto_ucb, ranklist_ucb
 from mmfl_flwr.records import numpy_to_arrays
-
-from conftest import StepTrainer
 
 TASKS = ["a", "b"]
 
@@ -244,7 +243,7 @@ def test_index_matches_hand_computation_over_three_rounds(cls):
         for key, (L, N) in stats.items():
             assert rl[key] == pytest.approx(L) and rn[key] == pytest.approx(N)
         # ... and the policy's statistics
-        assert pol.D == pytest.approx(D, abs=1e-12)
+        assert pytest.approx(D, abs=1e-12) == pol.D
         assert set(pol.N) == set(stats)
         for key, (L, N) in stats.items():
             assert pol.L[key] == pytest.approx(L, abs=1e-12), (t, key)
@@ -764,7 +763,7 @@ def test_strategy_k_clients_one_query_and_stats_from_train_losses(preset):
     obs = [{key: v for key, v in log.losses.get(r, {}).items()} for r in range(1, rounds + 1)]
     L, N, D = reference_stats(seeds, obs, 0.7)
     pol = strategy.policy
-    assert pol.D == pytest.approx(D)
+    assert pytest.approx(D) == pol.D
     assert set(pol.N) == set(N)
     for key in N:
         assert pol.N[key] == pytest.approx(N[key]), key

@@ -35,7 +35,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from e2e_utils import (
     REPO_ROOT,
     Deployment,

@@ -695,9 +695,8 @@ def test_flip_scale_others_accuracy_leaves_out_the_attackers_users():
     from mmfl_flwr.config import Settings
     from mmfl_flwr.flower_app.data import federation_for
     from mmfl_flwr.flower_app.server_app import initial_arrays
-    from mmfl_flwr.tasks.models import make_model
-
     from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
+    from mmfl_flwr.tasks.models import make_model
 
     settings = Settings(tasks="digits,synthetic", num_clients=12, seed=5, output_dir="")
     rng = np.random.default_rng(0)  # weights unlike the initial ones: the ones given are read
@@ -1819,8 +1818,9 @@ def test_stalevre_dips_records_without_changing_the_run():
     """The instrumented StaleVRE run is the plain run (the records only read the
     aggregator's state), with one record per (round, model), and beta* is Eq. 20's
     optimum on the pair's fresh update and stored one."""
-    import stalevre_dips as D
     import paper003_table1 as T
+    import stalevre_dips as D
+
     from mmfl_flwr.config import Settings
     from mmfl_flwr.core.stalevr import StaleVREAggregator
     from mmfl_flwr.runner import run
@@ -1865,6 +1865,7 @@ def test_table1_variants_change_only_their_own_setting():
     changed, and the strategy it builds carries that setting (a variant whose setting
     were dropped would rerun its base under another name)."""
     import paper003_table1 as T
+
     from mmfl_flwr.config import Settings
     from mmfl_flwr.flower_app.server_app import strategy_from_settings
 

@@ -190,7 +190,6 @@ def test_a_batched_shard_holds_no_model_per_client():
 def test_a_torch_trainer_subclass_with_its_own_training_is_not_batched(caplog):
     """A trainer_fn may return a TorchTrainer subclass that trains its own way:
     a shard node runs its loop (per-client path, one log line), not plain SGD."""
-    import logging
 
     from mmfl_flwr.client.shard import _overrides_torch_trainer
     from mmfl_flwr.client.trainer import TorchTrainer
@@ -206,7 +205,6 @@ def test_a_torch_trainer_subclass_with_its_own_training_is_not_batched(caplog):
     assert _overrides_torch_trainer(Plain.__new__(Plain)) == ""
     assert _overrides_torch_trainer(Proximal.__new__(Proximal)) == "train"
     from mmfl_flwr.client.shard import ShardComputer
-
     from mmfl_flwr.flower_app.data import federation_for
     from mmfl_flwr.tasks.models import make_model
 

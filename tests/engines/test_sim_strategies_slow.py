@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import csv
 import math
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -39,10 +39,9 @@ import time
 from pathlib import Path
 
 import pytest
+from e2e_utils import describe, flower_env, new_marker, pids_with_marker, run_cmd
 
 from mmfl_flwr import cli
-
-from e2e_utils import describe, flower_env, new_marker, pids_with_marker, run_cmd
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 

@@ -7,8 +7,8 @@ import hashlib
 import logging
 
 import pytest
-
 from conftest import LogTap
+
 from mmfl_flwr.config import Settings
 from mmfl_flwr.runner import run_inprocess
 from mmfl_flwr.strategy.registration import token_pin

@@ -11,8 +11,8 @@ import math
 
 import numpy as np
 import pytest
-
 from conftest import LogTap
+
 from mmfl_flwr.core.aggregators import Update
 from mmfl_flwr.strategy.validation import (
     DIRECTION_FACTOR,

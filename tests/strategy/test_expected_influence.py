@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-
 from conftest import LogTap
+
 from mmfl_flwr.config import Settings
 from mmfl_flwr.core.aggregators import Update
 from mmfl_flwr.strategy.validation import bound_expected_influence, l2_norm

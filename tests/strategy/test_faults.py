@@ -31,7 +31,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import node_of
 from flwr.app import Context, Message
+from harness import ClientDef, FedRun, fake_client_app, run_federation
 
 from mmfl_flwr import protocol as P
 from mmfl_flwr.core import FedAvgAggregator, FullParticipation, RandomAllocation
@@ -39,9 +41,6 @@ from mmfl_flwr.core.aggregators import UnbiasedAggregator
 from mmfl_flwr.grid import InProcessGrid, LateReply
 from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
 from mmfl_flwr.strategy import MultiModelStrategy
-
-from conftest import node_of
-from harness import ClientDef, FedRun, fake_client_app, run_federation
 
 TASKS = ("a", "b")
 SHAPES = {"w": (2, 3), "b": (3,)}

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
-
 from harness import ClientDef, fake_client_app, run_federation, zero_models
+
 from mmfl_flwr import HookError, make_strategy
 from mmfl_flwr.core.random_allocation import FullParticipation
 from mmfl_flwr.strategy import MultiModelStrategy

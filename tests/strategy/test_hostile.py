@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import LogTap, StepTrainer
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -43,8 +44,6 @@ from mmfl_flwr.core.aggregators import UnbiasedAggregator
 from mmfl_flwr.grid import InProcessGrid
 from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
 from mmfl_flwr.strategy import MultiModelStrategy
-
-from conftest import LogTap, StepTrainer
 
 EXAMPLES = int(os.environ.get("MMFL_HYPOTHESIS_EXAMPLES", "100"))
 BUDGET = settings(

@@ -26,8 +26,8 @@ import logging
 import re
 
 import pytest
-
 from conftest import LogTap
+
 from mmfl_flwr import runner
 from mmfl_flwr.config import Settings
 from mmfl_flwr.presets import PRESETS

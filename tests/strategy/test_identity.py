@@ -24,10 +24,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import LogTap, Recorder
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from flwr.app import Context, Message, RecordDict
 from flwr.proto.node_pb2 import NodeInfo
+from harness import ClientDef, Events, FedRun, fake_client_app, run_federation
 
 from mmfl_flwr import protocol as P
 from mmfl_flwr.core import FedAvgAggregator, FullParticipation
@@ -36,9 +38,6 @@ from mmfl_flwr.grid import InProcessGrid
 from mmfl_flwr.records import numpy_to_arrays
 from mmfl_flwr.strategy import MultiModelStrategy
 from mmfl_flwr.strategy.registration import FIRST_USE, check_pins, key_pin, token_pin
-
-from conftest import LogTap, Recorder
-from harness import ClientDef, Events, FedRun, fake_client_app, run_federation
 
 TASKS = ("a", "b")
 SHAPES = {"w": (2, 3), "b": (3,)}

@@ -12,8 +12,8 @@ import logging
 
 import numpy as np
 import pytest
-
 from conftest import LogTap
+
 from mmfl_flwr.config import Settings
 from mmfl_flwr.core.aggregators import FedAvgAggregator, UnbiasedAggregator, Update
 from mmfl_flwr.core.robust import MedianAggregator

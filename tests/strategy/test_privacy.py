@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from flwr.serverapp import strategy as flower
 from flwr.serverapp.strategy import FedAvg
-
 from harness import ClientDef, fake_client_app, run_federation, zero_models
+
 from mmfl_flwr import HookError
 from mmfl_flwr import privacy as dp
 from mmfl_flwr.core.clipping import clip_update

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from harness import ClientDef, run_federation, zero_models
+
 from mmfl_flwr import make_strategy
 from mmfl_flwr.client.app import ClientSpec, make_client_app
 from mmfl_flwr.core.random_allocation import FullParticipation

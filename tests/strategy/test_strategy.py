@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import node_of
 from flwr.app import (
     Array,
     ArrayRecord,
@@ -31,6 +32,7 @@ from flwr.app import (
     MetricRecord,
     RecordDict,
 )
+from harness import ClientDef, FedRun, fake_client_app, run_federation, zero_models
 
 from mmfl_flwr import protocol as P
 from mmfl_flwr.core import (
@@ -46,9 +48,6 @@ from mmfl_flwr.core import (
 from mmfl_flwr.grid import InProcessGrid
 from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
 from mmfl_flwr.strategy import MultiModelResult, MultiModelStrategy
-
-from conftest import node_of
-from harness import ClientDef, FedRun, fake_client_app, run_federation, zero_models
 
 TASKS = ("a", "b")
 SHAPES = {"w": (2, 3), "b": (3,)}

@@ -10,13 +10,21 @@ import logging
 
 import numpy as np
 import pytest
+from conftest import LogTap, StepTrainer
 from flwr.app import Error, Message, MetricRecord, RecordDict
 
-from conftest import LogTap, StepTrainer
 from mmfl_flwr import protocol as P
 from mmfl_flwr.client.app import ClientSpec, make_client_app
-from mmfl_flwr.core import ClientInfo, FedAvgAggregator, FullParticipation, Pick, Policy
-from mmfl_flwr.core import RandomAllocation, UnbiasedAggregator, Update
+from mmfl_flwr.core import (
+    ClientInfo,
+    FedAvgAggregator,
+    FullParticipation,
+    Pick,
+    Policy,
+    RandomAllocation,
+    UnbiasedAggregator,
+    Update,
+)
 from mmfl_flwr.core.lvr import GVR
 from mmfl_flwr.core.pairing import check_pairing
 from mmfl_flwr.core.stale import FedVARPAggregator, MIFAAggregator

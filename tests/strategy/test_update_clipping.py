@@ -8,8 +8,8 @@ import logging
 
 import numpy as np
 import pytest
-
 from conftest import LogTap
+
 from mmfl_flwr.core.aggregators import Update
 from mmfl_flwr.strategy.validation import (
     UPDATE_CLIP_FACTOR,

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from data_files import (
     CELEBA_NAMES,
     write_celeba,

@@ -19,7 +19,7 @@ def test_the_file_is_read_into_a_fixed_stratified_split():
     train, test = D.load_mnist_5k("train"), D.load_mnist_5k("test")
     assert train.x.shape == (4000, 1, 28, 28) and test.x.shape == (1000, 1, 28, 28)
     assert train.x.dtype == np.float32 and train.y.dtype == np.int64
-    assert 0.0 <= float(train.x.min()) and float(train.x.max()) <= 1.0
+    assert float(train.x.min()) >= 0.0 and float(train.x.max()) <= 1.0
     # every class is in both parts, in the file's proportions (stratified 20%)
     whole = Counter(train.y.tolist()) + Counter(test.y.tolist())
     assert sorted(whole) == list(range(10)) and sum(whole.values()) == 5000

@@ -103,7 +103,6 @@ def test_digits_split_is_train_test_splits_and_the_cache_gives_it_back(
 
 
 def test_a_bad_digits_cache_file_is_ignored_and_rewritten(monkeypatch, tmp_path) -> None:
-    from mmfl_flwr.tasks import data as D
 
     want = _fresh_split(monkeypatch, tmp_path, 1, 0.2)
     (path,) = (tmp_path / "cache").glob("digits-split-*.npz")

@@ -2,9 +2,10 @@
 
 Every experiment script under ``benchmarks/`` that feeds RESULTS.md uses this module:
 
-* :class:`Parser` refuses a flag in one line (exit code 2); :func:`mode_args` adds ``--quick`` (the default: minutes on 2 cores) / ``--full``,
-  ``--engine`` (default ``vectorized``, the fastest engine), ``--workers`` and
-  ``--out`` (default ``docs/results``) to an argparse parser;
+* :class:`Parser` refuses a flag in one line (exit code 2); :func:`mode_args` adds
+  ``--quick`` (the default: minutes on 2 cores) / ``--full``, ``--engine`` (default
+  ``vectorized``, the fastest engine), ``--workers`` and ``--out`` (default
+  ``docs/results``) to an argparse parser;
 * :func:`run_many` runs ``Settings`` keyword dicts (one per (method, seed)) on an engine in
   worker processes and returns their history rows tagged with the method and seed;
 * :func:`write_long_csv` writes those rows as one long CSV (``method, seed, round, task,

@@ -64,10 +64,10 @@ def breakdown(x: np.ndarray, s: int, reps: int) -> None:
     print(f"{'k':>3} {'KMeans n_init=3':>16} {'KMeans n_init=1':>16} {'silhouette(2000)':>17}")
     tot_km3 = tot_km1 = tot_sil = 0.0
     for k in range(s, s + 5):
-        t3, km = timed(lambda: KMeans(n_clusters=k, n_init=3, random_state=0).fit(x), reps)
-        t1, _ = timed(lambda: KMeans(n_clusters=k, n_init=1, random_state=0).fit(x), reps)
+        t3, km = timed(lambda k=k: KMeans(n_clusters=k, n_init=3, random_state=0).fit(x), reps)
+        t1, _ = timed(lambda k=k: KMeans(n_clusters=k, n_init=1, random_state=0).fit(x), reps)
         ts, _ = timed(
-            lambda: silhouette_score(x, km.labels_, sample_size=min(2000, n), random_state=0),
+            lambda km=km: silhouette_score(x, km.labels_, sample_size=min(2000, n), random_state=0),
             reps,
         )
         m3, m1, ms = (statistics.median(t) for t in (t3, t1, ts))

@@ -484,10 +484,7 @@ def child_plain(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def child_main(args: argparse.Namespace) -> None:
-    if args._engine == "plain":
-        out = child_plain(args)
-    else:
-        out = child_flower(args, args._engine)
+    out = child_plain(args) if args._engine == "plain" else child_flower(args, args._engine)
     with open(args._json, "w") as f:
         json.dump(out, f)
 
@@ -777,7 +774,12 @@ def print_report(
     if "plain" in st:
         print(
             f"plain loop: replays the {cmp['plain_replays']} run's picks; "
-            f"aggregation rule {'unbiased d*l/(B p), p from its own loss query' if st['plain'].get('rule', '') == 'lvr' else 'as run'}"
+            "aggregation rule "
+            + (
+                "unbiased d*l/(B p), p from its own loss query"
+                if st["plain"].get("rule", "") == "lvr"
+                else "as run"
+            )
         )
     print()
     print("Per-round wall time (s); round 0 (initial evaluation) excluded")
@@ -834,7 +836,8 @@ def print_report(
         for key, val in cmp["max_abs_diff_final_accuracy"].items():
             print(
                 f"  {key:<24} max |d final acc| = {val:.3g}   "
-                f"max |d acc| over rounds 0..{R} = {cmp['max_abs_diff_accuracy_all_rounds'][key]:.3g}   "
+                f"max |d acc| over rounds 0..{R} = "
+                f"{cmp['max_abs_diff_accuracy_all_rounds'][key]:.3g}   "
                 f"max |d final weights| = {cmp['max_abs_diff_final_weights'][key]:.3g}"
             )
         print(

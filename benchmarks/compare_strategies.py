@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
     lines = [
-        "| strategy | final mean accuracy (± sd over seeds) | relative to full | mean acc., last 5 rounds | uploads / round |",
+        "| strategy | final mean accuracy (± sd over seeds) | relative to full "
+        "| mean acc., last 5 rounds | uploads / round |",
         "|---|---|---|---|---|",
     ]
     for r in rows:

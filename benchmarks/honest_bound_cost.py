@@ -11,11 +11,11 @@ skewed data sizes and label subsets):
 Per preset: how many scalings the bound logged per run (with the defaults; under
 the oracle StaleVR one update can be held on the expected step, the counted step
 and the read of its stale weight, a line each) and the most it scaled one down
-(the update's influence over its bound; 1.0x: none), and the final accuracy with the bound and without it: the mean over the
-models, per seed, and their difference (with minus without) paired over seeds,
-with its 95% t interval and a paired TOST against ``--margin``. The bound's
-scalings are read from the log lines that name an update pointing against the
-others (``mmfl_flwr.strategy.validation.InfluenceBound``).
+(the update's influence over its bound; 1.0x: none), and the final accuracy with the
+bound and without it: the mean over the models, per seed, and their difference (with
+minus without) paired over seeds, with its 95% t interval and a paired TOST against
+``--margin``. The bound's scalings are read from the log lines that name an update
+pointing against the others (``mmfl_flwr.strategy.validation.InfluenceBound``).
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for pr in presets:
 
-        def mean_acc(on: bool) -> dict[int, float]:
+        def mean_acc(on: bool, pr: str = pr) -> dict[int, float]:
             return {
                 s: sum(done[(pr, s, on)]["accuracy"].values()) / len(done[(pr, s, on)]["accuracy"])
                 for s in seeds

@@ -24,8 +24,8 @@ client's update alone moves accuracy by several points (compare the
 
 (tasks ``digits,synthetic``, 12 clients, 8 rounds, 5 local epochs, in-process
 engine; attacker id 3, colluders 3, 7 and 9 for ALIE and label flipping, which
-poisons the clients' data through ``run_inprocess``'s ``client_hook``). Each attack's per-model drop is
-paired by seed with the honest run of the same defence and compared with the
+poisons the clients' data through ``run_inprocess``'s ``client_hook``). Each attack's
+per-model drop is paired by seed with the honest run of the same defence and compared with the
 drop of the attacker-absent run (client 3 fails every training): an attack is
 ``contained`` when its mean drop is at most the absent run's upper 95% bound
 plus 0.05. The minimum over attacks of each model's accuracy is the defence's

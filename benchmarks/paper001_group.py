@@ -21,7 +21,8 @@ arriving near round 65); (d) 3 models at round 0, one more at round 30 and one a
 run length (rounds R/3 and 2R/3).
 
     python benchmarks/paper001_group.py --quick          # 20 rounds, 3 seeds
-    python benchmarks/paper001_group.py --full           # 90 rounds, 10 seeds (the paper reports round 500)
+    python benchmarks/paper001_group.py --full           # 90 rounds, 10 seeds
+                                                         # (the paper reports round 500)
 
 Engine: ``inprocess`` by default here (measured on the shared 2-core machine: 51 s
 against 197 s for the vectorized engine on 30 rounds of scenario (a); the vectorized
@@ -657,8 +658,9 @@ def main(argv: list[str] | None = None) -> int:
             + (
                 f"Final accuracy (mean over the models and the last {LAST} rounds)"
                 if not arriving
-                else f"Final accuracy of the arriving models ({', '.join(f'`{m}`' for m in arriving)}"
-                f"; mean over them and the last {LAST} rounds)"
+                else "Final accuracy of the arriving models ("
+                + ", ".join(f"`{m}`" for m in arriving)
+                + f"; mean over them and the last {LAST} rounds)"
             )
             + "; the paired column is *baseline − MMFL-Group* per seed (negative = "
             "MMFL-Group ahead):\n\n"
@@ -670,7 +672,8 @@ def main(argv: list[str] | None = None) -> int:
             + f"Mid-training: {mid_sentence}:\n\n"
             + E.markdown_table(mid_table, REFERENCE, mid_column)
             + f"\n\nVerdict ({LABELS[sc]}, mid-training): {mid_verdict}. Found: "
-            f"{found_text(mid_table)}. Paper: {PAPER_DIRECTION.get(sc, 'not a scenario of the papers')}.\n\n"
+            f"{found_text(mid_table)}. "
+            f"Paper: {PAPER_DIRECTION.get(sc, 'not a scenario of the papers')}.\n\n"
             f"![{LABELS[sc]} curves]({_rel(png)}) ![{LABELS[sc]} final]({_rel(box)})\n"
         )
     vs = list(verdicts.values())
@@ -725,7 +728,8 @@ Machine: {machine}.
 
 {chr(10).join(sections)}
 {overall_text}
-Where a scenario does not hold or is not resolved, the investigations at the end of RESULTS.md say what was varied (the
+Where a scenario does not hold or is not resolved, the investigations at the end of RESULTS.md say \
+what was varied (the
 arrivals, the participation, the C-step's clusters) and what changed.
 """
     E.write_fragment(out, NAME, text)

@@ -742,13 +742,19 @@ of g over M = {", ".join(map(str, multi))} (below 0: concave), with the slope of
 per model g / M beside it (a straight line with a positive intercept also has a falling
 g / M, so that alone does not tell sub-linear from linear):
 
-| algorithm | quadratic coefficient of g(M) (mean, 95% CI) | slope d(g/M)/dM (mean, 95% CI) | seeds |
+| algorithm | quadratic coefficient of g(M) (mean, 95% CI) | slope d(g/M)/dM (mean, 95% CI) | \
+seeds |
 |---|---|---|---|
 {chr(10).join(sub_lines)}
 
-Verdict (the gain grows sub-linearly: concave in M): {sub_verdict}. Found: quadratic coefficient of g over M {"; ".join(sub_found)}. Paper: "gain increases with M ... with the trend being sub-linear in nature" (Section 7.1, Fig. 3).
+Verdict (the gain grows sub-linearly: concave in M): {sub_verdict}. Found: quadratic coefficient \
+of g over M {"; ".join(sub_found)}. Paper: "gain increases with M ... with the trend being \
+sub-linear in nature" (Section 7.1, Fig. 3).
 
-Verdict (gain above 1 and growing with M): {gain_verdict} (gain > 1 for every M > 1, CI above 1, and increasing in M, slope CI above 0). Found: at M = {mmax} gain {gain_at(mmax)}; slope of g over M {", ".join(f"{a} {v}" for a, v in slope_found.items())}. Paper: g = 9·50/117 = 3.846 for 9 CelebA models, growing sub-linearly with M (Theorem 3, Fig. 3).
+Verdict (gain above 1 and growing with M): {gain_verdict} (gain > 1 for every M > 1, CI above 1, \
+and increasing in M, slope CI above 0). Found: at M = {mmax} gain {gain_at(mmax)}; slope of g over \
+M {", ".join(f"{a} {v}" for a, v in slope_found.items())}. Paper: g = 9·50/117 = 3.846 for 9 \
+CelebA models, growing sub-linearly with M (Theorem 3, Fig. 3).
 
 **Spread, M = {mmax}.** Final accuracy (mean over the {mmax} models) at round {last[mmax]},
 {vt["n"]} seeds; per-seed values in `docs/results/paper002_spread.csv`. The seed fixes the data
@@ -788,15 +794,18 @@ of MFA-RR − MFA-Rand at M = {small} against ±{margin:g} accuracy, holding whe
 lies inside the margin; "better at high M" is the paired 95% interval at M = {mmax}. Here the
 seed changes the data as well as the sampling (both algorithms share it).
 
-Verdict (similar mean accuracy of MFA-Rand and MFA-RR at small M): {similar_verdict}. Found: {similar_found}. Paper: "the mean performance for MFA-Rand and MFA-RR is similar" (Fig. 1a, M = 2).
+Verdict (similar mean accuracy of MFA-Rand and MFA-RR at small M): {similar_verdict}. Found: \
+{similar_found}. Paper: "the mean performance for MFA-Rand and MFA-RR is similar" (Fig. 1a, M = 2).
 
-Verdict (MFA-RR above MFA-Rand at high M): {high_verdict}. Found: {high_found}. Paper: "MFA-RR, on an average, performs better than MFA-Rand when M is high" (Fig. 1c, M = 12).
+Verdict (MFA-RR above MFA-Rand at high M): {high_verdict}. Found: {high_found}. Paper: "MFA-RR, on \
+an average, performs better than MFA-Rand when M is high" (Fig. 1c, M = 12).
 
 **Spread over sampling alone (the verdict).** The paper's Fig. 1 varies only the
 sampling on one problem, so the verdict comes from runs that hold the data and the initial
 weights fixed (`data-seed 0`, `model-seed 0` for all) and vary the seed, which then sets only
 the sampling and the local training (here each local epoch is one full-batch gradient step,
-so the training's shuffling only reorders a sum). MFA-Rand runs on seeds 0..{len(fx) - 1} and MFA-RR on seeds
+so the training's shuffling only reorders a sum). MFA-Rand runs on seeds 0..{len(fx) - 1} and \
+MFA-RR on seeds
 1000..{1000 + len(fy) - 1}, two independent samples of {len(fx)} (per-run values in
 `docs/results/paper002_spread_fixed_data.csv`). Variance {statistics.variance(fx):.3g}
 (MFA-Rand) and {statistics.variance(fy):.3g} (MFA-RR), means {statistics.fmean(fx):.4f}
@@ -807,16 +816,19 @@ in tests/docs/test_evidence.py); it gives p = {bf["p_greater"]:.3g} for "MFA-Ran
 {bf["p_less"]:.3g} for the reverse. The F-test's 95% interval of the ratio, [{f_lo:.2f},
 {f_hi:.2f}], assumes normal data and is shown for scale only. {across}
 
-Verdict (MFA-Rand spread above MFA-RR's): {spread_verdict}. Found: {spread_found}. Paper: "MFA-Rand has considerably higher variance than MFA-RR" over 20 sample runs (Fig. 1, no number).
+Verdict (MFA-Rand spread above MFA-RR's): {spread_verdict}. Found: {spread_found}. Paper: \
+"MFA-Rand has considerably higher variance than MFA-RR" over 20 sample runs (Fig. 1, no number).
 
 - command: `{cmd}`
 - scale: {cfg["num_clients"]} clients, T1 = {t1}, M in {{{", ".join(map(str, ms))}}},
   M-model runs of M·T1 + {cfg["margin"]} rounds, {len(seeds)} seeds (0..{seeds[-1]}),
   {cfg["local_epochs"]} local epoch(s), lr {cfg["lr"]}, batch {cfg["batch_size"]} (each epoch
   one full-gradient step: at most {cfg["synthetic_max_samples"]} samples per Synthetic user),
-  {len(jobs)} runs, and {len(fixed_jobs)} more with the data and initial weights held fixed for the spread
+  {len(jobs)} runs, and {len(fixed_jobs)} more with the data and initial weights held fixed for \
+the spread
 - engine: `{args.engine}`; machine: {machine}
-- {E.run_time_text(rows + fixed_rows, wall)}{fixed_time}; CPU of this invocation {cpu:.0f} s, load average {load:.1f} at its end
+- {E.run_time_text(rows + fixed_rows, wall)}{fixed_time}; CPU of this invocation {cpu:.0f} s, load \
+average {load:.1f} at its end
 """
     E.write_fragment(out, NAME, md)
     print(

@@ -394,7 +394,6 @@ def main(argv: list[str] | None = None) -> int:
         }
 
     rel_at = {L: relative(finals_at[L]) for L in lengths}
-    rel = rel_at[primary]
 
     def label(m: str) -> str:
         return f"{m} (sensitivity)" if m in VARIANTS else m

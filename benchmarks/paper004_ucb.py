@@ -275,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         "section, so that claim is not tested here: `--datasets "
         "synthetic-1-1,synthetic-iid` adds it.)"
     )
-    text = f"""### Paper 004: Multi-FedAvg and the bandit policies with scarce (K = 2) and plentiful (K = 64) clients
+    text = f"""### Paper 004: Multi-FedAvg and the bandit policies with scarce (K = 2) and \
+plentiful (K = 64) clients
 
 **Claim (paper 004, Section V; figures only, no numbers in the text).** On Synthetic(1,1)
 with 2 clients per round, Ranklist-Multi-UCB and Pareto-Multi-UCB beat single-model

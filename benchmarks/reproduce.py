@@ -2,7 +2,8 @@
 """Regenerate the papers' evidence: run every experiment script and rebuild RESULTS.md.
 
     python benchmarks/reproduce.py --quick     # minutes on 2 cores
-    python benchmarks/reproduce.py --smoke     # seconds: every step at the smallest scale (a slow test runs it)
+    python benchmarks/reproduce.py --smoke     # seconds: every step at the smallest scale
+                                               # (a slow test runs it)
     python benchmarks/reproduce.py --full      # the scale RESULTS.md reports (hours), then
                                                # the investigations' runs as it shows them
 
@@ -34,9 +35,9 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-
 import _evidence as E
+
+HERE = Path(__file__).resolve().parent
 
 #: (script name without .py, fragment names it writes), in RESULTS.md order
 EXPERIMENTS: list[tuple[str, list[str]]] = [

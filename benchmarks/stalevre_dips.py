@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         late = [rec for rec in records if rec["round"] > a.after]
 
-        def med(key: str) -> float:
+        def med(key: str, late: list = late) -> float:
             vals = [float(r[key]) for r in late if key in r]
             return statistics.median(vals) if vals else float("nan")
 

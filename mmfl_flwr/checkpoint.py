@@ -70,4 +70,4 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"{target}: checkpoint format {state.get('format')!r} is not supported "
             f"(expected {FORMAT_VERSION})"
         )
-    return state  # type: ignore[no-any-return]
+    return state

@@ -276,7 +276,8 @@ def _check_pins_provable(settings: Settings) -> None:
 
 def check_ray_options(args: argparse.Namespace, settings: Settings | None = None) -> dict[str, Any]:
     """The Ray options given on the command line (``--num-gpus-per-client``,
-    ``--num-gpus-per-node``, ``--ray-address``) as keyword arguments of :func:`~mmfl_flwr.runner.run`,
+    ``--num-gpus-per-node``, ``--ray-address``) as keyword arguments of
+    :func:`~mmfl_flwr.runner.run`,
     checked before the run: refused with another engine than ``simulation``;
     an invalid GPU share, GPUs where Ray sees none, an unreachable cluster and
     ``--num-cpus`` with ``--ray-address`` are ValueErrors

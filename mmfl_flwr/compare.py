@@ -31,6 +31,7 @@ import statistics
 import sys
 import warnings
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +150,7 @@ def _value_key(key: str, value: Any) -> str:
 
 
 def differing_settings(
-    runs: Sequence[_Run], ignore: set[str] = frozenset()
+    runs: Sequence[_Run], ignore: AbstractSet[str] = frozenset()
 ) -> dict[str, list[Any]]:
     """Setting -> its distinct values (in run order), for every setting other than
     the seed, the locations and ``ignore`` on which ``runs`` disagree (a folder

@@ -12,9 +12,10 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from mmfl_flwr.core.card import Option, setting_option, setting_parameters
+from mmfl_flwr.core.card import setting_option, setting_parameters
+from mmfl_flwr.core.parameter import Option
 from mmfl_flwr.core.policy import MIN_UPLOADS_PER_MODEL
 
 __all__ = [
@@ -46,6 +47,46 @@ EFFECTIVE_KEY = "effective"
 ENGINE_KEY = "engine"
 
 
+_T = TypeVar("_T")
+
+
+def _with_algorithm_settings(cls: type[_T]) -> type[_T]:
+    """Check that ``cls`` declares exactly the algorithm cards' settings, in the cards'
+    order, each with the card's type and default, right before ``extra``; then list
+    them in the docstring. The fields are written out so that editors and type
+    checkers see them; this check keeps them equal to the cards."""
+    declared = list(cls.__annotations__)
+    settings = setting_parameters()
+    expected = [*settings, "extra"]
+    got = declared[len(declared) - len(expected) :]
+    if got != expected:
+        raise TypeError(
+            f"Settings must end with the algorithm cards' settings and extra, "
+            f"{expected}; it ends with {got}"
+        )
+    docs = []
+    for fld, users in settings.items():
+        param = users[0][1]
+        typ, default = cls.__annotations__[fld], getattr(cls, fld)
+        if typ != param.type.__name__ or type(default) is not type(param.default):
+            raise TypeError(
+                f"Settings.{fld}: {typ} = {default!r}, but the card says "
+                f"{param.type.__name__} = {param.default!r}"
+            )
+        if default != param.default:
+            raise TypeError(
+                f"Settings.{fld} defaults to {default!r}, the card to {param.default!r}"
+            )
+        docs.append(
+            f"    {fld} : {param.type.__name__}\n        {setting_option(fld).help} "
+            f"(strategies: {', '.join(c.name for c, _ in users)})."
+        )
+    cls.__doc__ = (cls.__doc__ or "").rstrip() + "\n" + "\n".join(docs) + "\n    "
+    return cls
+
+
+@_with_algorithm_settings
+@dataclass
 class Settings:
     """Everything that defines an MMFL run.
 
@@ -244,8 +285,23 @@ class Settings:
     dp_sampled_clients: int = 0
     dp_delta: float = 1e-5
     dp_noise_seed: int = -1
+    # The algorithm cards' settings (each card Parameter with a ``setting``), in the
+    # cards' order, with their types and defaults: _with_algorithm_settings checks it.
+    budget_fraction: float = 0.0
+    clients_per_round: int = 0
+    stalevr_signal: str = "loss"
+    stale_storage: str = "float32"
+    stalevre_b0: float = 1.0
+    stale_beta: float = 0.8
+    mifa_start: str = "zero"
+    ucb_gamma: float = 0.9
+    ucb_init: str = "loss-query"
+    pareto_shortfall: str = "front"
+    group_participation: float = 1 / 6
+    group_variant: str = "consistent"
+    group_max_clusters: int = 0
+    candidates: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
-    # + one field per algorithm-card parameter, added by _with_algorithm_settings
 
     @property
     def data_seed_used(self) -> int:
@@ -552,29 +608,6 @@ class Settings:
             )
         except ValueError as err:
             raise ValueError(f"strategy={self.strategy!r}: {err}") from err
-
-
-def _with_algorithm_settings(cls: type) -> type:
-    """Add one field per algorithm-card setting (before ``extra``), with the
-    card's type and default, and list them in the docstring; then make ``cls``
-    a dataclass."""
-    notes = cls.__annotations__
-    extra = notes.pop("extra")
-    docs = []
-    for fld, users in setting_parameters().items():
-        param = users[0][1]
-        notes[fld] = param.type.__name__
-        setattr(cls, fld, param.default)
-        docs.append(
-            f"    {fld} : {param.type.__name__}\n        {setting_option(fld).help} "
-            f"(strategies: {', '.join(c.name for c, _ in users)})."
-        )
-    notes["extra"] = extra
-    cls.__doc__ = (cls.__doc__ or "").rstrip() + "\n" + "\n".join(docs) + "\n    "
-    return dataclass(cls)
-
-
-Settings = _with_algorithm_settings(Settings)
 
 
 def _presets() -> list[str]:

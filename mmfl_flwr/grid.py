@@ -84,7 +84,7 @@ def transport_copy(msg: Message) -> Message:
         buf = io.BytesIO()
         _SharingPickler(buf, shared).dump(msg)
         buf.seek(0)
-        return _SharingUnpickler(buf, shared).load()  # type: ignore[no-any-return]
+        return _SharingUnpickler(buf, shared).load()
     except (pickle.PicklingError, TypeError, AttributeError):
         return copy.deepcopy(msg)
 

@@ -62,7 +62,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from logging import INFO, WARNING
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -346,11 +346,11 @@ class _PerModelDP(Strategy):
                 for key, cfg in m.content.config_records.items():
                     if P.split_client_key(key)[0] != P.CONFIG_KEY:
                         continue
-                    for task in [str(t) for t in cfg.get(P.CFG_TASKS, [])]:
+                    for task in [str(t) for t in cast(list[Any], cfg.get(P.CFG_TASKS, []))]:
                         cfg[f"{KEY_CLIPPING_NORM}.{task}"] = self.norm(task)
         return msgs
 
-    def aggregate_train(
+    def aggregate_train(  # type: ignore[override]  # several models: as MultiModelStrategy
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[RecordDict | None, MetricRecord | None]:
         """Clip every (client, model) update, let the wrapped strategy aggregate,
@@ -373,17 +373,17 @@ class _PerModelDP(Strategy):
             if task not in assigned:
                 out[task] = rec
         for task in assigned:
-            rec = models.get(task)
+            got = models.get(task)
             old = run_state.weights[task]
-            if rec is None:  # left unchanged by the wrapped strategy: still a release
+            if got is None:  # left unchanged by the wrapped strategy: still a release
                 new = {k: v.copy() for k, v in old.items()}
-            elif isinstance(rec, ArrayRecord):
-                new = arrays_to_numpy(rec)
+            elif isinstance(got, ArrayRecord):
+                new = arrays_to_numpy(got)
                 if list(new) != list(old):
-                    out[task] = rec  # left for start()'s checks
+                    out[task] = got  # left for start()'s checks
                     continue
             else:
-                out[task] = rec
+                out[task] = got
                 continue
             keys = run_state.split_keys(task)[0]
             frozen = [k for k in old if k not in keys]
@@ -452,8 +452,8 @@ class _PerModelDP(Strategy):
             if reply.has_error():
                 continue
             node = reply.metadata.src_node_id
-            hosted = run_state.shards.get(node)
-            hosted = set(hosted) if hosted is not None else None
+            shard = run_state.shards.get(node)
+            hosted = set(shard) if shard is not None else None
             own = reply.metadata.group_id == str(server_round)
             records = reply.content.array_records  # one view: it is rebuilt on each access
             for key in list(records.keys()):
@@ -639,7 +639,8 @@ class _Adaptive(_PerModelDP):
             if z >= 2 * sigma_b:
                 raise ValueError(
                     f"noise_multiplier {z} needs clipped_count_stddev > {z / 2} (it is "
-                    f"{sigma_b}{' = num_sampled_clients / 20' if clipped_count_stddev is None else ''}"
+                    f"{sigma_b}"
+                    f"{' = num_sampled_clients / 20' if clipped_count_stddev is None else ''}"
                     "): the count's noise would use up the whole budget"
                 )
             self.update_noise_multiplier = (z**-2 - (2 * sigma_b) ** -2) ** -0.5

@@ -95,4 +95,4 @@ class VectorizedGrid(InProcessGrid):
     @property
     def counts(self) -> dict[str, int]:
         """Client parts served in batches and on the per-client path."""
-        return self.client_app.shard().counts  # type: ignore[attr-defined, no-any-return]
+        return self.client_app.shard().counts  # type: ignore[attr-defined]

@@ -205,9 +205,7 @@ def make_client_app(
         return _state_item(
             token,
             "shard",
-            lambda: ShardComputer(  # type: ignore[no-any-return]
-                chunk=chunk, vectorize=vectorize, threads=threads
-            ),
+            lambda: ShardComputer(chunk=chunk, vectorize=vectorize, threads=threads),
         )
 
     app.shard = shard  # type: ignore[attr-defined]  # its counts, for tests and benchmarks

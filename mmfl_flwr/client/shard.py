@@ -218,8 +218,8 @@ class ShardComputer:
         # (task, training settings, clipping norm) -> [(client id, trainer, seed)]
         groups: dict[tuple[Any, ...], list[tuple[str, Any, int]]] = {}
         fallback: list[str] = []
-        for key, cfg in msg.content.config_records.items():
-            base, cid = P.split_client_key(key)
+        for record_key, cfg in msg.content.config_records.items():
+            base, cid = P.split_client_key(record_key)
             if base != P.CONFIG_KEY or cid is None or cid in parts or cid in contents:
                 continue
             order.append(cid)

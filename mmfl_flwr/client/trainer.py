@@ -464,7 +464,9 @@ class TorchTrainer:
                     loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
                     loss.backward()
                     for param, c in corr:
-                        param.grad.add_(c)
+                        grad = param.grad
+                        assert grad is not None  # backward() just filled it
+                        grad.add_(c)
                     with torch.no_grad():
                         for param in params:
                             if param.grad is not None:
@@ -536,8 +538,8 @@ def packed_rows(
         if ok is None:
             ok = plain[cls] = (
                 isinstance(tr, TorchTrainer)
-                and cls.train_tensors is TorchTrainer.train_tensors
-                and cls.eval_tensors is TorchTrainer.eval_tensors
+                and getattr(cls, "train_tensors", None) is TorchTrainer.train_tensors
+                and getattr(cls, "eval_tensors", None) is TorchTrainer.eval_tensors
             )
         if not ok:
             return None

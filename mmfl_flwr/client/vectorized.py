@@ -214,7 +214,11 @@ def _joined(parts: Sequence[torch.Tensor]) -> torch.Tensor:
             return torch.cat(list(parts))
         end += p.numel()
     rows = sum(int(p.shape[0]) for p in parts)
-    return first.new_empty(0).set_(
+    # set_(storage, offset, size) takes contiguous strides; torch's stubs list only
+    # the form with explicit strides
+    return first.new_empty(
+        0
+    ).set_(  # type: ignore[call-overload]
         first.untyped_storage(), first.storage_offset(), (rows, *first.shape[1:])
     )
 
@@ -375,7 +379,7 @@ def _step_by_step_recurrences(model: nn.Module, enabled: bool) -> Iterator[None]
     """With ``enabled``, modules with an ``unfused`` switch
     (:class:`~mmfl_flwr.tasks.zoo.CharLSTM`) compute their recurrence step by step
     inside: ``vmap`` batches that on CUDA, not the fused cuDNN kernel."""
-    switches = [m for m in model.modules() if hasattr(m, "unfused")] if enabled else []
+    switches: list[Any] = [m for m in model.modules() if hasattr(m, "unfused")] if enabled else []
     for m in switches:
         m.unfused = True
     try:

@@ -153,7 +153,8 @@ def lvr_probabilities(
     m_proc = u.sum(axis=0)  # M_i (relative)
     q = water_fill(m_proc, b, float(budget))
     share = np.divide(u, m_proc[None, :], out=np.zeros_like(u), where=m_proc[None, :] > 0)
-    return share * q[None, :]
+    probs: np.ndarray = share * q[None, :]
+    return probs
 
 
 def water_fill(weights: np.ndarray, counts: np.ndarray, budget: float) -> np.ndarray:

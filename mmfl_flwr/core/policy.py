@@ -24,9 +24,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from mmfl_flwr.core.card import Parameter
 from mmfl_flwr.core.clients import ClientTable
 from mmfl_flwr.core.component import Component
+from mmfl_flwr.core.parameter import Parameter
 
 #: Fewest expected uploads per model and round that a run's defaults aim at.
 #: The budgeted presets warn below it (:func:`mmfl_flwr.flower_app.data.warn_if_few_uploads`);
@@ -274,7 +274,8 @@ def eligibility_view(
 def data_shares(n: np.ndarray) -> np.ndarray:
     """``d_{i,s}`` from the (S, N) sample counts (each row sums to 1)."""
     totals = n.sum(axis=1, keepdims=True)
-    return np.divide(n, totals, out=np.zeros_like(n), where=totals > 0)
+    shares: np.ndarray = np.divide(n, totals, out=np.zeros_like(n), where=totals > 0)
+    return shares
 
 
 def draw_picks(

@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 
 from mmfl_flwr.core.aggregators import MeanAggregator
-from mmfl_flwr.core.card import AlgorithmCard, Parameter
+from mmfl_flwr.core.card import AlgorithmCard
 from mmfl_flwr.core.clients import ClientTable
+from mmfl_flwr.core.parameter import Parameter
 from mmfl_flwr.core.policy import (
     BUDGET_FRACTION,
     Pick,
@@ -65,7 +66,7 @@ def highest_loss(
     ranked = sorted(
         (c for c in candidates if c in losses and np.isfinite(losses[c])), key=lambda c: -losses[c]
     )
-    out = []
+    out: list[str] = []
     for cid in ranked:
         if len(out) == k:
             break

@@ -20,7 +20,7 @@ non-trainable state (batch-norm statistics, :attr:`Update.state`) by samples.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -95,7 +95,8 @@ class MedianAggregator(_CoordinateWise):
     name = "median"
 
     def _statistic(self, stacked: np.ndarray) -> np.ndarray:
-        return np.median(stacked, axis=0)
+        median: np.ndarray = np.median(stacked, axis=0)
+        return median
 
 
 class TrimmedMeanAggregator(_CoordinateWise):
@@ -139,9 +140,11 @@ class TrimmedMeanAggregator(_CoordinateWise):
         k = stacked.shape[0]
         cut = int(self.beta * k)  # beta < 0.5, so at least one value is kept
         if cut == 0:
-            return stacked.mean(axis=0)
+            mean: np.ndarray = stacked.mean(axis=0)
+            return mean
         ordered = np.sort(stacked, axis=0)
-        return ordered[cut : k - cut].mean(axis=0)
+        trimmed: np.ndarray = ordered[cut : k - cut].mean(axis=0)
+        return trimmed
 
 
 class CenteredClipAggregator(Aggregator):
@@ -228,7 +231,11 @@ class CenteredClipAggregator(Aggregator):
         _check_shapes(weights, updates)
         moved = self.clipped(task, weights, updates)
         coeffs = self.coefficients(updates)
-        step = [sum(c * m[j] for c, m in zip(coeffs, moved)) for j in range(len(weights))]
+        # updates is not empty, so each sum is an array (never the start value 0)
+        step = [
+            cast(np.ndarray, sum(c * m[j] for c, m in zip(coeffs, moved)))
+            for j in range(len(weights))
+        ]
         if all(np.isfinite(s).all() for s in step):
             self._center[task] = [np.asarray(s, dtype=np.float64) for s in step]
         return apply_step(weights, [step], [1.0])

@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from mmfl_flwr.core.aggregators import Aggregator, Update, Weights
-from mmfl_flwr.core.card import AlgorithmCard, Parameter
+from mmfl_flwr.core.card import AlgorithmCard
+from mmfl_flwr.core.parameter import Parameter
 from mmfl_flwr.core.policy import BUDGET_FRACTION
 from mmfl_flwr.core.random_allocation import RandomAllocation
 
@@ -66,7 +67,8 @@ class StaleStore:
         if storage not in STORAGE:
             raise ValueError(f"storage must be one of {STORAGE}, got {storage!r}")
         self.storage = storage
-        self._mem: dict[tuple[str, str], list[np.ndarray]] = {}
+        # per pair: its arrays, or with storage 'disk' the paths of their .npy files
+        self._mem: dict[tuple[str, str], list[Any]] = {}
         self._scales: dict[tuple[str, str], list[np.float32]] = {}
         self._file_ids: dict[tuple[str, str], int] = {}
         self._dir = directory
@@ -110,7 +112,7 @@ class StaleStore:
             key = (cid, task)
             if key not in self._file_ids:
                 self._file_ids[key] = len(self._file_ids)
-            stored = []
+            stored: list[Any] = []
             for j, a in enumerate(update):
                 path = os.path.join(folder, f"h{self._file_ids[key]}_{j}.npy")
                 np.save(path, np.asarray(a, dtype=np.float32))
@@ -350,11 +352,12 @@ class StaleAggregator(Aggregator):
             if not u.prob > 0:
                 raise ValueError(f"client {u.cid}: stale rules need prob > 0, got {u.prob}")
             c = StaleAggregator._fresh_coefficient(u)
-            h = stale[u.cid] if u.cid in stale else None
-            b = beta(u.cid, h) if h is not None else 0.0
+            # a key check, then one read: stale stores count their reads (.get reads)
+            hu = stale[u.cid] if u.cid in stale else None  # noqa: SIM401
+            b = beta(u.cid, hu) if hu is not None else 0.0
             for j, acc in enumerate(delta):
                 g = np.asarray(u.delta[j], dtype=np.float64)
-                acc += c * (g - b * h[j] if h is not None else g)
+                acc += c * (g - b * hu[j] if hu is not None else g)
         new = [
             (w.astype(np.float64) - dl).astype(w.dtype, copy=False) for w, dl in zip(weights, delta)
         ]
@@ -447,7 +450,7 @@ class MIFAAggregator(StaleAggregator):
         """``(d_i, x_i)`` of every eligible pair with an update: the fresh ``G_i``
         of a pair that trained, else its stored ``h_i``."""
         trained = {u.cid: u for u in updates}
-        out = []
+        out: list[tuple[float, Sequence[np.ndarray]]] = []
         for cid, d in shares.items():
             if d <= 0:
                 continue

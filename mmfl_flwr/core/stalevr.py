@@ -27,8 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from mmfl_flwr.core.card import AlgorithmCard, Parameter
+from mmfl_flwr.core.card import AlgorithmCard
 from mmfl_flwr.core.lvr import GVR, LVR
+from mmfl_flwr.core.parameter import Parameter
 from mmfl_flwr.core.policy import BUDGET_FRACTION
 from mmfl_flwr.core.stale import STORAGE_PARAMETER, StaleAggregator
 

@@ -27,9 +27,10 @@ from typing import Any
 import numpy as np
 
 from mmfl_flwr.core.aggregators import FedAvgAggregator
-from mmfl_flwr.core.card import AlgorithmCard, Parameter
+from mmfl_flwr.core.card import AlgorithmCard
 from mmfl_flwr.core.clients import ClientTable
 from mmfl_flwr.core.mfa import CLIENTS_PER_ROUND
+from mmfl_flwr.core.parameter import Parameter
 from mmfl_flwr.core.policy import MIN_UPLOADS_PER_MODEL, Pick, Policy, check_k
 
 

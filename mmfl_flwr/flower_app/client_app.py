@@ -165,7 +165,11 @@ def _model_fn(kind: str) -> Callable[[], Any]:
     definition = get_task(kind)
     known = _MODEL_FNS.get(kind)
     if known is None or known[0] is not definition:
-        known = _MODEL_FNS[kind] = (definition, lambda k=kind: make_model(k))
+
+        def model_fn(k: str = kind) -> Any:
+            return make_model(k)
+
+        known = _MODEL_FNS[kind] = (definition, model_fn)
     return known[1]
 
 

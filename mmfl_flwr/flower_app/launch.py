@@ -656,7 +656,12 @@ def run_on_superlink(
         assert stream.stdout is not None
         # submitting is limited as a plain ``flwr run`` call was (SUBMIT_TIMEOUT)
         fired: list[bool] = []
-        guard = threading.Timer(SUBMIT_TIMEOUT, lambda: (fired.append(True), stream.kill()))
+
+        def on_timeout() -> None:
+            fired.append(True)
+            stream.kill()
+
+        guard = threading.Timer(SUBMIT_TIMEOUT, on_timeout)
         guard.daemon = True
         guard.start()
         try:

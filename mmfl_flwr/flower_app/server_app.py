@@ -153,9 +153,11 @@ def initial_arrays(s: Settings) -> dict[str, ArrayRecord]:
     out = {}
     for task in fed.tasks:
         kind = fed.kinds[task]
-        out[task] = numpy_to_arrays(
-            initial_weights(lambda k=kind: make_model(k), task_seed(seed, task))
-        )
+
+        def model_fn(k: str = kind) -> Any:
+            return make_model(k)
+
+        out[task] = numpy_to_arrays(initial_weights(model_fn, task_seed(seed, task)))
     return out
 
 

@@ -158,7 +158,7 @@ def aggregate_round(
     outcome: TrainOutcome,
     updates: dict[str, list[Update]],
     shares: dict[str, dict[str, float]],
-    fresh: Mapping[str, Mapping[str, NumpyWeights | list[np.ndarray]]] | None = None,
+    fresh: Mapping[str, Mapping[str, list[np.ndarray]]] | None = None,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, NumpyWeights]]:
     """Aggregate every active model: its metrics row of the round and its new
     global weights (not installed: :func:`install_models` does that).

@@ -643,7 +643,8 @@ def _refuse_in_flower_dp_wrappers() -> None:
             continue
 
         def make(cls: type, name: str) -> Any:
-            original = cls.__init__
+            # patching a class's __init__ is what this function is for
+            original = cls.__init__  # type: ignore[misc]
 
             @functools.wraps(original)
             def __init__(self: Any, *args: Any, **kwargs: Any) -> None:

@@ -55,6 +55,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from logging import ERROR, INFO, WARNING
+from typing import cast
 
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
@@ -748,20 +749,16 @@ def _describe(info: ConfigRecord, known: list[str]) -> tuple[str, dict[str, int]
     """``(client id, usable task -> count, unknown tasks, processors)`` of an info
     record; raises KeyError, TypeError or ValueError on a malformed one."""
     cid = str(info[P.CLIENT_ID])
-    tasks = list(info[P.TASKS])  # type: ignore[arg-type]
-    counts = list(info[P.NUM_EXAMPLES])  # type: ignore[arg-type]
-    procs = info.get(P.PROCESSORS, 1)
+    # a malformed record raises TypeError/ValueError here or below (the caller's contract)
+    tasks = list(cast(list[str], info[P.TASKS]))
+    counts = list(cast(list[int], info[P.NUM_EXAMPLES]))
+    procs = cast(int, info.get(P.PROCESSORS, 1))
     if len(tasks) != len(counts):
         raise InvalidClientInfo(f"{len(tasks)} tasks but {len(counts)} sample counts")
     if len(set(tasks)) != len(tasks):
         raise InvalidClientInfo(f"duplicated tasks in {tasks}")
-    usable, unknown = validate_client_info(
-        cid,
-        dict(zip(tasks, counts)),
-        procs,
-        known,  # type: ignore[arg-type]
-    )
-    return cid, usable, unknown, int(procs)  # type: ignore[arg-type]
+    usable, unknown = validate_client_info(cid, dict(zip(tasks, counts)), procs, known)
+    return cid, usable, unknown, int(procs)
 
 
 def note_trainable(run_state: RunState, cid: str, info: ConfigRecord, tasks: Iterable[str]) -> None:

@@ -35,6 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 
@@ -158,7 +159,7 @@ def _try_torchvision_download(dataset: str, paths: list[Path], how_to: str, fetc
 # ------------------------------------------------------------------------------ idx
 
 #: idx type codes (third byte of the magic number) -> big-endian numpy dtype.
-_IDX_DTYPES = {
+_IDX_DTYPES: dict[int, np.dtype[Any]] = {
     0x08: np.dtype(">u1"),
     0x09: np.dtype(">i1"),
     0x0B: np.dtype(">i2"),
@@ -806,10 +807,10 @@ def _load_image(path: Path, size: tuple[int, int] | None) -> np.ndarray:
                 "pip install Pillow (or store each image as a uint8 (h, w, 3) .npy file)",
                 name="PIL",
             ) from exc
-        with Image.open(path) as img:
-            img = img.convert("RGB")
+        with Image.open(path) as opened:
+            img = opened.convert("RGB")
             if size is not None and img.size != (size[1], size[0]):
-                img = img.resize((size[1], size[0]), Image.BILINEAR)
+                img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
             arr = np.asarray(img)
     if arr.ndim != 3 or arr.shape[2] != 3:
         raise ValueError(f"{path}: expected an RGB image, got shape {arr.shape}")
@@ -896,9 +897,13 @@ def load_celeba(
     if limit is not None:
         rows = rows[: max(0, int(limit))]
 
-    size = None
+    size: tuple[int, int] | None = None
     if image_size is not None:
-        size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+        size = (
+            (image_size, image_size)
+            if isinstance(image_size, int)
+            else cast(tuple[int, int], tuple(image_size))
+        )
     paths: list[Path] = []
     absent_imgs: list[Path] = []
     for r in rows:

@@ -779,7 +779,7 @@ def shared_array(a: np.ndarray) -> np.ndarray:
     if not where or a.nbytes < (1 << 20) or where in _SHARE_FAILED:
         return a
     a = np.ascontiguousarray(a)
-    digest = hashlib.blake2b(memoryview(a).cast("B"), digest_size=16).hexdigest()
+    digest = hashlib.blake2b(memoryview(a.data).cast("B"), digest_size=16).hexdigest()
     shape = "x".join(str(d) for d in a.shape)
     path = os.path.join(where, f"{digest}-{a.dtype.str.strip('<>|=')}-{shape}.npy")
     if not os.path.exists(path):
@@ -851,7 +851,7 @@ def _build_synthetic(
     spec = KINDS[kind]
     stream = _stream_seed(seed, kind, copy)
     gen_seed = int(stream.generate_state(1, dtype=np.uint32)[0])
-    options = dict(
+    options: dict[str, Any] = dict(
         dim=spec.input_shape[0],
         num_classes=spec.num_classes,
         seed=gen_seed,

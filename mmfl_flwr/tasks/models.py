@@ -77,13 +77,14 @@ def make_model(kind: str) -> nn.Module:
 
         definition = get_task(kind)
         if definition is not None:
-            return definition.model_fn()  # type: ignore[no-any-return]
+            return definition.model_fn()
         raise ValueError(f"unknown task kind {kind!r}; known: {sorted(KINDS)}")
     spec = KINDS[kind]
     if spec.model == "cnn" and kind != "digits":
         from mmfl_flwr.tasks.zoo import CNN
 
-        return CNN(spec.input_shape[0], spec.input_shape[1:], spec.num_classes)
+        h, w = spec.input_shape[1:]
+        return CNN(spec.input_shape[0], (h, w), spec.num_classes)
     if spec.model == "resnet18":
         from mmfl_flwr.tasks.zoo import PreActResNet18
 

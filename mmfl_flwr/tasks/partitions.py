@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
-    from flwr_datasets.partitioner import Partitioner  # type: ignore[import-untyped]
+    from flwr_datasets.partitioner import Partitioner
 
 __all__ = [
     "LABEL",
@@ -80,14 +80,14 @@ PartitionerFactory = Callable[[int, int], "Partitioner"]
 def _fds() -> Any:
     """``flwr_datasets.partitioner``, imported on first use (a few seconds: it
     loads ``datasets``, pyarrow, pandas, matplotlib and seaborn)."""
-    import flwr_datasets.partitioner as fds  # type: ignore[import-untyped]
+    import flwr_datasets.partitioner as fds
 
     return fds
 
 
 def _hf_dataset(columns: dict[str, np.ndarray]) -> Any:
     """An in-memory ``datasets.Dataset`` of ``columns`` (nothing downloaded or cached)."""
-    import datasets  # type: ignore[import-untyped]
+    import datasets
 
     return datasets.Dataset.from_dict(columns)
 
@@ -390,7 +390,7 @@ def pathological_partition(
         int(num_clients),
         LABEL,
         k,
-        class_assignment_mode=mode,  # type: ignore[arg-type]
+        class_assignment_mode=mode,
         shuffle=False,
         seed=_seed(rng),
     )

@@ -11,6 +11,7 @@ per user, see :mod:`mmfl_flwr.tasks.partitions`); CelebA attributes are split II
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import lru_cache
 
 import numpy as np
@@ -95,7 +96,9 @@ def load_split(kind: str, root: str) -> tuple[Dataset, Dataset]:
 
 
 @lru_cache(maxsize=4)
-def load_shakespeare(root: str) -> tuple[list[str], dict[str, Dataset], dict[str, Dataset]]:
+def load_shakespeare(
+    root: str,
+) -> tuple[list[str], Mapping[str, Dataset], Mapping[str, Dataset]]:
     """(sorted users, train per user, test per user)."""
     from mmfl_flwr.tasks.datasets import load_leaf_shakespeare
 

@@ -266,7 +266,8 @@ def test_the_range_in_the_help_is_the_one_validate_enforces(option_help, name):
         ok = accepted(runs_with(name, value))
         assert ok == pred(value), (
             f"--{name.replace('_', '-')} {value!r}: help says allowed={allowed!r} "
-            f"({'accepts' if pred(value) else 'refuses'}), validate {'accepts' if ok else 'refuses'}"
+            f"({'accepts' if pred(value) else 'refuses'}), "
+            f"validate {'accepts' if ok else 'refuses'}"
         )
 
 

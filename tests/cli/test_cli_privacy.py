@@ -52,7 +52,7 @@ def test_dp_run_writes_each_models_epsilon_to_the_summary(tmp_path, capsys):
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["privacy"]) == {"synthetic", "synthetic_2"}
-    for task, p in summary["privacy"].items():
+    for _task, p in summary["privacy"].items():
         assert p["delta"] == 1e-6 and p["noise_multiplier"] == 1.5
         assert p["clipping_norm"] == 2.0 and 1 <= p["releases"] <= 3
         # q = 2 of the 4 clients holding the model, one release per round it changed

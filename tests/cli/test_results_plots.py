@@ -379,11 +379,11 @@ def test_training_figure_shows_uploads_rejections_and_training_loss_per_model():
             "task": t,
             "uploads": u,
             "rejected": j,
-            "train_loss": l,
+            "train_loss": loss,
             "accuracy": 0.5,
             "loss": 1.0,
         }
-        for r, t, u, j, l in [
+        for r, t, u, j, loss in [
             (0, "a", 0, 0, math.nan),
             (1, "a", 3, 1, 0.9),
             (2, "a", 4, 0, 0.5),

@@ -76,8 +76,8 @@ def test_function_trainer_follows_the_local_trainer_contract():
     # the loss query is test() on the training data, and changes nothing
     expected = task.test(tr._model(w), train, torch.device("cpu"))[0]
     assert tr.loss(w) == pytest.approx(expected)
-    l, acc, m = tr.evaluate(w)
-    assert m == 60 and 0 <= acc <= 1 and l > 0
+    loss, acc, m = tr.evaluate(w)
+    assert m == 60 and 0 <= acc <= 1 and loss > 0
 
 
 def test_scaffold_is_refused_with_the_reason():

@@ -63,7 +63,8 @@ SCRIPT = textwrap.dedent(
             return self._n
 
         def train(self, weights, epochs, lr, seed, batch_size=None):
-            return {k: (v - np.float32(self.step)).astype(v.dtype) for k, v in weights.items()}, self._n, 0.5
+            moved = {k: (v - np.float32(self.step)).astype(v.dtype) for k, v in weights.items()}
+            return moved, self._n, 0.5
 
         def loss(self, weights):
             return 1.0
@@ -88,11 +89,14 @@ SCRIPT = textwrap.dedent(
     final = {t: arrays_to_numpy(r)["w"].tolist() for t, r in result.arrays.items()}
     json.dump(
         {
-            "torch_loaded": "torch" in sys.modules or any(m.startswith("torch.") for m in sys.modules),
+            "torch_loaded": "torch" in sys.modules
+            or any(m.startswith("torch.") for m in sys.modules),
             "final": final,
             "rounds": sorted({row["round"] for row in result.history}),
             "uploads": [row["uploads"] for row in result.history if row["round"] > 0],
-            "client_accuracy": [row["client_accuracy"] for row in result.history if row["round"] > 0],
+            "client_accuracy": [
+                row["client_accuracy"] for row in result.history if row["round"] > 0
+            ],
         },
         sys.stdout,
     )

@@ -223,24 +223,24 @@ def test_unbiased_exact_enumeration():
     task = "a"
     shares = table.data_share(task)
     agg = UnbiasedAggregator()
-    # Outcome of client i for task a: number l of its processors that drew 'a'
-    # (the other tasks do not matter for model a), l ~ Binomial(B_i, q/|S_i|).
+    # Outcome of client i for task a: number k of its processors that drew 'a'
+    # (the other tasks do not matter for model a), k ~ Binomial(B_i, q/|S_i|).
     per_client = []
     for cid, (n, b) in FED.items():
         if task not in n:
             continue
         p = q / len(n)
         per_client.append(
-            [(cid, l, math.comb(b, l) * p**l * (1 - p) ** (b - l), p, b) for l in range(b + 1)]
+            [(cid, k, math.comb(b, k) * p**k * (1 - p) ** (b - k), p, b) for k in range(b + 1)]
         )
     expected = [np.zeros(s) for s in SHAPES]
     total_prob = 0.0
     for combo in itertools.product(*per_client):
         prob = math.prod(c[2] for c in combo)
         ups = [
-            Update(cid, deltas[(cid, task)], FED[cid][0][task], shares[cid], b, p, l)
-            for cid, l, _, p, b in combo
-            if l > 0
+            Update(cid, deltas[(cid, task)], FED[cid][0][task], shares[cid], b, p, steps)
+            for cid, steps, _, p, b in combo
+            if steps > 0
         ]
         out = agg.aggregate(task, w0, ups, 1)
         for k in range(len(SHAPES)):

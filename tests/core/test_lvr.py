@@ -847,7 +847,7 @@ def test_lvr_preset_queries_losses_then_trains_only_sampled_pairs():
         assert len(trained_clients) == len(set(trained_clients)), "one train msg per node"
         picks = result.assignments[rnd]
         assert train == {(c, t) for c, t, _ in picks}
-        for c, t, k in picks:
+        for c, _t, k in picks:
             assert 1 <= k <= STRAT_FED[c][1]
         total_counts.append(sum(k for _, _, k in picks))
         rows = {r["task"]: r for r in result.history if r["round"] == rnd}

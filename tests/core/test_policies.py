@@ -246,7 +246,7 @@ class TestRandomAllocation:
     def test_prob_field_is_q_over_si(self, stats):
         table, m, ids, counts, probs = stats
         q = m / HETERO_V
-        for (cid, task), ps in probs.items():
+        for (cid, _task), ps in probs.items():
             assert len(ps) == 1
             assert ps.pop() == pytest.approx(q / HETERO_SI[cid], rel=1e-12)
         # Every eligible (client, task) appeared at least once; nothing else did.

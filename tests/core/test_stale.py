@@ -251,7 +251,7 @@ class TestMIFA:
         aggs = [MIFAAggregator(), MIFAAggregator(start="uploaded")]
         ws = [W0, W0]
         first = [upd(c, [rng.normal(size=2)], d) for c, d in shares.items()]
-        for k, agg in enumerate(aggs):
+        for _k, agg in enumerate(aggs):
             agg.aggregate(T, W0, first, 1, shares=shares)
         for rnd in range(2, 6):
             ups = [upd(c, [rng.normal(size=2)], d) for c, d in shares.items() if rng.random() < 0.5]

@@ -498,9 +498,11 @@ def _handshake(certs: Path, server_hostname: str) -> str:
 
         thread = threading.Thread(target=serve, daemon=True)
         thread.start()
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
-            with client_ctx.wrap_socket(raw, server_hostname=server_hostname) as tls:
-                tls.sendall(b"x")
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+            client_ctx.wrap_socket(raw, server_hostname=server_hostname) as tls,
+        ):
+            tls.sendall(b"x")
         thread.join(timeout=10)
     return "ok"
 

@@ -676,7 +676,7 @@ def test_flip_scale_runs_remove_their_observer_and_restore_logging():
 
     logger = logging.getLogger("flwr")
     before = (list(BOUND_OBSERVERS), logger.level, [h.level for h in logger.handlers])
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError, match="unknown strategy"):
         flip_scale._run(("no-such-preset", "default", None, 0, 1))
     assert (list(BOUND_OBSERVERS), logger.level, [h.level for h in logger.handlers]) == before
 
@@ -721,7 +721,7 @@ def test_flip_scale_others_accuracy_leaves_out_the_attackers_users():
             test = fed.client_data(k, task)[1]
             if k == 3 or not len(test):
                 continue
-            _, acc = evaluate_arrays(lambda: make_model(fed.kinds[task]), w, test)
+            _, acc = evaluate_arrays(lambda task=task: make_model(fed.kinds[task]), w, test)
             right += acc * len(test)
             count += len(test)
         assert got[task] == pytest.approx(right / count)

@@ -27,8 +27,13 @@ EXAMPLES = sorted(
 #: commands run verbatim by a slow test: command -> the test
 RUN_ELSEWHERE = {
     "flwr run examples/plug_into_your_app --stream --federation-config "
-    '"num-supernodes=6 client-resources-num-cpus=1"': "tests/docs/test_flwr_run_readme.py (the README's flwr-run-commands block)",
-    "python examples/user_task/run.py": "tests/engines/test_sim_strategies_slow.py::test_user_task_example_runs_on_the_simulation_engine",
+    '"num-supernodes=6 client-resources-num-cpus=1"': (
+        "tests/docs/test_flwr_run_readme.py (the README's flwr-run-commands block)"
+    ),
+    "python examples/user_task/run.py": (
+        "tests/engines/test_sim_strategies_slow.py"
+        "::test_user_task_example_runs_on_the_simulation_engine"
+    ),
 }
 
 

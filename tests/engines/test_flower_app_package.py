@@ -28,8 +28,8 @@ def test_the_repository_is_a_flower_app_whose_fab_stays_small() -> None:
 def test_the_fab_leaves_the_published_results_out() -> None:
     """docs/results/ holds the published runs' caches (megabytes of JSONL that
     grow with every investigation); the apps never read them, so the FAB leaves
-    them out (``fab-include`` in pyproject.toml lists what the FAB holds) and stays far from Flower's
-    10 MB limit however many results are published."""
+    them out (``fab-include`` in pyproject.toml lists what the FAB holds) and stays far
+    from Flower's 10 MB limit however many results are published."""
     names = fab_file_names(REPO_ROOT)
     assert any(n.startswith("mmfl_flwr/") for n in names)
     published = [n for n in names if n.startswith("docs/results/")]

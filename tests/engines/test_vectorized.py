@@ -205,7 +205,9 @@ def test_resnet_float64_parity_keeps_per_client_batch_norm_statistics():
 def test_a_client_out_of_batches_stops_exactly():
     # a 2-sample client next to a 40-sample one: 1 step against 10 per epoch;
     # its result equals training it alone
-    model_fn = lambda: make_model("synthetic")
+    def model_fn():
+        return make_model("synthetic")
+
     small, big = _datasets((60,), 5, [2, 40], seed=3)
     start = initial_weights(model_fn, 1)
     alone = TorchTrainer(model_fn, small, Dataset(small.x[:0], small.y[:0]), 4)
@@ -222,7 +224,9 @@ def test_a_client_out_of_batches_stops_exactly():
 
 
 def test_chunking_does_not_change_results():
-    model_fn = lambda: make_model("digits")
+    def model_fn():
+        return make_model("digits")
+
     data = _datasets((1, 8, 8), 10, [9, 14, 3, 20, 11])
     start = initial_weights(model_fn, 2)
     vm = V.VectorModel(model_fn, DEV)
@@ -275,7 +279,9 @@ def test_loss_queries_reuse_the_concatenated_data_only_while_it_is_the_same():
 
 
 def test_batched_evaluate_matches_per_client_evaluate():
-    model_fn = lambda: make_model("digits")
+    def model_fn():
+        return make_model("digits")
+
     trains = _datasets((1, 8, 8), 10, [12, 30], seed=1)
     tests = _datasets((1, 8, 8), 10, [7, 0], seed=2)  # the second falls back to train data
     start = initial_weights(model_fn, 4)

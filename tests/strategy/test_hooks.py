@@ -70,7 +70,7 @@ class HalveModelA(MultiModelStrategy):
         models["a"] = ArrayRecord(
             {k: Array(v * np.float32(0.5)) for k, v in zip(models["a"].keys(), w)}
         )
-        for task in models.keys():
+        for task in models:
             metrics[f"{task}.server-step"] = 1.0 if task == "a" else 0.0
         return models, metrics
 

@@ -157,7 +157,7 @@ def run(
         logger.removeHandler(tap)
     assert sorted(snapshots) == list(range(rounds + 1))
     for task in TASKS:
-        for k, v in arrays_to_numpy(result.arrays[task]).items():
+        for _k, v in arrays_to_numpy(result.arrays[task]).items():
             assert np.isfinite(v).all()
     return Outcome(strategy, snapshots, rows, logs)
 
@@ -829,9 +829,9 @@ huge_value = st.sampled_from(
 @given(fed=federations(), data=st.data(), prob=st.sampled_from([None, 1.0, 0.5, 0.25, 0.05]))
 def test_huge_finite_values_never_make_a_model_non_finite(fed, data, prob):
     """Random huge finite entries under FedAvg (prob None) or the unbiased rule,
-    with the norm and count bounds off: every model stays finite; a round whose aggregate overflows keeps the old
-    model of that task and logs an ERROR naming it; tasks no huge value touched
-    aggregate exactly."""
+    with the norm and count bounds off: every model stays finite; a round whose
+    aggregate overflows keeps the old model of that task and logs an ERROR naming it;
+    tasks no huge value touched aggregate exactly."""
     huge = {
         c: {
             t: data.draw(st.one_of(st.none(), st.tuples(huge_value, keys, st.integers(0, 5))))

@@ -208,8 +208,9 @@ def test_the_oracle_stalevr_reads_bounded_fresh_updates():
     stale weight beta = <G, h> / ||h||^2: z = beta h is G's projection on h, in
     the step with weight d. A pair that counted this round is read as bounded;
     one that did not is scaled so d ||G|| is at most the model's bound. Here the
-    reference is 0.2 and the bound 3 x 0.2 = 0.6 (from :func:`bound_influence`); c4 (d 0.5, G = (3, 4), norm 5:
-    2.5) is scaled by 0.6 / 2.5 to (0.72, 0.96); c5 (d 0.1, norm 5: 0.5) is not."""
+    reference is 0.2 and the bound 3 x 0.2 = 0.6 (from :func:`bound_influence`); c4
+    (d 0.5, G = (3, 4), norm 5: 2.5) is scaled by 0.6 / 2.5 to (0.72, 0.96); c5 (d 0.1,
+    norm 5: 0.5) is not."""
     counted = {
         "a": [
             upd("c0", [1.0, 0.0], 10),

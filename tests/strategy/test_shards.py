@@ -277,7 +277,7 @@ def test_a_malformed_error_record_fails_only_its_client(code):
         def wrapped(msg, ctx):
             reply = app(msg, ctx)
             if msg.metadata.message_type == "train" and ctx.node_config["cid"] == "A":
-                for key in [k for k in reply.content.keys() if k.endswith("@c1")]:
+                for key in [k for k in reply.content if k.endswith("@c1")]:
                     del reply.content[key]
                 reply.content[P.client_key(P.ERROR_KEY, "c1")] = ConfigRecord(
                     {"code": code, "reason": "bad"}

@@ -130,7 +130,7 @@ def test_high_data_digits_ratio(feds):
 
 
 def test_high_data_synthetic_per_user(feds):
-    for seed, (fed, uni) in feds.items():
+    for _seed, (fed, uni) in feds.items():
         task = "synthetic"
         el = fed.eligible[task]
         n, full = counts(fed, task), counts(uni, task)
@@ -153,7 +153,7 @@ def test_high_data_synthetic_per_user(feds):
 
 def test_high_data_sets_drawn_independently_per_task(feds):
     overlaps, identical = [], 0
-    for seed, (fed, uni) in feds.items():
+    for _seed, (fed, uni) in feds.items():
         sets = [
             high_digits(fed, "digits"),
             high_synthetic(fed, uni, "synthetic"),
@@ -268,7 +268,7 @@ def test_paper003_sizes_draws_the_image_pools_down_to_the_papers_sizes():
 
             # drawn without replacement: no image is held more often than the whole
             # pool (paper003 shares it out exactly once) has it
-            def held(fed):
+            def held(fed, task=task):
                 out: dict[bytes, int] = {}
                 for i in range(40):
                     for row in fed.data[task][i][0].x:

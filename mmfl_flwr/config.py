@@ -227,14 +227,11 @@ class Settings:
     timeout : float
         Seconds to wait for the replies of one round trip.
     clients_per_node : str
-        Clients each node hosts (``"auto"`` or a whole number >= 1): Flower's
-        simulation engine runs ``ceil(num_clients / K)`` virtual nodes, node
-        ``partition-id`` p hosting clients ``p K`` to ``p K + K - 1`` and
-        computing them per model at once (docs/protocol.md, multi-client
-        nodes); 1 is one node per client. ``auto``: ``mmfl run`` picks one node
-        per CPU (per GPU with ``--num-gpus-per-node``) Ray sees; the in-process
-        engine 1; the vectorized engine every client on one node; a node of
-        ``flwr run`` or a SuperNode ``ceil(num_clients / num-partitions)``.
+        Clients each node hosts (``"auto"`` or a whole number >= 1), each node
+        computing its clients per model at once (docs/protocol.md, multi-client
+        nodes); 1 is one node per client. How the clients are divided among
+        nodes, and what ``auto`` means on each engine:
+        :class:`mmfl_flwr.nodes.NodeLayout`.
     dp, dp_noise_multiplier, dp_clipping_norm, dp_sampled_clients, dp_delta
         Per-model differential privacy (:mod:`mmfl_flwr.privacy`): the wrapper
         (``""`` off, ``server-fixed``, ``client-fixed``, ``server-adaptive``,

@@ -30,12 +30,10 @@ def node_configs(settings: Settings, engine: str = "inprocess") -> list[dict[str
     simulation engine numbers its virtual nodes (K = ``clients_per_node``;
     ``auto`` is 1, one node per client, on the in-process engine and N, one node
     for every client, on the vectorized one)."""
-    n = settings.num_clients
-    k = settings.clients_per_node_count()
-    if k is None:
-        k = n if engine == "vectorized" else 1
-    nodes = -(-n // k)
-    return [{"partition-id": p, "num-partitions": nodes} for p in range(nodes)]
+    from mmfl_flwr.nodes import NodeLayout
+
+    layout = NodeLayout.for_engine(settings.num_clients, settings.clients_per_node_count(), engine)
+    return layout.node_configs()
 
 
 def _single_thread_torch() -> None:

@@ -35,6 +35,7 @@ from mmfl_flwr import protocol as P
 from mmfl_flwr.client.app import ClientSpec, make_client_app
 from mmfl_flwr.config import Settings
 from mmfl_flwr.flower_app.data import federation_for
+from mmfl_flwr.nodes import NodeLayout
 from mmfl_flwr.tasks.registry import get_task, load_snapshot, registered_tasks, restore
 
 CLIENT_TOKEN = P.CLIENT_TOKEN
@@ -119,15 +120,7 @@ def clients_per_node(s: Settings, node_config: Mapping[str, Any]) -> int:
     ``clients-per-node``; with ``auto``, ``ceil(num-clients / num-partitions)``
     from the node config (Flower's simulation engine sets ``num-partitions`` to
     its number of virtual nodes), 1 without ``num-partitions``."""
-    k = s.clients_per_node_count()
-    if k is not None:
-        return k
-    parts = node_config.get("num-partitions")
-    try:
-        n_parts = int(parts) if parts is not None else 0
-    except (TypeError, ValueError):
-        raise ValueError(f"node_config num-partitions={parts!r} is not a whole number") from None
-    return max(1, -(-s.num_clients // n_parts)) if n_parts >= 1 else 1
+    return NodeLayout.for_node(s.num_clients, s.clients_per_node_count(), node_config).per_node
 
 
 def _partition_shard(s: Settings, cfg: Mapping[str, Any], pid: int, k: int) -> list[ClientSpec]:
@@ -140,14 +133,7 @@ def _partition_shard(s: Settings, cfg: Mapping[str, Any], pid: int, k: int) -> l
                 f"{k} clients (clients-per-node): their ids are their "
                 "partition ids; pin them with key pins"
             )
-    nodes = -(-s.num_clients // k)
-    if not 0 <= pid < nodes:
-        raise ValueError(
-            f"partition-id={pid} hosts no client: with clients-per-node={k} the federation "
-            f"of num-clients={s.num_clients} needs partition ids 0 to {nodes - 1} "
-            f"(num-supernodes={nodes})"
-        )
-    ids = range(pid * k, min(s.num_clients, (pid + 1) * k))
+    ids = NodeLayout(s.num_clients, k).clients_of(pid)
     fed = federation_for(s, clients=ids, server_tests=False)  # this shard's data only
     return [_one_client(s, fed, q, cfg, str(q), None) for q in ids]
 

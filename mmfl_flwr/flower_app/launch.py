@@ -64,6 +64,7 @@ from typing import Any
 
 from mmfl_flwr.config import Settings
 from mmfl_flwr.flower_app.supervise import end_tree
+from mmfl_flwr.nodes import NodeLayout
 from mmfl_flwr.tasks.federation import SHARED_DATA_ENV
 from mmfl_flwr.tasks.registry import TASK_SNAPSHOT_KEY, registered_tasks, save_snapshot
 
@@ -471,20 +472,23 @@ def resolve_clients_per_node(
     Ray can run at a time (``plan.slots``: one per CPU, or per GPU share with
     ``--num-gpus-per-node``), so that every worker computes its shard at once;
     1 (one node per client, as before) when ``--num-gpus-per-client`` is given."""
-    n = settings.num_clients
-    k = settings.clients_per_node_count()
-    if k is not None:
-        if per_client_gpus and k > 1:
-            raise ValueError(
-                f"--num-gpus-per-client applies to one client per node, not to "
-                f"--clients-per-node {k}: give each node's share with --num-gpus-per-node"
-            )
-        return min(k, n), "clients-per-node"
-    if per_client_gpus:
-        return 1, "one node per client (--num-gpus-per-client)"
-    workers = max(1, min(n, plan.slots))
-    what = "GPU share" if plan.num_gpus_per_client > 0 else "CPU"
-    return -(-n // workers), f"auto: one node per {what} Ray sees ({plan.slots})"
+    layout = simulation_layout(settings, plan, per_client_gpus)
+    return layout.per_node, layout.why
+
+
+def simulation_layout(
+    settings: Settings, plan: RayPlan, per_client_gpus: bool = False
+) -> NodeLayout:
+    """The :class:`~mmfl_flwr.nodes.NodeLayout` of the simulation engine's virtual
+    nodes for ``plan`` (see :func:`resolve_clients_per_node`)."""
+    return NodeLayout.for_engine(
+        settings.num_clients,
+        settings.clients_per_node_count(),
+        "simulation",
+        slots=plan.slots,
+        per_client_gpus=per_client_gpus,
+        unit="GPU share" if plan.num_gpus_per_client > 0 else "CPU",
+    )
 
 
 def federation_config(
@@ -544,13 +548,13 @@ def run_on_superlink(
     finish as ``finished:completed``.
     """
     plan = plan_ray(num_gpus_per_client, ray_address, num_cpus, num_gpus_per_node)
-    k, why = resolve_clients_per_node(settings, plan, per_client_gpus=bool(num_gpus_per_client))
-    num_nodes = -(-settings.num_clients // k)
+    layout = simulation_layout(settings, plan, per_client_gpus=bool(num_gpus_per_client))
     if settings.clients_per_node_count() is None:
         # the run config keeps "auto" as typed (config.json, resume, mmfl compare): each
         # node then hosts ceil(N / num-partitions) clients, num-partitions being the
-        # num_nodes virtual nodes started here, which is this k or spreads them evenly
-        k = -(-settings.num_clients // num_nodes)
+        # virtual nodes started here, which is this K or spreads them evenly
+        layout = layout.spread_evenly()
+    k, why, num_nodes = layout.per_node, layout.why, layout.num_nodes
     cpus_per_node = 1
     if plan.address is None and plan.num_gpus_per_client == 0:
         # the CPUs left idle by fewer nodes than CPUs go to the nodes' torch threads

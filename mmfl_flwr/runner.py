@@ -36,14 +36,6 @@ def node_configs(settings: Settings, engine: str = "inprocess") -> list[dict[str
     return layout.node_configs()
 
 
-def _single_thread_torch() -> None:
-    """Small models train fastest on one thread, and one thread per client is what
-    the simulation engine gives each ClientApp (``num_cpus=1``)."""
-    import torch
-
-    torch.set_num_threads(1)
-
-
 def run_inprocess(
     settings: Settings,
     strategy: MultiModelStrategy | None = None,
@@ -51,7 +43,8 @@ def run_inprocess(
     client_hook: Callable[[Any], Any] | None = None,
 ) -> MultiModelResult:
     """Run on :class:`~mmfl_flwr.grid.InProcessGrid` (no Ray, no SuperLink), one
-    node per client (with ``clients_per_node`` K > 1: ``ceil(N / K)`` shard nodes).
+    node per client (with ``clients_per_node`` K > 1: ``ceil(N / K)`` shard nodes),
+    torch on one thread (what the simulation engine gives each ClientApp).
 
     ``strategy`` replaces the preset named by the settings (for custom pairings
     of policy and aggregator on the embedded tasks); ``wrap_client_app(app)``
@@ -60,23 +53,9 @@ def run_inprocess(
     :class:`~mmfl_flwr.client.app.ClientSpec` a client runs with, given the one
     built from the settings (poisoned data:
     :func:`~mmfl_flwr.testing.hostile.label_flipping`)."""
-    from mmfl_flwr.flower_app.client_app import build_client_app
-    from mmfl_flwr.flower_app.data import federation_for
-    from mmfl_flwr.flower_app.server_app import server_main
-    from mmfl_flwr.grid import InProcessGrid
-
-    _single_thread_torch()
-    federation_for(settings)  # the whole federation: the server and every node share it
-    run_config = settings.to_run_config()
-    app = build_client_app(settings, client_hook)
-    grid = InProcessGrid(
-        wrap_client_app(app) if wrap_client_app else app,
-        node_configs(settings, "inprocess"),
-        run_config,
-        seed=settings.seed,
+    return _run_on_inprocess_grid(
+        settings, "inprocess", strategy, wrap_client_app, client_hook, None, "auto"
     )
-    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
-    return server_main(grid, ctx, settings, strategy, engine="inprocess")
 
 
 def run_vectorized(
@@ -84,6 +63,8 @@ def run_vectorized(
     strategy: MultiModelStrategy | None = None,
     chunk: int | None = None,
     threads: str | int = "auto",
+    wrap_client_app: Callable[[Any], Any] | None = None,
+    client_hook: Callable[[Any], Any] | None = None,
 ) -> MultiModelResult:
     """Run on one in-process node that hosts every client (``clients_per_node``
     K: ``ceil(N / K)`` nodes), whose ClientApp computes each round trip per model
@@ -93,26 +74,54 @@ def run_vectorized(
     in one batched call. ``threads``: torch's threads, ``"auto"`` the cores
     other processes leave free, checked before every round trip
     (:class:`~mmfl_flwr.client.threads.CoreWatch`; at most ``OMP_NUM_THREADS``
-    where it is set), or a number."""
+    where it is set), or a number. ``strategy``, ``wrap_client_app`` and
+    ``client_hook`` as in :func:`run_inprocess`."""
+    return _run_on_inprocess_grid(
+        settings, "vectorized", strategy, wrap_client_app, client_hook, chunk, threads
+    )
+
+
+def _run_on_inprocess_grid(
+    settings: Settings,
+    engine: str,
+    strategy: MultiModelStrategy | None,
+    wrap_client_app: Callable[[Any], Any] | None,
+    client_hook: Callable[[Any], Any] | None,
+    chunk: int | None,
+    threads: str | int,
+) -> MultiModelResult:
+    """The in-process engines' one path: the nodes of ``engine``'s
+    :class:`~mmfl_flwr.nodes.NodeLayout` on an :class:`~mmfl_flwr.grid.InProcessGrid`,
+    the ClientApp of :func:`~mmfl_flwr.flower_app.client_app.build_client_app`, and
+    the ServerApp's :func:`~mmfl_flwr.flower_app.server_app.server_main`."""
     import torch
 
-    from mmfl_flwr.client.app import make_client_app
     from mmfl_flwr.client.threads import cpu_budget, parse_threads
-    from mmfl_flwr.flower_app.client_app import node_spec_fn
+    from mmfl_flwr.flower_app.client_app import build_client_app
     from mmfl_flwr.flower_app.data import federation_for
     from mmfl_flwr.flower_app.server_app import server_main
     from mmfl_flwr.grid import InProcessGrid
 
-    # every core this process may use, at most OMP_NUM_THREADS where it is set
-    # (--threads auto takes the free ones of them on shard nodes), or the fixed
-    # number, also for single-client nodes
-    torch.set_num_threads(parse_threads(threads) or cpu_budget())
+    if engine == "inprocess":
+        # small models train fastest on one thread, and one thread per client is
+        # what the simulation engine gives each ClientApp (num_cpus=1)
+        torch.set_num_threads(1)
+    else:
+        # every core this process may use, at most OMP_NUM_THREADS where it is set
+        # (--threads auto takes the free ones of them on shard nodes), or the fixed
+        # number, also for single-client nodes
+        torch.set_num_threads(parse_threads(threads) or cpu_budget())
     federation_for(settings)  # the whole federation: the server and every node share it
     run_config = settings.to_run_config()
-    app = make_client_app(node_spec_fn(settings), chunk=chunk, threads=threads)
-    grid = InProcessGrid(app, node_configs(settings, "vectorized"), run_config, seed=settings.seed)
+    app = build_client_app(settings, client_hook, chunk=chunk, threads=threads)
+    grid = InProcessGrid(
+        wrap_client_app(app) if wrap_client_app else app,
+        node_configs(settings, engine),
+        run_config,
+        seed=settings.seed,
+    )
     ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
-    return server_main(grid, ctx, settings, strategy, engine="vectorized")
+    return server_main(grid, ctx, settings, strategy, engine=engine)
 
 
 def run_simulation_engine(

@@ -208,7 +208,10 @@ def node_spec_fn(
 
 
 def build_client_app(
-    settings: Settings | None = None, client_hook: Callable[[ClientSpec], ClientSpec] | None = None
+    settings: Settings | None = None,
+    client_hook: Callable[[ClientSpec], ClientSpec] | None = None,
+    chunk: int | None = None,
+    threads: str | int = "auto",
 ) -> ClientApp:
     """The ClientApp; with ``settings`` given, ``run_config`` is not read.
 
@@ -219,16 +222,17 @@ def build_client_app(
     most the CPUs its worker was given (``threads="auto"``). ``client_hook(spec)``
     gives the ClientSpec each client runs with, from the one built here
     (poisoned data in tests: :func:`mmfl_flwr.testing.hostile.label_flipping`).
+    ``chunk`` and ``threads``: :func:`~mmfl_flwr.client.app.make_client_app`'s.
     """
     specs = node_spec_fn(settings)
     if client_hook is None:
-        return make_client_app(specs, threads="auto")
+        return make_client_app(specs, chunk=chunk, threads=threads)
 
     def hooked(ctx: Context) -> ClientSpec | list[ClientSpec]:
         got = specs(ctx)
         return [client_hook(c) for c in got] if isinstance(got, list) else client_hook(got)
 
-    return make_client_app(hooked, threads="auto")
+    return make_client_app(hooked, chunk=chunk, threads=threads)
 
 
 app = build_client_app()

@@ -34,6 +34,18 @@ RESUME_MAY_CHANGE = ("num_rounds", "timeout", "clients_per_node")
 #: run's ``config.json`` implies (what the run computed), where that differs
 #: from today's default: :meth:`Settings.load` fills a missing key with it.
 ADDED_LATER = {"update-clip-factor": 0.0, "direction-factor": 0.0, "reversed-influence-factor": 0.0}
+#: The bounds on hostile updates and reports (each 0 = off); ``defences = "off"``
+#: turns them all off (:meth:`Settings.bounds`).
+BOUNDS = (
+    "max_update_norm",
+    "update_norm_factor",
+    "loss_cap",
+    "count_cap",
+    "update_clip_factor",
+    "direction_factor",
+    "influence_clip_factor",
+    "reversed_influence_factor",
+)
 #: Settings that say where a run is written, not what it computes.
 _LOCATION = ("output_dir", "resume_from", "overwrite")
 #: Settings that name a folder: equal when they name the same one.
@@ -224,6 +236,12 @@ class Settings:
         coordinate-wise median of the round's other updates, this round and
         on average over the client's recent rounds (a sign flip, IPM); updates
         the clients agree with keep their weight (0 = off).
+    defences : str
+        ``"default"``: each bound above as its own setting gives it; ``"off"``:
+        every bound off at once (:data:`BOUNDS`: the norm, count and loss bounds,
+        the clips and the direction checks), the papers' algorithms as the papers
+        state them. Validity checks (finite values, shapes, known tasks) stay.
+        With ``"off"`` a bound set to other than its default is refused.
     timeout : float
         Seconds to wait for the replies of one round trip.
     clients_per_node : str
@@ -274,6 +292,7 @@ class Settings:
     direction_factor: float = 3.0
     influence_clip_factor: float = 0.0
     reversed_influence_factor: float = 4.0
+    defences: str = "default"
     timeout: float = 600.0
     clients_per_node: str = "auto"
     dp: str = ""
@@ -522,6 +541,12 @@ class Settings:
         s.validate()
         return s
 
+    def bounds(self) -> dict[str, float]:
+        """The bounds of :data:`BOUNDS` this run applies: each setting's value, or
+        0 (off) for every one with ``defences = "off"``."""
+        off = self.defences == "off"
+        return {name: 0.0 if off else float(getattr(self, name)) for name in BOUNDS}
+
     def validate(self) -> None:
         """Raise ValueError with a clear message for settings that cannot run.
 
@@ -551,6 +576,18 @@ class Settings:
                 getattr(self, name), self
             ):
                 raise ValueError(opt.error(name, getattr(self, name), self))
+        if self.defences == "off":
+            defaults = {f.name: f.default for f in dataclasses.fields(self)}
+            given = [
+                f"{n.replace('_', '-')}={getattr(self, n)!r}"
+                for n in BOUNDS
+                if getattr(self, n) != defaults[n]
+            ]
+            if given:
+                raise ValueError(
+                    f"defences=off turns every bound off, but {', '.join(given)} asks for "
+                    "one: drop it, or use defences=default"
+                )
         self.client_arrival_rounds()
         self.client_pin_map()
         self.clients_per_node_count()
@@ -782,6 +819,11 @@ def options() -> dict[str, Option]:
             "use a client's sample count up to this multiple of the task's median count",
             low=1,
             off="off",
+        ),
+        "defences": Option(
+            "every bound on hostile updates as its own setting gives it (default) or all "
+            "off (off: the papers' algorithms as stated)",
+            lambda: ["default", "off"],
         ),
         "timeout": Option(
             "seconds to wait for the replies of one round trip", low=0, low_open=True

@@ -50,14 +50,7 @@ def strategy_from_settings(
         "fraction_evaluate": s.fraction_evaluate,
         "min_available_clients": s.num_clients,
         "on_round_end": on_round_end,
-        "max_update_norm": s.max_update_norm or None,
-        "update_norm_factor": s.update_norm_factor or None,
-        "update_clip_factor": s.update_clip_factor or None,
-        "direction_factor": s.direction_factor or None,
-        "influence_clip_factor": s.influence_clip_factor or None,
-        "reversed_influence_factor": s.reversed_influence_factor or None,
-        "loss_cap": s.loss_cap or None,
-        "count_cap": s.count_cap or None,
+        **{name: value or None for name, value in s.bounds().items()},
     }
     if s.client_arrivals:
         kwargs["client_arrivals"] = s.client_arrival_rounds()

@@ -169,6 +169,7 @@ def test_the_choice_settings_are_the_expected_ones():
         "group_variant",
         "dp",
         "mifa_start",
+        "defences",
     }
 
 

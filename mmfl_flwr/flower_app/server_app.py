@@ -357,8 +357,8 @@ def _run_server(
             for old in Path(s.output_dir).glob("clusters*"):
                 if old.name == "clusters.csv" or old.name.startswith("clusters_round_"):
                     old.unlink()
-            for name in ("summary.json", "metrics.csv", "assignments.csv", "accuracy.png"):
-                Path(s.output_dir, name).unlink(missing_ok=True)
+            for old_file in ("summary.json", "metrics.csv", "assignments.csv", "accuracy.png"):
+                Path(s.output_dir, old_file).unlink(missing_ok=True)
         os.makedirs(s.output_dir, exist_ok=True)
         s.save(os.path.join(s.output_dir, "config.json"), effective, engine)
         strategy.checkpoint_path = os.path.join(s.output_dir, CHECKPOINT_FILE)

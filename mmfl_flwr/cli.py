@@ -276,10 +276,10 @@ def _check_pins_provable(settings: Settings) -> None:
 
 def check_ray_options(args: argparse.Namespace, settings: Settings | None = None) -> dict[str, Any]:
     """The Ray options given on the command line (``--num-gpus-per-client``,
-    ``--num-gpus-per-node``, ``--ray-address``) as keyword arguments of :func:`~mmfl_flwr.runner.run`,
-    checked before the run: refused with another engine than ``simulation``;
-    an invalid GPU share, GPUs where Ray sees none, an unreachable cluster and
-    ``--num-cpus`` with ``--ray-address`` are ValueErrors
+    ``--num-gpus-per-node``, ``--ray-address``) as keyword arguments of
+    :func:`~mmfl_flwr.runner.run`, checked before the run: refused with
+    another engine than ``simulation``; an invalid GPU share, GPUs where
+    Ray sees none, an unreachable cluster and ``--num-cpus`` with ``--ray-address`` are ValueErrors
     (:func:`~mmfl_flwr.flower_app.launch.plan_ray`, which also checks
     ``RAY_ADDRESS``)."""
     from os import environ
@@ -388,6 +388,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         settings = settings_from_args(args)
+        from mmfl_flwr.flower_app.server_app import check_output_location
+
+        # before any data is loaded or any process (Ray) started
+        check_output_location(settings.output_dir)
         ray_options = check_ray_options(args, settings)
         if args.vector_chunk is not None and args.engine != "vectorized":
             raise ValueError(

@@ -263,19 +263,42 @@ def _files_of_finished_rounds(output_dir: str) -> None:
     write_assignments_csv(state["assignments"], Path(output_dir, "assignments.csv"))
 
 
+def check_output_location(output_dir: str) -> None:
+    """Refuse an output folder that cannot hold a run's files: a file, a path
+    under a file, or a folder that this process cannot write (permissions, a
+    read-only file system). Probed by creating and removing a temporary entry
+    in the folder (or, where it does not exist yet, in its nearest existing
+    parent), so nothing is left behind. Raises ValueError (one line)."""
+    import tempfile
+
+    if not output_dir:
+        return
+    path = Path(output_dir)
+    for part in (path, *path.parents):
+        if part.exists() and not part.is_dir():
+            raise ValueError(
+                f"--output-dir {output_dir} (output-dir): {part} is a file, not a folder; "
+                "name a folder"
+            )
+    existing = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    try:
+        tempfile.TemporaryDirectory(dir=existing, prefix=".mmfl-probe-").cleanup()
+    except OSError as err:
+        raise ValueError(
+            f"--output-dir {output_dir} (output-dir): cannot write into {existing} "
+            f"({err.strerror or type(err).__name__}); name a folder you can write"
+        ) from None
+
+
 def check_output_folder(s: Settings) -> None:
     """Refuse to start a new run in an output folder that holds another run's
     checkpoint, unless it resumes that checkpoint or ``s.overwrite``, and an
-    output folder that is a file or lies under one (``overwrite`` replaces run
-    outputs, never a file by a folder)."""
+    output folder that cannot be written (:func:`check_output_location`: a file,
+    a folder under one, no write permission, a read-only file system;
+    ``overwrite`` replaces run outputs, never a file by a folder)."""
     if not s.output_dir:
         return
-    for part in (Path(s.output_dir), *Path(s.output_dir).parents):
-        if part.exists() and not part.is_dir():
-            raise ValueError(
-                f"--output-dir {s.output_dir} (output-dir): {part} is a file, "
-                f"not a folder; name a folder"
-            )
+    check_output_location(s.output_dir)
     if s.overwrite:
         return
     held = Path(s.output_dir) / CHECKPOINT_FILE

@@ -181,3 +181,64 @@ def test_logs_written_to_a_file_carry_no_colour_codes(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "WARNING" in proc.stderr  # the budget warning of 4 clients
     assert "\x1b[" not in proc.stderr + proc.stdout, proc.stderr
+
+
+def _unwritable_locations(tmp_path: Path) -> list[tuple[str, str]]:
+    """(output dir, what the error names) that this process cannot write: a
+    read-only or virtual file system (/sys, /proc where mkdir fails), and a
+    folder without write permission (only for a user that permissions bind)."""
+    import os
+
+    out = []
+    for base in ("/sys", "/proc"):
+        try:
+            os.mkdir(f"{base}/mmfl-probe-x")
+        except OSError:
+            out.append((f"{base}/x", f"cannot write into {base}"))
+        else:  # pragma: no cover - a writable /sys: not a read-only location here
+            os.rmdir(f"{base}/mmfl-probe-x")
+    if os.geteuid() != 0:
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o555)
+        out += [(str(ro), f"cannot write into {ro}"), (str(ro / "sub"), f"cannot write into {ro}")]
+    return out
+
+
+@pytest.mark.parametrize("engine", ["inprocess", "simulation"])
+def test_an_unwritable_output_dir_is_one_line_before_data_or_engine(
+    engine, tmp_path, monkeypatch, capsys
+):
+    """Issue 62: an output folder that cannot be written (permissions, a read-only
+    file system) was a PermissionError traceback after the data had loaded (and
+    Ray had started). Now one line, exit 2, before data or engine."""
+    from mmfl_flwr import cli, runner
+    from mmfl_flwr.flower_app import data
+
+    started: list[str] = []
+    monkeypatch.setattr(data, "federation_for", lambda *a, **k: started.append("data"))
+    monkeypatch.setattr(cli, "run", lambda *a, **k: started.append("engine"))
+    monkeypatch.setattr(runner, "run_simulation_engine", lambda *a, **k: started.append("ray"))
+    cases = _unwritable_locations(tmp_path)
+    assert cases, "no unwritable location on this machine"
+    flags = [f for f in SMALL if f not in ("--engine", "inprocess")]
+    for out, named in cases:
+        with pytest.raises(SystemExit) as stop:
+            cli.main(["run", *flags, "--engine", engine, "--output-dir", out])
+        assert stop.value.code == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("mmfl run: error: "), lines
+        assert f"--output-dir {out}" in lines[0] and named in lines[0], lines
+        assert started == []
+
+
+def test_the_python_run_refuses_an_unwritable_output_dir_before_the_engine(monkeypatch):
+    from mmfl_flwr import runner
+    from mmfl_flwr.config import Settings as S
+
+    started: list[str] = []
+    monkeypatch.setattr(runner, "run_simulation_engine", lambda *a, **k: started.append("ray"))
+    monkeypatch.setattr(runner, "run_inprocess", lambda *a, **k: started.append("inprocess"))
+    for engine in ("simulation", "inprocess"):
+        with pytest.raises(ValueError, match="cannot write into /sys"):
+            runner.run(S(output_dir="/sys/x"), engine=engine)
+    assert started == []

@@ -498,6 +498,8 @@ class MultiModelStrategy(Strategy):
                         f"{name}.aggregate_loss_query",
                     )
                 log(INFO, "Loss query: %d (client, task) losses received", n)
+                # clients without a loss handler: out of this round's assignment too
+                registration.leave_out_lacking(run_state)
             with timed(rnd, "plan"):
                 msgs = self._messages(
                     hooks,
@@ -517,6 +519,8 @@ class MultiModelStrategy(Strategy):
                 models, metrics = self._pair(
                     hooks, rnd, self._hook(hooks, "aggregate_train", rnd, replies)
                 )
+                # no client has a train handler: stop before this round finishes
+                registration.stop_unless_a_client_can_serve(run_state)
                 done = self._rows.pop(rnd, None)
                 if done is None:
                     raise HookError(
@@ -559,6 +563,7 @@ class MultiModelStrategy(Strategy):
                     )
                     if client_eval is not None:
                         result.evaluate_metrics_clientapp[rnd] = {"all": client_eval}
+                    registration.stop_unless_a_client_can_serve(run_state)
             seconds = time.monotonic() - t0
             with timed(rnd, "server_eval"):
                 rows_out = evaluate.round_rows(

@@ -434,6 +434,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{settings.num_rounds} rounds, seed {settings.seed}",
         flush=True,
     )
+    from mmfl_flwr.flower_app.launch import SimulationError
+
     t0 = time.monotonic()
     vector = {} if args.vector_chunk is None else {"vector_chunk": args.vector_chunk}
     if args.threads is not None:
@@ -451,6 +453,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(interrupted_message(settings, args.engine), file=sys.stderr, flush=True)
         return 130
+    except SimulationError as err:  # Flower's run failed (flwr run itself exits 0)
+        print(f"mmfl run: error: the run failed: {' '.join(str(err).split())}", file=sys.stderr)
+        return 1
     final = {t: round(r["accuracy"], 4) for t, r in result.final().items()}
     print(
         f"[mmfl] done in {time.monotonic() - t0:.1f}s; final accuracy {json.dumps(final)}",

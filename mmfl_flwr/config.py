@@ -821,10 +821,24 @@ def setting_help(name: str) -> str:
     return f"{opt.help}. Allowed: {opt.allowed()}. Default: {default!r}.{used_by}"
 
 
+#: The run-config spellings of a switch (``overwrite``, ``download``).
+_BOOLS = {"true": True, "1": True, "false": False, "0": False}
+
+
 def _coerce(key: str, value: Any, typ: type) -> Any:
+    """``value`` of run-config key ``key`` as ``typ``: a number may be given as
+    text (``"0.5"``), a whole float as an int; a boolean for a number
+    (``local-epochs = true``), a fraction for an int or a switch other than
+    true / false / 1 / 0 is a ValueError, never a silent 1 or False."""
     try:
         if typ is bool:
-            return value if isinstance(value, bool) else str(value).lower() in ("1", "true")
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, float) or str(value).strip().lower() not in _BOOLS:
+                raise ValueError
+            return _BOOLS[str(value).strip().lower()]
+        if isinstance(value, bool) and typ in (int, float):
+            raise ValueError
         if typ is int:
             if isinstance(value, float) and value != int(value):
                 raise ValueError
@@ -833,4 +847,5 @@ def _coerce(key: str, value: Any, typ: type) -> Any:
             return float(value)
         return str(value)
     except (TypeError, ValueError) as err:
-        raise ValueError(f"{key}={value!r} is not a valid {typ.__name__}") from err
+        kind = "switch (true or false)" if typ is bool else typ.__name__
+        raise ValueError(f"{key}={value!r} is not a valid {kind}") from err

@@ -151,10 +151,10 @@ class Option:
         """Whether ``value`` is allowed (``settings`` give the bounds that name
         another setting). Free-form values are left to their parsers."""
         if self.choices is not None:
-            if self.listed:
-                items = [v.strip() for v in str(value).split(",") if v.strip()]
+            if self.listed:  # no empty item: "digits,,synthetic" is a typo, not 2 models
+                items = [v.strip() for v in str(value).split(",")]
                 known = set(self.choices())
-                return bool(items) and all(v in known for v in items)
+                return all(v in known for v in items)
             return (value == "" and bool(self.empty)) or value in self.choices()
         if self.low is None and self.high is None:
             return True
@@ -186,6 +186,11 @@ class Option:
             return f"{key} must be {self.allowed()}; got {value!r}{named}"
         if self.listed:
             known = set(self.choices())
+            if any(not v.strip() for v in str(value).split(",")) and str(value).strip():
+                return (
+                    f"{key}={value!r} has an empty item; give {self.allowed()} "
+                    "(no empty item between, before or after the commas)"
+                )
             unknown = [
                 v.strip() for v in str(value).split(",") if v.strip() and v.strip() not in known
             ]
@@ -372,7 +377,8 @@ class AlgorithmCard:
                 raise ValueError(
                     f"aggregator={_describe(aggregator)} cannot be used with strategy "
                     f"{self.name!r}: its aggregator is part of the algorithm (strategies "
-                    f"that take one: {', '.join(c.name for c in cards() if not c.fixed_aggregator)})"
+                    "that take one: "
+                    f"{', '.join(c.name for c in cards() if not c.fixed_aggregator)})"
                 )
             if isinstance(aggregator, str):
                 accepted = self.accepted_aggregators()

@@ -16,7 +16,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from logging import WARNING
+from logging import ERROR, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -350,7 +350,15 @@ def _run_server(
 
     load_snapshot(context.run_config)  # tasks registered by the process that started the run
     engine = engine or os.environ.get(ENGINE_ENV) or None
-    s = settings if settings is not None else Settings.from_run_config(context.run_config)
+    if settings is not None:
+        s = settings
+    else:
+        try:
+            s = Settings.from_run_config(context.run_config)
+        except ValueError as err:
+            # flwr run exits 0 whatever the ServerApp raises: say it in one line first
+            log(ERROR, "mmfl: invalid run-config, the run stops: %s", err)
+            raise
     custom = strategy is not None  # not the preset that s names (the plot title says so)
     if strategy is None:
         strategy = strategy_from_settings(s, progress_printer(s.num_rounds))

@@ -242,3 +242,86 @@ def test_the_python_run_refuses_an_unwritable_output_dir_before_the_engine(monke
         with pytest.raises(ValueError, match="cannot write into /sys"):
             runner.run(S(output_dir="/sys/x"), engine=engine)
     assert started == []
+
+
+def test_a_config_toml_boolean_for_a_number_is_one_line(tmp_path):
+    """Issue 62: ``local-epochs = true`` in a --config TOML ran with 1 epoch."""
+    cfg = tmp_path / "run.toml"
+    cfg.write_text("local-epochs = true\n")
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mmfl_flwr.cli",
+            "run",
+            "--config",
+            str(cfg),
+            "--output-dir",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "local-epochs=True" in lines[0], lines
+    assert not out.exists()
+
+
+def test_cli_refuses_an_empty_task_item(tmp_path, capsys):
+    from mmfl_flwr import cli
+
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["run", "--tasks", "digits,,synthetic", "--output-dir", str(tmp_path / "o")])
+    assert stop.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "tasks='digits,,synthetic'" in lines[0] and "empty" in lines[0]
+
+
+def test_a_run_that_fails_on_the_engine_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys):
+    """Issue 62: where Flower's run fails (its ServerApp raised; ``flwr run``
+    itself exits 0), mmfl run reports it as one line and exit code 1, not a
+    SimulationError traceback."""
+    from mmfl_flwr import cli
+    from mmfl_flwr.flower_app.launch import SimulationError
+
+    def failing(*args, **kwargs):
+        raise SimulationError("the run ended as 'finished:failed' (ServerApp raised)")
+
+    monkeypatch.setattr(cli, "run", failing)
+    monkeypatch.setattr(cli, "check_before_run", lambda settings: None)
+    code = cli.main(["run", *SMALL, "--output-dir", str(tmp_path / "o")])
+    assert code == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert (
+        lines[0].startswith("mmfl run: error: the run failed: ") and "finished:failed" in lines[0]
+    )
+
+
+def test_the_server_app_names_an_invalid_run_config_in_one_error_line(caplog):
+    """``flwr run . --run-config "num-clients=-1"``: Flower shows the ServerApp's
+    traceback and exits 0; the ServerApp first logs one ERROR line saying what
+    is wrong with the run-config."""
+    import logging
+
+    from flwr.app import Context, RecordDict
+
+    from mmfl_flwr.flower_app.server_app import server_main
+
+    context = Context(
+        run_id=1,
+        node_id=0,
+        node_config={},
+        state=RecordDict(),
+        run_config={"num-clients": -1},
+    )
+    with caplog.at_level(logging.ERROR, logger="flwr"), pytest.raises(ValueError):
+        server_main(None, context)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any("invalid run-config" in m and "num-clients must be >= 1" in m for m in errors), (
+        errors
+    )

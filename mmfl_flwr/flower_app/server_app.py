@@ -263,6 +263,46 @@ def _files_of_finished_rounds(output_dir: str) -> None:
     write_assignments_csv(state["assignments"], Path(output_dir, "assignments.csv"))
 
 
+def effective_clients_per_node(s: Settings, engine: str | None, run_config: Any) -> dict[str, Any]:
+    """``{"clients-per-node": K}``, the clients per node that ``auto`` means on
+    this run's engine (config.json's ``effective``; ``{}`` for a number typed):
+    1 on the in-process engine, every client on the vectorized one, what mmfl
+    run's simulation launcher chose (passed in the run config), else (flwr run,
+    a SuperNode) each node's ``ceil(num-clients / num-partitions)``."""
+    from mmfl_flwr.flower_app.launch import CLIENTS_PER_NODE_USED_KEY
+
+    if s.clients_per_node_count() is not None:
+        return {}
+    chosen = (run_config or {}).get(CLIENTS_PER_NODE_USED_KEY)
+    if engine == "inprocess":
+        used: Any = 1
+    elif engine == "vectorized":
+        used = s.num_clients
+    elif chosen is not None:
+        used = int(chosen)
+    else:
+        used = "ceil(num-clients / num-partitions) of each node"
+    return {"clients-per-node": used}
+
+
+def privacy_line(privacy: dict[str, dict[str, float]]) -> str:
+    """The console line of a run under a differential-privacy wrapper: each
+    model's epsilon (at the run's delta) and its releases, as summary.json
+    records them."""
+    parts = []
+    for task, p in privacy.items():
+        eps = p.get("epsilon")
+        spent = (
+            "no noise, no guarantee"
+            if eps is None or not math.isfinite(float(eps))
+            else f"epsilon {float(eps):.3g}"
+        )
+        parts.append(f"{task} {spent} ({int(p.get('releases', 0))} releases)")
+    deltas = {float(p["delta"]) for p in privacy.values() if "delta" in p}
+    at = f" at delta {deltas.pop():g}" if len(deltas) == 1 else ""
+    return f"[mmfl] privacy spent{at}: {', '.join(parts)}"
+
+
 def check_output_location(output_dir: str) -> None:
     """Refuse an output folder that cannot hold a run's files: a file, a path
     under a file, or a folder that this process cannot write (permissions, a
@@ -376,6 +416,7 @@ def _run_server(
     if not custom:  # the preset that s names: warn when its budget is too small
         warn_if_few_uploads(s)
     effective = {} if custom else effective_settings(s)
+    effective.update(effective_clients_per_node(s, engine, context.run_config))
     name = (
         f"custom {type(strategy.policy).__name__} + {type(strategy.aggregator).__name__}"
         if custom
@@ -406,6 +447,8 @@ def _run_server(
         if s.output_dir:
             _files_of_finished_rounds(s.output_dir)
         raise
+    if result.privacy:  # a run under a DP wrapper: the budget spent, on the console too
+        print(privacy_line(result.privacy), flush=True)
     if s.output_dir:
         out = write_outputs(
             result, s, s.output_dir, strategy_name=name, effective=effective, engine=engine

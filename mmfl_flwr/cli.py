@@ -115,7 +115,22 @@ def _add_settings_args(groups: dict[str, argparse._ArgumentGroup]) -> None:
         if isinstance(default, bool):  # a switch: --overwrite
             p.add_argument(_flag(name), action="store_true", default=argparse.SUPPRESS, help=text)
             continue
-        p.add_argument(_flag(name), type=type(default), default=argparse.SUPPRESS, help=text)
+        typ = _whole_number if type(default) is int else type(default)
+        p.add_argument(_flag(name), type=typ, default=argparse.SUPPRESS, help=text)
+
+
+def _whole_number(text: str) -> int | float:
+    """The value of a whole-number flag: an int, or the number typed (``1.5``),
+    which the settings then refuse with the message of every other surface
+    (:func:`~mmfl_flwr.config.option_error`); text that is no number is
+    argparse's "invalid int value"."""
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)  # a ValueError here: argparse names the flag and the text
+
+
+_whole_number.__name__ = "int"  # argparse: "invalid int value: 'abc'"
 
 
 def _fail(message: str, prog: str = "mmfl run") -> NoReturn:

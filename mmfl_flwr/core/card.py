@@ -178,9 +178,12 @@ class Option:
         setting)."""
         key = name.replace("_", "-")
         if self.choices is None:
+            # the other setting's value, where it is that bound the value breaks
             named = (
                 f" ({self._bound(self.high)}={getattr(settings, self.high)!r})"
-                if isinstance(self.high, str) and settings is not None
+                if isinstance(self.high, str)
+                and settings is not None
+                and dataclasses.replace(self, high=None).accepts(value, settings)
                 else ""
             )
             return f"{key} must be {self.allowed()}; got {value!r}{named}"

@@ -267,7 +267,7 @@ def test_a_config_toml_boolean_for_a_number_is_one_line(tmp_path):
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "local-epochs=True" in lines[0], lines
+    assert len(lines) == 1 and "local-epochs must be a whole number >= 1; got True" in lines[0]
     assert not out.exists()
 
 

@@ -160,12 +160,12 @@ def run(
     ``vectorized``; ``vector_chunk``: clients per batched training call of the
     vectorised engine, default sized from free memory; ``threads``: its torch
     threads, default ``"auto"``, the cores other processes leave free). An
-    output folder that cannot take the run (a file, unwritable, another run's
-    checkpoint) is a ValueError before any data is loaded or engine started."""
-    from mmfl_flwr.flower_app.server_app import check_output_folder
+    output folder that cannot be written (a file, no permission, a read-only
+    file system) is a ValueError before any data is loaded or engine started."""
+    from mmfl_flwr.flower_app.server_app import check_output_location
 
     settings.validate()
-    check_output_folder(settings)
+    check_output_location(settings.output_dir)
     if vector_chunk is not None and engine != "vectorized":
         raise ValueError("vector_chunk applies to engine='vectorized' only")
     if threads is not None and engine != "vectorized":

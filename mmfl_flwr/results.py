@@ -439,7 +439,7 @@ def assignments_figure(
     handles = [Line2D([], [], marker="s", linestyle="", color=colors[m], label=m) for m in models]
     if len(clients) <= max_clients:
         height = min(12.0, 2.0 + 0.22 * max(len(clients), 1))
-        fig = new_figure((max(6.0, 1.2 + 0.18 * max(len(rounds), 1)), height), layout="constrained")
+        fig = new_figure((max(7.2, 1.2 + 0.18 * max(len(rounds), 1)), height), layout="constrained")
         ax = fig.add_subplot()
         row = {c: i for i, c in enumerate(clients)}
         for r in rounds:

@@ -191,8 +191,9 @@ class Option:
             known = set(self.choices())
             if any(not v.strip() for v in str(value).split(",")) and str(value).strip():
                 return (
-                    f"{key}={value!r} has an empty item; give {self.allowed()} "
-                    "(no empty item between, before or after the commas)"
+                    f"{key}={value!r} has an empty item (two commas in a row, or one at "
+                    f"either end); give task kinds separated by single commas, each one "
+                    f"of {', '.join(self.choices())}"
                 )
             unknown = [
                 v.strip() for v in str(value).split(",") if v.strip() and v.strip() not in known

@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "MultiModelStrategy": "mmfl_flwr.strategy",
     "HookError": "mmfl_flwr.strategy",
+    "NoClientCanServe": "mmfl_flwr.strategy.registration",
     "MultiModelResult": "mmfl_flwr.strategy",
     "InProcessGrid": "mmfl_flwr.grid",
     "make_strategy": "mmfl_flwr.presets",

@@ -38,7 +38,70 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _add_settings_args(p: argparse.ArgumentParser) -> None:
+#: The argument groups of ``mmfl run --help``, in order, with what they hold.
+GROUPS = {
+    "run": "what is run: clients, rounds, seeds, arrivals; a --config file, --resume",
+    "strategy": "the algorithm (preset, aggregator, its parameters) and local training",
+    "data": "tasks (one model each), their data and its split over the clients",
+    "engine": "where the clients run (--engine) and on which resources",
+    "defences": "checks and bounds on what clients send",
+    "privacy": "per-model differential privacy (mmfl_flwr.privacy)",
+    "outputs": "where results go, what is printed",
+}
+#: Settings whose group is not ``strategy`` (the preset and its parameters).
+_SETTING_GROUP = {
+    **dict.fromkeys(
+        (
+            "num_clients",
+            "num_rounds",
+            "seed",
+            "data_seed",
+            "model_seed",
+            "timeout",
+            "client_arrivals",
+            "task_arrivals",
+            "resume_from",
+        ),
+        "run",
+    ),
+    **dict.fromkeys(
+        (
+            "tasks",
+            "labels_per_client",
+            "profile",
+            "data_root",
+            "download",
+            "synthetic_max_samples",
+        ),
+        "data",
+    ),
+    "clients_per_node": "engine",
+    **dict.fromkeys(
+        (
+            "max_update_norm",
+            "update_norm_factor",
+            "loss_cap",
+            "count_cap",
+            "update_clip_factor",
+            "direction_factor",
+            "influence_clip_factor",
+            "reversed_influence_factor",
+            "client_pins",
+        ),
+        "defences",
+    ),
+    **dict.fromkeys(("output_dir", "overwrite", "target_accuracy"), "outputs"),
+}
+
+
+def setting_group(name: str) -> str:
+    """The ``mmfl run --help`` group of setting ``name`` (:data:`GROUPS`)."""
+    if name.startswith("dp"):
+        return "privacy"
+    return _SETTING_GROUP.get(name, "strategy")
+
+
+def _add_settings_args(groups: dict[str, argparse._ArgumentGroup]) -> None:
     """One flag per setting. Their default is ``argparse.SUPPRESS``, so that only
     the flags given on the command line appear in the parsed namespace. Each
     flag's help (what it does, its allowed values, its default, the presets that
@@ -48,10 +111,26 @@ def _add_settings_args(p: argparse.ArgumentParser) -> None:
     for name in SETTING_NAMES:
         default = getattr(defaults, name)
         text = setting_help(name).replace("%", "%%")  # argparse expands %-formats
+        p = groups[setting_group(name)]
         if isinstance(default, bool):  # a switch: --overwrite
             p.add_argument(_flag(name), action="store_true", default=argparse.SUPPRESS, help=text)
             continue
-        p.add_argument(_flag(name), type=type(default), default=argparse.SUPPRESS, help=text)
+        typ = _whole_number if type(default) is int else type(default)
+        p.add_argument(_flag(name), type=typ, default=argparse.SUPPRESS, help=text)
+
+
+def _whole_number(text: str) -> int | float:
+    """The value of a whole-number flag: an int, or the number typed (``1.5``),
+    which the settings then refuse with the message of every other surface
+    (:func:`~mmfl_flwr.config.option_error`); text that is no number is
+    argparse's "invalid int value"."""
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)  # a ValueError here: argparse names the flag and the text
+
+
+_whole_number.__name__ = "int"  # argparse: "invalid int value: 'abc'"
 
 
 def _fail(message: str, prog: str = "mmfl run") -> NoReturn:
@@ -70,12 +149,14 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """The ``mmfl`` argument parser."""
     parser = _Parser(prog="mmfl", description="Multi-model federated learning on Flower.")
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="run an MMFL job and write its results")
     from mmfl_flwr import compare
 
     compare.add_parser(sub)
-    p_run.add_argument(
+    groups = {name: p_run.add_argument_group(name, text) for name, text in GROUPS.items()}
+    groups["engine"].add_argument(
         "--engine",
         choices=ENGINES,
         default="simulation",
@@ -84,13 +165,13 @@ def build_parser() -> argparse.ArgumentParser:
         "vectorized: in one process, each round trip computed per model for all "
         "its clients at once with torch.func (CUDA when available)",
     )
-    p_run.add_argument(
+    groups["engine"].add_argument(
         "--num-cpus",
         type=int,
         default=None,
         help="CPUs Ray may use (simulation engine; default: all)",
     )
-    p_run.add_argument(
+    groups["engine"].add_argument(
         "--num-gpus-per-client",
         type=float,
         default=None,
@@ -100,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
         "GPU at a time; a value in [0, 1] or a whole number; refused where Ray sees "
         "no GPU (default: 0, CPUs only)",
     )
-    p_run.add_argument(
+    groups["engine"].add_argument(
         "--num-gpus-per-node",
         type=float,
         default=None,
@@ -110,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
         "GPU share Ray sees): 1 puts each node on a GPU of its own; a value in "
         "[0, 1] or a whole number; refused where Ray sees no GPU",
     )
-    p_run.add_argument(
+    groups["engine"].add_argument(
         "--ray-address",
         default=None,
         metavar="ADDR",
@@ -118,8 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
         "or auto for the one `ray start` started here; simulation engine; default: "
         "$RAY_ADDRESS, else a Ray instance of this machine)",
     )
-    p_run.add_argument("--verbose", action="store_true", help="show Flower's and Ray's logs")
-    p_run.add_argument(
+    groups["outputs"].add_argument(
+        "--verbose", action="store_true", help="show Flower's and Ray's logs"
+    )
+    groups["engine"].add_argument(
         "--vector-chunk",
         type=int,
         default=None,
@@ -127,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="clients trained in one batched call (vectorized engine; default: as many "
         "as fit in half of the free GPU memory, 64 on the CPU)",
     )
-    p_run.add_argument(
+    groups["engine"].add_argument(
         "--threads",
         default=None,
         metavar="K",
@@ -135,14 +218,14 @@ def build_parser() -> argparse.ArgumentParser:
         "other processes leave free (at most OMP_NUM_THREADS where it is set), "
         "checked before every round trip; K fixes them",
     )
-    p_run.add_argument(
+    groups["run"].add_argument(
         "--config",
         metavar="FILE",
         default=None,
         help="a TOML file of run-config keys (e.g. configs/paper003-3task.toml); "
         "setting flags given on the command line override it",
     )
-    p_run.add_argument(
+    groups["run"].add_argument(
         "--resume",
         metavar="DIR",
         default=None,
@@ -151,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout and --clients-per-node may change, any other setting flag must "
         "match config.json)",
     )
-    p_run.add_argument(
+    groups["run"].add_argument(
         "--sequential",
         action="store_true",
         help="instead of the multi-model run: train the models one after another, each "
@@ -159,8 +242,21 @@ def build_parser() -> argparse.ArgumentParser:
         "per round to OUTPUT-DIR/single.csv (the single-model curves of "
         "mmfl_flwr.gain)",
     )
-    _add_settings_args(p_run)
+    _add_settings_args(groups)
     return parser
+
+
+def version_text() -> str:
+    """What ``mmfl --version`` prints: this package's version and Flower's."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from mmfl_flwr import __version__
+
+    try:
+        flwr = version("flwr")
+    except PackageNotFoundError:  # pragma: no cover - flwr is a dependency
+        flwr = "not installed"
+    return f"mmfl {__version__} (mmfl-flwr; flwr {flwr}, Python {sys.version.split()[0]})"
 
 
 def _message(err: BaseException) -> str:
@@ -389,6 +485,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         settings = settings_from_args(args)
+        from mmfl_flwr.flower_app.server_app import check_output_location
+
+        # before any data is loaded or any process (Ray) started
+        check_output_location(settings.output_dir)
         ray_options = check_ray_options(args, settings)
         if args.vector_chunk is not None and args.engine != "vectorized":
             raise ValueError(
@@ -431,6 +531,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{settings.num_rounds} rounds, seed {settings.seed}",
         flush=True,
     )
+    from mmfl_flwr.flower_app.launch import SimulationError
+
     t0 = time.monotonic()
     vector = {} if args.vector_chunk is None else {"vector_chunk": args.vector_chunk}
     if args.threads is not None:
@@ -448,6 +550,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(interrupted_message(settings, args.engine), file=sys.stderr, flush=True)
         return 130
+    except SimulationError as err:  # Flower's run failed (flwr run itself exits 0)
+        print(f"mmfl run: error: the run failed: {' '.join(str(err).split())}", file=sys.stderr)
+        return 1
     final = {t: round(r["accuracy"], 4) for t, r in result.final().items()}
     print(
         f"[mmfl] done in {time.monotonic() - t0:.1f}s; final accuracy {json.dumps(final)}",

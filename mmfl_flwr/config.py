@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import numbers
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ __all__ = [
     "RESUME_MAY_CHANGE",
     "Option",
     "Settings",
+    "check_option",
+    "option_error",
     "options",
     "setting_help",
 ]
@@ -555,6 +558,12 @@ class Settings:
         from mmfl_flwr.core.card import card, cards
 
         opts = options()
+        for name in opts:  # the type first: a bool or text is no number, 1.5 no whole one
+            value = getattr(self, name)
+            if not _of_type(value, _field_types()[name]) and not (
+                name == "clients_per_node" and _of_type(value, int)
+            ):
+                raise ValueError(_type_error(name, value))
         for name in ("strategy", "aggregator"):
             if not opts[name].accepts(getattr(self, name), self):
                 raise ValueError(opts[name].error(name, getattr(self, name)))
@@ -893,10 +902,86 @@ def setting_help(name: str) -> str:
     return f"{opt.help}. Allowed: {opt.allowed()}. Default: {default!r}.{used_by}"
 
 
+#: The run-config spellings of a switch (``overwrite``, ``download``).
+_BOOLS = {"true": True, "1": True, "false": False, "0": False}
+
+
+@functools.cache
+def _field_types() -> dict[str, type]:
+    """Setting -> its type (the type of its default: int, float, str, bool)."""
+    defaults = Settings()
+    return {name: type(getattr(defaults, name)) for name in options()}
+
+
+#: How the messages name each type of setting.
+_KINDS = {int: "a whole number", float: "a number", bool: "true or false", str: "text"}
+
+
+def _of_type(value: Any, typ: type) -> bool:
+    """Whether ``value`` is of setting type ``typ``: a bool is no number, an int
+    is a float's value too, numpy scalars count as their kind."""
+    if typ is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if typ is int:
+        return isinstance(value, numbers.Integral)
+    if typ is float:
+        return isinstance(value, numbers.Real)
+    return isinstance(value, str)
+
+
+def _type_error(name: str, value: Any) -> str:
+    opt = options()[name]
+    typ = _field_types()[name]
+    allowed = opt.allowed()
+    kind = _KINDS[typ]
+    return (
+        f"{name.replace('_', '-')} must be {kind}"
+        f"{' ' + allowed if allowed and typ in (int, float) else ''}; got {value!r}"
+    )
+
+
+def option_error(name: str, value: Any, settings: Any = None) -> str | None:
+    """The one-line message for ``value`` of setting ``name`` (a field of
+    :class:`Settings`), or None when it is allowed: of the setting's type and
+    accepted by its :class:`Option` (:func:`options`). The same message on
+    every surface: ``mmfl run``, a ``--config`` file, :meth:`Settings.validate`,
+    the preset factories and :class:`~mmfl_flwr.strategy.MultiModelStrategy`.
+    A bound that names another setting (``clients-per-round <= num-clients``)
+    is checked only with ``settings``."""
+    typ = _field_types()[name]
+    if not _of_type(value, typ):
+        return _type_error(name, value)
+    opt = options()[name]
+    bounded = dataclasses.replace(opt, high=None) if isinstance(opt.high, str) else opt
+    if (bounded if settings is None else opt).accepts(value, settings):
+        return None
+    return opt.error(name, value, settings)
+
+
+def check_option(name: str, value: Any, settings: Any = None) -> None:
+    """Raise ValueError with :func:`option_error`'s message unless ``value`` is
+    an allowed value of setting ``name``."""
+    message = option_error(name, value, settings)
+    if message is not None:
+        raise ValueError(message)
+
+
 def _coerce(key: str, value: Any, typ: type) -> Any:
+    """``value`` of run-config key ``key`` as ``typ``: a number may be given as
+    text (``"0.5"``), a whole float as an int; a boolean for a number
+    (``local-epochs = true``), a fraction for an int or a switch other than
+    true / false / 1 / 0 is a ValueError, never a silent 1 or False."""
     try:
         if typ is bool:
-            return value if isinstance(value, bool) else str(value).lower() in ("1", "true")
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, float) or str(value).strip().lower() not in _BOOLS:
+                raise ValueError
+            return _BOOLS[str(value).strip().lower()]
+        if isinstance(value, bool) and typ in (int, float):
+            raise ValueError
         if typ is int:
             if isinstance(value, float) and value != int(value):
                 raise ValueError
@@ -905,4 +990,7 @@ def _coerce(key: str, value: Any, typ: type) -> Any:
             return float(value)
         return str(value)
     except (TypeError, ValueError) as err:
+        name = key.replace("-", "_")
+        if name in options():  # the message of every other surface
+            raise ValueError(_type_error(name, value)) from err
         raise ValueError(f"{key}={value!r} is not a valid {typ.__name__}") from err

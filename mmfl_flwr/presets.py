@@ -49,6 +49,15 @@ def build(algorithm: AlgorithmCard, **kwargs: Any) -> MultiModelStrategy:
     keywords in ``kwargs`` and ``aggregator``) in a
     :class:`~mmfl_flwr.strategy.MultiModelStrategy` that takes every other
     keyword (``local_epochs``, ``lr``, ``seed``, ...)."""
+    from mmfl_flwr.config import check_option
+
+    # the card's parameters and the seed (used here, before MultiModelStrategy checks
+    # its keywords) by the option table of mmfl run: one message on every surface
+    for p in algorithm.parameters:
+        if p.name in kwargs:
+            check_option(p.field, kwargs[p.name])
+    if "seed" in kwargs:
+        check_option("seed", kwargs["seed"])
     takes = algorithm.keywords()
     mine = {k: kwargs.pop(k) for k in list(kwargs) if k in takes}
     aggregator = kwargs.pop("aggregator", None)

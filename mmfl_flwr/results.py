@@ -411,12 +411,16 @@ def assignments_figure(
     rejections: dict[int, list[tuple[str, str]]] | None = None,
     models: Sequence[str] | None = None,
     max_clients: int = MAX_CLIENTS_DRAWN,
+    num_clients: int | None = None,
 ) -> Figure:
     """The figure of ``assignments.png``: who trained what. Up to ``max_clients``
     clients, one row per client and one column per round, a square per model the
     client trained (coloured by model), crossed out where that part was rejected
     or went missing; with more clients, per round the parts each model was
-    trained on (stacked bars) and the rejected parts."""
+    trained on (stacked bars) and the rejected parts. ``num_clients`` (the
+    run's clients) counts the clients that never trained too: the title says
+    how many, and where the clients are ``0`` to ``num_clients - 1`` (the ids
+    of ``mmfl run``'s federations) they are drawn as empty rows."""
     from matplotlib.lines import Line2D
 
     from mmfl_flwr.core.clients import client_sort_key
@@ -426,10 +430,16 @@ def assignments_figure(
     models = list(models) if models else sorted({t for r in rounds for _, t, _ in assignments[r]})
     colors = _model_colors(models)
     clients = sorted({c for r in rounds for c, _, _ in assignments[r]}, key=client_sort_key)
+    trained = len(clients)
+    total = max(num_clients or 0, trained)
+    ids = [str(c) for c in range(total)]
+    if total > trained and set(clients) <= set(ids):  # the never-trained as empty rows
+        clients = ids
+    idle = f" ({total - trained} never trained)" if total > trained else ""
     handles = [Line2D([], [], marker="s", linestyle="", color=colors[m], label=m) for m in models]
     if len(clients) <= max_clients:
         height = min(12.0, 2.0 + 0.22 * max(len(clients), 1))
-        fig = new_figure((max(6.0, 1.2 + 0.18 * max(len(rounds), 1)), height), layout="constrained")
+        fig = new_figure((max(7.2, 1.2 + 0.18 * max(len(rounds), 1)), height), layout="constrained")
         ax = fig.add_subplot()
         row = {c: i for i, c in enumerate(clients)}
         for r in rounds:
@@ -459,7 +469,7 @@ def assignments_figure(
         handles.append(
             Line2D([], [], marker="x", linestyle="", color="black", label="rejected / missing")
         )
-        title = f"Who trained what: {len(clients)} clients x {len(rounds)} rounds"
+        title = f"Who trained what: {total} clients x {len(rounds)} rounds{idle}"
     else:
         import numpy as np
 
@@ -477,7 +487,7 @@ def assignments_figure(
         ax.set_ylabel("parts trained per round (processors)")
         handles.append(Line2D([], [], marker="x", color="black", label="rejected / missing"))
         title = (
-            f"Who trained what, per round ({len(clients)} clients: more than "
+            f"Who trained what, per round ({total} clients{idle}: more than "
             f"{max_clients}, so summed per model)"
         )
     ax.set_xlabel("round")
@@ -493,7 +503,8 @@ def assignments_figure(
 
 def training_figure(history: Sequence[dict[str, Any]]) -> Figure:
     """The figure of ``training.png``: per round and model, the updates
-    aggregated (uploads), the parts rejected or missing, and the trainers'
+    aggregated (uploads), the parts rejected or missing (left out, and the
+    title says so, when the run rejected nothing), and the trainers'
     sample-weighted training loss."""
     import math as _math
 
@@ -503,13 +514,17 @@ def training_figure(history: Sequence[dict[str, Any]]) -> Figure:
         if r["task"] not in models:
             models.append(r["task"])
     colors = _model_colors(models)
-    fig = new_figure((8.0, 7.5), layout="constrained")
-    axes = fig.subplots(3, 1, sharex=True)
-    panels = (
+    # nothing rejected or missing in the whole run: no all-zero panel, the title says so
+    any_rejected = any(float(r.get("rejected", 0) or 0) for r in rows)
+    panels: tuple[tuple[str, str], ...] = (
         ("uploads", "updates aggregated"),
         ("rejected", "parts rejected\nor missing"),
         ("train_loss", "training loss\n(sample-weighted)"),
     )
+    if not any_rejected:
+        panels = (panels[0], panels[2])
+    fig = new_figure((8.0, 7.5 if any_rejected else 5.5), layout="constrained")
+    axes = fig.subplots(len(panels), 1, sharex=True)
     for ax, (key, label) in zip(axes, panels):
         for m in models:
             pts = [
@@ -523,6 +538,10 @@ def training_figure(history: Sequence[dict[str, Any]]) -> Figure:
                 )
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
+        if key in ("uploads", "rejected"):  # counts: integer ticks only
+            from matplotlib.ticker import MaxNLocator
+
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     from matplotlib.ticker import MaxNLocator
 
     axes[-1].set_xlabel("round")
@@ -530,7 +549,12 @@ def training_figure(history: Sequence[dict[str, Any]]) -> Figure:
     handles, labels = axes[0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, loc="outside right upper", fontsize="small", title="model")
-    fig.suptitle("Uploads, rejections and training loss per round", fontsize="medium")
+    fig.suptitle(
+        "Uploads, rejections and training loss per round"
+        if any_rejected
+        else "Uploads and training loss per round (none rejected or missing)",
+        fontsize="medium",
+    )
     return fig
 
 
@@ -559,9 +583,12 @@ def write_outputs(
     write_assignments_csv(result.assignments, out / "assignments.csv")
     plot_accuracy(result.history, out / "accuracy.png", settings, strategy_name, effective)
     models = list(dict.fromkeys(r["task"] for r in result.history))
-    assignments_figure(result.assignments, result.rejections, models).savefig(
-        out / "assignments.png", dpi=100
-    )
+    assignments_figure(
+        result.assignments,
+        result.rejections,
+        models,
+        num_clients=settings.num_clients if settings is not None else None,
+    ).savefig(out / "assignments.png", dpi=100)
     training_figure(result.history).savefig(out / "training.png", dpi=100)
     return out
 

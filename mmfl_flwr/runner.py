@@ -166,8 +166,13 @@ def run(
     """Run ``settings`` on ``engine`` (``simulation``, ``inprocess`` or
     ``vectorized``; ``vector_chunk``: clients per batched training call of the
     vectorised engine, default sized from free memory; ``threads``: its torch
-    threads, default ``"auto"``, the cores other processes leave free)."""
+    threads, default ``"auto"``, the cores other processes leave free). An
+    output folder that cannot be written (a file, no permission, a read-only
+    file system) is a ValueError before any data is loaded or engine started."""
+    from mmfl_flwr.flower_app.server_app import check_output_location
+
     settings.validate()
+    check_output_location(settings.output_dir)
     if vector_chunk is not None and engine != "vectorized":
         raise ValueError("vector_chunk applies to engine='vectorized' only")
     if threads is not None and engine != "vectorized":

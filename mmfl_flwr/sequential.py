@@ -99,6 +99,9 @@ def check_before_sequential(settings: Settings) -> None:
         )
     for model in settings.model_names:
         single_settings(settings, model).validate()
+    from mmfl_flwr.flower_app.server_app import check_output_location
+
+    check_output_location(settings.output_dir)
     if settings.output_dir and not settings.overwrite:
         held = Path(settings.output_dir) / SINGLE_FILE
         if held.exists():

@@ -8,6 +8,7 @@ without importing one another. :mod:`mmfl_flwr.core.card` re-exports both.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -100,10 +101,10 @@ class Option:
         """Whether ``value`` is allowed (``settings`` give the bounds that name
         another setting). Free-form values are left to their parsers."""
         if self.choices is not None:
-            if self.listed:
-                items = [v.strip() for v in str(value).split(",") if v.strip()]
+            if self.listed:  # no empty item: "digits,,synthetic" is a typo, not 2 models
+                items = [v.strip() for v in str(value).split(",")]
                 known = set(self.choices())
-                return bool(items) and all(v in known for v in items)
+                return all(v in known for v in items)
             return (value == "" and bool(self.empty)) or value in self.choices()
         if self.low is None and self.high is None:
             return True
@@ -127,14 +128,23 @@ class Option:
         setting)."""
         key = name.replace("_", "-")
         if self.choices is None:
+            # the other setting's value, where it is that bound the value breaks
             named = (
                 f" ({self._bound(self.high)}={getattr(settings, self.high)!r})"
-                if isinstance(self.high, str) and settings is not None
+                if isinstance(self.high, str)
+                and settings is not None
+                and dataclasses.replace(self, high=None).accepts(value, settings)
                 else ""
             )
             return f"{key} must be {self.allowed()}; got {value!r}{named}"
         if self.listed:
             known = set(self.choices())
+            if any(not v.strip() for v in str(value).split(",")) and str(value).strip():
+                return (
+                    f"{key}={value!r} has an empty item (two commas in a row, or one at "
+                    f"either end); give task kinds separated by single commas, each one "
+                    f"of {', '.join(self.choices())}"
+                )
             unknown = [
                 v.strip() for v in str(value).split(",") if v.strip() and v.strip() not in known
             ]

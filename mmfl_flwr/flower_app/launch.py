@@ -524,6 +524,28 @@ def federation_config(
     return " ".join(keys), {}
 
 
+#: Run-config key (not a setting) by which mmfl run's simulation engine tells
+#: the ServerApp the clients per node it chose for ``clients-per-node`` auto
+#: (recorded in config.json's ``effective``).
+CLIENTS_PER_NODE_USED_KEY = "mmfl-clients-per-node-used"
+
+
+def launched_run_config(settings: Settings, out: Path, clients_per_node: int) -> dict[str, Any]:
+    """The run config that :func:`run_on_superlink` submits: the settings
+    (``clients-per-node`` as typed: config.json, resume and mmfl compare read
+    it), absolute output, resume and data folders, and with ``auto`` the
+    ``clients_per_node`` chosen (:data:`CLIENTS_PER_NODE_USED_KEY`)."""
+    config = settings.to_run_config()
+    config["output-dir"] = str(out)
+    if settings.resume_from:
+        config["resume-from"] = str(Path(settings.resume_from).resolve())
+    if settings.data_root:
+        config["data-root"] = str(Path(settings.data_root).resolve())
+    if settings.clients_per_node_count() is None:
+        config[CLIENTS_PER_NODE_USED_KEY] = int(clients_per_node)
+    return config
+
+
 def run_on_superlink(
     settings: Settings,
     num_cpus: int | None = None,
@@ -568,12 +590,7 @@ def run_on_superlink(
         )
     work = Path(tempfile.mkdtemp(prefix="mmfl-run-"))
     out = Path(settings.output_dir or work / "outputs").resolve()
-    config = settings.to_run_config()  # clients-per-node as typed (see above)
-    config["output-dir"] = str(out)
-    if settings.resume_from:
-        config["resume-from"] = str(Path(settings.resume_from).resolve())
-    if settings.data_root:
-        config["data-root"] = str(Path(settings.data_root).resolve())
+    config = launched_run_config(settings, out, k)
     if registered_tasks():  # user tasks of this process travel as a pickled snapshot
         save_snapshot(str(work / "tasks.pkl"))
         config[TASK_SNAPSHOT_KEY] = str(work / "tasks.pkl")

@@ -16,7 +16,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from logging import WARNING
+from logging import ERROR, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -258,19 +258,82 @@ def _files_of_finished_rounds(output_dir: str) -> None:
     write_assignments_csv(state["assignments"], Path(output_dir, "assignments.csv"))
 
 
+def effective_clients_per_node(s: Settings, engine: str | None, run_config: Any) -> dict[str, Any]:
+    """``{"clients-per-node": K}``, the clients per node that ``auto`` means on
+    this run's engine (config.json's ``effective``; ``{}`` for a number typed):
+    1 on the in-process engine, every client on the vectorized one, what mmfl
+    run's simulation launcher chose (passed in the run config), else (flwr run,
+    a SuperNode) each node's ``ceil(num-clients / num-partitions)``."""
+    from mmfl_flwr.flower_app.launch import CLIENTS_PER_NODE_USED_KEY
+
+    if s.clients_per_node_count() is not None:
+        return {}
+    chosen = (run_config or {}).get(CLIENTS_PER_NODE_USED_KEY)
+    if engine == "inprocess":
+        used: Any = 1
+    elif engine == "vectorized":
+        used = s.num_clients
+    elif chosen is not None:
+        used = int(chosen)
+    else:
+        used = "ceil(num-clients / num-partitions) of each node"
+    return {"clients-per-node": used}
+
+
+def privacy_line(privacy: dict[str, dict[str, float]]) -> str:
+    """The console line of a run under a differential-privacy wrapper: each
+    model's epsilon (at the run's delta) and its releases, as summary.json
+    records them."""
+    parts = []
+    for task, p in privacy.items():
+        eps = p.get("epsilon")
+        spent = (
+            "no noise, no guarantee"
+            if eps is None or not math.isfinite(float(eps))
+            else f"epsilon {float(eps):.3g}"
+        )
+        parts.append(f"{task} {spent} ({int(p.get('releases', 0))} releases)")
+    deltas = {float(p["delta"]) for p in privacy.values() if "delta" in p}
+    at = f" at delta {deltas.pop():g}" if len(deltas) == 1 else ""
+    return f"[mmfl] privacy spent{at}: {', '.join(parts)}"
+
+
+def check_output_location(output_dir: str) -> None:
+    """Refuse an output folder that cannot hold a run's files: a file, a path
+    under a file, or a folder that this process cannot write (permissions, a
+    read-only file system). Probed by creating and removing a temporary entry
+    in the folder (or, where it does not exist yet, in its nearest existing
+    parent), so nothing is left behind. Raises ValueError (one line)."""
+    import tempfile
+
+    if not output_dir:
+        return
+    path = Path(output_dir)
+    for part in (path, *path.parents):
+        if part.exists() and not part.is_dir():
+            raise ValueError(
+                f"--output-dir {output_dir} (output-dir): {part} is a file, not a folder; "
+                "name a folder"
+            )
+    existing = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    try:
+        tempfile.TemporaryDirectory(dir=existing, prefix=".mmfl-probe-").cleanup()
+    except OSError as err:
+        raise ValueError(
+            f"--output-dir {output_dir} (output-dir): cannot write into {existing} "
+            f"({err.strerror or type(err).__name__}); name a folder you can write"
+        ) from None
+
+
 def check_output_folder(s: Settings) -> None:
     """Refuse to start a new run in an output folder that holds another run's
     checkpoint, unless it resumes that checkpoint or ``s.overwrite``, and an
-    output folder that is a file or lies under one (``overwrite`` replaces run
-    outputs, never a file by a folder)."""
+    output folder that cannot be written (:func:`check_output_location`: a file,
+    a folder under one, no write permission, a read-only file system;
+    ``overwrite`` replaces run outputs, never a file by a folder)."""
     if not s.output_dir:
         return
-    for part in (Path(s.output_dir), *Path(s.output_dir).parents):
-        if part.exists() and not part.is_dir():
-            raise ValueError(
-                f"--output-dir {s.output_dir} (output-dir): {part} is a file, "
-                f"not a folder; name a folder"
-            )
+    check_output_location(s.output_dir)
     if s.overwrite:
         return
     held = Path(s.output_dir) / CHECKPOINT_FILE
@@ -322,7 +385,15 @@ def _run_server(
 
     load_snapshot(context.run_config)  # tasks registered by the process that started the run
     engine = engine or os.environ.get(ENGINE_ENV) or None
-    s = settings if settings is not None else Settings.from_run_config(context.run_config)
+    if settings is not None:
+        s = settings
+    else:
+        try:
+            s = Settings.from_run_config(context.run_config)
+        except ValueError as err:
+            # flwr run exits 0 whatever the ServerApp raises: say it in one line first
+            log(ERROR, "mmfl: invalid run-config, the run stops: %s", err)
+            raise
     custom = strategy is not None  # not the preset that s names (the plot title says so)
     if strategy is None:
         strategy = strategy_from_settings(s, progress_printer(s.num_rounds))
@@ -340,6 +411,7 @@ def _run_server(
     if not custom:  # the preset that s names: warn when its budget is too small
         warn_if_few_uploads(s)
     effective = {} if custom else effective_settings(s)
+    effective.update(effective_clients_per_node(s, engine, context.run_config))
     name = (
         f"custom {type(strategy.policy).__name__} + {type(strategy.aggregator).__name__}"
         if custom
@@ -352,8 +424,8 @@ def _run_server(
             for old in Path(s.output_dir).glob("clusters*"):
                 if old.name == "clusters.csv" or old.name.startswith("clusters_round_"):
                     old.unlink()
-            for name in ("summary.json", "metrics.csv", "assignments.csv", "accuracy.png"):
-                Path(s.output_dir, name).unlink(missing_ok=True)
+            for old_file in ("summary.json", "metrics.csv", "assignments.csv", "accuracy.png"):
+                Path(s.output_dir, old_file).unlink(missing_ok=True)
         os.makedirs(s.output_dir, exist_ok=True)
         s.save(os.path.join(s.output_dir, "config.json"), effective, engine)
         strategy.checkpoint_path = os.path.join(s.output_dir, CHECKPOINT_FILE)
@@ -370,6 +442,8 @@ def _run_server(
         if s.output_dir:
             _files_of_finished_rounds(s.output_dir)
         raise
+    if result.privacy:  # a run under a DP wrapper: the budget spent, on the console too
+        print(privacy_line(result.privacy), flush=True)
     if s.output_dir:
         out = write_outputs(
             result, s, s.output_dir, strategy_name=name, effective=effective, engine=engine

@@ -4,7 +4,7 @@ clients, client-side on their local test data (``evaluate`` messages)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from logging import INFO, WARNING
 from typing import Any
 
@@ -16,7 +16,7 @@ from mmfl_flwr.core.clients import MAX_NUM_EXAMPLES
 from mmfl_flwr.records import InvalidReply, check_count, check_loss
 from mmfl_flwr.strategy.replies import client_replies
 from mmfl_flwr.strategy.result import EvaluateFn, MultiModelResult
-from mmfl_flwr.strategy.state import RunState
+from mmfl_flwr.strategy.state import HookError, RunState
 
 
 def evaluation_messages(
@@ -110,7 +110,21 @@ def server_eval(
     res = evaluate_fn(rnd, task, run_state.arrays[task])
     if res is None:
         return {"accuracy": math.nan, "loss": math.nan}
-    rec = res if isinstance(res, MetricRecord) else MetricRecord(dict(res))
+    if isinstance(res, MetricRecord):
+        rec = res
+    else:
+        problem = "" if isinstance(res, Mapping) else "not a mapping"
+        if not problem:
+            try:
+                rec = MetricRecord(dict(res))
+            except (TypeError, ValueError) as err:
+                problem = str(err).splitlines()[0] if str(err) else type(err).__name__
+        if problem:
+            raise HookError(
+                f"evaluate_fn (round {rnd}, model {task!r}) returned {type(res).__name__} "
+                f"{res!r} ({problem}): expected a MetricRecord, a mapping of metric name to "
+                "number (accuracy, loss) or None"
+            )
     result.evaluate_metrics_serverapp.setdefault(rnd, {})[task] = rec
     return {
         "accuracy": float(rec.get("accuracy", math.nan)),  # type: ignore[arg-type]

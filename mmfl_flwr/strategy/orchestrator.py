@@ -23,6 +23,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from mmfl_flwr import protocol as P
+from mmfl_flwr.config import check_option
 from mmfl_flwr.core.aggregators import Aggregator, FedAvgAggregator
 from mmfl_flwr.core.pairing import check_pairing
 from mmfl_flwr.core.policy import Policy
@@ -39,6 +40,36 @@ from mmfl_flwr.strategy.validation import (
     UPDATE_CLIP_FACTOR,
     Limits,
 )
+
+
+def _check_components(policy: object, aggregator: object) -> None:
+    """A policy and an aggregator are objects (``MFARand()``, ``FedAvgAggregator()``),
+    not names: a name is a TypeError pointing to the presets by name."""
+    for what, obj, method, example in (
+        ("policy", policy, "assign", "mmfl_flwr.MFARand()"),
+        ("aggregator", aggregator, "aggregate", "mmfl_flwr.FedAvgAggregator()"),
+    ):
+        if obj is None:
+            continue
+        if isinstance(obj, str):
+            from mmfl_flwr.core.card import AGGREGATORS, cards
+
+            names = [c.name for c in cards()] if what == "policy" else list(AGGREGATORS)
+            pointer = (
+                "; to build a preset by name use mmfl_flwr.make_strategy(name, ...) "
+                f"with one of {', '.join(names)}"
+                if what == "policy"
+                else f"; a preset factory takes aggregator= as a name, one of {', '.join(names)}"
+            )
+            raise TypeError(
+                f"MultiModelStrategy({what}={obj!r}): {what} is a name; MultiModelStrategy "
+                f"takes a {what} object (e.g. {example}){pointer}"
+            )
+        if isinstance(obj, type) or not callable(getattr(obj, method, None)):
+            raise TypeError(
+                f"MultiModelStrategy({what}={obj!r}): expected a {what} object with an "
+                f"{method}() method (e.g. {example})"
+            )
 
 
 class MultiModelStrategy(Strategy):
@@ -148,6 +179,42 @@ class MultiModelStrategy(Strategy):
         trainable_keys: Mapping[str, Sequence[str]] | None = None,
         client_pins: Mapping[str, str] | None = None,
     ) -> None:
+        _check_components(policy, aggregator)
+        # the settings among the keywords: checked by the option table of mmfl run
+        # (one message on every surface); a defence at 0 is off, as on the command line
+        for name, value in (
+            ("local_epochs", local_epochs),
+            ("lr", lr),
+            ("batch_size", batch_size),
+            ("seed", seed),
+            ("fraction_evaluate", fraction_evaluate),
+        ):
+            check_option(name, value)
+        defences: dict[str, float | None] = {
+            "loss_cap": loss_cap,
+            "max_update_norm": max_update_norm,
+            "update_norm_factor": update_norm_factor,
+            "count_cap": count_cap,
+            "update_clip_factor": update_clip_factor,
+            "direction_factor": direction_factor,
+            "influence_clip_factor": influence_clip_factor,
+            "reversed_influence_factor": reversed_influence_factor,
+        }
+        for name, bound in defences.items():
+            if bound is not None:
+                check_option(name, bound)
+                if bound == 0:
+                    defences[name] = None
+        (
+            loss_cap,
+            max_update_norm,
+            update_norm_factor,
+            count_cap,
+            update_clip_factor,
+            direction_factor,
+            influence_clip_factor,
+            reversed_influence_factor,
+        ) = defences.values()
         if not 0.0 <= fraction_evaluate <= 1.0:
             raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate}")
         if evaluate_every < 1:
@@ -408,6 +475,8 @@ class MultiModelStrategy(Strategy):
     ) -> MultiModelResult:
         """The rounds of :meth:`start`, with every hook called on ``hooks`` (this
         strategy, or a wrapper around it)."""
+        check_option("num_rounds", num_rounds)  # as mmfl run checks them
+        check_option("timeout", timeout)
         if isinstance(initial_arrays, ArrayRecord):
             raise TypeError(
                 "MultiModelStrategy.start() takes one ArrayRecord per model, as a mapping "
@@ -498,6 +567,8 @@ class MultiModelStrategy(Strategy):
                         f"{name}.aggregate_loss_query",
                     )
                 log(INFO, "Loss query: %d (client, task) losses received", n)
+                # clients without a loss handler: out of this round's assignment too
+                registration.leave_out_lacking(run_state)
             with timed(rnd, "plan"):
                 msgs = self._messages(
                     hooks,
@@ -517,6 +588,8 @@ class MultiModelStrategy(Strategy):
                 models, metrics = self._pair(
                     hooks, rnd, self._hook(hooks, "aggregate_train", rnd, replies)
                 )
+                # no client has a train handler: stop before this round finishes
+                registration.stop_unless_a_client_can_serve(run_state)
                 done = self._rows.pop(rnd, None)
                 if done is None:
                     raise HookError(
@@ -559,6 +632,7 @@ class MultiModelStrategy(Strategy):
                     )
                     if client_eval is not None:
                         result.evaluate_metrics_clientapp[rnd] = {"all": client_eval}
+                    registration.stop_unless_a_client_can_serve(run_state)
             seconds = time.monotonic() - t0
             with timed(rnd, "server_eval"):
                 rows_out = evaluate.round_rows(

@@ -355,9 +355,7 @@ def refresh_clients(
             )
     evict_unproven(run_state)
     _register_new(run_state, grid, nodes, server_round, timeout, asked)
-    registered = set(run_state.table.ids(online_only=False))
-    if run_state.lacking and registered and registered <= set(run_state.lacking):
-        raise NoClientCanServe(_cannot_serve_message(run_state.lacking))
+    stop_unless_a_client_can_serve(run_state)
     hosted = {
         cid: n for n in nodes if n in run_state.node_to_cid for cid in (run_state.node_to_cid[n],)
     }
@@ -369,6 +367,30 @@ def refresh_clients(
     }
     run_state.cid_to_node = {cid: nid for cid, nid in hosted.items() if cid in online}
     run_state.table.set_online(online)
+
+
+def stop_unless_a_client_can_serve(run_state: RunState) -> None:
+    """Raise :class:`NoClientCanServe` when every registered client's ClientApp
+    lacks a handler the strategy sends messages to (declared at registration,
+    or found by a round trip's error replies)."""
+    registered = set(run_state.table.ids(online_only=False))
+    if run_state.lacking and registered and registered <= set(run_state.lacking):
+        raise NoClientCanServe(_cannot_serve_message(run_state.lacking))
+
+
+def leave_out_lacking(run_state: RunState) -> None:
+    """After a round trip: stop the run when no client can serve it
+    (:func:`stop_unless_a_client_can_serve`), else take the clients found
+    lacking a handler offline at once, so the rest of the round (its
+    assignment, its train messages) leaves them out."""
+    stop_unless_a_client_can_serve(run_state)
+    if not run_state.lacking:
+        return
+    online = [c for c in run_state.table.ids() if c not in run_state.lacking]
+    run_state.table.set_online(online)
+    run_state.cid_to_node = {
+        c: n for c, n in run_state.cid_to_node.items() if c not in run_state.lacking
+    }
 
 
 class NoClientRegistered(RuntimeError):

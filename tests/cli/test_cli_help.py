@@ -63,6 +63,8 @@ def option_help(help_text: str) -> dict[str, str]:
             names = re.findall(r"--?[\w-]+", invocation.split(" {")[0])
             flag = next((n for n in names if n.startswith("--")), names[0])
             out[flag] = rest[0] if rest else ""
+        elif line and not line[0].isspace():  # an argument group's title ends the option
+            flag = None
         elif flag is not None and line.strip():
             out[flag] = (out[flag] + " " + line.strip()).strip()
     return out
@@ -287,3 +289,46 @@ def test_ucb_default_k_is_stated_in_the_help(option_help):
     text = option_help["--clients-per-round"]
     assert "0 = min(num-clients, 5 x number of models) for ranklist-ucb, pareto-ucb" in text
     assert "0 = all clients for mfa-rand, mfa-rr, multi-fedavg" in text
+
+
+#: the argument groups of ``mmfl run --help``, in order (issue 62)
+GROUPS = ["run", "strategy", "data", "engine", "defences", "privacy", "outputs"]
+
+
+def test_run_help_is_in_argument_groups(help_text):
+    """Issue 62: ``mmfl run --help`` was one flat group of 100+ options. Now
+    the groups run, strategy, data, engine, defences, privacy and outputs, each
+    holding options, every option in one of them (but -h)."""
+    titles = [ln[:-1] for ln in help_text.splitlines() if re.match(r"^[a-z]+:$", ln)]
+    assert titles == ["options", *GROUPS], titles
+    run = next(a for a in build_parser()._actions if a.dest == "command").choices["run"]
+    groups = {g.title: g._group_actions for g in run._action_groups}
+    assert [a.dest for a in groups["options"]] == ["help"]
+    every = [a.dest for g in GROUPS for a in groups[g]]
+    assert sorted(every) == sorted(a.dest for a in run._actions if a.dest != "help")
+    assert all(groups[g] for g in GROUPS)
+    placed = {a.dest: g for g in GROUPS for a in groups[g]}
+    for name, group in {
+        "strategy": "strategy",
+        "budget_fraction": "strategy",
+        "num_rounds": "run",
+        "tasks": "data",
+        "engine": "engine",
+        "clients_per_node": "engine",
+        "loss_cap": "defences",
+        "dp_delta": "privacy",
+        "output_dir": "outputs",
+    }.items():
+        assert placed[name] == group, (name, placed[name])
+
+
+def test_mmfl_version(capsys):
+    """Issue 62: ``mmfl --version``."""
+    import mmfl_flwr
+    from mmfl_flwr.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith(f"mmfl {mmfl_flwr.__version__}") and "flwr 1." in out, out

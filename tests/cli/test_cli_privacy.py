@@ -52,7 +52,7 @@ def test_dp_run_writes_each_models_epsilon_to_the_summary(tmp_path, capsys):
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["privacy"]) == {"synthetic", "synthetic_2"}
-    for _task, p in summary["privacy"].items():
+    for p in summary["privacy"].values():
         assert p["delta"] == 1e-6 and p["noise_multiplier"] == 1.5
         assert p["clipping_norm"] == 2.0 and 1 <= p["releases"] <= 3
         # q = 2 of the 4 clients holding the model, one release per round it changed
@@ -107,3 +107,16 @@ def test_no_noise_reports_no_privacy():
     w = dp.DifferentialPrivacyServerSideFixedClipping(MultiModelStrategy(), 0.0, 1.0, 1)
     w.releases["a"] = [1.0]
     assert math.isinf(w.spent("a")["epsilon"])
+
+
+def test_dp_run_prints_each_models_epsilon_on_the_console(tmp_path, capsys):
+    """Issue 62: with --dp the privacy budget was only in summary.json."""
+    out = tmp_path / "run"
+    args = ["--dp", "server-fixed", "--dp-sampled-clients", "2", "--dp-delta", "1e-6"]
+    assert cli_main(["run", *SMALL, "--output-dir", str(out), *args]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "epsilon" in ln]
+    assert len(lines) == 1 and lines[0].startswith("[mmfl] privacy"), lines
+    assert "delta 1e-06" in lines[0]
+    for task, p in summary["privacy"].items():
+        assert f"{task} epsilon {p['epsilon']:.3g} ({p['releases']} releases)" in lines[0]

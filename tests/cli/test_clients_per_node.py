@@ -142,3 +142,43 @@ def test_the_cli_runs_shard_nodes_in_process(tmp_path, capsys):
 
     config = json.loads((out / "config.json").read_text())
     assert config["clients-per-node"] == "3"
+
+
+@pytest.mark.parametrize("engine, expected", [("inprocess", 1), ("vectorized", 6)])
+def test_config_json_records_the_clients_per_node_auto_used(engine, expected, tmp_path):
+    """Issue 62: the clients-per-node that auto chose was only on the console;
+    config.json's ``effective`` now records it (and summary.json's)."""
+    import json
+
+    from mmfl_flwr.config import Settings
+    from mmfl_flwr.runner import run
+
+    s = Settings(tasks="synthetic", num_clients=6, num_rounds=1, local_epochs=1)
+    s.output_dir = str(tmp_path)
+    run(s, engine=engine)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["clients-per-node"] == "auto"  # as typed
+    assert config["effective"]["clients-per-node"] == expected
+    assert json.loads((tmp_path / "summary.json").read_text())["effective"] == config["effective"]
+
+
+def test_the_simulation_launcher_passes_the_clients_per_node_it_chose(tmp_path):
+    """mmfl run's simulation engine picks K for auto (one node per CPU Ray
+    sees); the ServerApp records what the launcher passes it."""
+    from mmfl_flwr.config import Settings
+    from mmfl_flwr.flower_app.launch import launched_run_config
+    from mmfl_flwr.flower_app.server_app import effective_clients_per_node
+
+    s = Settings(num_clients=20)
+    config = launched_run_config(s, tmp_path / "out", clients_per_node=10)
+    assert config["clients-per-node"] == "auto"
+    again = Settings.from_run_config(config)
+    assert effective_clients_per_node(again, "simulation", config) == {"clients-per-node": 10}
+    # a number typed is not automatic: nothing to record
+    s = Settings(num_clients=20, clients_per_node="4")
+    config = launched_run_config(s, tmp_path / "out", clients_per_node=4)
+    assert effective_clients_per_node(Settings.from_run_config(config), "simulation", config) == {}
+    # flwr run: auto is decided per node from its num-partitions
+    assert effective_clients_per_node(Settings(), None, {}) == {
+        "clients-per-node": "ceil(num-clients / num-partitions) of each node"
+    }

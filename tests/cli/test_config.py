@@ -59,3 +59,34 @@ def test_run_config_values_are_coerced_and_checked() -> None:
     assert s.num_rounds == 3 and s.lr == 0.5 and s.extra == {"unknown-key": 1}
     with pytest.raises(ValueError, match="num-rounds"):
         Settings.from_run_config({"num-rounds": 2.5})
+
+
+@pytest.mark.parametrize("tasks", ["digits,,synthetic", "digits,", ",digits", "digits, ,synthetic"])
+def test_an_empty_task_item_is_refused_not_dropped(tasks: str) -> None:
+    """Issue 62: ``--tasks digits,,synthetic`` silently trained 2 models."""
+    with pytest.raises(ValueError, match="empty item") as err:
+        Settings(tasks=tasks).validate()
+    assert "tasks=" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("local-epochs", True),  # a TOML boolean became 1 epoch
+        ("num-rounds", False),
+        ("lr", True),
+        ("overwrite", "yes"),  # neither true nor false: was silently false
+        ("overwrite", 2),
+        ("download", "on"),
+    ],
+)
+def test_a_value_of_the_wrong_kind_is_refused_not_coerced(key: str, value: object) -> None:
+    """Issue 62: ``local-epochs = true`` in a --config TOML became 1."""
+    with pytest.raises(ValueError, match=f"{key} must be .*; got {value!r}") as err:
+        Settings.from_run_config({key: value})
+    assert "\n" not in str(err.value)
+
+
+def test_booleans_are_read_from_their_usual_spellings() -> None:
+    for value, expected in ((True, True), ("true", True), ("False", False), (1, True), (0, False)):
+        assert Settings.from_run_config({"overwrite": value}).overwrite is expected

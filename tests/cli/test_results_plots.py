@@ -379,11 +379,11 @@ def test_training_figure_shows_uploads_rejections_and_training_loss_per_model():
             "task": t,
             "uploads": u,
             "rejected": j,
-            "train_loss": loss,
+            "train_loss": tl,
             "accuracy": 0.5,
             "loss": 1.0,
         }
-        for r, t, u, j, loss in [
+        for r, t, u, j, tl in [
             (0, "a", 0, 0, math.nan),
             (1, "a", 3, 1, 0.9),
             (2, "a", 4, 0, 0.5),
@@ -407,3 +407,97 @@ def test_training_figure_shows_uploads_rejections_and_training_loss_per_model():
     assert lines[(0, "a")] == [3, 4] and lines[(1, "b")] == [0, 2]
     assert lines[(2, "b")] == [1.5, 1.2]
     assert fig.get_suptitle() and axes[-1].get_xlabel() == "round"
+
+
+def test_a_fresh_run_titles_its_plot_with_the_strategy_not_a_file_name(tmp_path, monkeypatch):
+    """Issue 62: a fresh run's accuracy.png was titled "MMFL accuracy.png, seed
+    0" (the server app's loop over the old files overwrote the title's name)."""
+    from mmfl_flwr.runner import run
+
+    titles: list[str] = []
+    real = results.run_title
+
+    def recording(*args, **kwargs):
+        titles.append(real(*args, **kwargs))
+        return titles[-1]
+
+    monkeypatch.setattr(results, "run_title", recording)
+    s = Settings(
+        strategy="lvr",
+        tasks="digits",
+        num_clients=6,
+        num_rounds=1,
+        local_epochs=1,
+        seed=3,
+        output_dir=str(tmp_path),
+    )
+    run(s, engine="inprocess")
+    assert titles, "no plot title was drawn"
+    for title in titles:
+        assert title.startswith("MMFL lvr, seed 3\n"), title
+        assert "6 clients" in title and "budget fraction" in title, title
+
+
+def test_who_trained_what_counts_the_clients_that_never_trained():
+    """Issue 62: a 12-client run where 2 clients never trained said "10 clients";
+    with the run's client count, they are counted (and drawn as empty rows)."""
+    from mmfl_flwr.results import assignments_figure
+
+    assignments = {r: [(str(c), "a", 1) for c in range(10)] for r in (1, 2, 3)}
+    fig = assignments_figure(assignments, {}, ["a"], num_clients=12)
+    assert "Who trained what: 12 clients x 3 rounds (2 never trained)" in fig.get_suptitle()
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [str(c) for c in range(12)]
+    assert _squares_and_crosses(fig) == (30, 0)
+    # every client trained: the title as before
+    fig = assignments_figure(assignments, {}, ["a"], num_clients=10)
+    assert "Who trained what: 10 clients x 3 rounds" in fig.get_suptitle()
+    assert "never trained" not in fig.get_suptitle()
+
+
+def test_write_outputs_passes_the_run_client_count_to_who_trained_what(tmp_path, monkeypatch):
+    seen: list[str] = []
+    real = results.assignments_figure
+
+    def recording(*args, **kwargs):
+        fig = real(*args, **kwargs)
+        seen.append(fig.get_suptitle())
+        return fig
+
+    monkeypatch.setattr(results, "assignments_figure", recording)
+    res = MultiModelResult(
+        history=_history(),
+        assignments={1: [("0", "digits", 1)], 2: [("1", "digits", 1)]},
+    )
+    write_outputs(res, _settings(num_clients=5), tmp_path)
+    assert seen == ["Who trained what: 5 clients x 2 rounds (3 never trained)"]
+
+
+def _int_ticks(ax) -> bool:
+    ax.figure.canvas.draw()
+    lo, hi = ax.get_ylim()
+    ticks = [t for t in ax.get_yticks() if lo <= t <= hi]
+    return bool(ticks) and all(float(t).is_integer() for t in ticks)
+
+
+def test_training_figure_counts_on_integer_ticks_and_no_empty_rejected_panel():
+    """Issue 62: fractional ticks on the count panels; an all-zero "rejected"
+    panel when nothing was rejected (now left out, and the title says so)."""
+    from mmfl_flwr.results import training_figure
+
+    def hist(rejected):
+        return [
+            {"round": r, "task": "a", "uploads": u, "rejected": j, "train_loss": 1.0 / (r + 1)}
+            for r, u, j in [(0, 0, 0), (1, 3, rejected), (2, 4, 0)]
+        ]
+
+    fig = training_figure(hist(1))
+    assert len(fig.axes) == 3
+    assert _int_ticks(fig.axes[0]) and _int_ticks(fig.axes[1])
+    fig = training_figure(hist(0))
+    assert [ax.get_ylabel().split("\n")[0] for ax in fig.axes] == [
+        "updates aggregated",
+        "training loss",
+    ]
+    assert _int_ticks(fig.axes[0])
+    assert "none rejected or missing" in fig.get_suptitle()

@@ -1149,3 +1149,128 @@ def test_a_run_no_declared_client_can_serve_stops_at_registration():
             strategy, app, {c: {"cid": c} for c in clients}, initial_arrays(), 3, grid_factory=watch
         )
     assert set(sent) == {"query.info"}
+
+
+def _hand_written(full, lacking_clients, missing):
+    """A hand-written ClientApp (its info reply declares no handlers) that on the
+    nodes of ``lacking_clients`` has no handler for the message types in
+    ``missing`` ("train", "query.losses"); the rest is served by ``full``."""
+    from flwr.clientapp import ClientApp
+
+    partial = ClientApp()
+
+    @partial.query("info")
+    def info(msg, ctx):
+        reply = full(msg, ctx)
+        del reply.content.config_records[P.INFO_KEY][P.HANDLERS]
+        return reply
+
+    if "query.losses" not in missing:
+
+        @partial.query("losses")
+        def losses(msg, ctx):
+            return full(msg, ctx)
+
+    if "train" not in missing:
+
+        @partial.train()
+        def train(msg, ctx):
+            return full(msg, ctx)
+
+    @partial.evaluate()
+    def evaluate(msg, ctx):
+        return full(msg, ctx)
+
+    def app(msg, ctx):
+        return (partial if ctx.node_config["cid"] in lacking_clients else full)(msg, ctx)
+
+    return app
+
+
+def _sent_types(sent):
+    def factory(rec, cfgs):
+        def recording(msg, ctx):
+            sent.append((msg.metadata.message_type, ctx.node_config["cid"]))
+            return rec(msg, ctx)
+
+        return InProcessGrid(recording, cfgs, seed=0)
+
+    return factory
+
+
+@pytest.mark.parametrize("policy", ["mfa-rand", "lvr"])
+def test_a_one_round_run_without_a_train_handler_stops_in_that_round(policy):
+    """Issue 62: a 1-round run (or the last round) whose ClientApps have no train
+    handler returned "successfully" with 0 uploads; NoClientCanServe came only
+    at the next round's registration. Now it stops the round that needs it, in
+    one line naming the handler and the clients, before it finishes."""
+    from mmfl_flwr.core.lvr import LVR
+    from mmfl_flwr.strategy.registration import NoClientCanServe
+
+    clients = {c: ClientDef({"a": (10, 1.0), "b": (5, 1.0)}) for c in ("0", "1")}
+    pol = LVR(budget_fraction=1.0) if policy == "lvr" else MFARand()
+    strategy = MultiModelStrategy(pol, node_wait_timeout=0.0, seed=0)
+    ended: list[int] = []
+    strategy.on_round_end = lambda rnd, rows: ended.append(rnd)
+    app = _hand_written(make_app(clients), {"0", "1"}, ("train",))
+    with pytest.raises(NoClientCanServe) as err:
+        run_federation(strategy, app, {c: {"cid": c} for c in clients}, initial_arrays(), 1)
+    text = str(err.value)
+    assert "'train'" in text and "client 0" in text and "client 1" in text, text
+    assert "\n" not in text
+    assert ended == [0]  # round 1 never finished
+
+
+def test_a_run_without_a_loss_handler_stops_before_it_trains():
+    """Issue 62: under LVR with no query.losses handler anywhere, round 1 trained
+    the clients the log had just called "left out of the run". Now the run stops
+    after the loss query, before any train message."""
+    from mmfl_flwr.core.lvr import LVR
+    from mmfl_flwr.strategy.registration import NoClientCanServe
+
+    clients = {c: ClientDef({"a": (10, 1.0), "b": (5, 1.0)}) for c in ("0", "1")}
+    strategy = MultiModelStrategy(LVR(budget_fraction=1.0), node_wait_timeout=0.0, seed=0)
+    app = _hand_written(make_app(clients), {"0", "1"}, ("query.losses",))
+    sent: list[tuple[str, str]] = []
+    with pytest.raises(NoClientCanServe, match="'query.losses'"):
+        run_federation(
+            strategy,
+            app,
+            {c: {"cid": c} for c in clients},
+            initial_arrays(),
+            3,
+            grid_factory=_sent_types(sent),
+        )
+    assert {t for t, _ in sent} == {"query.info", "query.losses"}
+
+
+def test_a_client_without_a_loss_handler_is_left_out_of_the_round_that_found_it():
+    """The clients that answered the loss query with "no handler" are not
+    assigned in that same round; the others train."""
+    from mmfl_flwr.core.lvr import LVR
+
+    clients = {
+        c: ClientDef({"a": (10, 1.0), "b": (5, 1.0)}, losses={"a": 1.0, "b": 2.0})
+        for c in ("0", "1", "2")
+    }
+    strategy = MultiModelStrategy(LVR(budget_fraction=1.0), node_wait_timeout=0.0, seed=0)
+    app = _hand_written(make_app(clients), {"1"}, ("query.losses",))
+    sent: list[tuple[str, str]] = []
+    run = run_federation(
+        strategy,
+        app,
+        {c: {"cid": c} for c in clients},
+        initial_arrays(),
+        1,
+        grid_factory=_sent_types(sent),
+    )
+    assert "1" not in run.picked(1) and run.picked(1)
+    assert ("train", "1") not in sent
+
+
+def test_no_client_can_serve_is_exported_from_the_package():
+    import mmfl_flwr
+    from mmfl_flwr.strategy.registration import NoClientCanServe
+
+    assert mmfl_flwr.NoClientCanServe is NoClientCanServe
+    assert "NoClientCanServe" in mmfl_flwr.__all__

@@ -88,13 +88,16 @@ __all__ = [
 
 
 def _check_aggregator(strategy: MultiModelStrategy) -> None:
-    """The wrappers' noise covers aggregators that combine the round's clipped
-    updates only: FedAvg, the plain mean and the unbiased ``d / (B p)`` rule."""
-    from mmfl_flwr.core.aggregators import FedAvgAggregator, MeanAggregator, UnbiasedAggregator
+    """The wrappers' noise covers the aggregators whose card says ``private``: those
+    that combine the round's clipped updates only (FedAvg, the plain mean and the
+    unbiased ``d / (B p)`` rule among the built-in ones)."""
+    from mmfl_flwr.core.card import aggregator_card_of, aggregator_cards
 
     agg = strategy.aggregator
-    if type(agg) in (FedAvgAggregator, MeanAggregator, UnbiasedAggregator):
+    found = aggregator_card_of(agg)
+    if found is not None and found.private:
         return
+    supported = ", ".join(c.name for c in aggregator_cards() if c.private)
     from mmfl_flwr.core.stale import StaleAggregator
 
     why = (
@@ -105,8 +108,8 @@ def _check_aggregator(strategy: MultiModelStrategy) -> None:
         else "has a sensitivity the noise std z C / m is not calibrated for"
     )
     raise ValueError(
-        f"differential privacy per model supports the FedAvg, mean and unbiased "
-        f"aggregators; {type(agg).__name__} {why}"
+        f"differential privacy per model supports the aggregators {supported}; "
+        f"{type(agg).__name__} {why}"
     )
 
 

@@ -5,6 +5,7 @@ cannot drift from the code.
   :mod:`mmfl_flwr.core` that declares the cards), each card's paper, section,
   rule, components, accepted aggregators and parameters with their ranges;
 - ``algorithms/index.md``: the table of every card;
+- ``algorithms/aggregators.md``: the aggregator cards and the presets that take each;
 - ``reference/run-config.md``: every setting of :func:`mmfl_flwr.config.options`
   (the table ``mmfl run --help`` and ``Settings.validate`` use): its flag,
   run-config key, type, default and allowed values;
@@ -128,6 +129,29 @@ def algorithms_index(families: dict[str, list[Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def aggregators_page() -> str:
+    from mmfl_flwr.core.card import aggregator_cards, cards
+
+    lines = [
+        "# Aggregators",
+        "",
+        "*Generated from the aggregator cards (`AGGREGATOR_CARDS` in `mmfl_flwr/core`).*",
+        "The names are the values of `--aggregator` (run-config `aggregator`, a preset's",
+        "`aggregator=`); a preset whose aggregator is part of the algorithm takes none.",
+        "",
+        "| aggregator | class | what it computes | per-model DP | presets that take it |",
+        "|---|---|---|---|---|",
+    ]
+    takers = {c.name: c.accepted_aggregators() for c in cards()}
+    for agg in aggregator_cards():
+        users = [name for name, accepted in takers.items() if agg.name in accepted]
+        lines.append(
+            f"| `{agg.name}` | `{agg.factory.__name__}` | {_cell(agg.summary)} "
+            f"| {'yes' if agg.private else 'no'} | {', '.join(f'`{u}`' for u in users)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def run_config_page() -> str:
     from mmfl_flwr.config import Settings, options
 
@@ -210,6 +234,7 @@ def on_files(files: Files, config: Any) -> Files:
     families = _families()
     pages = {f"algorithms/{fam}.md": algorithm_page(fam, cs) for fam, cs in families.items()}
     pages["algorithms/index.md"] = algorithms_index(families)
+    pages["algorithms/aggregators.md"] = aggregators_page()
     pages["reference/run-config.md"] = run_config_page()
     pages["reference/cli.md"] = cli_page()
     for fragment in sorted(RESULTS.glob("*.md")):

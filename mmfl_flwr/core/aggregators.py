@@ -15,6 +15,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from mmfl_flwr.core.aggregator_card import AggregatorCard
 from mmfl_flwr.core.component import Component
 
 Weights = list[np.ndarray]
@@ -239,3 +240,17 @@ class UnbiasedAggregator(Aggregator):
                 )
             coeffs.append(u.data_share * u.count / (u.processors * u.prob))
         return coeffs
+
+
+AGGREGATOR_CARDS = (
+    AggregatorCard(
+        "fedavg", FedAvgAggregator, "the data-weighted mean of the returned models", private=True
+    ),
+    AggregatorCard(
+        "unbiased",
+        UnbiasedAggregator,
+        "paper 003's unbiased rule, each update weighted d l / (B p) (Eq. 3)",
+        private=True,
+    ),
+    AggregatorCard("mean", MeanAggregator, "the plain mean of the returned models", private=True),
+)

@@ -30,40 +30,44 @@ import dataclasses
 import importlib
 import inspect
 import pkgutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mmfl_flwr.core.aggregators import (
-    Aggregator,
-    FedAvgAggregator,
-    MeanAggregator,
-    UnbiasedAggregator,
-)
+from mmfl_flwr.core.aggregator_card import AggregatorCard
+from mmfl_flwr.core.aggregators import Aggregator
 from mmfl_flwr.core.pairing import check_pairing
 from mmfl_flwr.core.parameter import Option as Option
 from mmfl_flwr.core.parameter import Parameter as Parameter
-from mmfl_flwr.core.robust import (
-    CenteredClipAggregator,
-    MedianAggregator,
-    TrimmedMeanAggregator,
-    UnbiasedCenteredClipAggregator,
-)
 
 if TYPE_CHECKING:
     from mmfl_flwr.core.policy import Policy
 
-#: Aggregator name (``aggregator=`` of a preset, ``--aggregator``) -> factory.
-AGGREGATORS: dict[str, Callable[[], Aggregator]] = {
-    "fedavg": FedAvgAggregator,
-    "unbiased": UnbiasedAggregator,
-    "mean": MeanAggregator,
-    "median": MedianAggregator,
-    "trimmed-mean": TrimmedMeanAggregator,
-    "centered-clip": CenteredClipAggregator,
-    "unbiased-centered-clip": UnbiasedCenteredClipAggregator,
-}
+
+class _AggregatorTable(Mapping[str, Callable[[], Aggregator]]):
+    """Aggregator name -> factory, read from the aggregator cards when first used
+    (the built-in ones, module by module, then the registered ones)."""
+
+    def _table(self) -> dict[str, Callable[[], Aggregator]]:
+        return {c.name: c.factory for c in aggregator_cards()}
+
+    def __getitem__(self, name: str) -> Callable[[], Aggregator]:
+        return self._table()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+    def __repr__(self) -> str:
+        return f"AGGREGATORS({', '.join(self._table())})"
+
+
+#: Aggregator name (``aggregator=`` of a preset, ``--aggregator``) -> factory, from
+#: the aggregator cards (:class:`~mmfl_flwr.core.aggregator_card.AggregatorCard`).
+AGGREGATORS: Mapping[str, Callable[[], Aggregator]] = _AggregatorTable()
 
 
 @dataclass(frozen=True)
@@ -262,14 +266,19 @@ def _describe(aggregator: Any) -> str:
 #: module of :mod:`mmfl_flwr.core` with ``CARDS`` follows, by name.
 _ORDER = ("random_allocation", "mfa", "lvr", "stalevr", "stale", "scaffold", "ucb", "group")
 _USER_CARDS: dict[str, AlgorithmCard] = {}
-_FOUND: dict[str, AlgorithmCard] | None = None
+_USER_AGGREGATORS: dict[str, AggregatorCard] = {}
+_FOUND: tuple[dict[str, AlgorithmCard], dict[str, AggregatorCard]] | None = None
 
 
-def _discover() -> dict[str, AlgorithmCard]:
+def _discover_all() -> tuple[dict[str, AlgorithmCard], dict[str, AggregatorCard]]:
+    """The built-in algorithm and aggregator cards: every module of
+    :mod:`mmfl_flwr.core` (in :data:`_ORDER`, then by name) that defines ``CARDS``
+    or ``AGGREGATOR_CARDS``, in the order each lists them."""
     global _FOUND
     if _FOUND is None:
         package = __name__.rpartition(".")[0]  # mmfl_flwr.core, without importing it
         found: dict[str, AlgorithmCard] = {}
+        aggregators: dict[str, AggregatorCard] = {}
         here = [str(Path(__file__).resolve().parent)]
         names = sorted(m.name for m in pkgutil.iter_modules(here))
         names.sort(key=lambda n: _ORDER.index(n) if n in _ORDER else len(_ORDER))
@@ -279,8 +288,40 @@ def _discover() -> dict[str, AlgorithmCard]:
                 if card.name in found:
                     raise RuntimeError(f"two algorithm cards are named {card.name!r}")
                 found[card.name] = card
-        _FOUND = found
+            for agg in getattr(module, "AGGREGATOR_CARDS", ()):
+                if agg.name in aggregators:
+                    raise RuntimeError(f"two aggregator cards are named {agg.name!r}")
+                aggregators[agg.name] = agg
+        _FOUND = (found, aggregators)
     return _FOUND
+
+
+def _discover() -> dict[str, AlgorithmCard]:
+    return _discover_all()[0]
+
+
+def aggregator_cards() -> list[AggregatorCard]:
+    """Every aggregator card: the built-in ones (module by module of
+    :mod:`mmfl_flwr.core`), then the registered ones."""
+    return [*_discover_all()[1].values(), *_USER_AGGREGATORS.values()]
+
+
+def aggregator_card_of(aggregator: Aggregator) -> AggregatorCard | None:
+    """The card whose factory is ``aggregator``'s class, or None (a stale rule,
+    SCAFFOLD's, or an aggregator no card names)."""
+    for c in aggregator_cards():
+        if c.factory is type(aggregator):
+            return c
+    return None
+
+
+def register_aggregator(new: AggregatorCard, replace: bool = False) -> None:
+    """Add a user's aggregator: ``--aggregator new.name`` (and a preset's
+    ``aggregator=new.name``) builds it, for every preset whose policy it pairs
+    with. A built-in name is refused; a registered one only with ``replace``."""
+    if new.name in _discover_all()[1] or (new.name in _USER_AGGREGATORS and not replace):
+        raise ValueError(f"aggregator {new.name!r} exists already")
+    _USER_AGGREGATORS[new.name] = new
 
 
 def cards() -> list[AlgorithmCard]:

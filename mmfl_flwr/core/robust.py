@@ -24,6 +24,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from mmfl_flwr.core.aggregator_card import AggregatorCard
 from mmfl_flwr.core.aggregators import (
     Aggregator,
     UnbiasedAggregator,
@@ -252,3 +253,23 @@ class UnbiasedCenteredClipAggregator(CenteredClipAggregator):
 
     def base_coefficients(self, updates: Sequence[Update]) -> list[float]:
         return UnbiasedAggregator().coefficients(updates)
+
+
+AGGREGATOR_CARDS = (
+    AggregatorCard("median", MedianAggregator, "the coordinate-wise median of the updates"),
+    AggregatorCard(
+        "trimmed-mean",
+        TrimmedMeanAggregator,
+        "the coordinate-wise mean without each coordinate's beta largest and smallest values",
+    ),
+    AggregatorCard(
+        "centered-clip",
+        CenteredClipAggregator,
+        "FedAvg of the updates clipped around the previous round's step (centered clipping)",
+    ),
+    AggregatorCard(
+        "unbiased-centered-clip",
+        UnbiasedCenteredClipAggregator,
+        "the unbiased rule on updates clipped around the previous round's step",
+    ),
+)

@@ -56,6 +56,11 @@ def test_every_card_has_a_generated_section():
         assert f"| `{card.name}` |" in index
         for p in card.parameters:
             assert any(f"| `{p.key}` |" in page for page in pages.values()), (card.name, p.key)
+    from mmfl_flwr.core.card import aggregator_cards
+
+    aggs = hooks.aggregators_page()
+    for agg in aggregator_cards():
+        assert f"| `{agg.name}` | `{agg.factory.__name__}` |" in aggs
     nav = (ROOT / "mkdocs.yml").read_text()
     for family in families:
         assert f"algorithms/{family}.md" in nav, family

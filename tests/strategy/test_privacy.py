@@ -138,7 +138,7 @@ def test_a_huge_finite_update_is_clipped_not_overflowed():
 def test_aggregators_whose_releases_the_noise_does_not_cover_are_refused(name):
     from mmfl_flwr import make_strategy
 
-    with pytest.raises(ValueError, match="supports the FedAvg, mean and unbiased"):
+    with pytest.raises(ValueError, match="supports the aggregators fedavg, unbiased, mean;"):
         dp.DifferentialPrivacyServerSideFixedClipping(make_strategy(name), 1.0, 1.0, 2)
     ok = make_strategy("lvr")
     dp.DifferentialPrivacyServerSideFixedClipping(ok, 1.0, 1.0, 2)

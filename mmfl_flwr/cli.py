@@ -6,6 +6,8 @@ Examples
 ``mmfl run --engine inprocess --strategy mfa-rand --num-rounds 5`` — fast, no Ray.
 ``mmfl run --resume results/mmfl --num-rounds 40`` — continue a run to 40 rounds.
 ``mmfl compare results/a results/b`` — overlay runs (mean and band over seeds).
+``mmfl report results/a`` — one self-contained HTML report of a run (or a comparison).
+``mmfl run --log-to tensorboard,mlflow,wandb`` — stream the run to trackers.
 
 Every user error (bad settings, a missing ``--config`` file or dataset, an
 unreadable checkpoint, an output folder that holds another run) is one line on
@@ -75,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     from mmfl_flwr import compare
 
     compare.add_parser(sub)
+    from mmfl_flwr import report
+
+    report.add_parser(sub)
     p_run.add_argument(
         "--engine",
         choices=ENGINES,
@@ -249,7 +254,9 @@ def check_before_run(settings: Settings) -> None:
         check_resume,
         strategy_from_settings,
     )
+    from mmfl_flwr.tracking import check_installed, parse_log_to
 
+    check_installed(parse_log_to(settings.log_to))  # a missing extra: pip install ...
     check_output_folder(settings)
     if settings.resume_from:
         check_resume(settings, strategy_from_settings(settings))
@@ -276,10 +283,10 @@ def _check_pins_provable(settings: Settings) -> None:
 
 def check_ray_options(args: argparse.Namespace, settings: Settings | None = None) -> dict[str, Any]:
     """The Ray options given on the command line (``--num-gpus-per-client``,
-    ``--num-gpus-per-node``, ``--ray-address``) as keyword arguments of :func:`~mmfl_flwr.runner.run`,
-    checked before the run: refused with another engine than ``simulation``;
-    an invalid GPU share, GPUs where Ray sees none, an unreachable cluster and
-    ``--num-cpus`` with ``--ray-address`` are ValueErrors
+    ``--num-gpus-per-node``, ``--ray-address``) as keyword arguments of
+    :func:`~mmfl_flwr.runner.run`, checked before the run: refused with another
+    engine than ``simulation``; an invalid GPU share, GPUs where Ray sees none,
+    an unreachable cluster and ``--num-cpus`` with ``--ray-address`` are ValueErrors
     (:func:`~mmfl_flwr.flower_app.launch.plan_ray`, which also checks
     ``RAY_ADDRESS``)."""
     from os import environ
@@ -384,6 +391,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from mmfl_flwr import compare
 
         return compare.main(args)
+    if args.command == "report":
+        from mmfl_flwr import report
+
+        return report.main(args)
     if args.command != "run":
         return 2
     try:
@@ -408,6 +419,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ValueError("--threads does not apply to --sequential yet")
             parse_threads(args.threads)
         _check_pins_provable(settings)
+        if args.sequential and settings.log_to:
+            raise ValueError("--log-to does not apply to --sequential yet")
         if args.sequential:
             from mmfl_flwr.sequential import check_before_sequential
 

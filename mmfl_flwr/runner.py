@@ -11,15 +11,17 @@ ClientApp computes a round trip's replies per model for all clients at once
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from flwr.app import Context, RecordDict
 
 from mmfl_flwr.config import Settings
 from mmfl_flwr.strategy import MultiModelResult, MultiModelStrategy
+from mmfl_flwr.tracking import RunLogger
 
 ENGINES = ("simulation", "inprocess", "vectorized")
 
@@ -51,6 +53,7 @@ def run_inprocess(
     strategy: MultiModelStrategy | None = None,
     wrap_client_app: Callable[[Any], Any] | None = None,
     client_hook: Callable[[Any], Any] | None = None,
+    loggers: Sequence[RunLogger] = (),
 ) -> MultiModelResult:
     """Run on :class:`~mmfl_flwr.grid.InProcessGrid` (no Ray, no SuperLink), one
     node per client (with ``clients_per_node`` K > 1: ``ceil(N / K)`` shard nodes).
@@ -61,7 +64,9 @@ def run_inprocess(
     :mod:`mmfl_flwr.testing.hostile`); ``client_hook(spec)`` returns the
     :class:`~mmfl_flwr.client.app.ClientSpec` a client runs with, given the one
     built from the settings (poisoned data:
-    :func:`~mmfl_flwr.testing.hostile.label_flipping`)."""
+    :func:`~mmfl_flwr.testing.hostile.label_flipping`); ``loggers``: your
+    :class:`~mmfl_flwr.tracking.RunLogger` objects, called besides the
+    trackers of ``settings.log_to``."""
     from mmfl_flwr.flower_app.client_app import build_client_app
     from mmfl_flwr.flower_app.data import federation_for
     from mmfl_flwr.flower_app.server_app import server_main
@@ -78,7 +83,7 @@ def run_inprocess(
         seed=settings.seed,
     )
     ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
-    return server_main(grid, ctx, settings, strategy, engine="inprocess")
+    return server_main(grid, ctx, settings, strategy, engine="inprocess", loggers=loggers)
 
 
 def run_vectorized(
@@ -86,6 +91,7 @@ def run_vectorized(
     strategy: MultiModelStrategy | None = None,
     chunk: int | None = None,
     threads: str | int = "auto",
+    loggers: Sequence[RunLogger] = (),
 ) -> MultiModelResult:
     """Run on one in-process node that hosts every client (``clients_per_node``
     K: ``ceil(N / K)`` nodes), whose ClientApp computes each round trip per model
@@ -95,7 +101,7 @@ def run_vectorized(
     in one batched call. ``threads``: torch's threads, ``"auto"`` the cores
     other processes leave free, checked before every round trip
     (:class:`~mmfl_flwr.client.threads.CoreWatch`; at most ``OMP_NUM_THREADS``
-    where it is set), or a number."""
+    where it is set), or a number. ``loggers``: as :func:`run_inprocess`."""
     import torch
 
     from mmfl_flwr.client.app import make_client_app
@@ -114,7 +120,7 @@ def run_vectorized(
     app = make_client_app(node_spec_fn(settings), chunk=chunk, threads=threads)
     grid = InProcessGrid(app, node_configs(settings, "vectorized"), run_config, seed=settings.seed)
     ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
-    return server_main(grid, ctx, settings, strategy, engine="vectorized")
+    return server_main(grid, ctx, settings, strategy, engine="vectorized", loggers=loggers)
 
 
 def run_simulation_engine(
@@ -155,12 +161,40 @@ def run(
     ray_address: str | None = None,
     num_gpus_per_node: float | None = None,
     threads: str | int | None = None,
+    loggers: Sequence[RunLogger | str] | None = None,
 ) -> MultiModelResult:
     """Run ``settings`` on ``engine`` (``simulation``, ``inprocess`` or
     ``vectorized``; ``vector_chunk``: clients per batched training call of the
     vectorised engine, default sized from free memory; ``threads``: its torch
-    threads, default ``"auto"``, the cores other processes leave free)."""
+    threads, default ``"auto"``, the cores other processes leave free).
+
+    ``loggers``: trackers by name (``"tensorboard"``, ``"mlflow"``,
+    ``"wandb"``, added to ``settings.log_to``; every engine) and your own
+    :class:`~mmfl_flwr.tracking.RunLogger` objects (the in-process engines:
+    the simulation engine's ServerApp runs in another process). A tracker whose
+    package is missing is a ValueError naming the ``pip install`` to run,
+    before the run starts."""
+    from mmfl_flwr.tracking import check_installed, parse_log_to
+
+    names = [lg for lg in loggers or () if isinstance(lg, str)]
+    objects = [lg for lg in loggers or () if not isinstance(lg, str)]
+    if names:
+        settings = dataclasses.replace(
+            settings, log_to=",".join(parse_log_to(",".join([settings.log_to, *names])))
+        )
     settings.validate()
+    check_installed(parse_log_to(settings.log_to))
+    for lg in objects:
+        if not isinstance(lg, RunLogger):
+            raise ValueError(
+                f"loggers: {lg!r} is neither a tracker name nor a mmfl_flwr.tracking.RunLogger"
+            )
+    if objects and engine == "simulation":
+        raise ValueError(
+            "loggers: RunLogger objects run in this process; the simulation engine's "
+            "ServerApp runs in another one. Use engine='inprocess' or 'vectorized', or "
+            "name the built-in trackers (log-to)"
+        )
     if vector_chunk is not None and engine != "vectorized":
         raise ValueError("vector_chunk applies to engine='vectorized' only")
     if threads is not None and engine != "vectorized":
@@ -189,9 +223,12 @@ def run(
         try:
             if engine == "vectorized":
                 return run_vectorized(
-                    settings, chunk=vector_chunk, threads="auto" if threads is None else threads
+                    settings,
+                    chunk=vector_chunk,
+                    threads="auto" if threads is None else threads,
+                    loggers=objects,
                 )
-            return run_inprocess(settings)
+            return run_inprocess(settings, loggers=objects)
         finally:
             flwr_logger.setLevel(old_level)
     raise ValueError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")

@@ -443,11 +443,20 @@ def _versions_section(summaries: Sequence[tuple[str, Mapping[str, Any] | None]])
 
 def run_report_html(folder: str | os.PathLike[str], assignments_png: bytes | None = None) -> str:
     """The HTML report of the run in ``folder`` (see the module docstring).
-    ``assignments_png``: the who-trained-what figure already drawn (``mmfl run``
-    passes ``assignments.png``), else it is drawn from ``assignments.csv``."""
+    ``assignments_png``: the who-trained-what figure already drawn (default: the
+    folder's ``assignments.png`` where it is not older than ``assignments.csv``),
+    else it is drawn from ``assignments.csv``."""
     from mmfl_flwr.results import run_title
 
     run = RunFolder(folder)
+    png, table = run.folder / "assignments.png", run.folder / "assignments.csv"
+    if (
+        assignments_png is None
+        and png.is_file()
+        and table.is_file()
+        and png.stat().st_mtime >= table.stat().st_mtime
+    ):  # drawn by write_outputs from this assignments.csv
+        assignments_png = png.read_bytes()
     settings = _settings_of(run)
     title = run_title(settings, None, run.effective).replace("\n", " — ")
     body = "".join(

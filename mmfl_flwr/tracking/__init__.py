@@ -73,7 +73,7 @@ def check_installed(names: Iterable[str]) -> None:
         _, _, module, extra = BACKENDS[name]
         try:
             found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
+        except (ImportError, ValueError, AttributeError):  # e.g. sys.modules[name] = None
             found = False
         if not found:
             raise ValueError(

@@ -1,0 +1,440 @@
+"""Experiment tracking (issue 59): the trackers' own files, read back with the
+trackers' own readers, hold the run's metrics.csv; a failing logger is one
+warning; a missing extra is one line and exit 2; the run-config key works as
+``flwr run``'s ServerApp reads it.
+
+One small in-process run with all three trackers is shared by the module
+(``WANDB_MODE=offline``, MLflow's default store in the output folder).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from mmfl_flwr import runner  # noqa: E402
+from mmfl_flwr.config import Settings  # noqa: E402
+from mmfl_flwr.tracking import ROUND_COLUMNS, DefenceTap, RunLogger  # noqa: E402
+
+SMALL = dict(
+    tasks="digits,synthetic",
+    num_clients=8,
+    num_rounds=3,
+    local_epochs=1,
+    strategy="lvr",
+    budget_fraction=0.6,
+    update_clip_factor=1.0,  # clips every update above the median norm: defence events
+    seed=5,
+)
+
+
+def csv_cells(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def expected_series(out: Path) -> dict[str, dict[int, float]]:
+    """tag -> step -> value, from metrics.csv (the non-empty cells)."""
+    series: dict[str, dict[int, float]] = {}
+    for row in csv_cells(out / "metrics.csv"):
+        for col in ROUND_COLUMNS:
+            if row.get(col, ""):
+                series.setdefault(f"{row['task']}/{col}", {})[int(row["round"])] = float(row[col])
+    return series
+
+
+class Recorder(RunLogger):
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def start(self, run):
+        self.calls.append(("start", run.start_round, run.params["strategy"]))
+
+    def log_round(self, rnd, metrics, rows):
+        self.calls.append(("round", rnd, dict(metrics)))
+
+    def log_clients(self, rnd, counts):
+        self.calls.append(("clients", rnd, {c: dict(p) for c, p in counts.items()}))
+
+    def finish(self, status, summary, files):
+        self.calls.append(("finish", status, summary, [Path(f).name for f in files]))
+
+
+class Warnings(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory):
+    """One run with TensorBoard, MLflow, W&B and a recording logger."""
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("mlflow")
+    pytest.importorskip("wandb")
+    out = tmp_path_factory.mktemp("tracked") / "run"
+    saved = {k: os.environ.get(k) for k in ("WANDB_MODE", "MLFLOW_TRACKING_URI", "WANDB_DIR")}
+    os.environ["WANDB_MODE"] = "offline"
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    os.environ.pop("WANDB_DIR", None)
+    rec = Recorder()
+    warn = Warnings()
+    logging.getLogger("flwr").addHandler(warn)
+    try:
+        runner.run(
+            Settings(**SMALL, output_dir=str(out)),
+            engine="inprocess",
+            loggers=["tensorboard", "mlflow", "wandb", rec],
+        )
+    finally:
+        logging.getLogger("flwr").removeHandler(warn)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return out, rec, warn.records
+
+
+def test_tensorboard_scalars_and_steps_equal_metrics_csv(tracked):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out, _, _ = tracked
+    acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    expected = expected_series(out)
+    assert expected and set(expected) <= tags
+    for tag, by_round in expected.items():
+        events = acc.Scalars(tag)
+        got = {e.step: e.value for e in events}
+        assert sorted(got) == sorted(by_round), tag
+        for rnd, value in by_round.items():
+            assert got[rnd] == np.float32(value), (tag, rnd)  # TensorBoard keeps float32
+    for tag in tags:  # every model tag is a column of metrics.csv or a defence count
+        model, _, col = tag.partition("/")
+        if model in ("digits", "synthetic") and not col.startswith("defence/"):
+            assert tag in expected, tag
+
+
+def test_mlflow_store_holds_params_metrics_and_artifacts(tracked):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    out, _, _ = tracked
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri=(out / "mlruns").resolve().as_uri())
+    exp = client.get_experiment_by_name("mmfl")
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    config = json.loads((out / "config.json").read_text())
+    params = run.data.params
+    for key, value in config.items():
+        if key == "effective":
+            for k, v in value.items():
+                assert json.loads(params[f"effective.{k}"]) == v or params[f"effective.{k}"] == v
+        elif isinstance(value, str):
+            assert params[key] == value, key
+        else:
+            assert json.loads(params[key]) == value, key
+    assert params["card.paper"] and params["card.title"]
+    for tag, by_round in expected_series(out).items():
+        history = client.get_metric_history(run.info.run_id, tag)
+        assert {m.step: m.value for m in history} == by_round, tag
+    top = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert "summary.json" in top and "results" in top and "clients" in top
+    results = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "results")}
+    assert {"metrics.csv", "assignments.csv", "config.json", "report.html"} <= results
+    local = client.download_artifacts(run.info.run_id, "results/metrics.csv", str(out.parent))
+    assert Path(local).read_bytes() == (out / "metrics.csv").read_bytes()
+    summary = json.loads(
+        Path(
+            client.download_artifacts(run.info.run_id, "summary.json", str(out.parent))
+        ).read_text()
+    )
+    assert summary == json.loads((out / "summary.json").read_text())
+    # the clients' training counts: the rounds each client was assigned each model
+    counts_csv = client.download_artifacts(
+        run.info.run_id, f"clients/client_rounds_round_{SMALL['num_rounds']}.csv", str(out.parent)
+    )
+    assert _counts_of(Path(counts_csv)) == _counts_from_assignments(out)
+
+
+def _counts_of(path: Path) -> dict[tuple[str, str], int]:
+    rows = csv_cells(path)
+    return {
+        (r["client"], m): int(v) for r in rows for m, v in r.items() if m != "client" and int(v)
+    }
+
+
+def _counts_from_assignments(out: Path) -> dict[tuple[str, str], int]:
+    seen = {(r["round"], r["client"], r["task"]) for r in csv_cells(out / "assignments.csv")}
+    counts: dict[tuple[str, str], int] = {}
+    for _, cid, task in seen:
+        counts[(cid, task)] = counts.get((cid, task), 0) + 1
+    return counts
+
+
+def test_wandb_offline_history_equals_metrics_csv(tracked):
+    import wandb_file
+
+    out, _, _ = tracked
+    files = list((out / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(files) == 1
+    history = wandb_file.history(files[0])
+    by_step: dict[int, dict] = {}
+    for row in history:
+        by_step.setdefault(int(row["_step"]), {}).update(row)
+    for tag, by_round in expected_series(out).items():
+        got = {s: row[tag] for s, row in by_step.items() if tag in row}
+        assert got == by_round, tag
+    config = wandb_file.config(files[0])
+    assert config["strategy"] == "lvr" and config["num-clients"] == 8 and config["card.paper"]
+
+
+def test_recording_logger_sees_every_round_clients_and_the_end(tracked):
+    out, rec, _ = tracked
+    kinds = [c[0] for c in rec.calls]
+    assert kinds[0] == "start" and kinds[-1] == "finish"
+    rounds = [c[1] for c in rec.calls if c[0] == "round"]
+    assert rounds == list(range(SMALL["num_rounds"] + 1))
+    status, summary, files = rec.calls[-1][1:]
+    assert status == "finished"
+    assert summary == json.loads((out / "summary.json").read_text())
+    assert {"metrics.csv", "summary.json", "report.html"} <= set(files)
+    (clients,) = [c for c in rec.calls if c[0] == "clients"]
+    got = {(cid, m): n for cid, per in clients[2].items() for m, n in per.items()}
+    assert got == _counts_from_assignments(out)
+    # the round's metrics: metrics.csv's cells, seconds and the mean accuracy
+    cells = csv_cells(out / "metrics.csv")
+    for _, rnd, metrics in (c for c in rec.calls if c[0] == "round"):
+        rows = [r for r in cells if int(r["round"]) == rnd]
+        accs = [float(r["accuracy"]) for r in rows]
+        assert metrics["round/mean_accuracy"] == pytest.approx(sum(accs) / len(accs), rel=1e-12)
+        assert ("round/seconds" in metrics) == (rnd > 0)
+
+
+def test_defence_actions_are_counted_by_kind_as_the_checks_warn(tracked):
+    out, rec, warnings = tracked
+    clipped: dict[str, int] = {}
+    for r in warnings:
+        if str(r.msg).startswith("Client %s: clipped update for task %r: update norm"):
+            clipped[r.args[1]] = clipped.get(r.args[1], 0) + 1
+    assert clipped, "the run should clip updates (update_clip_factor=1)"
+    rows = csv_cells(out / "defence.csv")
+    from_csv: dict[str, int] = {}
+    for r in rows:
+        if r["kind"] == "clipped_norm":
+            from_csv[r["model"]] = from_csv.get(r["model"], 0) + int(r["count"])
+    assert from_csv == clipped
+    logged: dict[str, float] = {}
+    for _, _, metrics in (c for c in rec.calls if c[0] == "round"):
+        for key, value in metrics.items():
+            if key.endswith("/defence/clipped_norm"):
+                logged[key.split("/")[0]] = logged.get(key.split("/")[0], 0) + value
+    assert logged == clipped
+
+
+def test_defence_tap_kinds():
+    tap = DefenceTap(["digits", "synthetic"])
+    flwr = logging.getLogger("flwr")
+    flwr.addHandler(tap)
+    try:
+        from flwr.common.logger import log
+
+        log(logging.WARNING, "Client %s: rejected update for task %r: %s", "3", "digits", "nan")
+        log(
+            logging.WARNING,
+            "Client %s: clipped update for task %r: its updates point against the x",
+            "4",
+            "synthetic",
+        )
+        log(
+            logging.WARNING,
+            "Client %s failed to train %s (error %s: %s); its updates are missing",
+            "5",
+            ["digits", "synthetic"],
+            1,
+            "boom",
+        )
+        log(logging.WARNING, "Something else %s", "digits")
+    finally:
+        flwr.removeHandler(tap)
+    assert tap.take() == {
+        "digits": {"rejected_update": 1, "failed": 1},
+        "synthetic": {"clipped_direction": 1, "failed": 1},
+    }
+    assert tap.take() == {}
+
+
+class Boom(RunLogger):
+    name = "boom"
+
+    def log_round(self, rnd, metrics, rows):
+        raise RuntimeError("tracker unreachable")
+
+
+def test_a_failing_logger_is_one_warning_and_the_run_goes_on(tmp_path):
+    warn = Warnings()
+    flwr = logging.getLogger("flwr")
+    flwr.addHandler(warn)
+    rec = Recorder()
+    try:
+        runner.run(
+            Settings(**{**SMALL, "num_rounds": 2}, output_dir=str(tmp_path / "run")),
+            engine="inprocess",
+            loggers=[Boom(), rec],
+        )
+    finally:
+        flwr.removeHandler(warn)
+    failed = [r for r in warn.records if "Logger %s failed" in str(r.msg)]
+    assert len(failed) == 1 and failed[0].args[0] == "boom"
+    assert [c[1] for c in rec.calls if c[0] == "round"] == [0, 1, 2]
+    assert rec.calls[-1][1] == "finished"
+    rounds = {int(r["round"]) for r in csv_cells(tmp_path / "run" / "metrics.csv")}
+    assert rounds == {0, 1, 2}
+
+
+class StopAt(RunLogger):
+    """Ctrl-C after round ``at`` (raised from the round callback, as a signal would)."""
+
+    name = "stop"
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+        self.status = None
+
+    def log_round(self, rnd, metrics, rows):
+        if rnd == self.at:
+            raise KeyboardInterrupt
+
+    def finish(self, status, summary, files):
+        self.status = status
+
+
+def test_an_interrupted_run_gets_a_report_of_its_finished_rounds(tmp_path):
+    from html_report import parse
+
+    out = tmp_path / "run"
+    stop, rec = StopAt(2), Recorder()
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(
+            Settings(**{**SMALL, "num_rounds": 4}, output_dir=str(out)),
+            engine="inprocess",
+            loggers=[stop, rec],
+        )
+    assert stop.status == "interrupted" and rec.calls[-1][1] == "interrupted"
+    page = parse((out / "report.html").read_text())
+    cells = csv_cells(out / "metrics.csv")
+    assert {int(r["round"]) for r in cells} == {0, 1, 2}
+    assert page.table("metrics") == [[r[c] for c in cells[0]] for r in cells]
+    assert "interrupted or not finished: rounds 0 to 2 of 4" in page.text("summary")
+    assert not (out / "summary.json").exists()
+
+
+def test_missing_extra_is_one_line_exit_2_and_nothing_written(tmp_path, monkeypatch, capsys):
+    from mmfl_flwr import cli
+
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # as if not installed
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as stop:
+        cli.main(
+            ["run", "--engine", "inprocess", "--num-clients", "4", "--num-rounds", "1",
+             "--output-dir", str(out), "--log-to", "tensorboard,mlflow"]
+        )  # fmt: skip
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install 'mmfl-flwr[mlflow]'" in err[0], err
+    assert not out.exists()
+    with pytest.raises(ValueError, match=r"pip install 'mmfl-flwr\[mlflow\]'"):
+        runner.run(Settings(**SMALL, output_dir=str(out)), engine="inprocess", loggers=["mlflow"])
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("value", ["nope", "tensorboard,nope"])
+def test_unknown_tracker_is_one_line_exit_2(tmp_path, capsys, value):
+    from mmfl_flwr import cli
+
+    with pytest.raises(SystemExit) as stop:
+        cli.main(
+            ["run", "--engine", "inprocess", "--output-dir", str(tmp_path / "r"), "--log-to", value]
+        )
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown tracker 'nope'" in err[0]
+    assert not (tmp_path / "r").exists()
+
+
+def test_logger_objects_are_refused_on_the_simulation_engine():
+    with pytest.raises(ValueError, match="another one"):
+        runner.run(Settings(**SMALL, output_dir=""), engine="simulation", loggers=[Recorder()])
+
+
+def test_the_run_config_key_log_to_reaches_the_serverapp(tmp_path):
+    """The ServerApp under ``flwr run`` reads its settings from the run config:
+    ``log-to`` there starts the tracker (here on an in-process grid)."""
+    pytest.importorskip("tensorboard")
+    from flwr.app import Context, RecordDict
+
+    from mmfl_flwr.flower_app.client_app import build_client_app
+    from mmfl_flwr.flower_app.data import federation_for
+    from mmfl_flwr.flower_app.server_app import server_main
+    from mmfl_flwr.grid import InProcessGrid
+
+    s = Settings(**{**SMALL, "num_rounds": 1}, output_dir=str(tmp_path / "run"))
+    cfg = {**s.to_run_config(), "log-to": "tensorboard", "log-dir": str(tmp_path / "tb")}
+    federation_for(s)
+    grid = InProcessGrid(build_client_app(s), runner.node_configs(s), cfg, seed=s.seed)
+    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg)
+    server_main(grid, ctx)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("digits/accuracy")] == [0, 1]
+    assert not (tmp_path / "run" / "tensorboard").exists()
+
+
+def test_progress_bar_on_a_terminal_lines_elsewhere(monkeypatch, capsys):
+    import io
+
+    from mmfl_flwr.tracking import progress
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    rows = [
+        {"task": "a", "accuracy": 0.5, "uploads": 2},
+        {"task": "b", "accuracy": 0.7, "uploads": 1},
+    ]
+    tty = Tty()
+    monkeypatch.setattr(sys, "stdout", tty)
+    show, close = progress.make_progress(3)
+    assert isinstance(show, progress.ProgressBar)
+    show(1, rows)
+    close()
+    assert "mean acc 0.600" in tty.getvalue() and "1/3" in tty.getvalue()
+    show, close = progress.make_progress(3, no_progress=True)  # --no-progress
+    show(1, rows)
+    close()
+    assert "[mmfl] round   1/3 | acc a=0.500 b=0.700 | uploads 3" in tty.getvalue()
+    monkeypatch.setattr(sys, "stdout", io.StringIO())  # not a terminal
+    show, _ = progress.make_progress(3)
+    assert not isinstance(show, progress.ProgressBar)

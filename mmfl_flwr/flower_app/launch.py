@@ -570,6 +570,8 @@ def run_on_superlink(
         config["resume-from"] = str(Path(settings.resume_from).resolve())
     if settings.data_root:
         config["data-root"] = str(Path(settings.data_root).resolve())
+    if settings.log_dir:  # TensorBoard's folder, as the user's working folder names it
+        config["log-dir"] = str(Path(settings.log_dir).resolve())
     if registered_tasks():  # user tasks of this process travel as a pickled snapshot
         save_snapshot(str(work / "tasks.pkl"))
         config[TASK_SNAPSHOT_KEY] = str(work / "tasks.pkl")

@@ -240,3 +240,24 @@ def test_bad_input_is_one_line_exit_2_and_nothing_overwritten(runs, tmp_path, ca
     assert len(err) == 1 and err[0].startswith("mmfl report: error: "), err
     assert keep.read_text() == "old"
     assert not list((tmp_path / "empty").iterdir())
+
+
+def test_the_final_plot_of_a_preset_run_is_titled_by_its_preset(tmp_path, monkeypatch):
+    """The fresh-run clean-up loop reused the strategy name's variable, so the
+    final accuracy.png of every fresh preset run was titled "MMFL accuracy.png"
+    (and lost its budget fraction): write_outputs got strategy_name="accuracy.png"."""
+    from mmfl_flwr import results
+
+    seen = []
+    real = results.write_outputs
+
+    def spy(result, settings, output_dir, strategy_name=None, **kw):
+        seen.append(strategy_name)
+        return real(result, settings, output_dir, strategy_name=strategy_name, **kw)
+
+    monkeypatch.setattr(results, "write_outputs", spy)
+    s = Settings(**{**RUNS["lvr"], "num_rounds": 1}, output_dir=str(tmp_path / "run"))
+    runner.run(s, engine="inprocess")
+    assert seen == [None]
+    title = results.run_title(s, seen[0])
+    assert title.startswith("MMFL lvr, seed 2") and "budget fraction 0.6" in title

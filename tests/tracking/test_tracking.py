@@ -438,3 +438,28 @@ def test_progress_bar_on_a_terminal_lines_elsewhere(monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdout", io.StringIO())  # not a terminal
     show, _ = progress.make_progress(3)
     assert not isinstance(show, progress.ProgressBar)
+
+
+def test_the_vectorized_engine_logs_the_same_metrics(tmp_path):
+    """The loggers run in the ServerApp, so every engine logs alike: here the
+    vectorized engine's TensorBoard events hold its metrics.csv."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    rec = Recorder()
+    runner.run(
+        Settings(**{**SMALL, "num_rounds": 2}, output_dir=str(out)),
+        engine="vectorized",
+        loggers=["tensorboard", rec],
+    )
+    acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    expected = expected_series(out)
+    assert expected
+    for tag, by_round in expected.items():
+        assert {e.step: e.value for e in acc.Scalars(tag)} == {
+            r: np.float32(v) for r, v in by_round.items()
+        }, tag
+    assert [c[1] for c in rec.calls if c[0] == "round"] == [0, 1, 2]
+    assert json.loads((out / "summary.json").read_text())["engine"] == "vectorized"

@@ -50,7 +50,7 @@ class ProgressBar:
         )
 
         self.progress = Progress(
-            TextColumn("[mmfl] round"),
+            TextColumn("[mmfl] round", markup=False),
             MofNCompleteColumn(),
             BarColumn(),
             TimeElapsedColumn(),

@@ -463,3 +463,42 @@ def test_the_vectorized_engine_logs_the_same_metrics(tmp_path):
         }, tag
     assert [c[1] for c in rec.calls if c[0] == "round"] == [0, 1, 2]
     assert json.loads((out / "summary.json").read_text())["engine"] == "vectorized"
+
+
+def _on_a_terminal(args: list[str]) -> str:
+    """What ``mmfl run ARGS`` prints on a pseudo-terminal."""
+    import pty
+    import subprocess
+
+    main, sub = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mmfl_flwr.cli", "run", *args],
+        stdin=sub,
+        stdout=sub,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "COLUMNS": "120", "PYTHONPATH": str(Path(__file__).parents[2])},
+    )
+    os.close(sub)
+    out = b""
+    while True:
+        try:
+            data = os.read(main, 4096)
+        except OSError:
+            break
+        if not data:
+            break
+        out += data
+    assert proc.wait(timeout=300) == 0
+    os.close(main)
+    return out.decode(errors="replace")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="pseudo-terminals")
+def test_mmfl_run_draws_a_bar_on_a_terminal_and_lines_with_no_progress(tmp_path):
+    args = ["--engine", "inprocess", "--tasks", "digits", "--num-clients", "4",
+            "--num-rounds", "2", "--local-epochs", "1"]  # fmt: skip
+    bar = _on_a_terminal([*args, "--output-dir", str(tmp_path / "a")])
+    assert "[mmfl] round" in bar and "2/2" in bar and "mean acc" in bar and "━" in bar
+    assert "[mmfl] round   1/2 |" not in bar
+    lines = _on_a_terminal([*args, "--output-dir", str(tmp_path / "b"), "--no-progress"])
+    assert "[mmfl] round   1/2 | acc digits=" in lines and "━" not in lines

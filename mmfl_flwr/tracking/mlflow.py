@@ -7,7 +7,10 @@ in the working folder when the run writes no output folder): open it with
 (MLflow 3 opens a file store only with ``MLFLOW_ALLOW_FILE_STORE=true``, which
 this logger sets in its own process for the default store). The experiment is
 ``MLFLOW_EXPERIMENT_NAME`` where set, else ``mmfl``. Logged: the effective
-configuration as params, per round the metrics of ``metrics.csv`` (step = round),
+configuration as params (with a tracking server: at most
+:data:`HTTP_RETRIES` retries and :data:`HTTP_TIMEOUT` seconds a request, unless
+``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` / ``MLFLOW_HTTP_REQUEST_TIMEOUT`` say otherwise),
+per round the metrics of ``metrics.csv`` (step = round),
 the clients' training counts and the result files (``summary.json``,
 ``metrics.csv``, ``report.html``, ...) as artifacts. Needs ``pip install
 'mmfl-flwr[mlflow]'`` (``mlflow`` itself for ``mlflow ui``).
@@ -25,6 +28,10 @@ from typing import Any
 
 from mmfl_flwr.tracking.base import RunInfo, RunLogger
 
+#: Retries and seconds per request to a tracking server, where the user set none
+#: (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, ``MLFLOW_HTTP_REQUEST_TIMEOUT``).
+HTTP_RETRIES = 2
+HTTP_TIMEOUT = 20
 #: MLflow refuses longer param values.
 MAX_PARAM_CHARS = 6000
 
@@ -63,6 +70,11 @@ class MLflowLogger(RunLogger):
             # MLflow 3 keeps the file store only on request (it recommends a database;
             # a database's tables take seconds to create): the local default asks for it
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        if uri.startswith(("http://", "https://")):
+            # MLflow retries an unreachable server 7 times with growing pauses (minutes);
+            # a tracker must not hold the run that long: fewer, unless the user set them
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(HTTP_RETRIES))
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(HTTP_TIMEOUT))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # the file store's deprecation note
             self.client = MlflowClient(tracking_uri=uri)

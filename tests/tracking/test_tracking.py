@@ -502,3 +502,32 @@ def test_mmfl_run_draws_a_bar_on_a_terminal_and_lines_with_no_progress(tmp_path)
     assert "[mmfl] round   1/2 |" not in bar
     lines = _on_a_terminal([*args, "--output-dir", str(tmp_path / "b"), "--no-progress"])
     assert "[mmfl] round   1/2 | acc digits=" in lines and "━" not in lines
+
+
+def test_an_unreachable_mlflow_server_is_one_warning_and_the_run_goes_on(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+    for key in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.setenv(key, "0")  # so that undo also removes what the logger sets
+        monkeypatch.delenv(key)
+    warn = Warnings()
+    flwr = logging.getLogger("flwr")
+    flwr.addHandler(warn)
+    rec = Recorder()
+    try:
+        runner.run(
+            Settings(**{**SMALL, "num_rounds": 1}, output_dir=str(tmp_path / "run")),
+            engine="inprocess",
+            loggers=["mlflow", rec],
+        )
+    finally:
+        flwr.removeHandler(warn)
+    failed = [r for r in warn.records if "Logger %s failed" in str(r.msg)]
+    assert [(r.args[0], r.args[1]) for r in failed] == [("mlflow", "start")]
+    assert rec.calls[-1][1] == "finished"
+    assert (tmp_path / "run" / "summary.json").is_file()

@@ -361,7 +361,8 @@ def interrupted_message(settings: Settings, engine: str = "simulation") -> str:
         )
     on = "" if engine == "simulation" else f" --engine {engine}"
     where = (
-        f"the finished rounds are in {out} (metrics.csv, assignments.csv, accuracy.png)"
+        f"the finished rounds are in {out} (metrics.csv, assignments.csv, accuracy.png"
+        f"{'' if settings.no_report else ', report.html'})"
         if done
         else "no round had finished"
     )

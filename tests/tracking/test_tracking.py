@@ -531,3 +531,26 @@ def test_an_unreachable_mlflow_server_is_one_warning_and_the_run_goes_on(tmp_pat
     assert [(r.args[0], r.args[1]) for r in failed] == [("mlflow", "start")]
     assert rec.calls[-1][1] == "finished"
     assert (tmp_path / "run" / "summary.json").is_file()
+
+
+def test_client_counts_every_k_rounds_and_at_the_end():
+    from mmfl_flwr.tracking import LoggerHub, RunInfo
+
+    assignments = {
+        1: [("0", "a", 1), ("1", "b", 2)],
+        2: [("0", "a", 1), ("0", "b", 1)],
+        3: [("1", "b", 1), ("1", "b", 1)],  # one client picked twice for a model: one round
+    }
+    rec = Recorder()
+    hub = LoggerHub([rec], clients_every=2)
+    hub.start(RunInfo(name="x", params={"strategy": "s"}, models=["a", "b"], num_rounds=3))
+    for rnd in range(4):
+        rows = [{"round": rnd, "task": t, "accuracy": 0.5, "uploads": 1} for t in ("a", "b")]
+        hub.round(rnd, rows, {r: p for r, p in assignments.items() if r <= rnd})
+    hub.finish("finished", 3, assignments, None, [])
+    clients = [(c[1], c[2]) for c in rec.calls if c[0] == "clients"]
+    assert clients == [
+        (2, {"0": {"a": 2, "b": 1}, "1": {"b": 1}}),
+        (3, {"0": {"a": 2, "b": 1}, "1": {"b": 2}}),
+    ]
+    assert rec.calls[-1][:2] == ("finish", "finished")

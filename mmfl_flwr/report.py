@@ -50,7 +50,16 @@ RUN_SECTIONS = (
     "versions",
 )
 #: The sections of a comparison's report.
-COMPARISON_SECTIONS = ("runs", "settings", "final", "curves", "mean-accuracy", "versions")
+COMPARISON_SECTIONS = (
+    "runs",
+    "settings",
+    "final",
+    "curves",
+    "model-curves",
+    "mean-accuracy",
+    "uploads-rejections",
+    "versions",
+)
 
 _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;
@@ -550,8 +559,77 @@ def comparison_html(folders: Sequence[str | os.PathLike[str]]) -> str:
             ),
         )
     )
+    parts.insert(
+        -1,
+        _section(
+            "model-curves",
+            "Accuracy per model",
+            _png(_per_model_figure(runs, labels, models)),
+        ),
+    )
+    totals = [_totals(r) for r in runs]
+    parts.append(
+        _section(
+            "uploads-rejections",
+            "Uploads and rejections per round (summed over the models)",
+            _table(
+                ["round", *(f"{lab}: {k}" for lab in labels for k in ("uploads", "rejected"))],
+                [
+                    [
+                        rnd,
+                        *(
+                            t.get(rnd, {}).get(k, "")
+                            for t in totals
+                            for k in ("uploads", "rejected")
+                        ),
+                    ]
+                    for rnd in rounds
+                    if rnd > 0
+                ],
+                left=0,
+            ),
+        )
+    )
     parts.append(_versions_section([(lab, r.summary) for lab, r in zip(labels, runs)]))
     return _page(f"Comparison of {len(runs)} MMFL runs", "".join(parts))
+
+
+def _totals(run: RunFolder) -> dict[int, dict[str, int]]:
+    """Round -> uploads and rejected summed over the run's models."""
+    out: dict[int, dict[str, int]] = {}
+    for r in run.rows:
+        cell = out.setdefault(int(r["round"]), {"uploads": 0, "rejected": 0})
+        for k in cell:
+            v = r.get(k, math.nan)
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                cell[k] += int(v)
+    return out
+
+
+def _per_model_figure(
+    runs: Sequence[RunFolder], labels: Sequence[str], models: Sequence[str]
+) -> Any:
+    from mmfl_flwr.results import new_figure
+
+    fig = new_figure((8.5, 1.0 + 2.2 * max(len(models), 1)), layout="constrained")
+    axes = fig.subplots(max(len(models), 1), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, m in zip(axes, models):
+        for i, (run, lab) in enumerate(zip(runs, labels)):
+            pts = [
+                (int(r["round"]), r["accuracy"])
+                for r in run.rows
+                if r["task"] == m and not math.isnan(r["accuracy"])
+            ]
+            if pts:
+                ax.plot(*zip(*pts), marker=".", color=f"C{i % 10}", label=lab)
+        ax.set_ylabel(f"{m}\ntest accuracy")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    axes[-1].set_xlabel("round")
+    handles, names = axes[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, names, loc="outside right upper", fontsize="small")
+    return fig
 
 
 def _labels(runs: Sequence[RunFolder]) -> list[str]:

@@ -202,6 +202,23 @@ def test_mmfl_report_compares_runs(runs, tmp_path, capsys):
             assert cell == (repr(sum(accs) / len(accs)) if accs else "")
 
 
+def test_the_comparison_sums_uploads_and_rejections_per_round_as_metrics_csv(runs, tmp_path):
+    target = tmp_path / "cmp.html"
+    assert cli.main(["report", str(runs["lvr"]), str(runs["dp"]), "--output", str(target)]) == 0
+    page = parse(target.read_text(encoding="utf-8"))
+    assert len(page.images("model-curves")) == 1
+    folders = (runs["lvr"], runs["dp"])
+    table = page.table("uploads-rejections")
+    assert table
+    for row in table:
+        for i, folder in enumerate(folders):
+            header, rows = cells(folder / "metrics.csv")
+            col = {c: j for j, c in enumerate(header)}
+            mine = [r for r in rows if r[col["round"]] == row[0]]
+            for k, key in enumerate(("uploads", "rejected")):
+                assert row[1 + 2 * i + k] == str(sum(int(r[col[key]]) for r in mine))
+
+
 def test_mmfl_report_rewrites_a_run_report(runs, capsys):
     out = runs["dp"]
     before = (out / "report.html").read_text()

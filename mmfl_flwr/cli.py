@@ -265,6 +265,24 @@ def check_before_run(settings: Settings) -> None:
     federation_for(settings, clients=(), server_tests=False)
 
 
+def _check_tracking_flags(settings: Settings) -> None:
+    """``--log-dir`` and ``--log-clients-every`` without a tracker that reads
+    them would be dropped silently: refused."""
+    from mmfl_flwr.tracking import parse_log_to
+
+    names = parse_log_to(settings.log_to)
+    if settings.log_dir and "tensorboard" not in names:
+        raise ValueError(
+            f"--log-dir {settings.log_dir} (log-dir) is TensorBoard's folder: it needs "
+            "--log-to tensorboard"
+        )
+    if settings.log_clients_every and not names:
+        raise ValueError(
+            f"--log-clients-every {settings.log_clients_every} (log-clients-every) applies "
+            "to the trackers of --log-to, and none is named"
+        )
+
+
 def _check_pins_provable(settings: Settings) -> None:
     """A pin is proved by a node's ``client-token`` (``token:``) or its SuperNode's
     authenticated public key (``key:``); the nodes of ``mmfl run``'s engines have
@@ -420,6 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ValueError("--threads does not apply to --sequential yet")
             parse_threads(args.threads)
         _check_pins_provable(settings)
+        _check_tracking_flags(settings)
         if args.sequential and settings.log_to:
             raise ValueError("--log-to does not apply to --sequential yet")
         if args.sequential:

@@ -381,6 +381,26 @@ def test_unknown_tracker_is_one_line_exit_2(tmp_path, capsys, value):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--log-dir", "tb"], "needs --log-to tensorboard"),
+        (["--log-to", "mlflow", "--log-dir", "tb"], "needs --log-to tensorboard"),
+        (["--log-clients-every", "2"], "none is named"),
+    ],
+)
+def test_tracking_flags_without_their_tracker_are_refused(tmp_path, capsys, flags, words):
+    from mmfl_flwr import cli
+
+    out = tmp_path / "r"
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["run", "--engine", "inprocess", "--output-dir", str(out), *flags])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+    assert not out.exists()
+
+
 def test_logger_objects_are_refused_on_the_simulation_engine():
     with pytest.raises(ValueError, match="another one"):
         runner.run(Settings(**SMALL, output_dir=""), engine="simulation", loggers=[Recorder()])
@@ -554,3 +574,26 @@ def test_client_counts_every_k_rounds_and_at_the_end():
         (3, {"0": {"a": 2, "b": 1}, "1": {"b": 2}}),
     ]
     assert rec.calls[-1][:2] == ("finish", "finished")
+
+
+def test_the_documented_custom_logger_example_runs(tmp_path, monkeypatch):
+    """docs/tracking.md's example of a RunLogger, run as written (in a temporary
+    working folder): its CSV holds the mean accuracy of every round."""
+    pytest.importorskip("tensorboard")
+    doc = (Path(__file__).parents[2] / "docs" / "tracking.md").read_text()
+    section = doc[doc.index("## Your own logger") :]
+    code = section[
+        section.index("```python\n") + 10 : section.index("```", section.index("```python\n") + 10)
+    ]
+    code = code.replace("num_rounds=5", "num_rounds=2").replace("num_clients=10", "num_clients=6")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "docs/tracking.md", "exec"), {"__name__": "docs_example"})
+    out = tmp_path / "results" / "own-logger"
+    means = {
+        int(r["round"]): float(r["mean_accuracy"]) for r in csv_cells(out / "mean_accuracy.csv")
+    }
+    rows = csv_cells(out / "metrics.csv")
+    for rnd in range(3):
+        accs = [float(r["accuracy"]) for r in rows if int(r["round"]) == rnd]
+        assert means[rnd] == sum(accs) / len(accs)
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))

@@ -443,6 +443,9 @@ def _run_server(
                         old.unlink()
                 for old_file in RUN_FILES:
                     Path(s.output_dir, old_file).unlink(missing_ok=True)
+                if "tensorboard" in trackers and not s.log_dir:  # the default, in the folder
+                    for old in Path(s.output_dir, "tensorboard").glob("events.out.tfevents.*"):
+                        old.unlink()
             os.makedirs(s.output_dir, exist_ok=True)
             s.save(os.path.join(s.output_dir, "config.json"), effective, engine)
             strategy.checkpoint_path = os.path.join(s.output_dir, CHECKPOINT_FILE)

@@ -597,3 +597,22 @@ def test_the_documented_custom_logger_example_runs(tmp_path, monkeypatch):
         accs = [float(r["accuracy"]) for r in rows if int(r["round"]) == rnd]
         assert means[rnd] == sum(accs) / len(accs)
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_overwrite_starts_the_default_tensorboard_folder_afresh(tmp_path):
+    """A new run in a folder (--overwrite) replaces the older run's TensorBoard
+    events, as it replaces its metrics.csv: no step holds two runs' values."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    for seed in (1, 2):
+        s = Settings(**{**SMALL, "num_rounds": 1, "seed": seed}, output_dir=str(out))
+        s.overwrite = True
+        runner.run(s, engine="inprocess", loggers=["tensorboard"])
+    acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    for tag, by_round in expected_series(out).items():
+        events = acc.Scalars(tag)
+        assert [e.step for e in events] == sorted(by_round), tag
+        assert [e.value for e in events] == [np.float32(by_round[r]) for r in sorted(by_round)]

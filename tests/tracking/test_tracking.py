@@ -616,3 +616,22 @@ def test_overwrite_starts_the_default_tensorboard_folder_afresh(tmp_path):
         events = acc.Scalars(tag)
         assert [e.step for e in events] == sorted(by_round), tag
         assert [e.value for e in events] == [np.float32(by_round[r]) for r in sorted(by_round)]
+
+
+@pytest.mark.parametrize(
+    "env, mode",
+    [
+        ({}, "offline"),  # no account configured: never a login prompt
+        ({"WANDB_API_KEY": "x" * 40}, "online"),
+        ({"WANDB_API_KEY": "x" * 40, "WANDB_MODE": "offline"}, "offline"),
+        ({"WANDB_MODE": "disabled"}, "disabled"),
+    ],
+)
+def test_wandb_mode_follows_wandb_mode_then_the_api_key(monkeypatch, env, mode):
+    from mmfl_flwr.tracking.wandb import wandb_mode
+
+    for key in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert wandb_mode() == mode

@@ -6,6 +6,8 @@ Examples
 ``mmfl run --engine inprocess --strategy mfa-rand --num-rounds 5`` — fast, no Ray.
 ``mmfl run --resume results/mmfl --num-rounds 40`` — continue a run to 40 rounds.
 ``mmfl compare results/a results/b`` — overlay runs (mean and band over seeds).
+``mmfl report results/a`` — one self-contained HTML report of a run (or a comparison).
+``mmfl run --log-to tensorboard,mlflow,wandb`` — stream the run to trackers.
 
 Every user error (bad settings, a missing ``--config`` file or dataset, an
 unreadable checkpoint, an output folder that holds another run) is one line on
@@ -86,11 +88,24 @@ _SETTING_GROUP = {
             "direction_factor",
             "influence_clip_factor",
             "reversed_influence_factor",
+            "defences",
             "client_pins",
         ),
         "defences",
     ),
-    **dict.fromkeys(("output_dir", "overwrite", "target_accuracy"), "outputs"),
+    **dict.fromkeys(
+        (
+            "output_dir",
+            "overwrite",
+            "target_accuracy",
+            "log_to",
+            "log_dir",
+            "log_clients_every",
+            "no_progress",
+            "no_report",
+        ),
+        "outputs",
+    ),
 }
 
 
@@ -155,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     from mmfl_flwr import compare
 
     compare.add_parser(sub)
+    from mmfl_flwr import report
+
+    report.add_parser(sub)
     groups = {name: p_run.add_argument_group(name, text) for name, text in GROUPS.items()}
     groups["engine"].add_argument(
         "--engine",
@@ -345,13 +363,33 @@ def check_before_run(settings: Settings) -> None:
         check_resume,
         strategy_from_settings,
     )
+    from mmfl_flwr.tracking import check_installed, parse_log_to
 
+    check_installed(parse_log_to(settings.log_to))  # a missing extra: pip install ...
     check_output_folder(settings)
     if settings.resume_from:
         check_resume(settings, strategy_from_settings(settings))
     # loads the real datasets (refused here when missing); generates no synthetic
     # client, which an engine in this process builds with the rest
     federation_for(settings, clients=(), server_tests=False)
+
+
+def _check_tracking_flags(settings: Settings) -> None:
+    """``--log-dir`` and ``--log-clients-every`` without a tracker that reads
+    them would be dropped silently: refused."""
+    from mmfl_flwr.tracking import parse_log_to
+
+    names = parse_log_to(settings.log_to)
+    if settings.log_dir and "tensorboard" not in names:
+        raise ValueError(
+            f"--log-dir {settings.log_dir} (log-dir) is TensorBoard's folder: it needs "
+            "--log-to tensorboard"
+        )
+    if settings.log_clients_every and not names:
+        raise ValueError(
+            f"--log-clients-every {settings.log_clients_every} (log-clients-every) applies "
+            "to the trackers of --log-to, and none is named"
+        )
 
 
 def _check_pins_provable(settings: Settings) -> None:
@@ -451,7 +489,8 @@ def interrupted_message(settings: Settings, engine: str = "simulation") -> str:
         )
     on = "" if engine == "simulation" else f" --engine {engine}"
     where = (
-        f"the finished rounds are in {out} (metrics.csv, assignments.csv, accuracy.png)"
+        f"the finished rounds are in {out} (metrics.csv, assignments.csv, accuracy.png"
+        f"{'' if settings.no_report else ', report.html'})"
         if done
         else "no round had finished"
     )
@@ -481,6 +520,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from mmfl_flwr import compare
 
         return compare.main(args)
+    if args.command == "report":
+        from mmfl_flwr import report
+
+        return report.main(args)
     if args.command != "run":
         return 2
     try:
@@ -509,6 +552,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ValueError("--threads does not apply to --sequential yet")
             parse_threads(args.threads)
         _check_pins_provable(settings)
+        _check_tracking_flags(settings)
+        if args.sequential and settings.log_to:
+            raise ValueError("--log-to does not apply to --sequential yet")
         if args.sequential:
             from mmfl_flwr.sequential import check_before_sequential
 

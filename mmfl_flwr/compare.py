@@ -47,7 +47,19 @@ CSV_COLUMNS = [
 ]
 
 #: Settings that may differ between runs of one strategy without a warning.
-_MAY_DIFFER = {"seed", "output-dir", "overwrite", "resume-from", "timeout"}
+_MAY_DIFFER = {
+    "seed",
+    "output-dir",
+    "overwrite",
+    "resume-from",
+    "timeout",
+    # how a run is watched, not what it computes (issue 59)
+    "log-to",
+    "log-dir",
+    "log-clients-every",
+    "no-progress",
+    "no-report",
+}
 
 
 class _Run:

@@ -32,7 +32,16 @@ __all__ = [
 
 #: Settings that a resumed run may change: they do not alter what the rounds
 #: compute (``num_rounds`` extends or finishes the run).
-RESUME_MAY_CHANGE = ("num_rounds", "timeout", "clients_per_node")
+RESUME_MAY_CHANGE = (
+    "num_rounds",
+    "timeout",
+    "clients_per_node",
+    "log_to",
+    "log_dir",
+    "log_clients_every",
+    "no_progress",
+    "no_report",
+)
 #: Settings added after runs were saved without them, with the value such a
 #: run's ``config.json`` implies (what the run computed), where that differs
 #: from today's default: :meth:`Settings.load` fills a missing key with it.
@@ -261,6 +270,19 @@ class Settings:
         aggregate in the noise std ``z C / m`` (required with ``dp``), the
         ``delta`` at which each model's epsilon is reported, and the noise's
         seed (-1: from the operating system, private and not reproducible).
+    log_to : str
+        Experiment trackers the server streams the run to, comma-separated:
+        ``tensorboard``, ``mlflow``, ``wandb`` (``""``: none; docs/tracking.md).
+        Each needs its extra (``pip install 'mmfl-flwr[tracking]'``).
+    log_dir : str
+        TensorBoard's folder; ``""``: ``OUTPUT-DIR/tensorboard``.
+    log_clients_every : int
+        Log the clients' training counts to the trackers every this many
+        rounds (0: at the end only).
+    no_progress : bool
+        One line per round instead of the progress bar on a terminal.
+    no_report : bool
+        Write no ``report.html`` at the end of the run.
     """
 
     strategy: str = "mfa-rr"
@@ -304,6 +326,11 @@ class Settings:
     dp_sampled_clients: int = 0
     dp_delta: float = 1e-5
     dp_noise_seed: int = -1
+    log_to: str = ""
+    log_dir: str = ""
+    log_clients_every: int = 0
+    no_progress: bool = False
+    no_report: bool = False
     # The algorithm cards' settings (each card Parameter with a ``setting``), in the
     # cards' order, with their types and defaults: _with_algorithm_settings checks it.
     budget_fraction: float = 0.0
@@ -601,6 +628,9 @@ class Settings:
         self.client_pin_map()
         self.clients_per_node_count()
         self.target_accuracies()
+        from mmfl_flwr.tracking import parse_log_to
+
+        parse_log_to(self.log_to)
         if self.dp and self.dp_sampled_clients < 1:
             raise ValueError(
                 f"dp={self.dp!r} needs dp-sampled-clients >= 1: the clients m of "
@@ -876,6 +906,28 @@ def options() -> dict[str, Option]:
             "system (private, not reproducible); a seed >= 0 makes it "
             "reproducible and not private against whoever knows it",
             low=-1,
+        ),
+        "log_to": Option(
+            "experiment trackers the server streams the run to (docs/tracking.md; each "
+            "needs its extra: pip install 'mmfl-flwr[tracking]')",
+            form='"" (none) or comma-separated, each one of tensorboard, mlflow, wandb',
+        ),
+        "log_dir": Option(
+            "TensorBoard's folder (tensorboard --logdir it)",
+            form='a folder; "" is OUTPUT-DIR/tensorboard',
+        ),
+        "log_clients_every": Option(
+            "log the clients' training counts to the trackers every this many rounds",
+            low=0,
+            zero="at the end only",
+        ),
+        "no_progress": Option(
+            "print one line per round instead of the progress bar shown on a terminal",
+            form="a switch (no value)",
+        ),
+        "no_report": Option(
+            "write no report.html at the end of the run",
+            form="a switch (no value)",
         ),
     }
     for fld in setting_parameters():

@@ -11,15 +11,17 @@ ClientApp computes a round trip's replies per model for all clients at once
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from flwr.app import Context, RecordDict
 
 from mmfl_flwr.config import Settings
 from mmfl_flwr.strategy import MultiModelResult, MultiModelStrategy
+from mmfl_flwr.tracking import RunLogger
 
 ENGINES = ("simulation", "inprocess", "vectorized")
 
@@ -41,6 +43,7 @@ def run_inprocess(
     strategy: MultiModelStrategy | None = None,
     wrap_client_app: Callable[[Any], Any] | None = None,
     client_hook: Callable[[Any], Any] | None = None,
+    loggers: Sequence[RunLogger] = (),
 ) -> MultiModelResult:
     """Run on :class:`~mmfl_flwr.grid.InProcessGrid` (no Ray, no SuperLink), one
     node per client (with ``clients_per_node`` K > 1: ``ceil(N / K)`` shard nodes),
@@ -52,9 +55,11 @@ def run_inprocess(
     :mod:`mmfl_flwr.testing.hostile`); ``client_hook(spec)`` returns the
     :class:`~mmfl_flwr.client.app.ClientSpec` a client runs with, given the one
     built from the settings (poisoned data:
-    :func:`~mmfl_flwr.testing.hostile.label_flipping`)."""
+    :func:`~mmfl_flwr.testing.hostile.label_flipping`); ``loggers``: your
+    :class:`~mmfl_flwr.tracking.RunLogger` objects, called besides the
+    trackers of ``settings.log_to``."""
     return _run_on_inprocess_grid(
-        settings, "inprocess", strategy, wrap_client_app, client_hook, None, "auto"
+        settings, "inprocess", strategy, wrap_client_app, client_hook, None, "auto", loggers
     )
 
 
@@ -65,6 +70,7 @@ def run_vectorized(
     threads: str | int = "auto",
     wrap_client_app: Callable[[Any], Any] | None = None,
     client_hook: Callable[[Any], Any] | None = None,
+    loggers: Sequence[RunLogger] = (),
 ) -> MultiModelResult:
     """Run on one in-process node that hosts every client (``clients_per_node``
     K: ``ceil(N / K)`` nodes), whose ClientApp computes each round trip per model
@@ -74,10 +80,10 @@ def run_vectorized(
     in one batched call. ``threads``: torch's threads, ``"auto"`` the cores
     other processes leave free, checked before every round trip
     (:class:`~mmfl_flwr.client.threads.CoreWatch`; at most ``OMP_NUM_THREADS``
-    where it is set), or a number. ``strategy``, ``wrap_client_app`` and
-    ``client_hook`` as in :func:`run_inprocess`."""
+    where it is set), or a number. ``strategy``, ``wrap_client_app``,
+    ``client_hook`` and ``loggers`` as in :func:`run_inprocess`."""
     return _run_on_inprocess_grid(
-        settings, "vectorized", strategy, wrap_client_app, client_hook, chunk, threads
+        settings, "vectorized", strategy, wrap_client_app, client_hook, chunk, threads, loggers
     )
 
 
@@ -89,6 +95,7 @@ def _run_on_inprocess_grid(
     client_hook: Callable[[Any], Any] | None,
     chunk: int | None,
     threads: str | int,
+    loggers: Sequence[RunLogger] = (),
 ) -> MultiModelResult:
     """The in-process engines' one path: the nodes of ``engine``'s
     :class:`~mmfl_flwr.nodes.NodeLayout` on an :class:`~mmfl_flwr.grid.InProcessGrid`,
@@ -121,7 +128,7 @@ def _run_on_inprocess_grid(
         seed=settings.seed,
     )
     ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
-    return server_main(grid, ctx, settings, strategy, engine=engine)
+    return server_main(grid, ctx, settings, strategy, engine=engine, loggers=loggers)
 
 
 def run_simulation_engine(
@@ -162,17 +169,44 @@ def run(
     ray_address: str | None = None,
     num_gpus_per_node: float | None = None,
     threads: str | int | None = None,
+    loggers: Sequence[RunLogger | str] | None = None,
 ) -> MultiModelResult:
     """Run ``settings`` on ``engine`` (``simulation``, ``inprocess`` or
     ``vectorized``; ``vector_chunk``: clients per batched training call of the
     vectorised engine, default sized from free memory; ``threads``: its torch
     threads, default ``"auto"``, the cores other processes leave free). An
     output folder that cannot be written (a file, no permission, a read-only
-    file system) is a ValueError before any data is loaded or engine started."""
-    from mmfl_flwr.flower_app.server_app import check_output_location
+    file system) is a ValueError before any data is loaded or engine started.
 
+    ``loggers``: trackers by name (``"tensorboard"``, ``"mlflow"``,
+    ``"wandb"``, added to ``settings.log_to``; every engine) and your own
+    :class:`~mmfl_flwr.tracking.RunLogger` objects (the in-process engines:
+    the simulation engine's ServerApp runs in another process). A tracker whose
+    package is missing is a ValueError naming the ``pip install`` to run,
+    before the run starts."""
+    from mmfl_flwr.flower_app.server_app import check_output_location
+    from mmfl_flwr.tracking import check_installed, parse_log_to
+
+    names = [lg for lg in loggers or () if isinstance(lg, str)]
+    objects = [lg for lg in loggers or () if not isinstance(lg, str)]
+    if names:
+        settings = dataclasses.replace(
+            settings, log_to=",".join(parse_log_to(",".join([settings.log_to, *names])))
+        )
     settings.validate()
     check_output_location(settings.output_dir)
+    check_installed(parse_log_to(settings.log_to))
+    for lg in objects:
+        if not isinstance(lg, RunLogger):
+            raise ValueError(
+                f"loggers: {lg!r} is neither a tracker name nor a mmfl_flwr.tracking.RunLogger"
+            )
+    if objects and engine == "simulation":
+        raise ValueError(
+            "loggers: RunLogger objects run in this process; the simulation engine's "
+            "ServerApp runs in another one. Use engine='inprocess' or 'vectorized', or "
+            "name the built-in trackers (log-to)"
+        )
     if vector_chunk is not None and engine != "vectorized":
         raise ValueError("vector_chunk applies to engine='vectorized' only")
     if threads is not None and engine != "vectorized":
@@ -201,9 +235,12 @@ def run(
         try:
             if engine == "vectorized":
                 return run_vectorized(
-                    settings, chunk=vector_chunk, threads="auto" if threads is None else threads
+                    settings,
+                    chunk=vector_chunk,
+                    threads="auto" if threads is None else threads,
+                    loggers=objects,
                 )
-            return run_inprocess(settings)
+            return run_inprocess(settings, loggers=objects)
         finally:
             flwr_logger.setLevel(old_level)
     raise ValueError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")

@@ -533,7 +533,7 @@ CLIENTS_PER_NODE_USED_KEY = "mmfl-clients-per-node-used"
 def launched_run_config(settings: Settings, out: Path, clients_per_node: int) -> dict[str, Any]:
     """The run config that :func:`run_on_superlink` submits: the settings
     (``clients-per-node`` as typed: config.json, resume and mmfl compare read
-    it), absolute output, resume and data folders, and with ``auto`` the
+    it), absolute output, resume, data and TensorBoard folders, and with ``auto`` the
     ``clients_per_node`` chosen (:data:`CLIENTS_PER_NODE_USED_KEY`)."""
     config = settings.to_run_config()
     config["output-dir"] = str(out)
@@ -541,6 +541,8 @@ def launched_run_config(settings: Settings, out: Path, clients_per_node: int) ->
         config["resume-from"] = str(Path(settings.resume_from).resolve())
     if settings.data_root:
         config["data-root"] = str(Path(settings.data_root).resolve())
+    if settings.log_dir:  # TensorBoard's folder, as the user's working folder names it
+        config["log-dir"] = str(Path(settings.log_dir).resolve())
     if settings.clients_per_node_count() is None:
         config[CLIENTS_PER_NODE_USED_KEY] = int(clients_per_node)
     return config

@@ -11,11 +11,12 @@ torch-free; torch is only imported here to make initial weights and evaluate.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from logging import ERROR, WARNING
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from mmfl_flwr.presets import build
 from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
 from mmfl_flwr.strategy import MultiModelResult, MultiModelStrategy
 from mmfl_flwr.tasks.registry import load_snapshot
+from mmfl_flwr.tracking import LoggerHub, RunLogger
 
 
 def strategy_from_settings(
@@ -173,19 +175,11 @@ def central_evaluator(s: Settings) -> Callable[[int, str, ArrayRecord], MetricRe
 
 
 def progress_printer(num_rounds: int) -> Callable[[int, list[dict[str, Any]]], None]:
-    """A per-round progress line on stdout."""
-    t0 = time.monotonic()
+    """A per-round progress line on stdout (where no progress bar is drawn:
+    :mod:`mmfl_flwr.tracking.progress`)."""
+    from mmfl_flwr.tracking.progress import line_printer
 
-    def show(rnd: int, rows: list[dict[str, Any]]) -> None:
-        accs = " ".join(f"{r['task']}={r['accuracy']:.3f}" for r in rows)
-        ups = sum(int(r["uploads"]) for r in rows)
-        print(
-            f"[mmfl] round {rnd:>3}/{num_rounds} | acc {accs} | uploads {ups} | "
-            f"elapsed {time.monotonic() - t0:6.1f}s",
-            flush=True,
-        )
-
-    return show
+    return line_printer(num_rounds)
 
 
 def _with_cluster_records(
@@ -354,24 +348,94 @@ def server_main(
     settings: Settings | None = None,
     strategy: MultiModelStrategy | None = None,
     engine: str | None = None,
+    loggers: Sequence[RunLogger] = (),
 ) -> MultiModelResult:
     """Run the MMFL job described by ``settings`` (or ``context.run_config``).
 
     With ``strategy`` given, it is used instead of the preset that the settings
     name (the tasks, data, rounds and outputs still come from the settings).
     ``engine`` (else ``$MMFL_ENGINE``, which ``mmfl run`` sets for the simulation
-    engine) is recorded in ``config.json`` and ``summary.json``.
+    engine) is recorded in ``config.json`` and ``summary.json``. ``loggers``
+    (:class:`~mmfl_flwr.tracking.RunLogger`) are called besides the trackers
+    that ``settings.log_to`` names (:mod:`mmfl_flwr.tracking`).
 
-    The settings, the checkpoint to resume and the data (initial weights, test
-    sets) are all checked before anything is written into ``output_dir``, so a
-    run that cannot start leaves an older run there as it was. numpy's BLAS
-    runs on one thread meanwhile (:func:`~mmfl_flwr.client.threads.limit_blas_threads`:
-    its spinning threads slowed every round beside other busy processes).
+    The settings, the checkpoint to resume, the trackers' packages and the data
+    (initial weights, test sets) are all checked before anything is written into
+    ``output_dir``, so a run that cannot start leaves an older run there as it
+    was. numpy's BLAS runs on one thread meanwhile
+    (:func:`~mmfl_flwr.client.threads.limit_blas_threads`: its spinning threads
+    slowed every round beside other busy processes).
     """
     from mmfl_flwr.client.threads import limit_blas_threads
 
     with limit_blas_threads():
-        return _run_server(grid, context, settings, strategy, engine)
+        return _run_server(grid, context, settings, strategy, engine, loggers)
+
+
+#: Files of a run's output folder that a fresh run removes first (an older run's).
+RUN_FILES = (
+    "summary.json",
+    "metrics.csv",
+    "assignments.csv",
+    "accuracy.png",
+    "assignments.png",
+    "training.png",
+    "defence.csv",
+    "report.html",
+)
+
+
+def _with_loggers(
+    strategy: MultiModelStrategy, hub: LoggerHub, defence_csv: Path | None
+) -> Callable[[int, list[dict[str, Any]]], None]:
+    """Wrap the round callback: after every round, the defence actions counted
+    (appended to ``defence_csv`` where given) and the round to the loggers."""
+    inner = strategy.on_round_end
+
+    def callback(rnd: int, rows: list[dict[str, Any]]) -> None:
+        result = strategy.result
+        assignments = result.assignments if result is not None else {}
+        defence = hub.round(rnd, rows, assignments)
+        if defence_csv is not None and defence:
+            _append_defence(defence_csv, rnd, defence)
+        if inner is not None:
+            inner(rnd, rows)
+
+    return callback
+
+
+def _append_defence(path: Path, rnd: int, defence: dict[str, dict[str, int]]) -> None:
+    """Append a round's defence actions to ``defence.csv`` (``round, model, kind, count``)."""
+    import csv
+
+    new = not path.exists()
+    with open(path, "a", newline="") as f:
+        w = csv.writer(f)
+        if new:
+            w.writerow(["round", "model", "kind", "count"])
+        for task in sorted(defence):
+            for kind in sorted(defence[task]):
+                w.writerow([rnd, task, kind, defence[task][kind]])
+
+
+def _report(s: Settings, assignments_png: bytes | None = None) -> None:
+    """Write ``report.html`` into the output folder (unless ``no_report``); a
+    failure is one warning (the run's results are written already)."""
+    if not s.output_dir or s.no_report:
+        return
+    from mmfl_flwr.report import write_report
+
+    try:
+        write_report([s.output_dir], assignments_png=assignments_png)
+    except Exception as err:  # noqa: BLE001 - the report never loses a run
+        log(WARNING, "report.html not written: %s", " ".join(str(err).split()))
+
+
+def _result_files(output_dir: str) -> list[Path]:
+    """The run's result files (artifacts of the trackers)."""
+    out = Path(output_dir)
+    names = (*RUN_FILES, "config.json", "clusters.csv")
+    return [out / n for n in names if (out / n).is_file()]
 
 
 def _run_server(
@@ -380,8 +444,12 @@ def _run_server(
     settings: Settings | None,
     strategy: MultiModelStrategy | None,
     engine: str | None,
+    loggers: Sequence[RunLogger] = (),
 ) -> MultiModelResult:
-    from mmfl_flwr.results import write_outputs
+    from mmfl_flwr.results import summarize, write_outputs
+    from mmfl_flwr.tracking import LoggerHub, RunInfo, check_installed, make_logger, parse_log_to
+    from mmfl_flwr.tracking import run_params as tracking_params
+    from mmfl_flwr.tracking.progress import ProgressBar, use_bar
 
     load_snapshot(context.run_config)  # tasks registered by the process that started the run
     engine = engine or os.environ.get(ENGINE_ENV) or None
@@ -396,10 +464,11 @@ def _run_server(
             raise
     custom = strategy is not None  # not the preset that s names (the plot title says so)
     if strategy is None:
-        strategy = strategy_from_settings(s, progress_printer(s.num_rounds))
+        strategy = strategy_from_settings(s)
     runner = private(strategy, s)
+    done = 0
     if s.resume_from:
-        check_resume(s, runner)
+        done = check_resume(s, runner)
         if isinstance(strategy.aggregator, ScaffoldAggregator):
             log(
                 WARNING,
@@ -407,6 +476,8 @@ def _run_server(
                 "in the server checkpoint; they restart from zero",
             )
     check_output_folder(s)
+    trackers = parse_log_to(s.log_to)
+    check_installed(trackers)  # a missing extra: refused before anything is written
     arrays, evaluate_fn = initial_arrays(s), central_evaluator(s)  # loads the data
     if not custom:  # the preset that s names: warn when its budget is too small
         warn_if_few_uploads(s)
@@ -417,44 +488,111 @@ def _run_server(
         if custom
         else None
     )
-    if s.output_dir:
-        strategy.on_round_end = _with_round_files(strategy, s, effective, name)
-        strategy.on_round_end = _with_cluster_records(strategy, s.output_dir)
-        if not s.resume_from:  # a fresh run: no records of an older run
-            for old in Path(s.output_dir).glob("clusters*"):
-                if old.name == "clusters.csv" or old.name.startswith("clusters_round_"):
-                    old.unlink()
-            for old_file in ("summary.json", "metrics.csv", "assignments.csv", "accuracy.png"):
-                Path(s.output_dir, old_file).unlink(missing_ok=True)
-        os.makedirs(s.output_dir, exist_ok=True)
-        s.save(os.path.join(s.output_dir, "config.json"), effective, engine)
-        strategy.checkpoint_path = os.path.join(s.output_dir, CHECKPOINT_FILE)
+    bar: ProgressBar | None = None
+    if not custom:  # a custom strategy keeps its own callback
+        if use_bar(s.no_progress):
+            bar = ProgressBar(s.num_rounds, done)
+            strategy.on_round_end = bar
+        else:
+            strategy.on_round_end = progress_printer(s.num_rounds)
+    hub = LoggerHub(list(loggers), s.log_clients_every)
     try:
-        result = runner.start(
-            grid=grid,
-            initial_arrays=arrays,
-            num_rounds=s.num_rounds,
-            timeout=s.timeout,
-            evaluate_fn=evaluate_fn,
-            resume_from=s.resume_from or None,
-        )
-    except KeyboardInterrupt:
+        hub.loggers += [make_logger(n) for n in trackers]
+        if hub or s.output_dir:
+            defence_csv = Path(s.output_dir, "defence.csv") if s.output_dir else None
+            strategy.on_round_end = _with_loggers(strategy, hub, defence_csv)
         if s.output_dir:
-            _files_of_finished_rounds(s.output_dir)
-        raise
-    if result.privacy:  # a run under a DP wrapper: the budget spent, on the console too
-        print(privacy_line(result.privacy), flush=True)
-    if s.output_dir:
-        out = write_outputs(
-            result, s, s.output_dir, strategy_name=name, effective=effective, engine=engine
+            strategy.on_round_end = _with_round_files(strategy, s, effective, name)
+            strategy.on_round_end = _with_cluster_records(strategy, s.output_dir)
+            if not s.resume_from:  # a fresh run: no records of an older run
+                for old in Path(s.output_dir).glob("clusters*"):
+                    if old.name == "clusters.csv" or old.name.startswith("clusters_round_"):
+                        old.unlink()
+                for old_file in RUN_FILES:
+                    Path(s.output_dir, old_file).unlink(missing_ok=True)
+                if "tensorboard" in trackers and not s.log_dir:  # the default, in the folder
+                    for old in Path(s.output_dir, "tensorboard").glob("events.out.tfevents.*"):
+                        old.unlink()
+            os.makedirs(s.output_dir, exist_ok=True)
+            s.save(os.path.join(s.output_dir, "config.json"), effective, engine)
+            strategy.checkpoint_path = os.path.join(s.output_dir, CHECKPOINT_FILE)
+        run_name = (
+            Path(s.output_dir).resolve().name if s.output_dir else f"{s.strategy}-seed{s.seed}"
         )
-        print(f"[mmfl] results written to {os.path.abspath(out)}", flush=True)
+        hub.start(
+            RunInfo(
+                name=run_name,
+                params=tracking_params(s, effective, engine),
+                models=s.model_names,
+                num_rounds=s.num_rounds,
+                start_round=done,
+                output_dir=Path(s.output_dir) if s.output_dir else None,
+                settings=s,
+            )
+        )
+        try:
+            result = runner.start(
+                grid=grid,
+                initial_arrays=arrays,
+                num_rounds=s.num_rounds,
+                timeout=s.timeout,
+                evaluate_fn=evaluate_fn,
+                resume_from=s.resume_from or None,
+            )
+        except KeyboardInterrupt:
+            if bar is not None:
+                bar.close()
+                bar = None
+            if s.output_dir:
+                _files_of_finished_rounds(s.output_dir)
+                _report(s)
+            _finish_hub(hub, "interrupted", strategy, s, None)
+            raise
+        if bar is not None:
+            bar.close()
+            bar = None
+        if result.privacy:  # a run under a DP wrapper: the budget spent, on the console too
+            print(privacy_line(result.privacy), flush=True)
+        summary = None
+        if s.output_dir:
+            out = write_outputs(
+                result, s, s.output_dir, strategy_name=name, effective=effective, engine=engine
+            )
+            png = out / "assignments.png"
+            _report(s, png.read_bytes() if png.is_file() else None)
+            with open(out / "summary.json") as f:
+                summary = json.load(f)
+            print(f"[mmfl] results written to {os.path.abspath(out)}", flush=True)
+        elif hub:
+            summary = summarize(result, s, effective, engine)
+        _finish_hub(hub, "finished", strategy, s, summary)
+    finally:
+        if bar is not None:
+            bar.close()
+        _finish_hub(hub, "failed", strategy, s, None)  # no-op when finished above
     sys.stdout.flush()
     return result
 
 
+def _finish_hub(
+    hub: LoggerHub,
+    status: str,
+    strategy: MultiModelStrategy,
+    s: Settings,
+    summary: dict[str, Any] | None,
+) -> None:
+    result = strategy.result
+    assignments = result.assignments if result is not None else None
+    last = max((int(r["round"]) for r in result.history), default=0) if result else 0
+    hub.finish(
+        status, last, assignments, summary, _result_files(s.output_dir) if s.output_dir else []
+    )
+
+
 def build_server_app(
-    settings: Settings | None = None, holder: dict[str, Any] | None = None
+    settings: Settings | None = None,
+    holder: dict[str, Any] | None = None,
+    loggers: Sequence[RunLogger] = (),
 ) -> ServerApp:
     """The ServerApp; with ``settings`` given, ``run_config`` is not read.
     The result is stored in ``holder["result"]`` when a dict is given."""
@@ -462,7 +600,7 @@ def build_server_app(
 
     @server.main()
     def main(grid: Grid, context: Context) -> None:
-        result = server_main(grid, context, settings)
+        result = server_main(grid, context, settings, loggers=loggers)
         if holder is not None:
             holder["result"] = result
 

@@ -305,6 +305,14 @@ def test_an_interrupted_run_ends_with_one_line_and_shows_its_finished_rounds(sig
     assert sorted({int(r["round"]) for r in rows}) == list(range(done + 1))
     assert (out / "assignments.csv").is_file() and (out / "accuracy.png").is_file()
     assert not (out / "summary.json").exists()  # written when the run finishes
+    # its report (issue 59) covers the finished rounds
+    sys.path.insert(0, str(Path(__file__).parents[1] / "tracking"))
+    from html_report import parse
+
+    page = parse((out / "report.html").read_text(encoding="utf-8"))
+    assert sorted({int(r[0]) for r in page.table("metrics")}) == list(range(done + 1))
+    assert f"rounds 0 to {done} of 30" in page.text("summary")
+    assert "report.html" in last
     # the command it printed continues the run to the end
     resume = last.split("continue with: ")[1].split()
     assert cli_main(resume[1:]) == 0

@@ -53,7 +53,7 @@ _MAY_DIFFER = {
     "overwrite",
     "resume-from",
     "timeout",
-    # how a run is watched, not what it computes (issue 59)
+    # how a run is watched, not what it computes
     "log-to",
     "log-dir",
     "log-clients-every",
@@ -127,7 +127,7 @@ def read_run(folder: str | os.PathLike[str]) -> _Run:
     if missing:
         raise ValueError(f"{folder}: metrics.csv lacks the column(s) {', '.join(missing)}")
     assert isinstance(config, dict)
-    if summary.get("engine"):  # recorded since issue 25: compared like a setting
+    if summary.get("engine"):  # older runs lack it; where present, compared like a setting
         config = {**config, "engine": summary["engine"]}
     seed = summary.get("seed", config.get("seed"))
     return _Run(

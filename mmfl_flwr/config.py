@@ -238,10 +238,10 @@ class Settings:
     influence_clip_factor : float
         An update whose influence on its model's step (its weight in the
         aggregate times its norm) exceeds this multiple of the round's lower
-        median influence is scaled down to it (0 = off, the default; 4 is the
-        measured setting, README *Hostile clients*). Under the oracle StaleVR it
-        also bounds each fresh update's influence on the expected step (data
-        share times norm).
+        median influence is scaled down to it (0 = off, the default; the attack-field
+        benchmark, ``benchmarks/hostile_clients.py --field``, measures 4). Under the
+        oracle StaleVR it also bounds each fresh update's influence on the expected
+        step (data share times norm).
     reversed_influence_factor : float
         The same bound, on by default at 4, held only on the updates that point
         against their model's other updates: negative cosine with the

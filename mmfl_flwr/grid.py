@@ -76,9 +76,9 @@ class _SharingUnpickler(pickle.Unpickler):
 def transport_copy(msg: Message) -> Message:
     """An independent copy of ``msg``, as a transport would deliver it: a pickle
     round trip in which byte strings (the arrays' data) are shared rather
-    than copied, since bytes are immutable (several times faster than
-    ``copy.deepcopy`` for a message of weights, and a receiver can recognise
-    weights it has decoded before); a deep copy if the message does not pickle."""
+    than copied, since bytes are immutable (no copy of the weights' data, unlike
+    ``copy.deepcopy``, and a receiver can recognise weights it has decoded before);
+    a deep copy if the message does not pickle."""
     try:
         shared: list[bytes] = []
         buf = io.BytesIO()

@@ -125,8 +125,8 @@ class ShardComputer:
         self._models: dict[tuple[Any, ...], Any] = {}
         #: trainer -> why it cannot take the batched path ("" if it can), with
         #: ``{task}`` for the task's name: checked once per trainer (the
-        #: contract is a runtime Protocol: with the override check, 11.8 us a
-        #: client part of every message uncached, 0.19 us cached)
+        #: contract is a runtime Protocol whose check, with the override check,
+        #: would otherwise run for every client part of every message)
         self._contract: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._said: set[str] = set()
         #: client parts served in batches and on the per-client path
@@ -274,7 +274,7 @@ class ShardComputer:
                         training_seed(seed, rnd, s.client_id, task)
                         if mtype == MessageType.TRAIN
                         else 0,
-                    )  # (32 us a client and task)
+                    )
                     for task, tr in plan.items()
                 ]
             except Exception:  # noqa: BLE001

@@ -2,8 +2,7 @@
 
 Torch's CPU kernels split each operation over their threads and wait for the
 slowest: when another process keeps one of two cores busy, two threads are much
-slower than one (measured on 2 cores, the paper-003 round at N = 120: 0.40 s
-per round idle, 1.75 s with one other CPU-bound process). :class:`CoreWatch`
+slower than one (``benchmarks/bench_contention.py`` measures it). :class:`CoreWatch`
 measures how busy the process's cores are with *other* work (``/proc/stat`` of
 its cores, less its own CPU time over the same span) and gives the number of
 cores left free; the vectorized engine sets torch's threads to it before every

@@ -522,10 +522,9 @@ def _train_chunk(
 
 
 #: padded work allowed per batched call, as a multiple of the real work, per device
-#: type (see :func:`chunks_by_size`). On an H200, fewer and larger calls win even
-#: with padding (N = 1000 paper-003 round: 0.156 s unlimited, 0.197 s at 4, 0.327 s
-#: at 1.5); on 2 CPU cores padding costs compute (N = 40: 1.9 s at 1.5, 8.5 s
-#: unlimited). ``benchmarks/bench_vectorized.py --waste`` measures it.
+#: type (see :func:`chunks_by_size`). On a GPU fewer and larger calls win even with
+#: padding; on CPU cores padding costs compute. ``benchmarks/bench_vectorized.py
+#: --waste`` measures it (its GPU output: docs/results/bench_vectorized_h200.txt).
 DEFAULT_WASTE = {"cpu": 1.5, "cuda": math.inf}
 
 

@@ -48,11 +48,9 @@ __all__ = ["GVR", "LVR", "RoundRobinGVR", "lvr_probabilities", "sample_processor
 
 #: The relative floor of :func:`lvr_probabilities` is ``floor`` times the mean
 #: ``U`` over eligible pairs, but at most this multiple of the median positive
-#: ``U``. Measured on 2,400 random federations (log-normal signals and shares,
-#: sigma 1.5; tests/core/test_model_isolation.py): the cap bound in 5 of them;
-#: one client setting one signal anywhere from 0 to 1e8 x the largest lowered
-#: another task's expected uploads by at most ``B_i`` + 0.12 (without the cap:
-#: ``B_i`` + 6.1).
+#: ``U``: one client's signal, however large, can then lower another task's
+#: expected uploads by little more than its own processors ``B_i``
+#: (tests/core/test_model_isolation.py checks it over random federations).
 FLOOR_MEAN_CAP = 100.0
 
 

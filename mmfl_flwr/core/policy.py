@@ -31,10 +31,8 @@ from mmfl_flwr.core.parameter import Parameter
 #: Fewest expected uploads per model and round that a run's defaults aim at.
 #: The budgeted presets warn below it (:func:`mmfl_flwr.flower_app.data.warn_if_few_uploads`);
 #: the UCB presets' default ``K`` is this many clients per model
-#: (:func:`mmfl_flwr.core.ucb.default_ucb_clients`). Measured on the default job
-#: (20 clients, models ``digits, synthetic, digits_2``, 10 rounds): with about
-#: 0.7 uploads per model (budget-fraction 0.1) every budgeted preset ends at
-#: chance; with 5 (budget-fraction 0.75) they reach 0.47-0.72 mean accuracy.
+#: (:func:`mmfl_flwr.core.ucb.default_ucb_clients`): with far fewer uploads per
+#: model a budgeted preset barely moves its models in a short run.
 MIN_UPLOADS_PER_MODEL = 5
 
 #: The budget of the budgeted policies (paper 003's ``m = fraction x V``), shared

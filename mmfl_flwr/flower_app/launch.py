@@ -619,7 +619,8 @@ def run_on_superlink(
     )
     # Ray starts one idle worker process per CPU for the first driver by default; the
     # simulation creates its ClientApp actors in processes of their own, so those
-    # workers only cost CPU (4-6 s per run on 2 cores). A value the user exported wins.
+    # workers only cost CPU (seconds per run on a small machine). A value the user
+    # exported wins.
     env.setdefault("RAY_prestart_worker_first_driver", "0")
     env["MMFL_ENGINE"] = "simulation"  # recorded in config.json / summary.json
     shared = work / "shared-data"

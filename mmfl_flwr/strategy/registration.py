@@ -571,7 +571,7 @@ def register(
             cid,
         ):
             hosted.append(cid)
-    kept = set(hosted)  # membership in a set: a list made this O(N^2) (218 s at N = 100,000)
+    kept = set(hosted)  # membership in a set: a list would make this O(N^2) in clients
     refused = [cid for cid in shard if cid not in kept]
     if refused:
         run_state.shard_refused[node] = refused

@@ -23,9 +23,9 @@ Two partitions stay our own code, because no flwr-datasets partitioner expresses
 * :func:`natural_partition`: LEAF data that is *already* split per user (a mapping
   user -> Dataset). ``NaturalIdPartitioner`` would need the per-user data flattened
   into one Arrow table with an id column, only to group it back by a pure-Python loop
-  over every row (about 14 s per million rows with flwr-datasets 0.6.1), and it
-  cannot pair a user's train and test data; both give the same users in the same
-  (sorted) order, so choosing users with the same generator gives the same clients.
+  over every row (slow for millions of rows), and it cannot pair a user's train and
+  test data; both give the same users in the same (sorted) order, so choosing users
+  with the same generator gives the same clients.
 * :func:`mmfl_flwr.tasks.federation.label_skew_partition`, the builder's
   k-labels-per-client partition of the image tasks: it weights clients (paper 003's
   high-data clients get ~10x the examples of each of their labels), it hands labels

@@ -326,18 +326,31 @@ def test_bad_arguments_are_refused():
 
 # ----------------------------------------------------------------- through the Grid
 def _grids(num_clients=6, seed=0):
+    """One node per client (``plain``) and the vectorized engine's layout, one shard
+    node hosting every client (``vec``), on the in-process grid; the shard node's
+    clients are the same cached ClientSpecs as ``plain``'s nodes."""
+    from flwr.app import Context, RecordDict
+
     from mmfl_flwr.client.app import cache_specs, make_client_app
     from mmfl_flwr.config import Settings
     from mmfl_flwr.flower_app.client_app import node_spec_fn
     from mmfl_flwr.grid import InProcessGrid
     from mmfl_flwr.runner import node_configs
-    from mmfl_flwr.vector_grid import VectorizedGrid
 
     s = Settings(num_clients=num_clients, seed=seed, output_dir="")
     spec = cache_specs(node_spec_fn(s))
     app = make_client_app(spec, cached=True)
-    plain = InProcessGrid(app, node_configs(s), s.to_run_config(), seed=seed)
-    vec = VectorizedGrid(spec, node_configs(s), s.to_run_config(), seed=seed)
+    configs = node_configs(s)
+    plain = InProcessGrid(app, configs, s.to_run_config(), seed=seed)
+
+    def every_client(ctx):
+        return [
+            spec(Context(ctx.run_id, ctx.node_id, dict(c), RecordDict(), dict(ctx.run_config)))
+            for c in configs
+        ]
+
+    shard = make_client_app(cache_specs(every_client), cached=True)
+    vec = InProcessGrid(shard, [{"clients": f"0-{num_clients - 1}"}], s.to_run_config(), seed=seed)
     return s, spec, plain, vec
 
 
@@ -444,7 +457,7 @@ def test_grid_replies_equal_the_client_app_replies(mtype):
     config = {P.CFG_EPOCHS: 2, P.CFG_LR: 0.05, P.CFG_BATCH_SIZE: 16, P.CFG_SEED: 1, P.CFG_ROUND: 3}
     a, b = _plain_and_shard(plain, vec, spec, mtype, records, config)
     _assert_replies_equal(a, b, records)
-    assert vec.counts == {"vectorized": len(b), "per-client": 0}
+    assert vec.client_app.shard().counts == {"vectorized": len(b), "per-client": 0}
 
 
 def test_scaffold_messages_take_the_per_client_path_with_one_log_line(caplog):
@@ -466,7 +479,7 @@ def test_scaffold_messages_take_the_per_client_path_with_one_log_line(caplog):
         a, b = _plain_and_shard(plain, vec, spec, MessageType.TRAIN, records, config, zeros)
         _plain_and_shard(plain, vec, spec, MessageType.TRAIN, records, config, zeros)
     _assert_replies_equal(a, b, records)
-    assert vec.counts["vectorized"] == 0
+    assert vec.client_app.shard().counts["vectorized"] == 0
     said = [r.getMessage() for r in caplog.records if "SCAFFOLD" in r.getMessage()]
     assert len(said) == 1 and "per-client path" in said[0]
 
@@ -600,9 +613,9 @@ def test_any_trainer_with_the_vectorizable_contract_takes_the_fast_path(vectoriz
         a, b = _plain_and_shard(plain, vec, spec, "train", records, config)
     _assert_replies_equal(a, b, records)
     if vectorizable:
-        assert vec.counts == {"vectorized": len(b), "per-client": 0}
+        assert vec.client_app.shard().counts == {"vectorized": len(b), "per-client": 0}
     else:
-        assert vec.counts == {"vectorized": 0, "per-client": len(b)}
+        assert vec.client_app.shard().counts == {"vectorized": 0, "per-client": len(b)}
         said = [r.getMessage() for r in caplog.records if "_Delegate" in r.getMessage()]
         assert len(said) == 1 and "vectorizable contract" in said[0]
 

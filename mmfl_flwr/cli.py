@@ -29,7 +29,8 @@ from typing import Any, NoReturn
 
 from mmfl_flwr.checkpoint import CHECKPOINT_FILE
 from mmfl_flwr.config import RESUME_MAY_CHANGE, Settings, setting_help
-from mmfl_flwr.runner import ENGINES, run
+from mmfl_flwr.engine_options import ENGINES, EngineOptions
+from mmfl_flwr.runner import run
 
 #: Names of the Settings fields that have a command-line flag.
 SETTING_NAMES = tuple(f.name for f in dataclasses.fields(Settings) if f.name != "extra")
@@ -408,6 +409,18 @@ def _check_pins_provable(settings: Settings) -> None:
         )
 
 
+def engine_options(args: argparse.Namespace) -> EngineOptions:
+    """The engine options of ``mmfl run``'s flags."""
+    return EngineOptions(
+        engine=args.engine,
+        vector_chunk=getattr(args, "vector_chunk", None),
+        threads=getattr(args, "threads", None),
+        num_gpus_per_client=getattr(args, "num_gpus_per_client", None),
+        num_gpus_per_node=getattr(args, "num_gpus_per_node", None),
+        ray_address=getattr(args, "ray_address", None),
+    )
+
+
 def check_ray_options(args: argparse.Namespace, settings: Settings | None = None) -> dict[str, Any]:
     """The Ray options given on the command line (``--num-gpus-per-client``,
     ``--num-gpus-per-node``, ``--ray-address``) as keyword arguments of
@@ -419,32 +432,25 @@ def check_ray_options(args: argparse.Namespace, settings: Settings | None = None
     ``RAY_ADDRESS``)."""
     from os import environ
 
-    given = {
-        name: getattr(args, name)
-        for name in ("num_gpus_per_client", "num_gpus_per_node", "ray_address")
-        if getattr(args, name, None) is not None
-    }
+    options = engine_options(args)
+    options.check(flags=True)
+    given = options.ray_options()
     for name in given:
-        if args.engine != "simulation":
-            raise ValueError(
-                f"{_flag(name)} applies to --engine simulation (Flower's Ray "
-                f"engine) only, not to --engine {args.engine}"
-            )
         if getattr(args, "sequential", False):
             raise ValueError(f"{_flag(name)} does not apply to --sequential yet")
     if args.engine == "simulation" and (given or environ.get("RAY_ADDRESS", "").strip()):
         from mmfl_flwr.flower_app.launch import plan_ray, resolve_clients_per_node
 
         plan = plan_ray(
-            given.get("num_gpus_per_client", 0.0),
-            given.get("ray_address"),
+            options.num_gpus_per_client or 0.0,
+            options.ray_address,
             args.num_cpus,
-            given.get("num_gpus_per_node"),
+            options.num_gpus_per_node,
         )
         resolve_clients_per_node(
             settings or settings_from_args(args),
             plan,
-            per_client_gpus=bool(given.get("num_gpus_per_client")),
+            per_client_gpus=bool(options.num_gpus_per_client),
         )
     return given
 
@@ -532,25 +538,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         # before any data is loaded or any process (Ray) started
         check_output_location(settings.output_dir)
+        engine_options(args).check(flags=True)
         ray_options = check_ray_options(args, settings)
-        if args.vector_chunk is not None and args.engine != "vectorized":
-            raise ValueError(
-                f"--vector-chunk applies to --engine vectorized only, not to --engine {args.engine}"
-            )
-        if args.vector_chunk is not None and args.vector_chunk < 1:
-            raise ValueError(f"--vector-chunk must be >= 1, got {args.vector_chunk}")
-        if args.threads is not None:
-            from mmfl_flwr.client.threads import parse_threads
-
-            if args.engine != "vectorized":
-                raise ValueError(
-                    "--threads applies to --engine vectorized only, not to "
-                    f"--engine {args.engine} (a simulation node's threads are "
-                    "its CPUs)"
-                )
-            if args.sequential:
-                raise ValueError("--threads does not apply to --sequential yet")
-            parse_threads(args.threads)
+        if args.threads is not None and args.sequential:
+            raise ValueError("--threads does not apply to --sequential yet")
         _check_pins_provable(settings)
         _check_tracking_flags(settings)
         if args.sequential and settings.log_to:

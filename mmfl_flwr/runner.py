@@ -20,10 +20,9 @@ from typing import Any
 from flwr.app import Context, RecordDict
 
 from mmfl_flwr.config import Settings
+from mmfl_flwr.engine_options import ENGINES, EngineOptions
 from mmfl_flwr.strategy import MultiModelResult, MultiModelStrategy
 from mmfl_flwr.tracking import RunLogger
-
-ENGINES = ("simulation", "inprocess", "vectorized")
 
 
 def node_configs(settings: Settings, engine: str = "inprocess") -> list[dict[str, Any]]:
@@ -207,24 +206,11 @@ def run(
             "ServerApp runs in another one. Use engine='inprocess' or 'vectorized', or "
             "name the built-in trackers (log-to)"
         )
-    if vector_chunk is not None and engine != "vectorized":
-        raise ValueError("vector_chunk applies to engine='vectorized' only")
-    if threads is not None and engine != "vectorized":
-        raise ValueError(
-            "threads applies to engine='vectorized' only (a simulation "
-            "node's threads are its CPUs: client-resources-num-cpus)"
-        )
-    ray = {
-        k: v
-        for k, v in (
-            ("num_gpus_per_client", num_gpus_per_client),
-            ("num_gpus_per_node", num_gpus_per_node),
-            ("ray_address", ray_address),
-        )
-        if v is not None
-    }
-    if ray and engine != "simulation":
-        raise ValueError(f"{', '.join(ray)} apply to engine='simulation' only")
+    options = EngineOptions(
+        engine, vector_chunk, threads, num_gpus_per_client, num_gpus_per_node, ray_address
+    )
+    options.check()
+    ray: dict[str, Any] = options.ray_options()
     if engine == "simulation":
         return run_simulation_engine(settings, num_cpus=num_cpus, verbose=verbose, **ray)
     if engine in ("inprocess", "vectorized"):

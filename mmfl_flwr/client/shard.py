@@ -88,9 +88,9 @@ def check_options(chunk: int | None, threads: str | int | None) -> None:
     """ValueError (one line) for a ``chunk`` below 1 or ``threads`` that are
     neither None, ``"auto"`` nor a whole number >= 1."""
     from mmfl_flwr.client.threads import parse_threads
+    from mmfl_flwr.engine_options import check_chunk
 
-    if chunk is not None and int(chunk) < 1:
-        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    check_chunk(chunk)
     if threads is not None:
         parse_threads(threads)
 

@@ -71,20 +71,16 @@ def test_the_threshold_is_documented():
     )
 
 
-def test_budgeted_presets_are_the_ones_expected():
-    assert BUDGETED == [
-        "random",
-        "lvr",
-        "gvr",
-        "rr-gvr",
-        "stalevr",
-        "stalevre",
-        "fedvarp",
-        "fedstale",
-        "mifa",
-        "scaffold",
-        "power-of-choice",
-    ]
+def test_budgeted_presets_are_those_whose_policy_takes_a_budget():
+    """Read from the policies' constructors (not from the cards' parameters, which
+    presets_taking reads), so a card that forgets its budget parameter fails here."""
+    import inspect
+
+    from mmfl_flwr.core.card import cards
+
+    takes = [c.name for c in cards() if "budget_fraction" in inspect.signature(c.policy).parameters]
+    assert takes == BUDGETED
+    assert {"random", "lvr", "stalevr"} <= set(BUDGETED) and "mfa-rr" not in BUDGETED
 
 
 def test_lvr_with_the_defaults_warns_once_with_the_numbers(flwr_log):

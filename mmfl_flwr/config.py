@@ -239,7 +239,7 @@ class Settings:
         An update whose influence on its model's step (its weight in the
         aggregate times its norm) exceeds this multiple of the round's lower
         median influence is scaled down to it (0 = off, the default; 4 is the
-        measured setting, README *Hostile clients*). Under the oracle StaleVR it
+        measured setting, docs/how-to/defences.md). Under the oracle StaleVR it
         also bounds each fresh update's influence on the expected step (data
         share times norm).
     reversed_influence_factor : float

@@ -778,7 +778,8 @@ def options() -> dict[str, Option]:
         "client_pins": Option(
             "pinned client ids: a claim of a pinned id without its credential is refused",
             form='"" (no pins) or id=pin pairs separated by commas, pin token:<sha256 '
-            "hex> or key:<sha256 hex>, or *=key:first-use (see README)",
+            "hex> or key:<sha256 hex>, or *=key:first-use (docs/how-to/defences.md, "
+            "Client identity)",
         ),
         "target_accuracy": Option(
             "target accuracy per model: summary.json records the rounds to reach it "

@@ -62,7 +62,7 @@ def _observe(kind: str, task: str, values: list[float], reference: float) -> Non
 
 #: The default ``update_clip_factor``: see :class:`Limits`.
 UPDATE_CLIP_FACTOR = 3.0
-#: The factor ``influence_clip_factor`` is measured at (README, *Hostile clients*):
+#: The factor ``influence_clip_factor`` is measured at (docs/how-to/defences.md):
 #: the bound is off by default (:func:`bound_influence` says why).
 INFLUENCE_CLIP_FACTOR = 4.0
 #: The default ``reversed_influence_factor``: the influence bound held on updates
@@ -556,7 +556,7 @@ def bound_influence(
     The cost: an honest client with much more data than the others (or, under
     the unbiased rule, a rare pick with a large ``d / (B p)``) counts for less
     than its weight when its influence exceeds the bound (the step is then no
-    longer unbiased); README, *Hostile clients*, has the measured cost, which is
+    longer unbiased); docs/how-to/defences.md has the measured cost, which is
     why the bound on every update is off unless ``influence_clip_factor`` is
     given. Held only on the updates that point against the others (by default,
     ``reversed_influence_factor`` 4), it leaves alone the large honest updates

@@ -305,14 +305,16 @@ def test_mmfl_compare_command_line(fake_runs, tmp_path):
 
 
 def test_the_readme_compare_command_runs_verbatim(tmp_path, monkeypatch):
-    """The README's ``mmfl compare ...`` line, in a folder holding run folders of
-    those names (two seeds of two strategies)."""
+    """The ``mmfl compare ...`` line of docs/tutorials/compare-policies.md, in a
+    folder holding run folders of those names (two seeds of two strategies)."""
     import re
     import shlex
 
     from mmfl_flwr.cli import main
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (
+        Path(__file__).resolve().parents[2] / "docs" / "tutorials" / "compare-policies.md"
+    ).read_text()
     (line,) = re.findall(r"^mmfl compare .+$", readme, re.MULTILINE)
     argv = shlex.split(line)[1:]
     folders = [a for a in argv[1:] if not a.startswith("--") and a.startswith("results/")]

@@ -15,7 +15,7 @@ of *another* model, whatever value it reports.
   eligibility one client's index moves another model's count by at most 1.
 - Pareto-Multi-UCB is *not* isolated: one client's index on one model can
   shrink the Pareto front and with it the other model's trainers (measured
-  here; the README says so).
+  here; docs/explanation/defences.md says so).
 
 Every case is checked on random federations against the claimed bound by
 recomputing the policy, not against stored numbers.
@@ -30,7 +30,7 @@ import mmfl_flwr.core.lvr as lvr
 from mmfl_flwr.core.lvr import lvr_probabilities
 from mmfl_flwr.core.ucb import ParetoMultiUCB, RanklistMultiUCB
 
-#: the margin stated in the README for the default floor (measured 0.12)
+#: the margin stated in docs/explanation/defences.md for the default floor (measured 0.12)
 MARGIN = 0.15
 
 
@@ -162,7 +162,7 @@ def test_ranklist_counts_per_model_ignore_one_clients_index(full):
 
 def test_pareto_front_is_not_isolated():
     """One client raising its index on one model can take trainers from the
-    other model (the front shrinks); the README states this limit."""
+    other model (the front shrinks); docs/explanation/defences.md states this limit."""
     worst = 0
     for ids, a, tasks, k, i, _, _ in _ucb_cases(4, 1500, True):
         policy = ParetoMultiUCB(clients_per_round=len(ids))
@@ -181,7 +181,7 @@ def test_pareto_next_fronts_keeps_the_round_full_whatever_one_clients_index(full
     model) trainers, where the paper's front-only rule lost up to 6 in these
     cases; raising its index takes at most 2 trainers from another model
     (1 with K = N). Lowering it moves other clients between models through the
-    best-rank choice of Algorithm 4 (the README states the measured 4)."""
+    best-rank choice of Algorithm 4 (docs/explanation/defences.md states the measured 4)."""
     lost = {"front": 0, "next-fronts": 0}
     raised = {"N": 0, "K": 0}
     for ids, a, tasks, k, i, kk, _ in _ucb_cases(4, 1500, full):

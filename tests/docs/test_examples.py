@@ -28,7 +28,7 @@ EXAMPLES = sorted(
 RUN_ELSEWHERE = {
     "flwr run examples/plug_into_your_app --stream --federation-config "
     '"num-supernodes=6 client-resources-num-cpus=1"': (
-        "tests/docs/test_flwr_run_readme.py (the README's flwr-run-commands block)"
+        "tests/docs/test_flwr_run_readme.py (docs/how-to/flwr-run.md's flwr-run-commands block)"
     ),
     "python examples/user_task/run.py": (
         "tests/engines/test_sim_strategies_slow.py"
@@ -59,8 +59,8 @@ def test_every_example_has_a_readme_whose_commands_are_all_run():
     for cmd, where in RUN_ELSEWHERE.items():
         path = ROOT / where.split("::")[0].split(" ")[0]
         text = path.read_text()
-        if "flwr_run_readme" in where:  # that test runs the README's block verbatim
-            text = (ROOT / "README.md").read_text()
+        if "flwr_run_readme" in where:  # that test runs docs/how-to/flwr-run.md's block verbatim
+            text = (ROOT / "docs" / "how-to" / "flwr-run.md").read_text()
         assert cmd in text or shlex.split(cmd)[1] in text, (cmd, where)
 
 

@@ -1,8 +1,8 @@
-"""The README's ``flwr run`` commands, run verbatim (slow).
+"""The ``flwr run`` commands of docs/how-to/flwr-run.md, run verbatim (slow).
 
-The lines after ``<!-- flwr-run-commands -->`` in the README run as one bash
+The lines after ``<!-- flwr-run-commands -->`` in that page run as one bash
 script from the repository root, as a user would paste them: they export the
-one variable the README tells the user to set, run this repository's app with
+one variable the page tells the user to set, run this repository's app with
 ``flwr run . --stream`` and the plug-into-your-app example. The test only
 isolates Flower's state (a private ``FLWR_HOME`` and private ports for the
 local SuperLink that ``flwr run`` starts, ended afterwards); it does not set
@@ -18,6 +18,9 @@ from pathlib import Path
 import pytest
 from e2e_utils import REPO_ROOT, check_outputs, default_model_names, run_isolated
 
+#: Where the commands live (the README's section moved there, issue 57).
+FLWR_RUN_PAGE = REPO_ROOT / "docs" / "how-to" / "flwr-run.md"
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.ray,
@@ -26,9 +29,9 @@ pytestmark = [
 
 
 def readme_commands() -> list[str]:
-    text = (REPO_ROOT / "README.md").read_text()
+    text = FLWR_RUN_PAGE.read_text()
     block = re.search(r"<!-- flwr-run-commands -->\n```bash\n(.+?)\n```", text, re.DOTALL)
-    assert block, "no bash block after <!-- flwr-run-commands --> in the README"
+    assert block, f"no bash block after <!-- flwr-run-commands --> in {FLWR_RUN_PAGE}"
     return block.group(1).splitlines()
 
 
@@ -36,7 +39,7 @@ def test_readme_flwr_run_commands_run_verbatim(tmp_path: Path) -> None:
     lines = readme_commands()
     assert lines[0] == "export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1"
     script = "set -e\n" + "\n".join(lines) + "\n"
-    # only the README sets FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION
+    # only the page's block sets FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION
     rc, output = run_isolated(
         ["bash", "-c", script], tmp_path, cwd=REPO_ROOT, timeout=900, keep_runtime_install=True
     )

@@ -1,5 +1,5 @@
-"""The README's gain commands (``<!-- gain-commands -->``) run verbatim: a
-multi-model run and the sequential single-model runs on the vectorized engine
+"""The gain commands of docs/how-to/papers-experiments.md (``<!-- gain-commands -->``)
+run verbatim: a multi-model run and the sequential single-model runs on the vectorized engine
 into one folder, then ``mmfl_flwr.gain`` on their curves."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ pytestmark = pytest.mark.slow
 
 
 def readme_block() -> list[str]:
-    text = (REPO_ROOT / "README.md").read_text()
+    text = (REPO_ROOT / "docs" / "how-to" / "papers-experiments.md").read_text()
     block = re.search(r"<!-- gain-commands -->\n```bash\n(.+?)\n```", text, re.DOTALL)
-    assert block, "no bash block after <!-- gain-commands --> in the README"
+    assert block, "no bash block after <!-- gain-commands --> in docs/how-to/papers-experiments.md"
     return block.group(1).splitlines()
 
 

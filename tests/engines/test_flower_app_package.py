@@ -2,7 +2,7 @@
 
 The app's ``pyproject.toml`` declares what Flower needs (``check_app_pyproject``),
 and the FAB that ``flwr run`` builds from the repository stays small (results,
-caches and virtual environments are left out). Running it: the README's ``flwr
+caches and virtual environments are left out). Running it: docs/how-to/flwr-run.md's ``flwr
 run`` commands (tests/docs/test_flwr_run_readme.py, the local SuperLink's
 simulation, streamed) and the loopback deployments (tests/deploy/, detached runs
 polled to ``finished:completed``).

@@ -13,8 +13,8 @@ The margin is what one missing client costs at this scale (an attack the
 bounds answer by rejecting the client's part leaves the federation one client
 short): 12 clients, 8 rounds, 5 local epochs, two models (digits CNN and
 Synthetic(1,1) logistic regression). Without the bounds the same attacks ruin
-the models (``tests/strategy/test_hostile.py`` shows it at unit scale; the README's
-reliability table at this one).
+the models (``tests/strategy/test_hostile.py`` shows it at unit scale;
+docs/explanation/defences.md's attack tables at this one).
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def test_inflated_registration_count_is_capped_and_the_median_ignores_it():
     admit honest skew (Synthetic(1,1)'s users reach 56x the median), so under
     the sample-weighted FedAvg rule the liar still buys most of the weight
     (its update is honest, so the cost is one client's data dominating; the
-    README's reliability table measures it). The coordinate-wise median does
+    docs/explanation/defences.md's attack tables measures it). The coordinate-wise median does
     not weigh by counts: there the attack costs at most the margin against the
     honest run with the same aggregator."""
     result, warnings = run("mfa-rr", H.inflated_count(HOSTILE, 10**8))

@@ -324,13 +324,14 @@ def test_aggregate_train_without_configure_train_says_so():
         full().aggregate_train(5, [])
 
 
-def test_the_readmes_override_example_runs_as_written():
+def test_the_docs_override_example_runs_as_written():
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    page = Path(__file__).resolve().parents[2] / "docs" / "tutorials" / "plug-into-flower.md"
+    readme = page.read_text()
     block = re.search(r"<!-- hook-example -->\n```python\n(.+?)```", readme, re.S)
-    assert block, "no python block after <!-- hook-example --> in the README"
+    assert block, f"no python block after <!-- hook-example --> in {page}"
     scope: dict = {}
     exec(block.group(1), scope)
     s = scope["DampedDigits"](FullParticipation(), seed=3)

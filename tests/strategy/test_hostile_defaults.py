@@ -15,7 +15,7 @@ bound on reversed updates (``reversed_influence_factor``, on by default since
 2026-12-03) may hold an honest update whose cosine with the others' median is
 negative this round and on average to 4 typical clients' influence: it acts in
 honest federations by design (what that costs is measured by
-``benchmarks/honest_bound_cost.py``, README *Attack families*), and each of its
+``benchmarks/honest_bound_cost.py``, docs/explanation/defences.md), and each of its
 lines must name a negative cosine and a negative mean; the bound on every
 update (``influence_clip_factor``) stays off.
 """

@@ -390,8 +390,8 @@ def test_each_model_has_its_own_reference():
 
 
 def test_off_by_default_and_its_check():
-    """Off unless asked for (it trims honest high-data clients: README, *Hostile
-    clients*); the measured factor is 4."""
+    """Off unless asked for (it trims honest high-data clients: docs/how-to/defences.md,
+    *Hostile clients*); the measured factor is 4."""
     assert Limits().influence_clip_factor is None
     assert Settings().influence_clip_factor == 0.0
     assert INFLUENCE_CLIP_FACTOR == 4.0

@@ -47,6 +47,14 @@ KINDS: dict[str, str] = {
     "ignored": "part of a reply ignored: arrays of a task not assigned, an invalid loss",
     "missing": "an assigned update that did not come: the client failed or sent no reply",
 }
+#: The bound behind each kind that acts on updates (and the setting that sets it).
+BOUNDS: dict[str, str] = {
+    "rejected": "norm bound (update_norm_factor)",
+    "clipped": "norm clip (update_clip_factor)",
+    "direction": "direction check (direction_factor)",
+    "influence": "influence bound (influence_clip_factor)",
+    "reversed": "reversed-update bound (reversed_influence_factor)",
+}
 #: The kinds that act on one update of a round (the others act on counts,
 #: losses and replies).
 UPDATE_KINDS = ("rejected", "clipped", "direction", "influence", "reversed")
@@ -121,6 +129,8 @@ class DefenceLog:
     #: (subject, task, rule) -> rounds counted; a key is warned once
     counts: dict[tuple[str, str, str], set[int]] = field(default_factory=dict)
     warned: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    #: (subject, task, rule) -> the models its events were on
+    models: dict[tuple[str, str, str], set[str]] = field(default_factory=dict)
     #: task -> (best accuracy, round of it)
     best: dict[str, tuple[float, int]] = field(default_factory=dict)
     #: task -> round -> (updates acted on, updates received)
@@ -177,16 +187,18 @@ class DefenceLog:
 
     # ---------------------------------------------------------------- warnings
     def _count(self, e: DefenceEvent) -> list[tuple[str, str, str]]:
-        """The rule keys event ``e`` counts towards."""
+        """The rule keys (client, "", rule) event ``e`` counts towards: one per
+        client and kind, over all its models."""
         keys = []
         if e.kind == "rejected":
-            keys.append((e.client, e.task, "rejected"))
+            keys.append((e.client, "", "rejected"))
         if e.kind in SCALING_KINDS and e.factor > LARGE_FACTOR:
-            keys.append((e.client, e.task, "scaled"))
+            keys.append((e.client, "", "scaled"))
         if e.kind == "direction":
-            keys.append((e.client, e.task, "direction"))
+            keys.append((e.client, "", "direction"))
         for key in keys:
             self.counts.setdefault(key, set()).add(e.round)
+            self.models.setdefault(key, set()).add(e.task)
         return keys
 
     def end_round(self, rnd: int, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -213,32 +225,34 @@ class DefenceLog:
                     self.counts.setdefault(key, set()).add(rnd)
                     if key not in self.warned:
                         self.warned[key] = (
-                            f"Model {task!r}: the {kind} bound acted on {len(cids)} of the "
-                            f"{got} updates of round {rnd}: it holds most honest updates "
-                            f"too; check its factor ({KINDS[kind]})"
+                            f"Model {task!r}: the {BOUNDS[kind]} acted on {len(cids)} of "
+                            f"the {got} updates of round {rnd}; a bound that holds most "
+                            "updates holds honest ones too: check its factor"
                         )
                         log(WARNING, "%s", self.warned[key])
             self._check_stall(task, rnd, row)
 
     def _warn_client(self, key: tuple[str, str, str], e: DefenceEvent) -> None:
-        cid, task, rule = key
+        cid, _, rule = key
         n = len(self.counts[key])
         what = {
             "rejected": "its updates were rejected",
             "scaled": f"its updates were scaled down by more than {LARGE_FACTOR:g}x",
             "direction": "its updates point against the other clients' (direction check)",
         }[rule]
-        self.warned[key] = f"Client {cid}: {what} on model {task!r}"
+        self.warned[key] = f"Client {cid}: {what}"
+        by = f", {e.factor:.3g} x its bound" if math.isfinite(e.factor) else ""
         log(
             WARNING,
-            "Client %s: %s on model %r in %d rounds (latest, round %d: %s); "
-            "said once, counted at the end of the run (events.csv has every action)",
+            "Client %s: %s in %d rounds (models %s; latest: round %d, model %r%s); said "
+            "once, counted at the end of the run (events.csv has every action)",
             cid,
             what,
-            task,
             n,
+            ", ".join(sorted(self.models[key])),
             e.round,
-            e.reason,
+            e.task,
+            by,
         )
 
     def _check_stall(self, task: str, rnd: int, row: Mapping[str, Any]) -> None:
@@ -290,7 +304,7 @@ class DefenceLog:
         for e in self.events:
             for key in self._count(e):
                 if len(self.counts[key]) >= REPEAT:
-                    self.warned.setdefault(key, f"Client {key[0]}: {key[2]} on model {key[1]!r}")
+                    self.warned.setdefault(key, f"Client {key[0]}: {key[2]}")
 
 
 def act(

@@ -17,7 +17,7 @@ README = (ROOT / "README.md").read_text()
 
 def _output_table_patterns() -> list[re.Pattern[str]]:
     """File names in the first column of the README's output-file table, and of
-    docs/tracking.md's (the files of issue 59: report.html, defence.csv)
+    docs/tracking.md's (the files of issue 59: report.html; events.csv)
     (``<r>``-style placeholders match any text)."""
     names = []
     for text in (README, (ROOT / "docs" / "tracking.md").read_text()):

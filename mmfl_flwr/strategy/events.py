@@ -77,6 +77,10 @@ STALL_ROUNDS = 5
 MOST = 0.5
 MOST_AT_LEAST = 3
 
+#: The ``extra`` of the WARNINGs this module says (a record then has
+#: ``mmfl_escalation`` True): a reader of the log tells them from the actions.
+ESCALATION = {"mmfl_escalation": True}
+
 COLUMNS = ("round", "client", "task", "kind", "value", "bound", "reason")
 
 
@@ -229,7 +233,7 @@ class DefenceLog:
                             f"the {got} updates of round {rnd}; a bound that holds most "
                             "updates holds honest ones too: check its factor"
                         )
-                        log(WARNING, "%s", self.warned[key])
+                        log(WARNING, "%s", self.warned[key], extra=ESCALATION)
             self._check_stall(task, rnd, row)
 
     def _warn_client(self, key: tuple[str, str, str], e: DefenceEvent) -> None:
@@ -253,6 +257,7 @@ class DefenceLog:
             e.round,
             e.task,
             by,
+            extra=ESCALATION,
         )
 
     def _check_stall(self, task: str, rnd: int, row: Mapping[str, Any]) -> None:
@@ -277,7 +282,7 @@ class DefenceLog:
                     f"for {since} rounds while the bounds acted on {acted} of its {got} "
                     "updates"
                 )
-                log(WARNING, "%s; see events.csv", self.warned[key])
+                log(WARNING, "%s; see events.csv", self.warned[key], extra=ESCALATION)
 
     def finish(self) -> None:
         """At the end of the run: each warning said with its final count."""
@@ -287,6 +292,7 @@ class DefenceLog:
                 "%s: %d rounds in this run",
                 text,
                 len(self.counts.get(key, ())),
+                extra=ESCALATION,
             )
 
     # ------------------------------------------------------------ checkpoints
@@ -322,6 +328,20 @@ def act(
         log(DEBUG, template, *args)
     else:
         events.act(kind, cid, task, value, bound, template, *args)
+
+
+def logged_below_warning(e: DefenceEvent) -> bool:
+    """Whether event ``e``'s own line was logged at DEBUG (INFO with verbose):
+    every action of a bound; not a reply that failed a check (``ignored``,
+    ``missing``, a ``rejected`` reply without a measured norm), which is a
+    WARNING each time."""
+    return not (e.kind in ("ignored", "missing") or (e.kind == "rejected" and math.isnan(e.value)))
+
+
+def action_lines(events: Iterable[DefenceEvent]) -> list[str]:
+    """The log lines of the events logged below WARNING (``Client <id>:
+    <reason>``): with a run's WARNING lines, every line the checks said."""
+    return [f"Client {e.client}: {e.reason}" for e in events if logged_below_warning(e)]
 
 
 def round_counts(events: Iterable[DefenceEvent]) -> dict[str, int]:

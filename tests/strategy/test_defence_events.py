@@ -209,3 +209,25 @@ def test_a_hostile_client_is_named_on_the_console(factor, rounds, named):
     assert any(m.startswith(f"Client 3: {named}") for m in said), said
     assert all(m.startswith("Client 3:") for m in said), said  # no honest client named
     assert not math.isnan(result.final()["digits"]["accuracy"])
+
+
+def test_verbose_shows_every_action_at_info_and_a_plain_run_keeps_them_at_debug(tmp_path):
+    import os
+
+    from mmfl_flwr.flower_app.server_app import VERBOSE_ENV
+
+    kw = dict(tasks="digits,synthetic", num_clients=6, num_rounds=2, update_clip_factor=1.0)
+    levels = {}
+    for verbose in (True, False):
+        with LogTap.on_flwr() as tap:
+            result = runner.run(
+                Settings(**kw, output_dir=str(tmp_path / str(verbose))),
+                engine="inprocess",
+                verbose=verbose,
+            )
+        assert result.events  # update_clip_factor=1 clips every update above the median
+        lines = E.action_lines(result.events)
+        levels[verbose] = {lvl for lvl, m in tap.records if m in lines}
+        assert os.environ.get(VERBOSE_ENV) is None  # restored
+    assert levels[True] == {logging.INFO}  # shown on the console with --verbose
+    assert levels[False] == set()  # below runner.run's console level (DEBUG, not created)

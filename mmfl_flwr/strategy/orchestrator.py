@@ -128,7 +128,9 @@ class MultiModelStrategy(Strategy):
     max_loss, loss_cap, max_update_norm, update_norm_factor, count_cap, update_clip_factor,
     direction_factor, influence_clip_factor, reversed_influence_factor
         Bounds on what clients report (:class:`~.validation.Limits` documents
-        them), each logged with the client id when it acts.
+        them), each action recorded as a defence event with the client id
+        (``result.events``; its line at :attr:`action_level`, DEBUG:
+        :mod:`.events`).
     on_round_end : callable, optional
         ``f(server_round, rows)`` after each round (progress display).
     checkpoint_path : str, optional

@@ -10,6 +10,11 @@
   losses a policy observes) against the task's reference loss, the largest 90th
   percentile reported so far (:func:`loss_cap`, :func:`cap_train_losses`).
 :class:`Limits` holds the bounds.
+
+Every action of a bound is a defence event (:mod:`.events`): recorded where it
+happens (the ``events`` a bound is given, the run's
+:class:`~.events.DefenceLog`), with its own line at DEBUG; a reply that fails a
+check (malformed, failed, missing) is still logged at WARNING.
 """
 
 from __future__ import annotations

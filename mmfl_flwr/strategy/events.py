@@ -13,7 +13,9 @@ which ``summary.json`` counts them (:func:`summary_counts`).
 WARNING is kept for what a user should act on (:meth:`DefenceLog.end_round`):
 a client whose updates are rejected, or scaled down by more than
 :data:`LARGE_FACTOR`, in :data:`REPEAT` rounds or more; a client the direction
-check singles out in :data:`REPEAT` rounds or more; a bound that acted on most
+check singles out in :data:`REPEAT` rounds or more; a client whose losses are
+capped by more than :data:`LARGE_FACTOR` in :data:`REPEAT` rounds, or whose
+declared sample count is (once); a bound that acted on most
 of a round's updates of a model; a model that stopped improving while the
 bounds acted on most of its updates. Each is said once per (client or model,
 kind), and counted again at the end of the run (:meth:`DefenceLog.finish`).
@@ -200,6 +202,8 @@ class DefenceLog:
             keys.append((e.client, "", "scaled"))
         if e.kind == "direction":
             keys.append((e.client, "", "direction"))
+        if e.kind in ("count", "loss") and e.factor > LARGE_FACTOR:
+            keys.append((e.client, "", e.kind))
         for key in keys:
             self.counts.setdefault(key, set()).add(e.round)
             self.models.setdefault(key, set()).add(e.task)
@@ -211,7 +215,9 @@ class DefenceLog:
         events = self.of_round(rnd)
         for e in events:
             for key in self._count(e):
-                if len(self.counts[key]) >= REPEAT and key not in self.warned:
+                # a count is capped once (when it is declared): said at once
+                needed = 1 if key[2] == "count" else REPEAT
+                if len(self.counts[key]) >= needed and key not in self.warned:
                     self._warn_client(key, e)
         by_task: dict[str, dict[str, set[str]]] = {}
         for e in events:
@@ -243,6 +249,8 @@ class DefenceLog:
             "rejected": "its updates were rejected",
             "scaled": f"its updates were scaled down by more than {LARGE_FACTOR:g}x",
             "direction": "its updates point against the other clients' (direction check)",
+            "count": f"its declared sample count was capped by more than {LARGE_FACTOR:g}x",
+            "loss": f"its reported losses were capped by more than {LARGE_FACTOR:g}x",
         }[rule]
         self.warned[key] = f"Client {cid}: {what}"
         by = f", {e.factor:.3g} x its bound" if math.isfinite(e.factor) else ""
@@ -309,7 +317,7 @@ class DefenceLog:
         self.received = {t: dict(v) for t, v in state.get("received", {}).items()}
         for e in self.events:
             for key in self._count(e):
-                if len(self.counts[key]) >= REPEAT:
+                if len(self.counts[key]) >= (1 if key[2] == "count" else REPEAT):
                     self.warned.setdefault(key, f"Client {key[0]}: {key[2]}")
 
 

@@ -231,3 +231,18 @@ def test_verbose_shows_every_action_at_info_and_a_plain_run_keeps_them_at_debug(
         assert os.environ.get(VERBOSE_ENV) is None  # restored
     assert levels[True] == {logging.INFO}  # shown on the console with --verbose
     assert levels[False] == set()  # below runner.run's console level (DEBUG, not created)
+
+
+def test_a_count_or_loss_capped_far_beyond_its_bound_names_the_client():
+    log = DefenceLog()
+    with LogTap.on_flwr() as tap:
+        log.events.append(ev(1, "9", kind="count", value=10**8, bound=2000))
+        log.events.append(ev(1, "8", kind="count", value=3000, bound=2000))  # 1.5x: quiet
+        log.end_round(1, [])
+        for rnd in (2, 3, 4):
+            log.events.append(ev(rnd, "7", kind="loss", value=1e5, bound=20.0))
+            log.end_round(rnd, [])
+    said = tap.warnings()
+    assert len(said) == 2
+    assert said[0].startswith("Client 9: its declared sample count was capped by more than 10x")
+    assert said[1].startswith("Client 7: its reported losses were capped by more than 10x in 3")

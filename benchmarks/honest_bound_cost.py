@@ -84,6 +84,7 @@ def _run(job: tuple[str, int, bool, str, int, int, int]) -> dict[str, Any]:
         logger.setLevel(level)
         for h, lvl in quiet:
             h.setLevel(lvl)
+    tap.add_actions(result)
     acted = [m for m in tap.lines if MARK in m]
     found = [RATIO.search(m) for m in acted]
     trims = [float(f.group(1)) / float(f.group(2)) for f in found if f]

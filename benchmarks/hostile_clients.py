@@ -65,7 +65,14 @@ class _Tap(logging.Handler):
         self.lines: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
+        if not getattr(record, "mmfl_escalation", False):  # the checks' own lines only
+            self.lines.append(record.getMessage())
+
+    def add_actions(self, result: Any) -> None:
+        """The bounds' actions, logged at DEBUG since issue 57: from the events."""
+        from mmfl_flwr.strategy.events import action_lines
+
+        self.lines += action_lines(result.events)
 
 
 def _attack(name: str) -> Any:
@@ -117,6 +124,7 @@ def _run(preset: str, attack: str | None, seed: int, rounds: int, aggregator: st
             )
     finally:
         logging.getLogger("flwr").removeHandler(tap)
+    tap.add_actions(result)
     mine = [m for m in tap.lines if m.startswith(f"Client {HOSTILE}:")]
     refused = [m for m in tap.lines if f"client id {HOSTILE} " in m.lower() and "refused" in m]
     counts = {
@@ -269,6 +277,7 @@ def _field_run(job: tuple[str, str, str, int]) -> dict[str, Any]:
             )
     finally:
         logger.removeHandler(tap)
+    tap.add_actions(result)
     hostile = _attackers(attack)
     acted = [m for m in tap.lines if "clipped update" in m or "rejected update" in m]
     who = [m.split(":", 1)[0].removeprefix("Client ") for m in acted]

@@ -4,13 +4,13 @@ A run's report (``report.html``, written at the end of ``mmfl run`` unless
 ``--no-report``) holds its configuration (as typed and the effective values of
 the automatic settings), the final accuracy and loss, the accuracy and loss
 curves per model, every row of ``metrics.csv``, who trained what, uploads and
-rejections per round, the defence events (``defence.csv``) where the run has
-any, the clusters of MMFL-Group (``clusters.csv``), the privacy budget of a run
+rejections per round, the defence events (``events.csv``: counted by kind and
+model, then every row), the clusters of MMFL-Group (``clusters.csv``), the privacy budget of a run
 under ``dp``, and the versions of the software. A report of several runs
 compares them: the settings that differ, the final accuracies and the curves.
 
 Everything is read from the output folder (``config.json``, ``metrics.csv``,
-``assignments.csv``, and where present ``summary.json``, ``defence.csv``,
+``assignments.csv``, and where present ``summary.json``, ``events.csv``,
 ``clusters.csv``): a run interrupted by Ctrl-C gets a report of its finished
 rounds. The HTML needs no network: the figures are PNG images inlined in base64,
 no script, no external style sheet. The numbers in the tables are the cells of
@@ -376,14 +376,23 @@ def _uploads_section(run: RunFolder) -> str:
 
 
 def _defence_section(run: RunFolder) -> str:
-    header, rows = run.csv_rows("defence.csv")
+    header, rows = run.csv_rows("events.csv")
     if not rows:
         body = (
             "<p>No defence event: no update was rejected, clipped or capped by the "
-            "server's checks (defence.csv absent).</p>"
+            "server's checks (events.csv empty or absent).</p>"
         )
     else:
-        body = _table(header, rows, left=3)
+        kind, task = header.index("kind"), header.index("task")
+        counts: dict[tuple[str, str], int] = {}
+        for r in rows:
+            counts[(r[task], r[kind])] = counts.get((r[task], r[kind]), 0) + 1
+        body = (
+            "<p>Counted by model and kind (docs/defence-events.md says what each kind "
+            "means), then every event.</p>"
+            + _table(["model", "kind", "events"], [[*k, n] for k, n in sorted(counts.items())], 2)
+            + _table(header, rows, left=4)
+        )
     return _section("defence", "Defence events", body)
 
 
@@ -721,7 +730,7 @@ def add_parser(subparsers: Any) -> Any:
         help="write a self-contained HTML report of a run, or a comparison of runs",
         description=(
             "Read each run folder (config.json, metrics.csv, assignments.csv and, where "
-            "present, summary.json, defence.csv, clusters.csv) and write one HTML file "
+            "present, summary.json, events.csv, clusters.csv) and write one HTML file "
             "that opens offline: the configuration, the curves, who trained what, "
             "uploads and rejections, defence events, clusters, the privacy budget and "
             "the versions; with several folders, a comparison of the runs."

@@ -21,6 +21,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from mmfl_flwr.config import Settings
 from mmfl_flwr.strategy import MultiModelResult
+from mmfl_flwr.strategy.events import DefenceEvent
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -115,6 +116,38 @@ def write_assignments_csv(
                 w.writerow([rnd, cid, task, count])
 
 
+def write_events_csv(events: Sequence[DefenceEvent], path: str | os.PathLike[str]) -> None:
+    """Every defence event of a run (:mod:`mmfl_flwr.strategy.events`), one row
+    each: ``round, client, task, kind, value, bound, reason`` (a value or bound
+    that is not a number left empty); the header alone when there is none."""
+    from mmfl_flwr.strategy.events import COLUMNS
+
+    with _replace_atomically(path) as f:
+        w = csv.writer(f)
+        w.writerow(COLUMNS)
+        for e in events:
+            w.writerow([e.round, e.client, e.task, e.kind, _fmt(e.value), _fmt(e.bound), e.reason])
+
+
+def read_events_csv(path: str | os.PathLike[str]) -> list[DefenceEvent]:
+    """Read ``events.csv`` back (empty value and bound cells as NaN)."""
+    out = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            out.append(
+                DefenceEvent(
+                    int(r["round"]),
+                    r["client"],
+                    r["task"],
+                    r["kind"],
+                    float(r["value"]) if r["value"] else math.nan,
+                    float(r["bound"]) if r["bound"] else math.nan,
+                    r["reason"],
+                )
+            )
+    return out
+
+
 def read_metrics_csv(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Read ``metrics.csv`` back (numbers as float/int, empty cells as NaN)."""
     rows = []
@@ -207,7 +240,12 @@ def summarize(
     them, None if some model never reaches its target):
     :mod:`mmfl_flwr.convergence`. A run under a differential-privacy wrapper
     adds ``privacy``: per model ``epsilon`` (None without noise) at ``delta``,
-    ``releases``, ``noise_multiplier`` and ``clipping_norm``."""
+    ``releases``, ``noise_multiplier`` and ``clipping_norm``. ``defence_events``
+    counts the run's defence events (``events.csv``) in all, per kind, per
+    model and per client, each with the updates received and the fraction
+    (:func:`~mmfl_flwr.strategy.events.summary_counts`)."""
+    from mmfl_flwr.strategy.events import summary_counts
+
     final = {}
     for task, row in result.final().items():
         final[task] = {
@@ -251,6 +289,7 @@ def summarize(
         "mean_final_accuracy": sum(accs) / len(accs) if accs else None,
         "rounds": rounds,
         "total_uploads": uploads,
+        "defence_events": summary_counts(result.events, result.received),
         "seed": settings.seed if settings is not None else None,
         "config": settings.to_run_config() if settings is not None else None,
         "effective": dict(effective or {}),
@@ -566,7 +605,7 @@ def write_outputs(
     effective: Mapping[str, Any] | None = None,
     engine: str | None = None,
 ) -> Path:
-    """Write ``metrics.csv``, ``summary.json``, ``assignments.csv``,
+    """Write ``metrics.csv``, ``summary.json``, ``assignments.csv``, ``events.csv``,
     ``accuracy.png``, ``assignments.png`` (:func:`assignments_figure`) and
     ``training.png`` (:func:`training_figure`) into ``output_dir`` (created if
     needed). ``strategy_name``
@@ -581,6 +620,7 @@ def write_outputs(
         json.dump(summarize(result, settings, effective, engine), f, indent=2, sort_keys=True)
         f.write("\n")
     write_assignments_csv(result.assignments, out / "assignments.csv")
+    write_events_csv(result.events, out / "events.csv")
     plot_accuracy(result.history, out / "accuracy.png", settings, strategy_name, effective)
     models = list(dict.fromkeys(r["task"] for r in result.history))
     assignments_figure(

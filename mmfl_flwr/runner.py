@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import shutil
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -148,10 +149,16 @@ def run_simulation_engine(
 
     out = run_on_superlink(settings, num_cpus=num_cpus, verbose=verbose, **ray)
     state = load_checkpoint(out / CHECKPOINT_FILE)
+    from mmfl_flwr.strategy.events import DefenceLog
+
+    defence = DefenceLog()
+    defence.load_state_dict(state.get("defence", {}))
     result = MultiModelResult(
         arrays={t: numpy_to_arrays(w) for t, w in state["weights"].items()},
         history=list(state["history"]),
         assignments=dict(state["assignments"]),
+        events=defence.events,
+        received=defence.received,
     )
     if not settings.output_dir:
         shutil.rmtree(out.parent, ignore_errors=True)
@@ -214,10 +221,15 @@ def run(
     if engine == "simulation":
         return run_simulation_engine(settings, num_cpus=num_cpus, verbose=verbose, **ray)
     if engine in ("inprocess", "vectorized"):
+        from mmfl_flwr.flower_app.server_app import VERBOSE_ENV
+
         flwr_logger = logging.getLogger("flwr")
         old_level = flwr_logger.level
+        old_verbose = os.environ.get(VERBOSE_ENV)
         if not verbose:
             flwr_logger.setLevel(logging.WARNING)
+        else:  # every defence action's line at INFO (the console shows INFO)
+            os.environ[VERBOSE_ENV] = "1"
         try:
             if engine == "vectorized":
                 return run_vectorized(
@@ -229,4 +241,9 @@ def run(
             return run_inprocess(settings, loggers=objects)
         finally:
             flwr_logger.setLevel(old_level)
+            if verbose:
+                if old_verbose is None:
+                    os.environ.pop(VERBOSE_ENV, None)
+                else:
+                    os.environ[VERBOSE_ENV] = old_verbose
     raise ValueError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")

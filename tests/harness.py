@@ -112,6 +112,11 @@ class FedRun:
     def warnings(self, rnd: int) -> list[str]:
         return [m for lvl, m in self.logs[rnd] if lvl >= logging.WARNING]
 
+    def actions(self, rnd: int) -> list[str]:
+        """The lines naming what the server did to a client's reply: its
+        WARNINGs, and each bound's action (DEBUG since issue 57)."""
+        return [m for lvl, m in self.logs[rnd] if lvl == logging.DEBUG or lvl >= logging.WARNING]
+
     def errors(self, rnd: int) -> list[str]:
         return [m for lvl, m in self.logs[rnd] if lvl >= logging.ERROR]
 

@@ -623,6 +623,8 @@ def run_on_superlink(
     # exported wins.
     env.setdefault("RAY_prestart_worker_first_driver", "0")
     env["MMFL_ENGINE"] = "simulation"  # recorded in config.json / summary.json
+    if verbose:  # the ServerApp logs every defence action at INFO (streamed here)
+        env["MMFL_VERBOSE"] = "1"
     shared = work / "shared-data"
     if plan.address is None and SHARED_DATA_ENV not in env:
         # the nodes' workers on this machine map one copy of each shard's data

@@ -17,7 +17,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from logging import ERROR, WARNING
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -174,12 +174,31 @@ def central_evaluator(s: Settings) -> Callable[[int, str, ArrayRecord], MetricRe
     return evaluate
 
 
-def progress_printer(num_rounds: int) -> Callable[[int, list[dict[str, Any]]], None]:
+def progress_printer(
+    num_rounds: int, defence: Callable[[int], dict[str, int]] | None = None
+) -> Callable[[int, list[dict[str, Any]]], None]:
     """A per-round progress line on stdout (where no progress bar is drawn:
-    :mod:`mmfl_flwr.tracking.progress`)."""
+    :mod:`mmfl_flwr.tracking.progress`); ``defence(round)``: the round's
+    defence events counted by kind, shown on the line."""
     from mmfl_flwr.tracking.progress import line_printer
 
-    return line_printer(num_rounds)
+    return line_printer(num_rounds, defence)
+
+
+def defence_counter(strategy: MultiModelStrategy) -> Callable[[int], dict[str, int]]:
+    """``f(round)``: the round's defence events of ``strategy`` counted by kind
+    (the progress line's ``clipped 2, rejected 0``)."""
+    from mmfl_flwr.strategy.events import round_counts
+
+    def counts(rnd: int) -> dict[str, int]:
+        result = strategy.result
+        return round_counts(e for e in (result.events if result else []) if e.round == rnd)
+
+    return counts
+
+
+#: Set (to 1) by ``mmfl run --verbose``: every defence action's line at INFO.
+VERBOSE_ENV = "MMFL_VERBOSE"
 
 
 def _with_cluster_records(
@@ -238,11 +257,12 @@ def _with_round_files(
 
 
 def _files_of_finished_rounds(output_dir: str) -> None:
-    """After an interrupt: ``metrics.csv`` and ``assignments.csv`` hold exactly the
+    """After an interrupt: ``metrics.csv``, ``assignments.csv`` and ``events.csv`` hold exactly the
     rounds of the checkpoint (the interrupt may have come between a round's
     checkpoint and its files)."""
     from mmfl_flwr.checkpoint import load_checkpoint
-    from mmfl_flwr.results import write_assignments_csv, write_metrics_csv
+    from mmfl_flwr.results import write_assignments_csv, write_events_csv, write_metrics_csv
+    from mmfl_flwr.strategy.events import DefenceLog
 
     try:
         state = load_checkpoint(output_dir)
@@ -250,6 +270,9 @@ def _files_of_finished_rounds(output_dir: str) -> None:
         return
     write_metrics_csv(state["history"], Path(output_dir, "metrics.csv"))
     write_assignments_csv(state["assignments"], Path(output_dir, "assignments.csv"))
+    defence = DefenceLog()
+    defence.load_state_dict(state.get("defence", {}))
+    write_events_csv(defence.events, Path(output_dir, "events.csv"))
 
 
 def effective_clients_per_node(s: Settings, engine: str | None, run_config: Any) -> dict[str, Any]:
@@ -380,42 +403,34 @@ RUN_FILES = (
     "accuracy.png",
     "assignments.png",
     "training.png",
+    "events.csv",
     "defence.csv",
     "report.html",
 )
 
 
 def _with_loggers(
-    strategy: MultiModelStrategy, hub: LoggerHub, defence_csv: Path | None
+    strategy: MultiModelStrategy, hub: LoggerHub, events_csv: Path | None
 ) -> Callable[[int, list[dict[str, Any]]], None]:
-    """Wrap the round callback: after every round, the defence actions counted
-    (appended to ``defence_csv`` where given) and the round to the loggers."""
+    """Wrap the round callback: after every round, ``events_csv`` (where given)
+    rewritten with the run's defence events so far, and the round to the
+    loggers with its events counted by model and kind."""
+    from mmfl_flwr.results import write_events_csv
+    from mmfl_flwr.strategy.events import by_task_kind
+
     inner = strategy.on_round_end
 
     def callback(rnd: int, rows: list[dict[str, Any]]) -> None:
         result = strategy.result
         assignments = result.assignments if result is not None else {}
-        defence = hub.round(rnd, rows, assignments)
-        if defence_csv is not None and defence:
-            _append_defence(defence_csv, rnd, defence)
+        events = result.events if result is not None else []
+        hub.round(rnd, rows, assignments, by_task_kind(e for e in events if e.round == rnd))
+        if events_csv is not None:
+            write_events_csv(events, events_csv)
         if inner is not None:
             inner(rnd, rows)
 
     return callback
-
-
-def _append_defence(path: Path, rnd: int, defence: dict[str, dict[str, int]]) -> None:
-    """Append a round's defence actions to ``defence.csv`` (``round, model, kind, count``)."""
-    import csv
-
-    new = not path.exists()
-    with open(path, "a", newline="") as f:
-        w = csv.writer(f)
-        if new:
-            w.writerow(["round", "model", "kind", "count"])
-        for task in sorted(defence):
-            for kind in sorted(defence[task]):
-                w.writerow([rnd, task, kind, defence[task][kind]])
 
 
 def _report(s: Settings, assignments_png: bytes | None = None) -> None:
@@ -489,18 +504,20 @@ def _run_server(
         else None
     )
     bar: ProgressBar | None = None
+    if os.environ.get(VERBOSE_ENV) == "1":  # mmfl run --verbose: every defence action
+        strategy.action_level = INFO
     if not custom:  # a custom strategy keeps its own callback
         if use_bar(s.no_progress):
-            bar = ProgressBar(s.num_rounds, done)
+            bar = ProgressBar(s.num_rounds, done, defence_counter(strategy))
             strategy.on_round_end = bar
         else:
-            strategy.on_round_end = progress_printer(s.num_rounds)
+            strategy.on_round_end = progress_printer(s.num_rounds, defence_counter(strategy))
     hub = LoggerHub(list(loggers), s.log_clients_every)
     try:
         hub.loggers += [make_logger(n) for n in trackers]
         if hub or s.output_dir:
-            defence_csv = Path(s.output_dir, "defence.csv") if s.output_dir else None
-            strategy.on_round_end = _with_loggers(strategy, hub, defence_csv)
+            events_csv = Path(s.output_dir, "events.csv") if s.output_dir else None
+            strategy.on_round_end = _with_loggers(strategy, hub, events_csv)
         if s.output_dir:
             strategy.on_round_end = _with_round_files(strategy, s, effective, name)
             strategy.on_round_end = _with_cluster_records(strategy, s.output_dir)

@@ -79,12 +79,19 @@ def aggregate_train_replies(
         limits.update_norm_factor,
         model_norm,
         limits.update_clip_factor,
+        run_state.defence,
     )
     # each update's cosine with the others', for the bound on reversed updates
     cosines: dict[tuple[str, str], tuple[float, float, int]] | None = (
         {} if limits.reversed_influence_factor is not None else None
     )
-    check_directions(outcome.updates, run_state.direction_history, limits.direction_factor, cosines)
+    check_directions(
+        outcome.updates,
+        run_state.direction_history,
+        limits.direction_factor,
+        cosines,
+        run_state.defence,
+    )
     rule = InfluenceBound.of(
         limits.influence_clip_factor, limits.reversed_influence_factor, cosines
     )
@@ -97,14 +104,14 @@ def aggregate_train_replies(
         cap_train_losses(run_state, outcome, limits.loss_cap)
     policy.observe(plan.server_round, outcome.observed, plan.picks)
     if aggregator.needs_fresh:  # every client trained: bound the expected step too
-        bound_expected_influence(outcome.updates, rule)
+        bound_expected_influence(outcome.updates, rule, run_state.defence)
     updates = outcome.updates
     if policy.selects_after_training:
         updates = select_after_training(run_state, policy, aggregator, plan.server_round, updates)
     # after any selection: the weights are the ones the aggregate applies
-    refs = bound_influence(updates, aggregator.step_weights, rule)
+    refs = bound_influence(updates, aggregator.step_weights, rule, run_state.defence)
     fresh = (
-        bound_fresh_influence(outcome.updates, updates, refs, rule)
+        bound_fresh_influence(outcome.updates, updates, refs, rule, run_state.defence)
         if aggregator.needs_fresh
         else None
     )

@@ -6,6 +6,7 @@ client cannot steer the sampling."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from logging import WARNING
 
@@ -67,7 +68,17 @@ def accepted_losses(
             try:
                 loss = check_loss(value, f"loss of task {task!r}", limits.max_loss)
             except InvalidReply as err:
-                log(WARNING, "Client %s: rejected loss: %s", cid, err)
+                run_state.defence.act(
+                    "ignored",
+                    cid,
+                    task,
+                    math.nan,
+                    math.nan,
+                    "Client %s: rejected loss: %s",
+                    cid,
+                    err,
+                    level=WARNING,
+                )
                 continue
             received.setdefault(task, []).append((cid, loss))
     out = RecordDict()
@@ -76,8 +87,12 @@ def accepted_losses(
         rec = MetricRecord()
         for cid, loss in pairs:
             if loss > cap:
-                log(
-                    WARNING,
+                run_state.defence.act(
+                    "loss",
+                    cid,
+                    task,
+                    loss,
+                    cap,
                     "Client %s: loss %.4g on task %r capped at %.4g (%g x the reference loss)",
                     cid,
                     loss,

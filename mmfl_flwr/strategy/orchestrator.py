@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from logging import INFO
+from logging import DEBUG, INFO
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -128,7 +128,9 @@ class MultiModelStrategy(Strategy):
     max_loss, loss_cap, max_update_norm, update_norm_factor, count_cap, update_clip_factor,
     direction_factor, influence_clip_factor, reversed_influence_factor
         Bounds on what clients report (:class:`~.validation.Limits` documents
-        them), each logged with the client id when it acts.
+        them), each action recorded as a defence event with the client id
+        (``result.events``; its line at :attr:`action_level`, DEBUG:
+        :mod:`.events`).
     on_round_end : callable, optional
         ``f(server_round, rows)`` after each round (progress display).
     checkpoint_path : str, optional
@@ -263,6 +265,9 @@ class MultiModelStrategy(Strategy):
         #: the result of the latest :meth:`start`, filled as its rounds finish (an
         #: interrupted run's history so far; the final weights at its end)
         self.result: MultiModelResult | None = None
+        #: the level of each defence action's own log line (:mod:`.events`): DEBUG;
+        #: ``mmfl run --verbose`` sets INFO
+        self.action_level = DEBUG
 
     def _new_run_state(self) -> RunState:
         return RunState(
@@ -501,6 +506,7 @@ class MultiModelStrategy(Strategy):
                 f"{sorted(set(run_state.task_arrivals) - set(initial_arrays or {}))}"
             )
         result = self.result = MultiModelResult()
+        run_state.defence.level = self.action_level
         first = 1
         if resume_from is not None:
             state = self.check_resumable(resume_from, hooks)
@@ -516,6 +522,8 @@ class MultiModelStrategy(Strategy):
             )
         else:
             run_state.set_models(initial_arrays)
+        result.events = run_state.defence.events
+        result.received = run_state.defence.received
         log(
             INFO,
             "Starting %s over %d models for %d rounds",
@@ -536,7 +544,7 @@ class MultiModelStrategy(Strategy):
         for rnd in range(first, num_rounds + 1):
             t0 = time.monotonic()
             t_round = time.perf_counter()
-            run_state.current_round = rnd
+            run_state.current_round = run_state.defence.round = rnd
             log(INFO, "")
             log(INFO, "[ROUND %s/%s]", rnd, num_rounds)
             with timed(rnd, "registration"):
@@ -549,7 +557,9 @@ class MultiModelStrategy(Strategy):
                     self.node_wait_timeout,
                     self.min_available_clients,
                 )
-                validation.apply_count_cap(run_state.table, self.limits.count_cap)
+                validation.apply_count_cap(
+                    run_state.table, self.limits.count_cap, run_state.defence
+                )
             registration.warn_unheld_models(run_state, unheld)
             log(INFO, "%d clients online", len(run_state.table.ids()))
             if self.policy.needs_losses:
@@ -640,7 +650,9 @@ class MultiModelStrategy(Strategy):
                 )
             if PHASE_OBSERVERS:
                 report(rnd, "round", time.perf_counter() - t_round)
+            run_state.defence.end_round(rnd, rows_out)
             self._finish_round(rnd, rows_out, result)
+        run_state.defence.finish()
         result.arrays = dict(run_state.arrays)
         return result
 

@@ -52,6 +52,7 @@ def run_state_dict(
         "bound_at_first_use": dict(run_state.bound_at_first_use),
         "assignments": dict(result.assignments),
         "rejections": dict(result.rejections),
+        "defence": run_state.defence.state_dict(),
         **identity(policy, aggregator, run_state.seed),
     }
 
@@ -109,4 +110,5 @@ def restore(
     result.history.extend(state["history"])
     result.assignments.update(state["assignments"])
     result.rejections.update(state.get("rejections", {}))  # absent in older checkpoints
+    run_state.defence.load_state_dict(state.get("defence", {}))
     return int(state["round"])

@@ -8,6 +8,8 @@ from typing import Any
 
 from flwr.app import ArrayRecord, MetricRecord
 
+from mmfl_flwr.strategy.events import DefenceEvent
+
 #: Server-side evaluation: ``(server_round, task, arrays) -> metrics or None``.
 EvaluateFn = Callable[[int, str, ArrayRecord], MetricRecord | Mapping[str, float] | None]
 #: Called after every round with that round's history rows.
@@ -46,6 +48,13 @@ class MultiModelResult:
     rejections : dict[int, list[tuple[str, str]]]
         Per round, the ``(client id, task)`` parts that were assigned but did
         not reach the aggregate (rejected by a check, failed, or missing).
+    events : list[DefenceEvent]
+        Every action of the server's bounds, in order (``events.csv``;
+        :mod:`mmfl_flwr.strategy.events`).
+    received : dict[str, dict[str, int]]
+        Model -> client id -> the updates received from it (assigned parts of
+        train replies that arrived, before any check): what ``summary.json``'s
+        ``defence_events`` fractions divide by.
     privacy : dict[str, dict[str, float]]
         With a differential-privacy wrapper (:mod:`mmfl_flwr.privacy`): per
         model, the privacy spent so far (``epsilon`` at ``delta``, ``releases``,
@@ -60,6 +69,8 @@ class MultiModelResult:
     evaluate_metrics_clientapp: dict[int, dict[str, MetricRecord]] = field(default_factory=dict)
     evaluate_metrics_serverapp: dict[int, dict[str, MetricRecord]] = field(default_factory=dict)
     privacy: dict[str, dict[str, float]] = field(default_factory=dict)
+    events: list[DefenceEvent] = field(default_factory=list)
+    received: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def final(self) -> dict[str, dict[str, Any]]:
         """The last history row of each task."""

@@ -18,6 +18,7 @@ from mmfl_flwr import protocol as P
 from mmfl_flwr.core.clients import ClientTable
 from mmfl_flwr.core.policy import Pick
 from mmfl_flwr.records import NumpyWeights, arrays_to_numpy, numpy_to_arrays
+from mmfl_flwr.strategy.events import DefenceLog
 
 
 class HookError(RuntimeError):
@@ -109,6 +110,8 @@ class RunState:
     trust_declared_trainable: bool = True
     #: (client, task) parts of the latest round that did not reach the aggregate
     rejected_parts: list[tuple[str, str]] = field(default_factory=list)
+    #: the defence events of the run and the updates received (:mod:`.events`)
+    defence: DefenceLog = field(default_factory=DefenceLog)
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.seed)

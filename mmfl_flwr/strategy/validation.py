@@ -10,6 +10,11 @@
   losses a policy observes) against the task's reference loss, the largest 90th
   percentile reported so far (:func:`loss_cap`, :func:`cap_train_losses`).
 :class:`Limits` holds the bounds.
+
+Every action of a bound is a defence event (:mod:`.events`): recorded where it
+happens (the ``events`` a bound is given, the run's
+:class:`~.events.DefenceLog`), with its own line at DEBUG; a reply that fails a
+check (malformed, failed, missing) is still logged at WARNING.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from mmfl_flwr.core.aggregators import Update
 from mmfl_flwr.core.clients import MAX_NUM_EXAMPLES, ClientInfo, ClientTable
 from mmfl_flwr.core.policy import Pick
 from mmfl_flwr.records import InvalidReply, NumpyWeights, check_count, check_loss, check_weights
+from mmfl_flwr.strategy.events import DefenceLog, act
 from mmfl_flwr.strategy.replies import client_replies
 from mmfl_flwr.strategy.state import RoundPlan, RunState
 
@@ -244,6 +250,7 @@ def bound_update_norms(
     factor: float | None,
     model_norm: Callable[[str], float] | None = None,
     clip_factor: float | None = None,
+    events: DefenceLog | None = None,
 ) -> list[tuple[str, str]]:
     """Reject every update whose norm exceeds ``factor`` times its model's
     reference norm, and scale every remaining update whose norm exceeds
@@ -287,8 +294,13 @@ def bound_update_norms(
         kept, kept_norms = [], []
         for u, norm in zip(us, norms):
             if factor is not None and ref > 0 and not norm <= factor * ref:
-                log(
-                    WARNING,
+                act(
+                    events,
+                    "rejected",
+                    u.cid,
+                    task,
+                    norm,
+                    factor * ref,
                     "Client %s: rejected update for task %r: update norm %.4g exceeds "
                     "%.4g (%g x %s, %.4g)",
                     u.cid,
@@ -303,8 +315,13 @@ def bound_update_norms(
                 continue
             if clip_factor is not None and ref > 0 and norm > clip_factor * ref:
                 bound = clip_factor * ref
-                log(
-                    WARNING,
+                act(
+                    events,
+                    "clipped",
+                    u.cid,
+                    task,
+                    norm,
+                    bound,
                     "Client %s: clipped update for task %r: update norm %.4g exceeds "
                     "%.4g (%g x %s, %.4g); scaled to it",
                     u.cid,
@@ -361,6 +378,7 @@ def check_directions(
     history: dict[str, dict[str, list[float]]],
     factor: float | None,
     cosines: dict[tuple[str, str], tuple[float, float, int]] | None = None,
+    events: DefenceLog | None = None,
 ) -> list[tuple[str, str]]:
     """Shrink the updates of clients whose updates of a model point, round after
     round, against the other clients' (a sign flip, inner-product manipulation)
@@ -436,8 +454,13 @@ def check_directions(
             score = scores.get(u.cid)
             if score is None or not (score < 0 and score < bound) or not norm > ref_norm:
                 continue
-            log(
-                WARNING,
+            act(
+                events,
+                "direction",
+                u.cid,
+                task,
+                norm,
+                ref_norm,
                 "Client %s: clipped update for task %r: its updates point against the "
                 "other clients' (mean cosine %.3f over its last %d rounds; the clients' median "
                 "%.3f, bound %.3f = median - %g x robust deviation %.3f); update norm %.4g "
@@ -523,6 +546,7 @@ def bound_influence(
     updates: dict[str, list[Update]],
     step_weights: Callable[[Sequence[Update]], list[float] | None],
     factor: float | InfluenceBound | None,
+    events: DefenceLog | None = None,
 ) -> dict[str, float]:
     """Scale down every update whose influence on its model's step exceeds
     its factor times the round's reference influence, in place, logging the
@@ -577,6 +601,7 @@ def bound_influence(
             rule,
             "influence",
             ("Influence bound", "weight", "weight", "step", "reference influence"),
+            events,
         )
         if ref is not None:
             refs[task] = ref
@@ -590,6 +615,7 @@ def _scale_influences(
     rule: InfluenceBound,
     kind: str,
     words: tuple[str, str, str, str, str],
+    events: DefenceLog | None = None,
 ) -> float | None:
     """The shared step of :func:`bound_influence` and
     :func:`bound_expected_influence`: each update's influence ``|weight| x
@@ -635,8 +661,14 @@ def _scale_influences(
             continue
         bound = f * ref
         scale = bound / x
-        log(
-            WARNING,
+        why = rule.why(task, u.cid)
+        act(
+            events,
+            "reversed" if why else "influence",
+            u.cid,
+            task,
+            x,
+            bound,
             "Client %s: clipped update for task %r: its influence on the %s "
             "(%s %.4g x update norm %.4g = %.4g) exceeds %.4g (%g x the round's "
             "%s, %.4g)%s; update norm scaled to %.4g",
@@ -651,7 +683,7 @@ def _scale_influences(
             f,
             ref_name,
             ref,
-            rule.why(task, u.cid),
+            why,
             norm * scale,
         )
         u.delta = [d * scale for d in u.delta]
@@ -661,6 +693,7 @@ def _scale_influences(
 def bound_expected_influence(
     updates: dict[str, list[Update]],
     factor: float | InfluenceBound | None,
+    events: DefenceLog | None = None,
 ) -> None:
     """For an aggregator that reads every eligible client's fresh update (the
     oracle StaleVR: every client trains every model each round), scale down in
@@ -702,6 +735,7 @@ def bound_expected_influence(
                     "expected step",
                     "reference",
                 ),
+                events,
             )
 
 
@@ -710,6 +744,7 @@ def bound_fresh_influence(
     counted: dict[str, list[Update]],
     refs: Mapping[str, float],
     factor: float | InfluenceBound | None,
+    events: DefenceLog | None = None,
 ) -> dict[str, dict[str, list[np.ndarray]]]:
     """The fresh updates an aggregator that reads every eligible client's fresh
     update (the oracle StaleVR's Eq. 20 ``beta = <G, h> / ||h||^2``) gets, with
@@ -743,8 +778,14 @@ def bound_fresh_influence(
             x = abs(u.data_share) * norm
             if x > bound:
                 scale = bound / x
-                log(
-                    WARNING,
+                why = rule.why(task, u.cid)
+                act(
+                    events,
+                    "reversed" if why else "influence",
+                    u.cid,
+                    task,
+                    x,
+                    bound,
                     "Client %s: clipped update for task %r: the fresh update its "
                     "stale update's weight is read from (data share %.4g x update norm "
                     "%.4g = %.4g) exceeds the round's influence bound %.4g%s; update norm "
@@ -755,7 +796,7 @@ def bound_fresh_influence(
                     norm,
                     x,
                     bound,
-                    rule.why(task, u.cid),
+                    why,
                     norm * scale,
                 )
                 delta = [d * scale for d in delta]
@@ -764,14 +805,21 @@ def bound_fresh_influence(
     return out
 
 
-def apply_count_cap(table: ClientTable, factor: float | None) -> None:
+def apply_count_cap(
+    table: ClientTable, factor: float | None, events: DefenceLog | None = None
+) -> None:
     """Bound each client's sample counts at ``factor`` times the task's median
     declared count (:meth:`~mmfl_flwr.core.clients.ClientTable.cap_counts`),
     logging every client whose count is capped."""
     for cid, task, declared, used in table.cap_counts(factor):
         if used < declared:
-            log(
-                WARNING,
+            act(
+                events,
+                "count",
+                cid,
+                task,
+                declared,
+                used,
                 "Client %s: declared %d examples of task %r; %d are used (%g x the median count)",
                 cid,
                 declared,
@@ -816,8 +864,13 @@ def cap_train_losses(run_state: RunState, outcome: TrainOutcome, factor: float |
         cap = loss_cap(run_state, task, [v for v, _, _ in reports], factor, "train-loss")
         for value, _, cid in reports:
             if value > cap:
-                log(
-                    WARNING,
+                act(
+                    run_state.defence,
+                    "loss",
+                    cid,
+                    task,
+                    value,
+                    cap,
                     "Client %s: training loss %.4g on task %r capped at %.4g "
                     "(%g x the reference loss)",
                     cid,
@@ -861,6 +914,7 @@ def collect_updates(
     )
     split = {t: run_state.split_keys(t) for t in plan.tasks}
     answered: set[str] = set()
+    events = run_state.defence
 
     def failed(cid: str, reply: Message) -> None:
         answered.add(cid)
@@ -874,6 +928,12 @@ def collect_updates(
             reply.error.reason,
         )
         for t in expected[cid]:
+            events.record(
+                "missing",
+                cid,
+                t,
+                f"failed to train (error {reply.error.code}: {reply.error.reason})",
+            )
             out.rejected[t] += 1
             out.rejected_parts.append((cid, t))
 
@@ -896,14 +956,20 @@ def collect_updates(
             if task is None and needs_control:
                 task = P.task_of(key, P.CONTROL_PREFIX)
             if task not in asked:
-                log(
-                    WARNING,
+                events.act(
+                    "ignored",
+                    cid,
+                    task or key,
+                    math.nan,
+                    math.nan,
                     "Client %s: rejected arrays under %r (task not assigned to it this round)",
                     cid,
                     key,
+                    level=WARNING,
                 )
         info = run_state.table[cid]
         for task, pick in asked.items():
+            events.receive(cid, task)
             try:
                 update, train_loss = validate_train_part(
                     content,
@@ -917,7 +983,18 @@ def collect_updates(
                     needs_control,
                 )
             except InvalidReply as err:
-                log(WARNING, "Client %s: rejected update for task %r: %s", cid, task, err)
+                events.act(
+                    "rejected",
+                    cid,
+                    task,
+                    math.nan,
+                    math.nan,
+                    "Client %s: rejected update for task %r: %s",
+                    cid,
+                    task,
+                    err,
+                    level=WARNING,
+                )
                 out.rejected[task] += 1
                 out.rejected_parts.append((cid, task))
                 continue
@@ -935,6 +1012,7 @@ def collect_updates(
                 sorted(asked),
             )
             for t in asked:
+                events.record("missing", cid, t, "sent no train reply this round")
                 out.rejected[t] += 1
                 out.rejected_parts.append((cid, t))
     return out

@@ -24,7 +24,6 @@ from mmfl_flwr.tracking.base import ROUND_COLUMNS, RunInfo, RunLogger, client_co
 __all__ = [
     "BACKENDS",
     "ROUND_COLUMNS",
-    "DefenceTap",
     "LoggerHub",
     "RunInfo",
     "RunLogger",
@@ -89,57 +88,6 @@ def make_logger(name: str) -> RunLogger:
     return getattr(importlib.import_module(module), cls)()
 
 
-class DefenceTap(logging.Handler):
-    """Counts the server's defence actions by kind and model, per round, from
-    the warnings the strategy's checks log (``Client %s: rejected update ...``,
-    ``... clipped update ...``, ``... capped ...``): attached to Flower's logger
-    while a run goes. :meth:`take` returns and clears the counts so far."""
-
-    #: (words in the warning's template, kind), the first match wins
-    KINDS = (
-        ("rejected update", "rejected_update"),
-        ("clipped update for task %r: update norm", "clipped_norm"),
-        ("point against", "clipped_direction"),
-        ("the fresh update", "clipped_stale_influence"),
-        ("influence", "clipped_influence"),
-        ("examples of task", "count_capped"),
-        ("capped at", "loss_capped"),
-        ("rejected arrays", "rejected_arrays"),
-        ("rejected loss", "rejected_loss"),
-        ("failed to train", "failed"),
-        ("sent no train reply", "missing"),
-    )
-
-    def __init__(self, models: Sequence[str]) -> None:
-        super().__init__(logging.WARNING)
-        self.models = set(models)
-        self.counts: dict[str, dict[str, int]] = {}
-
-    def emit(self, record: logging.LogRecord) -> None:  # noqa: D102 - logging API
-        template = str(record.msg)
-        if not template.startswith("Client %s"):
-            return
-        kind = next((k for words, k in self.KINDS if words in template), None)
-        if kind is None:
-            return
-        args = record.args if isinstance(record.args, tuple) else ()
-        if kind == "clipped_influence" and any(
-            isinstance(a, str) and "points against" in a for a in args
-        ):
-            kind = "clipped_reversed_influence"
-        tasks = [a for a in args if isinstance(a, str) and a in self.models]
-        for a in args:  # "failed to train [tasks]": each model named
-            if isinstance(a, list):
-                tasks += [t for t in a if isinstance(t, str) and t in self.models]
-        for task in tasks[:1] if kind not in ("failed", "missing") else tasks:
-            per = self.counts.setdefault(task, {})
-            per[kind] = per.get(kind, 0) + 1
-
-    def take(self) -> dict[str, dict[str, int]]:
-        out, self.counts = self.counts, {}
-        return out
-
-
 class LoggerHub:
     """Calls every logger of a run; one that raises is reported in one warning
     and dropped, and the run goes on."""
@@ -148,8 +96,6 @@ class LoggerHub:
         self.loggers = list(loggers)
         self.clients_every = clients_every
         self.failed: dict[str, str] = {}
-        self.tap: DefenceTap | None = None
-        self._flwr = logging.getLogger("flwr")
         self.started = False
         self.finished = False
 
@@ -176,21 +122,23 @@ class LoggerHub:
                 )
 
     def start(self, run: RunInfo) -> None:
-        self.tap = DefenceTap(run.models)
-        self._flwr.addHandler(self.tap)
         self.started = True
         self._call("start", run)
 
     def round(
-        self, rnd: int, rows: Sequence[dict[str, Any]], assignments: Mapping[int, Any]
-    ) -> dict[str, dict[str, int]]:
-        """Log round ``rnd``; returns its defence actions (model -> kind -> count)."""
-        defence = self.tap.take() if self.tap is not None else {}
+        self,
+        rnd: int,
+        rows: Sequence[dict[str, Any]],
+        assignments: Mapping[int, Any],
+        defence: Mapping[str, Mapping[str, int]] | None = None,
+    ) -> None:
+        """Log round ``rnd`` with its defence events counted (model -> kind ->
+        count, from the strategy's events: :mod:`mmfl_flwr.strategy.events`)."""
+        defence = defence or {}
         if self.loggers:
             self._call("log_round", rnd, round_metrics(rows, defence), list(rows))
             if self.clients_every and rnd > 0 and rnd % self.clients_every == 0:
                 self._call("log_clients", rnd, client_counts(assignments, rnd))
-        return defence
 
     def finish(
         self,
@@ -203,8 +151,6 @@ class LoggerHub:
         if self.finished:
             return
         self.finished = True
-        if self.tap is not None:
-            self._flwr.removeHandler(self.tap)
         if not self.started:
             return
         if assignments is not None and not (

@@ -20,7 +20,7 @@ NOTES = (ROOT / "docs" / "explanation" / "algorithm-notes.md").read_text()
 
 def _output_table_patterns() -> list[re.Pattern[str]]:
     """File names in the first column of the output-file table (docs/reference/outputs.md), and of
-    docs/tracking.md's (the files of issue 59: report.html, defence.csv)
+    docs/tracking.md's (the files of issue 59: report.html; events.csv)
     (``<r>``-style placeholders match any text)."""
     names = []
     for text in (OUTPUTS, (ROOT / "docs" / "tracking.md").read_text()):

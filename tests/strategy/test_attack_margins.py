@@ -19,6 +19,7 @@ docs/explanation/defences.md's attack tables at this one).
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -59,7 +60,8 @@ def run(preset: str, attack=None, **extra: Any):
     with LogTap.on_flwr() as tap:
         result = run_inprocess(s, wrap_client_app=attack)
     LAST_LOG[:] = [m for _, m in tap.records]
-    return result, tap.warnings()
+    # the lines naming what the server did: WARNING, and each bound's action at DEBUG
+    return result, [m for lvl, m in tap.records if lvl == logging.DEBUG or lvl >= logging.WARNING]
 
 
 def honest_accuracy(preset: str, **extra: Any) -> float:

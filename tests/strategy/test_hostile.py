@@ -98,6 +98,11 @@ class Outcome:
     def warnings(self, rnd: int) -> list[str]:
         return [m for lvl, m in self.logs[rnd] if lvl == logging.WARNING]
 
+    def actions(self, rnd: int) -> list[str]:
+        """The lines naming what the server did to a client's reply: its
+        WARNINGs, and each bound's action (DEBUG since issue 57)."""
+        return [m for lvl, m in self.logs[rnd] if lvl == logging.DEBUG or lvl >= logging.WARNING]
+
     def errors(self, rnd: int) -> list[str]:
         return [m for lvl, m in self.logs[rnd] if lvl >= logging.ERROR]
 
@@ -695,7 +700,7 @@ def test_huge_finite_update_is_rejected_by_the_default_norm_bound():
     so the reference is 3 and the bound 300. "a" then takes the FedAvg step of
     c0, c1, c2 alone, exactly as if c3 had not replied; "b" is untouched."""
     out = run(HUGE_FED, huge_in_round(1e30, {1}), FullParticipation(), rounds=3)
-    (warning,) = out.warnings(1)
+    (warning,) = out.actions(1)
     assert warning.startswith(
         "Client c3: rejected update for task 'a': update norm 2.449e+30 "
         "exceeds 300 (100 x the reference norm, 3)"
@@ -729,14 +734,14 @@ def test_lone_first_update_is_measured_against_the_model_norm():
         for t in TASKS
     }
     out = run(LONE_FED, huge_in_round(1e30, {1}), FullParticipation(), rounds=2, init=init)
-    (warning,) = out.warnings(1)
+    (warning,) = out.actions(1)
     assert warning.startswith(
         "Client c3: rejected update for task 'a': update norm 2.449e+30 "
         "exceeds 150 (100 x the norm of the model it started from, 1.5)"
     )
     np.testing.assert_allclose(out.snapshots[1]["a"]["w"], np.full(SHAPES["w"], 0.5))
     assert out.rows[1]["a"]["rejected"] == 1 and out.rows[1]["a"]["uploads"] == 0
-    assert out.warnings(2) == []
+    assert out.actions(2) == []
     np.testing.assert_allclose(
         out.snapshots[2]["a"]["w"], np.full(SHAPES["w"], 0.5 - 4.0), atol=1e-6
     )
@@ -751,7 +756,7 @@ def test_huge_finite_weights_corrupt_the_fedavg_model_without_the_norm_bound():
     out = run(
         HUGE_FED, huge_in_round(1e30, {1}), FullParticipation(), rounds=3, update_norm_factor=None
     )
-    assert out.warnings(1) == [] and out.errors(1) == []
+    assert out.actions(1) == [] and out.errors(1) == []
     honest = [("c0", 10, 1.0), ("c1", 20, -2.0), ("c2", 30, 0.5)]
     # round 1, array a/w: FedAvg of the returned models = sum_i (n_i/100) local_i
     w1 = sum(n / 100 * (0.0 - s) for _, n, s in honest) + 0.4 * float(np.float32(1e30))

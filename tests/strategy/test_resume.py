@@ -44,7 +44,7 @@ class Killed(RuntimeError):
 def kill_after(monkeypatch, at: int = 2) -> list[int]:
     seen: list[int] = []
 
-    def printer(num_rounds):
+    def printer(num_rounds, defence=None):
         def cb(rnd, rows):
             seen.append(rnd)
             if rnd == at:
@@ -59,7 +59,7 @@ def kill_after(monkeypatch, at: int = 2) -> list[int]:
 def record_rounds(monkeypatch) -> list[int]:
     seen: list[int] = []
     monkeypatch.setattr(
-        server_app, "progress_printer", lambda n: lambda rnd, rows: seen.append(rnd)
+        server_app, "progress_printer", lambda n, defence=None: lambda rnd, rows: seen.append(rnd)
     )
     return seen
 

@@ -70,7 +70,7 @@ def test_only_the_reversed_heavy_update_is_held_and_named():
     np.testing.assert_allclose(us["a"][3].delta[0], [-1.2, -1.6])
     for u, v in zip(us["a"][:3], ([1.0, 0.0], [0.0, 2.0], [3.0, 4.0])):
         np.testing.assert_array_equal(u.delta[0], v)
-    assert [m for lvl, m in records if lvl == logging.WARNING] == [
+    assert [m for lvl, m in records if lvl == logging.DEBUG] == [
         "Client c3: clipped update for task 'a': its influence on the step (weight 0.4 x "
         "update norm 5 = 2) exceeds 0.8 (4 x the round's reference influence, 0.2); it "
         "points against the model's other updates (cosine -0.500 with their median this "
@@ -97,7 +97,7 @@ def test_the_fresh_updates_beta_reads_are_held_only_when_reversed():
     records = logged(lambda: got.update(bound_fresh_influence(fresh, {}, {"a": 0.2}, rule)))
     np.testing.assert_allclose(got["a"]["c4"][0], [0.96, 1.28])
     assert got["a"]["c5"] is fresh["a"][1].delta
-    (line,) = [m for lvl, m in records if lvl == logging.WARNING]
+    (line,) = [m for lvl, m in records if lvl == logging.DEBUG]  # actions: DEBUG
     assert line.startswith("Client c4:") and "points against the model's other updates" in line
 
 
@@ -153,7 +153,7 @@ def test_the_lower_factor_holds_and_the_log_says_which():
     )
     assert l2_norm(us["a"][2].delta) == pytest.approx(5.0 * 1.2 / 2.0)
     assert l2_norm(us["a"][3].delta) == pytest.approx(5.0 * 0.8 / 2.0)
-    lines = [m for lvl, m in records if lvl == logging.WARNING]
+    lines = [m for lvl, m in records if lvl == logging.DEBUG]  # actions: DEBUG
     assert len(lines) == 2 and "points against" not in lines[0] and "points against" in lines[1]
 
 
@@ -173,7 +173,7 @@ def test_the_expected_step_bound_holds_reversed_updates_only():
     )
     np.testing.assert_allclose(us["a"][3].delta[0], [-1.2, -1.6])
     np.testing.assert_array_equal(us["a"][2].delta[0], [3.0, 4.0])
-    (line,) = [m for lvl, m in records if lvl == logging.WARNING]
+    (line,) = [m for lvl, m in records if lvl == logging.DEBUG]  # actions: DEBUG
     assert line.startswith(
         "Client c3: clipped update for task 'a': its influence on the "
         "expected step (data share 0.4 x update norm 5 = 2)"
@@ -259,9 +259,9 @@ def test_off_no_cosines_are_read_and_the_direction_history_is_left_alone(monkeyp
     seen = []
     original = A.check_directions
 
-    def spy(updates, history, factor, cosines=None):
+    def spy(updates, history, factor, cosines=None, events=None):
         seen.append((factor, cosines))
-        return original(updates, history, factor, cosines)
+        return original(updates, history, factor, cosines, events)
 
     monkeypatch.setattr(A, "check_directions", spy)
     for kw, want in (({"reversed_influence_factor": 0.0}, None), ({}, {})):

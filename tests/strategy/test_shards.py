@@ -401,8 +401,8 @@ def test_an_absurd_sample_count_of_one_shard_client_is_capped_alone():
         rounds=1,
         clients=clients,
     )
-    capped = [w for w in out.warnings(1) if "declared 100000000 examples" in w]
-    assert len(capped) == 1 and "c1" in capped[0], out.warnings(1)
+    capped = [w for w in out.actions(1) if "declared 100000000 examples" in w]
+    assert len(capped) == 1 and "c1" in capped[0], out.actions(1)
     table = out.strategy.table
     assert sorted(table.ids()) == sorted(CLIENTS)
     assert table["c0"].num_examples["a"] == 10 and table["c2"].num_examples["a"] == 20

@@ -130,14 +130,20 @@ def test_summary_configuration_uploads_and_who_trained_what_equal_the_files(runs
     assert {row[0] for row in page.table("who-trained-what", 1)} == clients
 
 
-def test_defence_events_are_defence_csv(runs):
+def test_defence_events_are_events_csv(runs):
     out = runs["lvr"]
-    header, rows = cells(out / "defence.csv")
+    header, rows = cells(out / "events.csv")
     assert rows, "update_clip_factor=1 clips updates"
     page = page_of(out)
-    assert page.header("defence") == header == ["round", "model", "kind", "count"]
-    assert page.table("defence") == rows
-    assert not (runs["group"] / "defence.csv").exists() or page_of(runs["group"]).tables("defence")
+    assert header == ["round", "client", "task", "kind", "value", "bound", "reason"]
+    assert page.header("defence", 1) == header
+    assert page.table("defence", 1) == rows
+    counted: dict[tuple[str, str], int] = {}
+    for r in rows:
+        counted[(r[2], r[3])] = counted.get((r[2], r[3]), 0) + 1
+    assert page.table("defence", 0) == [[t, k, str(n)] for (t, k), n in sorted(counted.items())]
+    group_rows = cells(runs["group"] / "events.csv")[1]
+    assert not group_rows or page_of(runs["group"]).tables("defence")
 
 
 def test_clusters_of_group(runs):

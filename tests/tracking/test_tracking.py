@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from mmfl_flwr import runner  # noqa: E402
 from mmfl_flwr.config import Settings  # noqa: E402
-from mmfl_flwr.tracking import ROUND_COLUMNS, DefenceTap, RunLogger  # noqa: E402
+from mmfl_flwr.tracking import ROUND_COLUMNS, RunLogger  # noqa: E402
 
 SMALL = dict(
     tasks="digits,synthetic",
@@ -72,8 +72,8 @@ class Recorder(RunLogger):
 
 
 class Warnings(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
+    def __init__(self, level: int = logging.WARNING) -> None:
+        super().__init__(level)
         self.records: list[logging.LogRecord] = []
 
     def emit(self, record):
@@ -92,13 +92,14 @@ def tracked(tmp_path_factory):
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     os.environ.pop("WANDB_DIR", None)
     rec = Recorder()
-    warn = Warnings()
+    warn = Warnings(logging.DEBUG)  # each defence action's line: DEBUG, INFO with verbose
     logging.getLogger("flwr").addHandler(warn)
     try:
         runner.run(
             Settings(**SMALL, output_dir=str(out)),
             engine="inprocess",
             loggers=["tensorboard", "mlflow", "wandb", rec],
+            verbose=True,
         )
     finally:
         logging.getLogger("flwr").removeHandler(warn)
@@ -230,57 +231,47 @@ def test_recording_logger_sees_every_round_clients_and_the_end(tracked):
         assert ("round/seconds" in metrics) == (rnd > 0)
 
 
-def test_defence_actions_are_counted_by_kind_as_the_checks_warn(tracked):
-    out, rec, warnings = tracked
+def test_defence_actions_are_counted_by_kind_as_the_checks_log_them(tracked):
+    out, rec, records = tracked
     clipped: dict[str, int] = {}
-    for r in warnings:
+    for r in records:
         if str(r.msg).startswith("Client %s: clipped update for task %r: update norm"):
+            assert r.levelno == logging.INFO  # DEBUG; INFO with verbose, never WARNING
             clipped[r.args[1]] = clipped.get(r.args[1], 0) + 1
     assert clipped, "the run should clip updates (update_clip_factor=1)"
-    rows = csv_cells(out / "defence.csv")
+    rows = csv_cells(out / "events.csv")
     from_csv: dict[str, int] = {}
     for r in rows:
-        if r["kind"] == "clipped_norm":
-            from_csv[r["model"]] = from_csv.get(r["model"], 0) + int(r["count"])
+        if r["kind"] == "clipped":
+            from_csv[r["task"]] = from_csv.get(r["task"], 0) + 1
     assert from_csv == clipped
     logged: dict[str, float] = {}
     for _, _, metrics in (c for c in rec.calls if c[0] == "round"):
         for key, value in metrics.items():
-            if key.endswith("/defence/clipped_norm"):
+            if key.endswith("/defence/clipped"):
                 logged[key.split("/")[0]] = logged.get(key.split("/")[0], 0) + value
     assert logged == clipped
+    summary = json.loads((out / "summary.json").read_text())["defence_events"]
+    assert summary["by_kind"]["clipped"]["count"] == sum(clipped.values())
 
 
-def test_defence_tap_kinds():
-    tap = DefenceTap(["digits", "synthetic"])
-    flwr = logging.getLogger("flwr")
-    flwr.addHandler(tap)
-    try:
-        from flwr.common.logger import log
+def test_tracker_counts_are_the_events_by_model_and_kind():
+    from mmfl_flwr.strategy.events import DefenceEvent, by_task_kind
 
-        log(logging.WARNING, "Client %s: rejected update for task %r: %s", "3", "digits", "nan")
-        log(
-            logging.WARNING,
-            "Client %s: clipped update for task %r: its updates point against the x",
-            "4",
-            "synthetic",
-        )
-        log(
-            logging.WARNING,
-            "Client %s failed to train %s (error %s: %s); its updates are missing",
-            "5",
-            ["digits", "synthetic"],
-            1,
-            "boom",
-        )
-        log(logging.WARNING, "Something else %s", "digits")
-    finally:
-        flwr.removeHandler(tap)
-    assert tap.take() == {
-        "digits": {"rejected_update": 1, "failed": 1},
-        "synthetic": {"clipped_direction": 1, "failed": 1},
+    def ev(rnd, cid, task, kind):
+        return DefenceEvent(rnd, cid, task, kind, 2.0, 1.0, "r")
+
+    events = [
+        ev(1, "3", "digits", "rejected"),
+        ev(1, "4", "synthetic", "direction"),
+        ev(1, "5", "digits", "missing"),
+        ev(1, "5", "synthetic", "missing"),
+    ]
+    assert by_task_kind(events) == {
+        "digits": {"rejected": 1, "missing": 1},
+        "synthetic": {"direction": 1, "missing": 1},
     }
-    assert tap.take() == {}
+    assert by_task_kind([]) == {}
 
 
 class Boom(RunLogger):

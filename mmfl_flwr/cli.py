@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from mmfl_flwr.checkpoint import CHECKPOINT_FILE
-from mmfl_flwr.config import RESUME_MAY_CHANGE, Settings, setting_help
+from mmfl_flwr.config import BOUNDS, RESUME_MAY_CHANGE, Settings, setting_help
 from mmfl_flwr.engine_options import ENGINES, EngineOptions
 from mmfl_flwr.runner import run
 
@@ -79,21 +79,7 @@ _SETTING_GROUP = {
         "data",
     ),
     "clients_per_node": "engine",
-    **dict.fromkeys(
-        (
-            "max_update_norm",
-            "update_norm_factor",
-            "loss_cap",
-            "count_cap",
-            "update_clip_factor",
-            "direction_factor",
-            "influence_clip_factor",
-            "reversed_influence_factor",
-            "defences",
-            "client_pins",
-        ),
-        "defences",
-    ),
+    **dict.fromkeys((*BOUNDS, "defences", "client_pins"), "defences"),
     **dict.fromkeys(
         (
             "output_dir",

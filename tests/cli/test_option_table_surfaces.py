@@ -21,7 +21,7 @@ import pytest
 
 import mmfl_flwr
 from mmfl_flwr.cli import build_parser, settings_from_args
-from mmfl_flwr.config import Settings, options
+from mmfl_flwr.config import BOUNDS, Settings, options
 from mmfl_flwr.core.card import setting_parameters
 from mmfl_flwr.grid import InProcessGrid
 from mmfl_flwr.records import numpy_to_arrays
@@ -34,14 +34,7 @@ STRATEGY_KEYWORDS = (
     "batch_size",
     "seed",
     "fraction_evaluate",
-    "max_update_norm",
-    "update_norm_factor",
-    "loss_cap",
-    "count_cap",
-    "update_clip_factor",
-    "direction_factor",
-    "influence_clip_factor",
-    "reversed_influence_factor",
+    *BOUNDS,
 )
 #: MultiModelStrategy.start keywords that are settings
 START_KEYWORDS = ("num_rounds", "timeout")

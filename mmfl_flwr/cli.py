@@ -524,7 +524,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         # before any data is loaded or any process (Ray) started
         check_output_location(settings.output_dir)
-        engine_options(args).check(flags=True)
         ray_options = check_ray_options(args, settings)
         if args.threads is not None and args.sequential:
             raise ValueError("--threads does not apply to --sequential yet")

@@ -13,8 +13,13 @@ DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
 
 
 def pages() -> list[Path]:
-    """README.md and every page under docs/ except the committed outputs (docs/results/)."""
-    docs = [p for p in sorted((ROOT / "docs").rglob("*.md")) if "results" not in p.parts]
+    """README.md and every page under docs/ except the committed outputs (docs/results/)
+    and the Results pages that ``reproduce.py --assemble`` builds from them (docs/papers/)."""
+    docs = [
+        p
+        for p in sorted((ROOT / "docs").rglob("*.md"))
+        if "results" not in p.parts and "papers" not in p.parts
+    ]
     return [ROOT / "README.md", *docs]
 
 

@@ -303,6 +303,213 @@ def machine() -> str:
     return f"{cpu}{kernels}, {os.cpu_count()} cores, {gpu}, torch {tv}"
 
 
+# ------------------------------------------------------------- reproduction mode
+#: The values of ``--defences``: ``off`` (the default) runs the papers' algorithms as the
+#: papers state them, every bound of :data:`mmfl_flwr.config.BOUNDS` off (the run-config
+#: switch ``defences = "off"``); ``default`` runs the project's defences, a sensitivity
+#: row that is labelled as such (a reproduction it is not).
+DEFENCES = ("off", "default")
+#: The run columns that record a run's defences (:func:`recorded_settings`): the switch,
+#: then the value each bound of :data:`mmfl_flwr.config.BOUNDS` had in the run (0 = off)
+DEFENCES_COLUMN = "defences"
+#: What a run's recorded settings make it (:func:`run_status`)
+REPRODUCTION, DEFENDED, UNKNOWN = "reproduction", "defended", "unknown"
+
+
+def bound_names() -> tuple[str, ...]:
+    """The bounds a run records (:data:`mmfl_flwr.config.BOUNDS`)."""
+    from mmfl_flwr.config import BOUNDS
+
+    return tuple(BOUNDS)
+
+
+def defences_arg(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add ``--defences {off,default}`` (default ``off``: the reproduction mode)."""
+    parser.add_argument(
+        "--defences",
+        default="off",
+        choices=DEFENCES,
+        help="off (default): the papers' algorithms with every defence off, the "
+        "reproduction mode; default: the project's defences on, a sensitivity row "
+        "labelled as such",
+    )
+    return parser
+
+
+def with_defences(settings: Mapping[str, Any], defences: str) -> dict[str, Any]:
+    """``Settings`` keywords of a run in mode ``defences``: ``defences = "off"`` added for
+    the reproduction mode; the project's defaults leave the keywords as they are (a
+    cache's runs made before the switch keep their keys)."""
+    if defences not in DEFENCES:
+        raise ValueError(f"defences must be one of {', '.join(DEFENCES)}; got {defences!r}")
+    return {**settings, "defences": "off"} if defences == "off" else dict(settings)
+
+
+def bound_kwargs(defences: str) -> dict[str, float | None]:
+    """``MultiModelStrategy`` keywords of the bounds in mode ``defences`` (None = off), as
+    ``mmfl run`` builds them from its settings: for scripts that build their strategy."""
+    from mmfl_flwr.config import Settings
+
+    s = Settings(defences=defences)
+    return {name: value or None for name, value in s.bounds().items()}
+
+
+def recorded_settings(defences: str, bounds: Mapping[str, float | None]) -> dict[str, Any]:
+    """The columns a run records: its defences switch and the value of every bound it
+    applied (0.0 = off), so that :func:`run_status` can tell a defended run from a
+    reproduction run."""
+    return {DEFENCES_COLUMN: defences, **{n: float(bounds.get(n) or 0.0) for n in bound_names()}}
+
+
+def applied_settings(strategy: Any, defences: str) -> dict[str, Any]:
+    """:func:`recorded_settings` of a run of ``strategy`` (a ``MultiModelStrategy``),
+    read from the bounds the strategy holds (what the run applies)."""
+    limits = strategy.limits
+    return recorded_settings(defences, {n: getattr(limits, n) for n in bound_names()})
+
+
+def run_status(record: Mapping[str, Any]) -> str:
+    """:data:`REPRODUCTION` when a run's record (a CSV row, a cached row) gives its
+    defences switch and every bound at 0; :data:`DEFENDED` when it gives them and a bound
+    is on; :data:`UNKNOWN` when the switch or a bound is missing or unreadable (a run made
+    before runs recorded them is never taken for a reproduction)."""
+    switch = record.get(DEFENCES_COLUMN)
+    if switch not in DEFENCES:
+        return UNKNOWN
+    values = []
+    for name in bound_names():
+        v = record.get(name)
+        try:
+            x = float(v)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return UNKNOWN
+        if math.isnan(x):
+            return UNKNOWN
+        values.append(x)
+    return REPRODUCTION if all(x == 0 for x in values) else DEFENDED
+
+
+def defences_of(rows: Iterable[Mapping[str, Any]]) -> str:
+    """The one status (:func:`run_status`) of every row, or ``mixed``."""
+    found = {run_status(r) for r in rows}
+    return found.pop() if len(found) == 1 else "mixed" if found else UNKNOWN
+
+
+def check_defences(
+    parser: argparse.ArgumentParser,
+    csv_path: str | Path,
+    rows: Sequence[Mapping[str, Any]],
+    defences: str,
+) -> str:
+    """Refuse (``parser.error``) re-analysing under ``--defences X`` runs that recorded
+    another mode, or a mix of modes; returns the runs' status (:func:`run_status`),
+    :data:`UNKNOWN` for runs made before runs recorded their settings (accepted: the
+    fragment then says so)."""
+    status = defences_of(rows)
+    want = REPRODUCTION if defences == "off" else DEFENDED
+    if status == "mixed":
+        parser.error(f"--from-csv {csv_path}: its runs mix defended and reproduction runs")
+    if status not in (want, UNKNOWN):
+        parser.error(
+            f"--from-csv {csv_path}: its runs are {status} runs, not --defences {defences}'s"
+        )
+    return status
+
+
+def defences_text(status: str) -> str:
+    """The sentence a section gives on its runs' defences (``status``: :func:`run_status`
+    of the runs, or :func:`defences_of`)."""
+    if status == REPRODUCTION:
+        return (
+            "Defences: off (reproduction mode, `--defences off`, the default): the "
+            "papers' algorithms as the papers state them, every bound off."
+        )
+    if status == DEFENDED:
+        return (
+            "Defences: the project's defaults on (`--defences default`): a sensitivity "
+            "row, not a reproduction of the papers' algorithms."
+        )
+    return (
+        "Defences: not recorded. These runs were made before runs recorded their "
+        "settings, with the project's defences of their day on: not a reproduction "
+        "(`python benchmarks/check_reproduction.py` flags them); the command shown now "
+        "runs the reproduction mode (`--defences off`)."
+    )
+
+
+def defences_heading(status: str) -> str:
+    """A section heading's suffix for its runs' defences: the defended runs' sections
+    (``--defences default``) are a sensitivity row of their own."""
+    return ", project defences on (sensitivity)" if status == DEFENDED else ""
+
+
+def _records_of(result: Any) -> list[Mapping[str, Any]]:
+    """The run rows in a cached result: a list of row dicts, or a dict holding one."""
+    if isinstance(result, list):
+        return [r for r in result if isinstance(r, Mapping)]
+    if isinstance(result, Mapping):
+        for v in result.values():
+            if isinstance(v, list) and v and all(isinstance(r, Mapping) for r in v):
+                return list(v)
+        return [result]
+    return []
+
+
+def _run_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    return tuple(str(row.get(k)) for k in ("scenario", "method", "seed", "M", "dataset", "K"))
+
+
+def check_file(path: str | Path) -> dict[str, Any] | None:
+    """The runs of one published file and what their recorded settings make them
+    (:func:`run_status`): ``{"path", "runs", "reproduction", "defended", "unknown"}``,
+    or None for a file that holds no runs (a table derived from them). A run CSV is one
+    with ``method``, ``seed``, ``round`` and ``accuracy`` columns (the history rows); a
+    cache (``.jsonl``) is judged per cached run from the rows of its result."""
+    path = Path(path)
+    statuses: dict[tuple[Any, ...], set[str]] = {}
+    if path.suffix == ".csv":
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            cols = set(reader.fieldnames or [])
+            if not {"method", "seed", "round", "accuracy"} <= cols:
+                return None
+            for r in reader:
+                statuses.setdefault(_run_key(r), set()).add(run_status(r))
+    elif path.suffix == ".jsonl":
+        with open(path) as f:
+            for k, line in enumerate(f):
+                if not line.strip():
+                    continue
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:
+                    statuses[("cut line", k)] = {UNKNOWN}
+                    continue
+                rows = _records_of(entry.get("result")) if isinstance(entry, dict) else []
+                found = {run_status(r) for r in rows} or {UNKNOWN}
+                statuses[("line", k)] = found
+    else:
+        return None
+    counts = {REPRODUCTION: 0, DEFENDED: 0, UNKNOWN: 0}
+    for found in statuses.values():
+        # a run is a reproduction only when every row of it says so
+        status = DEFENDED if DEFENDED in found else UNKNOWN if UNKNOWN in found else REPRODUCTION
+        counts[status] += 1
+    return {"path": str(path), "runs": len(statuses), **counts}
+
+
+def check_reproduction(folder: str | Path) -> list[dict[str, Any]]:
+    """:func:`check_file` of every run CSV and cache under ``folder`` (sorted), the files
+    that hold no runs left out."""
+    found = []
+    for path in sorted(Path(folder).rglob("*")):
+        if path.is_file() and path.suffix in (".csv", ".jsonl"):
+            res = check_file(path)
+            if res is not None:
+                found.append(res)
+    return found
+
+
 # ---------------------------------------------------------------------------- runs
 def _one(job: tuple[str, int, dict[str, Any], str]) -> list[dict[str, Any]]:
     method, seed, settings, engine = job
@@ -313,10 +520,12 @@ def _one(job: tuple[str, int, dict[str, Any], str]) -> list[dict[str, Any]]:
     t0 = time.monotonic()
     result = run(s, engine=engine)
     wall = time.monotonic() - t0
+    applied = recorded_settings(s.defences, s.bounds())
     rows = []
     for r in result.history:
         row = {"method": method, "seed": seed, **{k: v for k, v in r.items() if k != "seconds"}}
         row["run_seconds"] = round(wall, 3)
+        row.update(applied)
         rows.append(row)
     return rows
 

@@ -255,11 +255,17 @@ def _one(job: tuple[Any, ...]) -> list[dict[str, Any]]:
     """One run; history rows tagged like ``_evidence.run_many`` (plus ``scenario``).
     ``job``: (scenario, method, seed, rounds, engine), plus the task kind when it is
     not ``digits`` or the sizes are not ``pool``, plus the sizes when they are not
-    ``pool`` (so a cache of earlier runs keeps its keys)."""
-    scenario, method, seed, num_rounds, engine = job[:5]
-    task = job[5] if len(job) > 5 else "digits"
-    sizes = job[6] if len(job) > 6 else "pool"
-    s, strategy, _ = build(scenario, method, seed, num_rounds, task, sizes=sizes)
+    ``pool`` (so a cache of earlier runs keeps its keys), plus ``{"defences": "off"}``
+    last for a reproduction run (:func:`jobs_for`)."""
+    opts = job[-1] if isinstance(job[-1], dict) else {}
+    pos = job[:-1] if opts else job
+    scenario, method, seed, num_rounds, engine = pos[:5]
+    task = pos[5] if len(pos) > 5 else "digits"
+    sizes = pos[6] if len(pos) > 6 else "pool"
+    defences = opts.get("defences", "default")
+    limits = E.bound_kwargs(defences) if defences != "default" else None
+    s, strategy, _ = build(scenario, method, seed, num_rounds, task, limits, sizes=sizes)
+    applied = E.applied_settings(strategy, defences)
     result = quiet_run(s, strategy, engine)
     return [
         {
@@ -267,6 +273,7 @@ def _one(job: tuple[Any, ...]) -> list[dict[str, Any]]:
             "method": method,
             "seed": seed,
             **{k: v for k, v in r.items() if k != "seconds"},
+            **applied,
         }
         for r in result.history
     ]
@@ -279,13 +286,18 @@ def jobs_for(
     engine: str,
     task: str = "digits",
     sizes: str = "pool",
+    defences: str = "default",
 ) -> list[tuple[Any, ...]]:
     """The jobs (and cache keys) of a run, seed by seed: (scenario, method, seed, rounds,
     engine), plus the task kind where it is not ``digits`` or the sizes are not
-    ``pool``, plus the sizes where they are not ``pool``."""
-    extra: tuple[str, ...] = (
+    ``pool``, plus the sizes where they are not ``pool``, plus ``{"defences": "off"}``
+    for the reproduction mode (``defences = "off"``; the project's defaults keep the
+    keys of earlier runs)."""
+    extra: tuple[Any, ...] = (
         (task, sizes) if sizes != "pool" else () if task == "digits" else (task,)
     )
+    if defences != "default":
+        extra = (*extra, {"defences": defences})
     return [
         (sc, m, sd, num_rounds, engine, *extra) for sd in seeds for sc in scenarios for m in METHODS
     ]
@@ -555,6 +567,7 @@ def main(argv: list[str] | None = None) -> int:
         "the papers' sizes, or all of a smaller share (their -sizes "
         "variants)",
     )
+    E.defences_arg(p)
     a = p.parse_args(argv)
     mode = dict(MODES[a.mode])
     if a.seeds is not None:
@@ -566,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
     R, seeds = mode["num_rounds"], mode["seeds"]
     scenarios = E.name_list(p, "--scenarios", a.scenarios, LABELS)
     out = Path(a.out)
-    jobs = jobs_for(scenarios, seeds, R, a.engine, a.task, a.sizes)
+    jobs = jobs_for(scenarios, seeds, R, a.engine, a.task, a.sizes, a.defences)
     print(
         f"{NAME}: {len(jobs)} runs ({a.mode}: {R} rounds, seeds {seeds}, engine {a.engine}, "
         f"{a.workers} workers)",
@@ -596,16 +609,20 @@ def main(argv: list[str] | None = None) -> int:
                 ),
             ],
         )
+        status = E.check_defences(p, a.from_csv, rows, a.defences)
         machine = E.reanalysed_machine(out, NAME, a.from_csv)
     else:
         rows = run_jobs(jobs, a.workers, a.cache)
         machine = E.machines_used()
+        status = E.defences_of(rows)
         E.write_long_csv(out / f"{NAME}.csv", rows)
     wall = time.monotonic() - t0
 
     cmd = f"python benchmarks/{NAME}.py --{a.mode}"
     if a.engine != "inprocess":
         cmd += f" --engine {a.engine}"
+    if a.defences != "off":
+        cmd += f" --defences {a.defences}"
     if (
         a.seeds is not None
         or a.num_rounds is not None
@@ -688,6 +705,7 @@ def main(argv: list[str] | None = None) -> int:
     on = "" if a.task == "digits" else f", on `{a.task}`"
     if a.sizes == "paper":
         on += ", at the papers' data sizes"
+    on += E.defences_heading(status)
     # the papers' overall claim is about the four scenarios: judged only when all ran
     if set(SCENARIOS) <= set(scenarios):
         overall_text = (
@@ -721,6 +739,8 @@ exponential inter-arrival times at rate 0.1 × 500 / {R} per round (the paper's 
 over its 500 rounds, compressed to this run: the last arrives near round {round(0.72 * R)}).
 {sizes_text(scenarios, seeds, R, a.task, a.sizes)}
 Machine: {machine}.
+
+{E.defences_text(status)}
 
 ```bash
 {cmd}

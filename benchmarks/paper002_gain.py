@@ -245,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         help="equivalence margin of the 'similar means at small M' claim, in "
         "accuracy (default 0.02: TOST, the 90%% interval inside +-margin)",
     )
+    E.defences_arg(parser)
     args = parser.parse_args(argv)
     margin = E.margin_arg(parser, args.margin)
     if args.seeds < 0 or args.seeds == 1:
@@ -288,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
         for algo in ALGOS
         for s_ in seeds
     ]
+    jobs = [(lab, s_, E.with_defences(kw, args.defences)) for lab, s_, kw in jobs]
+    fixed_jobs = [(lab, s_, E.with_defences(kw, args.defences)) for lab, s_, kw in fixed_jobs]
     fixed_given: dict[str, list[float]] | None = None
     if args.from_csv:
         # the published runs: the long CSV, and the runs with the data held fixed from
@@ -308,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             rounds[mmax],
         )
         E.check_configuration(parser, args.from_csv, NAME, [f"engine: `{args.engine}`"])
+        status = E.check_defences(parser, args.from_csv, rows, args.defences)
         machine = E.reanalysed_machine(out, NAME, args.from_csv)
         fixed_rows: list[dict[str, Any]] = []
         print(
@@ -324,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             fixed_jobs, engine=args.engine, workers=args.workers, cache=args.cache
         )
         machine = E.machines_used()
+        status = E.defences_of(rows + fixed_rows)
     out.mkdir(parents=True, exist_ok=True)
     for r in rows:
         meth = str(r["method"])
@@ -367,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         m_chk = min(2, mmax)
         s = Settings(
             **{
-                **base_settings(cfg, m_chk),
+                **E.with_defences(base_settings(cfg, m_chk), args.defences),
                 "strategy": "full",
                 "num_rounds": t1,
                 "seed": seeds[0],
@@ -697,7 +702,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.from_csv
         else ""
     )
-    md = f"""### Paper 002: the gain of multi-model FL vs M, and MFA-Rand vs MFA-RR spread
+    md = f"""### Paper 002: the gain of multi-model FL vs M, and MFA-Rand vs MFA-RR spread\
+{E.defences_heading(status)}
 
 **Paper's claims.** (i) Training M models at once with MFA-Rand / MFA-RR beats training them
 one after another: the gain g = M·T1/T_M is above 1 for M > 1 and grows with M, sub-linearly
@@ -820,6 +826,7 @@ Verdict (MFA-Rand spread above MFA-RR's): {spread_verdict}. Found: {spread_found
 "MFA-Rand has considerably higher variance than MFA-RR" over 20 sample runs (Fig. 1, no number).
 
 - command: `{cmd}`
+- {E.defences_text(status)}
 - scale: {cfg["num_clients"]} clients, T1 = {t1}, M in {{{", ".join(map(str, ms))}}},
   M-model runs of M·T1 + {cfg["margin"]} rounds, {len(seeds)} seeds (0..{seeds[-1]}),
   {cfg["local_epochs"]} local epoch(s), lr {cfg["lr"]}, batch {cfg["batch_size"]} (each epoch

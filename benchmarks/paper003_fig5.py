@@ -65,25 +65,45 @@ SCALES = {
 }
 
 
+#: How a method id is shown where it is not the paper's name: Gu et al.'s code calls the
+#: table-filling start MIFA and the zero start (the ``mifa`` default) "MIFA (0)"
+SHOWN = {"mifa": "mifa (MIFA (0), zero start)", "mifa-uploaded": "mifa-uploaded (MIFA)"}
+
+
 def strategy(method: str, seed: int, base: dict[str, Any]):  # type: ignore[no-untyped-def]
+    """The strategy of one run of ``method``, with the bounds of the run's mode
+    (``base["defences"]``, absent: the project's defaults)."""
     from mmfl_flwr.core import FixedRates
-    from mmfl_flwr.core.stale import MIFAAggregator
-    from mmfl_flwr.core.stalevr import StaleVREAggregator
+    from mmfl_flwr.core.stale import FedStaleAggregator, FedVARPAggregator, MIFAAggregator
+    from mmfl_flwr.core.stalevr import StaleVRAggregator, StaleVREAggregator
     from mmfl_flwr.strategy import MultiModelStrategy
 
-    kw = dict(
-        local_epochs=base["local_epochs"], lr=base["lr"], batch_size=base["batch_size"], seed=seed
+    kw: dict[str, Any] = dict(
+        local_epochs=base["local_epochs"],
+        lr=base["lr"],
+        batch_size=base["batch_size"],
+        seed=seed,
+        **E.bound_kwargs(base.get("defences", "default")),
     )
+    rates = FixedRates(F5.GROUPS)
     if method == "stalevre":
-        return MultiModelStrategy(FixedRates(F5.GROUPS), StaleVREAggregator(), **kw)
+        return MultiModelStrategy(rates, StaleVREAggregator(), **kw)
     if method == "mifa":
-        return MultiModelStrategy(FixedRates(F5.GROUPS), MIFAAggregator(), **kw)
-    return F5.method_strategy(method, seed, base)  # stalevr, fedvarp, fedstale-<beta>
+        return MultiModelStrategy(rates, MIFAAggregator(), **kw)
+    if method == "mifa-uploaded":
+        return MultiModelStrategy(rates, MIFAAggregator(start="uploaded"), **kw)
+    if method == "stalevr":  # as fig5_staleness.method_strategy builds them, plus the bounds
+        return MultiModelStrategy(FixedRates(F5.GROUPS, train_all=True), StaleVRAggregator(), **kw)
+    if method == "fedvarp":
+        return MultiModelStrategy(rates, FedVARPAggregator(), **kw)
+    if method.startswith("fedstale-"):
+        return MultiModelStrategy(rates, FedStaleAggregator(float(method.split("-", 1)[1])), **kw)
+    raise ValueError(method)
 
 
 def known_method(method: str) -> bool:
     """A method :func:`strategy` builds: the named ones or ``fedstale-<beta>``."""
-    if method in ("stalevr", "stalevre", "mifa", "fedvarp"):
+    if method in ("stalevr", "stalevre", "mifa", "mifa-uploaded", "fedvarp"):
         return True
     if method.startswith("fedstale-"):
         try:
@@ -112,8 +132,10 @@ def one(job: tuple[str, int, dict[str, Any], str]) -> list[dict[str, Any]]:
     )
     fn = run_vectorized if engine == "vectorized" else run_inprocess
     t0 = time.monotonic()
+    built = strategy(method, seed, base)
+    applied = E.applied_settings(built, base.get("defences", "default"))
     with contextlib.redirect_stdout(io.StringIO()):
-        result = fn(s, strategy(method, seed, base))
+        result = fn(s, built)
     wall = round(time.monotonic() - t0, 3)
     return [
         {
@@ -121,6 +143,7 @@ def one(job: tuple[str, int, dict[str, Any], str]) -> list[dict[str, Any]]:
             "seed": seed,
             **{k: v for k, v in r.items() if k != "seconds"},
             "run_seconds": wall,
+            **applied,
         }
         for r in result.history
     ]
@@ -134,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-rounds", type=int, default=None, help="override the mode's rounds")
     p.add_argument("--methods", default=None, help="override the mode's methods (comma-separated)")
     p.add_argument("--lr", type=float, default=0.1, help="client learning rate (default 0.1)")
+    E.defences_arg(p)
     a = p.parse_args(argv)
     if a.engine == "simulation":
         p.error("custom strategies run on the inprocess or vectorized engine")
@@ -150,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             "--methods",
             a.methods,
             known_method,
-            "stalevr, stalevre, mifa, fedvarp, fedstale-<beta in [0, 1]>",
+            "stalevr, stalevre, mifa, mifa-uploaded, fedvarp, fedstale-<beta in [0, 1]>",
         )
     if len([t for t in a.tasks.split(",") if t.strip()]) != 1:
         p.error(f"--tasks: Fig. 5 trains one model, give one task; got {a.tasks!r}")
@@ -162,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         lr=a.lr,
         batch_size=16,
     )
+    base = E.with_defences(base, a.defences)
     E.check_settings(p, [{**base, "strategy": "random"}])
     jobs = [(m, s, base, a.engine) for s in sc["seeds"] for m in sc["methods"]]
     print(f"{len(jobs)} runs on {a.engine}: {base}, groups {F5.GROUPS}", flush=True)
@@ -187,12 +212,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"{sc['local_epochs']} local epochs, lr {base['lr']}, batch 16",
             ],
         )
+        status = E.check_defences(p, a.from_csv, rows, a.defences)
         machine = E.reanalysed_machine(out, NAME, a.from_csv)
     else:
         E.check_cache(a.cache, jobs)
         results = E.map_cached(one, jobs, a.workers, a.cache, label=lambda j: f"{j[0]} seed {j[1]}")
         rows = [row for rs in results for row in rs]
         machine = E.machines_used()
+        status = E.defences_of(rows)
         E.write_long_csv(os.path.join(out, f"{NAME}.csv"), rows)
     wall = time.monotonic() - t0
     finals = E.final_values(rows, "accuracy", last=sc["last"])
@@ -220,7 +247,25 @@ def main(argv: list[str] | None = None) -> int:
     dm = E.paired_ci(mid[ref], mid[best_mid])
     verdict_mid = {"better": "holds", "worse": "does not hold"}.get(dm["verdict"], "not resolved")
     cmd = E.command(NAME, argv)
-    text = f"""### Paper 003, Fig. 5: dynamic vs static staleness weights
+    shown = "`mifa-uploaded` (MIFA, the table-filling start Gu et al.'s code calls MIFA)"
+    mifa_note = (
+        f"`mifa` is MIFA (0), MIFA's zero start (a pair that has not uploaded yet counts as "
+        f"a zero update with its full weight), the variant Gu et al.'s code labels \"MIFA "
+        f'(0)"; {shown} '
+        + (
+            "is the headline MIFA row."
+            if "mifa-uploaded" in sc["methods"]
+            else "was not run here (`--methods ...,mifa-uploaded` adds it)."
+        )
+        if "mifa" in sc["methods"]
+        else ""
+    )
+    heading = "### Paper 003, Fig. 5: dynamic vs static staleness weights"
+
+    def named(rows_: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{**r, "method": SHOWN.get(r["method"], r["method"])} for r in rows_]
+
+    text = f"""{heading}{E.defences_heading(status)}
 
 Paper's claim (Fig. 5, EMNIST, S = 1, 40 clients in two halves with participation rates
 4% and 16%, fixed sampling): MMFL-StaleVR, whose stale updates get the optimal beta of
@@ -229,9 +274,11 @@ Eq. 20, reaches a final accuracy of 0.74, above FedStale (beta 0.6-0.9) and FedV
 
 Final accuracy = mean over the last {sc["last"]} rounds; reference `{ref}` (differences
 are method - stalevr: negative means StaleVR is better). MIFA and StaleVRE (the
-linear-decay estimate of beta, Eq. 21) are extra rows, not in the paper's figure.
+linear-decay estimate of beta, Eq. 21) are extra rows, not in the paper's figure. {mifa_note}
 
-{E.markdown_table(cmp_rows, ref, "final accuracy")}
+{E.defences_text(status)}
+
+{E.markdown_table(named(cmp_rows), ref, "final accuracy")}
 
 StaleVR - best static weight ({best}, chosen by mean): {d["mean"]:+.4f}
 [{d["lo"]:+.4f}, {d["hi"]:+.4f}] (paired, n = {d["n"]}).
@@ -247,7 +294,7 @@ static weight 0.71 (EMNIST).
 Mid-training accuracy (mean over rounds {lo_r}-{hi_r}, before the rules saturate), same
 comparison:
 
-{E.markdown_table(mid_rows, ref, f"accuracy, rounds {lo_r}-{hi_r}")}
+{E.markdown_table(named(mid_rows), ref, f"accuracy, rounds {lo_r}-{hi_r}")}
 
 StaleVR - best static weight mid-training ({best_mid}): {dm["mean"]:+.4f}
 [{dm["lo"]:+.4f}, {dm["hi"]:+.4f}] (paired, n = {dm["n"]}).

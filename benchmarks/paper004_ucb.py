@@ -62,9 +62,12 @@ MODES: dict[str, dict[str, Any]] = {
 BASE = {"local_epochs": 1, "lr": 0.05, "batch_size": 10, "ucb_gamma": 0.9}
 
 
-def jobs_for(dataset: str, k: int, mode: dict[str, Any]) -> list[tuple[str, int, dict[str, Any]]]:
+def jobs_for(
+    dataset: str, k: int, mode: dict[str, Any], defences: str = "off"
+) -> list[tuple[str, int, dict[str, Any]]]:
     """``run_many`` jobs of one (dataset, K); ``fedavg-single`` is one job per model
-    (method label ``fedavg-single|<task>``, merged afterwards)."""
+    (method label ``fedavg-single|<task>``, merged afterwards); ``defences``: the runs'
+    mode (:func:`_evidence.with_defences`)."""
     common = {
         **BASE,
         "num_clients": mode["num_clients"],
@@ -93,7 +96,7 @@ def jobs_for(dataset: str, k: int, mode: dict[str, Any]) -> list[tuple[str, int,
                 jobs.append(
                     (pol, seed, {**common, "tasks": tasks, "strategy": pol, "clients_per_round": k})
                 )
-    return jobs
+    return [(m, s, E.with_defences(kw, defences)) for m, s, kw in jobs]
 
 
 def claim_verdicts(
@@ -152,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         help="equivalence margin of the 'level with' claims, in accuracy "
         "(default 0.02: TOST, the 90%% interval inside +-margin)",
     )
+    E.defences_arg(p)
     a = p.parse_args(argv)
     margin = E.margin_arg(p, a.margin)
     mode = dict(MODES[a.mode])
@@ -173,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     seeds = mode["seeds"]
     plan = [(d, k) for d in mode["datasets"] for k in ks]
-    n_jobs = sum(len(jobs_for(d, k, mode)) for d, k in plan)
+    n_jobs = sum(len(jobs_for(d, k, mode, a.defences)) for d, k in plan)
     print(
         f"{NAME}: {n_jobs} runs ({a.mode}: {mode['num_clients']} clients, rounds "
         f"{mode['rounds']}, seeds {seeds}, engine {a.engine}, {a.workers} workers)",
@@ -184,10 +188,19 @@ def main(argv: list[str] | None = None) -> int:
     machine = E.machines_used()
     if not a.from_csv:
         E.check_cache(
-            a.cache, [j for d, k in plan for j in E.run_jobs_keys(jobs_for(d, k, mode), a.engine)]
+            a.cache,
+            [
+                j
+                for d, k in plan
+                for j in E.run_jobs_keys(jobs_for(d, k, mode, a.defences), a.engine)
+            ],
         )
     if a.from_csv:
-        need = [(d, k, m.split("|")[0], s) for d, k in plan for m, s, _ in jobs_for(d, k, mode)]
+        need = [
+            (d, k, m.split("|")[0], s)
+            for d, k in plan
+            for m, s, _ in jobs_for(d, k, mode, a.defences)
+        ]
         rows = E.rows_from_csv(
             p,
             a.from_csv,
@@ -196,23 +209,27 @@ def main(argv: list[str] | None = None) -> int:
             rounds=lambda run: mode["rounds"][int(run[1])],
         )
         E.check_configuration(p, a.from_csv, NAME, [f"engine `{a.engine}`"])
+        status = E.check_defences(p, a.from_csv, rows, a.defences)
         machine = E.reanalysed_machine(out, NAME, a.from_csv)
     else:
         for d, k in plan:
             for r in E.run_many(
-                jobs_for(d, k, mode), engine=a.engine, workers=a.workers, cache=a.cache
+                jobs_for(d, k, mode, a.defences), engine=a.engine, workers=a.workers, cache=a.cache
             ):
                 r = {"dataset": d, "K": k, **r}
                 r.pop("run_seconds", None)  # outputs must not depend on timing
                 r["method"] = str(r["method"]).split("|")[0]
                 rows.append(r)
         machine = E.machines_used()
+        status = E.defences_of(rows)
         E.write_long_csv(out / f"{NAME}.csv", rows)
     wall = time.monotonic() - t0
 
     cmd = f"python benchmarks/{NAME}.py --{a.mode}"
     if a.engine != "inprocess":
         cmd += f" --engine {a.engine}"
+    if a.defences != "off":
+        cmd += f" --defences {a.defences}"
     if a.seeds is not None or a.ks != "2,64" or a.datasets is not None or a.margin != "0.02":
         cmd = E.command(NAME, argv)
     sections, all_claims = [], []
@@ -276,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         "synthetic-1-1,synthetic-iid` adds it.)"
     )
     text = f"""### Paper 004: Multi-FedAvg and the bandit policies with scarce (K = 2) and \
-plentiful (K = 64) clients
+plentiful (K = 64) clients{E.defences_heading(status)}
 
 **Claim (paper 004, Section V; figures only, no numbers in the text).** On Synthetic(1,1)
 with 2 clients per round, Ranklist-Multi-UCB and Pareto-Multi-UCB beat single-model
@@ -293,6 +310,8 @@ Scale: two logistic-regression models, {mode["num_clients"]} clients, rounds
 batch 10), gamma 0.9, loss-query initialisation, Synthetic users capped at
 {mode["synthetic_max_samples"]} samples, {len(seeds)} seeds
 ({", ".join(map(str, seeds))}), engine `{a.engine}`. Machine: {machine}.
+
+{E.defences_text(status)}
 
 ```bash
 {cmd}

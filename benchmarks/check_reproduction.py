@@ -2,7 +2,7 @@
 """Check that published runs are reproduction runs: the papers' algorithms with every
 defence off.
 
-    python benchmarks/check_reproduction.py docs/results
+    python benchmarks/check_reproduction.py                # docs/results
     python benchmarks/check_reproduction.py docs/results/paper003_table1.csv
 
 Every run CSV (columns ``method``, ``seed``, ``round``, ``accuracy``) and every cache
@@ -41,7 +41,12 @@ def check(paths: list[str]) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = E.Parser(description=__doc__.splitlines()[0])
-    p.add_argument("paths", nargs="+", help="folders or files of published runs")
+    p.add_argument(
+        "paths",
+        nargs="*",
+        default=["docs/results"],
+        help="folders or files of published runs (default: docs/results)",
+    )
     a = p.parse_args(argv)
     missing = [x for x in a.paths if not Path(x).exists()]
     if missing:

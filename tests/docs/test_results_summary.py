@@ -19,8 +19,7 @@ sys.path.insert(0, str(BENCH))
 
 import _results as R  # noqa: E402
 import reproduce  # noqa: E402
-
-from tests.docs.test_readme_results import summary_rows  # noqa: E402
+from test_readme_results import summary_rows  # noqa: E402
 
 
 def test_results_md_is_one_page_and_links_every_papers_page():

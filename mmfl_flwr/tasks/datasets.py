@@ -28,18 +28,34 @@ which needs torchvision and a network; without them the error says so.
 from __future__ import annotations
 
 import gzip
-import json
-import os
 import pickle
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
+from mmfl_flwr.tasks.celeba_files import (
+    PAPER002_ATTRIBUTES,
+    PAPER004_ATTRIBUTES,
+    celeba_attribute_names,
+    load_celeba,
+)
 from mmfl_flwr.tasks.data import Dataset
+from mmfl_flwr.tasks.files import (
+    DatasetNotFound,
+    PathLike,
+    _check_split,
+    _find_first,
+    _open_maybe_gz,
+    _try_torchvision_download,
+)
+from mmfl_flwr.tasks.leaf import (
+    LEAF_SHAKESPEARE_VOCAB,
+    TokenDataset,
+    encode_chars,
+    load_leaf_shakespeare,
+)
 
 __all__ = [
     "DatasetNotFound",
@@ -58,107 +74,7 @@ __all__ = [
     "PAPER004_ATTRIBUTES",
 ]
 
-PathLike = str | os.PathLike
 
-
-class DatasetNotFound(FileNotFoundError):
-    """The files of a dataset are not where the loader looked.
-
-    Attributes
-    ----------
-    dataset : str
-        Name of the dataset.
-    paths : list of str
-        Every path the loader looked in.
-    how_to : str
-        How to get the data.
-    """
-
-    def __init__(
-        self, dataset: str, paths: Iterable[PathLike], how_to: str, reason: str = ""
-    ) -> None:
-        self.dataset = dataset
-        self.paths = [str(p) for p in paths]
-        self.how_to = how_to
-        lines = [f"{dataset} not found{': ' + reason if reason else ''}."]
-        if self.paths:
-            lines.append("Looked in:")
-            lines.extend(f"  - {p}" for p in self.paths)
-        lines.append(f"How to get it: {how_to}")
-        super().__init__("\n".join(lines))
-
-    def __reduce__(self):  # keep the exception picklable (Ray, multiprocessing)
-        return (type(self), (self.dataset, self.paths, self.how_to))
-
-
-@dataclass
-class TokenDataset(Dataset):
-    """A :class:`~mmfl_flwr.tasks.data.Dataset` whose inputs are integer token ids.
-
-    ``x`` is int64 (e.g. ``(n, 80)`` character indices) instead of float32; ``y`` is
-    int64. :meth:`subset` keeps the type.
-    """
-
-    def __post_init__(self) -> None:
-        self.x = np.asarray(self.x, dtype=np.int64)
-        self.y = np.asarray(self.y, dtype=np.int64)
-        if self.x.shape[0] != self.y.shape[0]:
-            raise ValueError(f"x has {self.x.shape[0]} examples but y has {self.y.shape[0]}")
-
-    def subset(self, indices: np.ndarray) -> TokenDataset:
-        """Return the examples at ``indices`` (a copy), still a :class:`TokenDataset`."""
-        idx = np.asarray(indices, dtype=np.int64)
-        return TokenDataset(self.x[idx], self.y[idx])
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _check_split(split: str, allowed: Sequence[str] = ("train", "test")) -> str:
-    if split not in allowed:
-        raise ValueError(f"split must be one of {', '.join(map(repr, allowed))}; got {split!r}")
-    return split
-
-
-def _find_first(candidates: Sequence[Path]) -> Path | None:
-    for path in candidates:
-        if path.is_file():
-            return path
-    return None
-
-
-def _open_maybe_gz(path: Path):
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-
-
-def _try_torchvision_download(dataset: str, paths: list[Path], how_to: str, fetch) -> None:
-    """Run ``fetch(torchvision.datasets)``; turn every failure into DatasetNotFound."""
-    try:
-        import torchvision.datasets as tvd  # noqa: PLC0415 - optional, lazy
-    except Exception as exc:  # ImportError, or a torchvision built for another torch
-        raise DatasetNotFound(
-            dataset,
-            paths,
-            how_to,
-            reason=(
-                "download=True needs torchvision, which could not be imported here "
-                f"({type(exc).__name__}: {exc})"
-            ),
-        ) from exc
-    try:
-        fetch(tvd)
-    except Exception as exc:  # no network, checksum error, Google Drive quota, ...
-        raise DatasetNotFound(
-            dataset,
-            paths,
-            how_to,
-            reason=f"the torchvision download failed ({type(exc).__name__}: {exc})",
-        ) from exc
-
-
-# ------------------------------------------------------------------------------ idx
-
-#: idx type codes (third byte of the magic number) -> big-endian numpy dtype.
 _IDX_DTYPES: dict[int, np.dtype[Any]] = {
     0x08: np.dtype(">u1"),
     0x09: np.dtype(">i1"),
@@ -372,7 +288,6 @@ def load_mnist_5k(split: str = "train") -> Dataset:
 
 @lru_cache(maxsize=1)
 def _mnist_5k_arrays() -> tuple[np.ndarray, np.ndarray]:
-    import gzip
 
     path = mnist_5k_path()
     with gzip.open(path, "rt") as f:
@@ -576,365 +491,3 @@ def load_cifar10(root: PathLike, split: str = "train", download: bool = False) -
     labels = np.concatenate([lab for _, lab in parts])
     x = data.reshape(-1, 3, 32, 32).astype(np.float32) / np.float32(255.0)
     return Dataset(x, labels)
-
-
-# ------------------------------------------------------------------ LEAF Shakespeare
-
-#: LEAF's 80-character Shakespeare vocabulary, in LEAF's order (the index of a
-#: character is its class): newline, space, the punctuation ``!"&'(),-.``, the
-#: digits, ``:;>?``, the upper-case letters, ``[]``, the lower-case letters and ``}``.
-#: (LEAF's ``models/utils/language_utils.py`` maps a character to its position in
-#: this string.)
-LEAF_SHAKESPEARE_VOCAB = (
-    "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
-)
-assert len(LEAF_SHAKESPEARE_VOCAB) == 80 and len(set(LEAF_SHAKESPEARE_VOCAB)) == 80
-
-_VOCAB_CODES = np.array([ord(c) for c in LEAF_SHAKESPEARE_VOCAB], dtype=np.int64)
-_VOCAB_ORDER = np.argsort(_VOCAB_CODES)
-_VOCAB_SORTED = _VOCAB_CODES[_VOCAB_ORDER]
-
-_LEAF_HOWTO = (
-    "generate it with LEAF's preprocessing: git clone https://github.com/TalwalkarLab/leaf; "
-    "cd leaf/data/shakespeare; ./preprocess.sh -s niid --sf 1.0 -k 0 -t sample -tf 0.8 "
-    "(needs a network to fetch the text); then pass root='<leaf>/data' (the loader reads "
-    "'<root>/shakespeare/data/{train,test}/*.json'). There is no automatic download."
-)
-
-
-def encode_chars(text: str, unknown: str | None = " ") -> np.ndarray:
-    """Map every character of ``text`` to its index in :data:`LEAF_SHAKESPEARE_VOCAB`.
-
-    Parameters
-    ----------
-    text : str
-        Characters to encode.
-    unknown : str or None, default " "
-        Character that replaces characters outside the vocabulary (LEAF itself would
-        produce -1, which no embedding can take); ``None`` raises ``ValueError``.
-
-    Returns
-    -------
-    np.ndarray
-        int64 indices, one per character.
-    """
-    codes = np.frombuffer(text.encode("utf-32-le"), dtype="<u4").astype(np.int64)
-    pos = np.clip(np.searchsorted(_VOCAB_SORTED, codes), 0, _VOCAB_SORTED.shape[0] - 1)
-    known = _VOCAB_SORTED[pos] == codes
-    out = _VOCAB_ORDER[pos]
-    if not known.all():
-        if unknown is None:
-            bad = sorted({chr(c) for c in codes[~known]})
-            raise ValueError(f"characters outside LEAF's vocabulary: {bad!r}")
-        out = np.where(known, out, LEAF_SHAKESPEARE_VOCAB.index(unknown))
-    return out.astype(np.int64)
-
-
-def load_leaf_shakespeare(
-    root: PathLike,
-    split: str = "train",
-    download: bool = False,
-    unknown: str | None = " ",
-) -> tuple[dict[str, TokenDataset], int]:
-    """Load LEAF's Shakespeare next-character data, one dataset per user.
-
-    Reads every ``*.json`` file in ``<root>/shakespeare/data/<split>`` (or
-    ``<root>/data/<split>`` or ``<root>/<split>``), LEAF's format::
-
-        {"users": [...], "num_samples": [...],
-         "user_data": {user: {"x": [80-character strings], "y": [next characters]}}}
-
-    A user present in several files gets its samples concatenated (files in sorted
-    order).
-
-    Parameters
-    ----------
-    root : str or os.PathLike
-        Data root (LEAF's ``data`` folder).
-    split : {"train", "test"}
-        Which split.
-    download : bool, default False
-        There is no automatic download; ``True`` only changes the error message.
-    unknown : str or None, default " "
-        See :func:`encode_chars`.
-
-    Returns
-    -------
-    users : dict of str to TokenDataset
-        Per user (sorted ids), ``x`` int64 ``(n, seq_len)`` character indices
-        (``seq_len`` is 80 in LEAF) and ``y`` int64 ``(n,)`` the next character.
-    vocab_size : int
-        ``len(LEAF_SHAKESPEARE_VOCAB)`` (80).
-    """
-    _check_split(split)
-    root = Path(root)
-    dirs = [root / "shakespeare" / "data" / split, root / "data" / split, root / split]
-    files: list[Path] = []
-    for d in dirs:
-        if d.is_dir():
-            files = sorted(d.glob("*.json"))
-            if files:
-                break
-    if not files:
-        reason = (
-            "download=True: LEAF data cannot be downloaded automatically"
-            if download
-            else "no *.json file"
-        )
-        raise DatasetNotFound(
-            "LEAF Shakespeare", [d / "*.json" for d in dirs], _LEAF_HOWTO, reason=reason
-        )
-    xs: dict[str, list[np.ndarray]] = {}
-    ys: dict[str, list[np.ndarray]] = {}
-    seq_len: int | None = None
-    for path in files:
-        with open(path, encoding="utf-8") as f:
-            blob = json.load(f)
-        try:
-            user_data = blob["user_data"]
-            users = blob.get("users", list(user_data))
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"{path}: not a LEAF JSON file (no 'user_data')") from exc
-        for user in users:
-            rec = user_data[user]
-            x_strs, y_strs = list(rec["x"]), list(rec["y"])
-            if len(x_strs) != len(y_strs):
-                raise ValueError(f"{path}: user {user!r} has {len(x_strs)} x but {len(y_strs)} y")
-            if any(len(s) != 1 for s in y_strs):
-                raise ValueError(f"{path}: user {user!r} has a y that is not one character")
-            lengths = {len(s) for s in x_strs}
-            if seq_len is not None:
-                lengths.add(seq_len)
-            if len(lengths) > 1:
-                raise ValueError(f"{path}: sequences of different lengths {sorted(lengths)}")
-            if x_strs:
-                seq_len = lengths.pop()
-            x = encode_chars("".join(x_strs), unknown).reshape(len(x_strs), seq_len or 0)
-            y = encode_chars("".join(y_strs), unknown)
-            xs.setdefault(str(user), []).append(x)
-            ys.setdefault(str(user), []).append(y)
-    width = seq_len if seq_len is not None else 80
-    out: dict[str, TokenDataset] = {}
-    for user in sorted(xs):
-        parts = [p.reshape(-1, width) for p in xs[user]]
-        out[user] = TokenDataset(np.concatenate(parts), np.concatenate(ys[user]))
-    return out, len(LEAF_SHAKESPEARE_VOCAB)
-
-
-# ----------------------------------------------------------------------------- CelebA
-
-#: The nine CelebA attributes of paper 002's Table 5 (its "Baldness", "Moustache",
-#: "Wearing Necklace", ... written as CelebA's attribute names).
-PAPER002_ATTRIBUTES = (
-    "Eyeglasses",
-    "Bald",
-    "Goatee",
-    "Wearing_Necklace",
-    "Smiling",
-    "Mustache",
-    "Male",
-    "Wearing_Lipstick",
-    "Double_Chin",
-)
-#: Paper 004's two CelebA tasks: smiling vs not, eyeglasses vs none.
-PAPER004_ATTRIBUTES = ("Smiling", "Eyeglasses")
-
-_CELEBA_SPLITS = {"train": 0, "valid": 1, "test": 2}
-_CELEBA_HOWTO = (
-    "download from the CelebA website (https://mmlab.ie.cuhk.edu.hk/projects/CelebA.html, "
-    "Google Drive / Baidu links): Anno/list_attr_celeba.txt, Eval/list_eval_partition.txt "
-    "and Img/img_align_celeba.zip (extract it), and place them as "
-    "'<root>/celeba/list_attr_celeba.txt', '<root>/celeba/list_eval_partition.txt' and "
-    "'<root>/celeba/img_align_celeba/'. torchvision.datasets.CelebA(root, download=True) "
-    "produces the same layout (its Google Drive download is often rate-limited)."
-)
-
-
-def _read_celeba_attrs(path: Path) -> tuple[list[str], list[str], np.ndarray]:
-    """``(image ids, attribute names, (n, A) int8 values in {-1, 1})``."""
-    with open(path, encoding="utf-8") as f:
-        lines = [ln for ln in f.read().splitlines() if ln.strip()]
-    if len(lines) < 2:
-        raise ValueError(f"{path}: expected a count line and an attribute-name line")
-    try:
-        count = int(lines[0].split()[0])
-    except ValueError as exc:
-        raise ValueError(f"{path}: first line should be the image count") from exc
-    names = lines[1].split()
-    rows = lines[2:]
-    if len(rows) != count:
-        raise ValueError(f"{path}: header says {count} images, found {len(rows)} rows")
-    ids: list[str] = []
-    values = np.empty((len(rows), len(names)), dtype=np.int8)
-    for i, row in enumerate(rows):
-        parts = row.split()
-        if len(parts) != len(names) + 1:
-            raise ValueError(
-                f"{path}: row {i + 3} has {len(parts) - 1} values, expected {len(names)}"
-            )
-        ids.append(parts[0])
-        values[i] = [int(v) for v in parts[1:]]
-    if not np.isin(values, (-1, 1)).all():
-        raise ValueError(f"{path}: attribute values must be 1 or -1")
-    return ids, names, values
-
-
-def celeba_attribute_names(root: PathLike) -> list[str]:
-    """The attribute names in ``<root>/celeba/list_attr_celeba.txt`` (40 in CelebA)."""
-    path = Path(root) / "celeba" / "list_attr_celeba.txt"
-    if not path.is_file():
-        raise DatasetNotFound("CelebA", [path], _CELEBA_HOWTO)
-    with open(path, encoding="utf-8") as f:
-        f.readline()
-        return f.readline().split()
-
-
-def _load_image(path: Path, size: tuple[int, int] | None) -> np.ndarray:
-    """One image as float32 (3, h, w) in [0, 1]; ``.npy`` files hold uint8 (h, w, 3)."""
-    if path.suffix == ".npy":
-        arr = np.load(path, allow_pickle=False)
-        if size is not None and arr.shape[:2] != size:
-            raise ValueError(
-                f"{path}: .npy image of shape {arr.shape[:2]}, expected {size} "
-                "(.npy images are not resized)"
-            )
-    else:
-        try:
-            from PIL import Image  # noqa: PLC0415 - optional, lazy
-        except ImportError as exc:
-            raise ModuleNotFoundError(
-                f"reading CelebA's JPEG images ({path}) needs the Pillow package: "
-                "pip install Pillow (or store each image as a uint8 (h, w, 3) .npy file)",
-                name="PIL",
-            ) from exc
-        with Image.open(path) as opened:
-            img = opened.convert("RGB")
-            if size is not None and img.size != (size[1], size[0]):
-                img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
-            arr = np.asarray(img)
-    if arr.ndim != 3 or arr.shape[2] != 3:
-        raise ValueError(f"{path}: expected an RGB image, got shape {arr.shape}")
-    return arr.transpose(2, 0, 1).astype(np.float32) / np.float32(255.0)
-
-
-def load_celeba(
-    root: PathLike,
-    split: str = "train",
-    attributes: Sequence[str] = PAPER004_ATTRIBUTES,
-    image_size: int | tuple[int, int] | None = 32,
-    limit: int | None = None,
-    download: bool = False,
-) -> dict[str, Dataset]:
-    """Load CelebA's binary attribute tasks from the official files.
-
-    Reads ``<root>/celeba/list_attr_celeba.txt`` (a count line, a line of attribute
-    names, then ``image_id v1 v2 ...`` with values 1 / -1),
-    ``<root>/celeba/list_eval_partition.txt`` (``image_id 0|1|2`` for train / valid /
-    test) and the images ``<root>/celeba/img_align_celeba/<image_id>`` (JPEG, read with
-    Pillow and resized; an image may instead be stored as ``<image_id>.npy``, uint8
-    ``(h, w, 3)``, which is used as is when present).
-
-    Parameters
-    ----------
-    root : str or os.PathLike
-        Data root (torchvision's ``root``).
-    split : {"train", "valid", "test", "all"}
-        Which official split.
-    attributes : sequence of str, default :data:`PAPER004_ATTRIBUTES`
-        CelebA attribute names; :data:`PAPER002_ATTRIBUTES` gives paper 002's nine.
-    image_size : int or (int, int) or None, default 32
-        Images are resized to ``(image_size, image_size)`` (or ``(h, w)``); ``None``
-        keeps the stored size (178 x 218 for the aligned images).
-    limit : int, optional
-        Load only the first ``limit`` images of the split (CelebA has 202,599).
-    download : bool, default False
-        If the files are missing, download them with torchvision.
-
-    Returns
-    -------
-    dict of str to Dataset
-        One binary task per attribute (``y`` 1 when the attribute is present, else
-        0). All tasks share the same ``x`` array (float32 ``(n, 3, h, w)`` in [0, 1]):
-        do not modify it in place.
-    """
-    _check_split(split, ("train", "valid", "test", "all"))
-    root = Path(root)
-    base = root / "celeba"
-    attr_file = base / "list_attr_celeba.txt"
-    part_file = base / "list_eval_partition.txt"
-    img_dir = base / "img_align_celeba"
-    needed = [attr_file, img_dir] + ([part_file] if split != "all" else [])
-
-    def missing() -> list[Path]:
-        return [p for p in needed if not (p.is_dir() if p == img_dir else p.is_file())]
-
-    if missing() and download:
-        _try_torchvision_download(
-            "CelebA",
-            needed,
-            _CELEBA_HOWTO,
-            lambda tvd: tvd.CelebA(str(root), split=split, target_type="attr", download=True),
-        )
-    gone = missing()
-    if gone:
-        raise DatasetNotFound(
-            "CelebA", needed, _CELEBA_HOWTO, reason="missing " + ", ".join(str(p) for p in gone)
-        )
-
-    ids, names, values = _read_celeba_attrs(attr_file)
-    unknown = [a for a in attributes if a not in names]
-    if unknown:
-        raise ValueError(f"unknown CelebA attributes {unknown}; the file has {names}")
-    keep = np.ones(len(ids), dtype=bool)
-    if split != "all":
-        with open(part_file, encoding="utf-8") as f:
-            part = dict((p[0], int(p[1])) for p in (ln.split() for ln in f) if len(p) >= 2)
-        absent = [i for i in ids if i not in part]
-        if absent:
-            raise ValueError(f"{part_file}: no split for {len(absent)} images, e.g. {absent[:3]}")
-        keep = np.array([part[i] == _CELEBA_SPLITS[split] for i in ids], dtype=bool)
-    rows = np.flatnonzero(keep)
-    if limit is not None:
-        rows = rows[: max(0, int(limit))]
-
-    size: tuple[int, int] | None = None
-    if image_size is not None:
-        size = (
-            (image_size, image_size)
-            if isinstance(image_size, int)
-            else cast(tuple[int, int], tuple(image_size))
-        )
-    paths: list[Path] = []
-    absent_imgs: list[Path] = []
-    for r in rows:
-        jpg = img_dir / ids[r]
-        npy = img_dir / (ids[r] + ".npy")
-        if npy.is_file():
-            paths.append(npy)
-        elif jpg.is_file():
-            paths.append(jpg)
-        else:
-            absent_imgs.append(jpg)
-    if absent_imgs:
-        raise DatasetNotFound(
-            "CelebA images",
-            absent_imgs[:5],
-            _CELEBA_HOWTO,
-            reason=f"{len(absent_imgs)} image(s) listed in {attr_file} are missing",
-        )
-    imgs = [_load_image(p, size) for p in paths]
-    if imgs:
-        shapes = {im.shape for im in imgs}
-        if len(shapes) > 1:
-            raise ValueError(
-                f"CelebA images of different sizes {sorted(shapes)}; pass image_size to resize them"
-            )
-        x = np.stack(imgs)
-    else:
-        h, w = size if size is not None else (218, 178)
-        x = np.zeros((0, 3, h, w), dtype=np.float32)
-    out: dict[str, Dataset] = {}
-    for a in attributes:
-        col = names.index(a)
-        out[a] = Dataset(x, (values[rows, col] == 1).astype(np.int64))
-    return out

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from mmfl_flwr.tasks.kinds import KINDS
+from mmfl_flwr.tasks.registry import get_task
 
 __all__ = ["DigitsCNN", "LogisticRegression", "make_model"]
 
@@ -65,39 +66,15 @@ def make_model(kind: str) -> nn.Module:
     Parameters
     ----------
     kind : str
-        A key of :data:`mmfl_flwr.tasks.federation.KINDS`.
+        A registered task kind (:func:`~mmfl_flwr.tasks.registry.register_task`;
+        the built-in ones are :data:`mmfl_flwr.tasks.kinds.KINDS`).
 
     Returns
     -------
     torch.nn.Module
         The model (random initialisation from torch's global generator).
     """
-    if kind not in KINDS:
-        from mmfl_flwr.tasks.registry import get_task
-
-        definition = get_task(kind)
-        if definition is not None:
-            return definition.model_fn()
+    definition = get_task(kind)
+    if definition is None:
         raise ValueError(f"unknown task kind {kind!r}; known: {sorted(KINDS)}")
-    spec = KINDS[kind]
-    if spec.model == "cnn" and kind != "digits":
-        from mmfl_flwr.tasks.zoo import CNN
-
-        h, w = spec.input_shape[1:]
-        return CNN(spec.input_shape[0], (h, w), spec.num_classes)
-    if spec.model == "resnet18":
-        from mmfl_flwr.tasks.zoo import PreActResNet18
-
-        return PreActResNet18(spec.num_classes, in_channels=spec.input_shape[0])
-    if spec.model == "lstm":
-        from mmfl_flwr.tasks.zoo import CharLSTM
-
-        return CharLSTM(spec.num_classes)
-    if spec.model == "cnn":
-        return DigitsCNN(num_classes=spec.num_classes)
-    if spec.model == "logreg":
-        dim = 1
-        for s in spec.input_shape:
-            dim *= s
-        return LogisticRegression(dim, spec.num_classes)
-    raise ValueError(f"unknown model family {spec.model!r} for kind {kind!r}")
+    return definition.model_fn()

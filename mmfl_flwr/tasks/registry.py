@@ -1,5 +1,9 @@
-"""User-defined tasks: register a model and its data once, then name it in
-``tasks`` next to the built-in ones (``tasks="digits,my-task"``).
+"""The task registry: a task kind is a model and its federated data, registered
+once and then named in ``tasks`` (``tasks="digits,my-task"``).
+
+The built-in kinds are registrations too, made by the modules of
+:mod:`mmfl_flwr.tasks.builtin` (imported at the end of this module) with the
+same :func:`register_task` a user calls; a user's kind must not shadow them.
 
 numpy only here; the model factory and trainer may use any framework.
 
@@ -7,7 +11,6 @@ Example
 -------
 >>> from mmfl_flwr.tasks.registry import register_task
 >>> from mmfl_flwr.tasks.data import Dataset
-from mmfl_flwr.tasks.kinds import KINDS
 >>> def my_data(num_clients, seed, copy):
 ...     # one (train, local test) pair per client, and a server-side test set
 ...     ...
@@ -44,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mmfl_flwr.tasks.data import Dataset
-from mmfl_flwr.tasks.kinds import KINDS
+from mmfl_flwr.tasks.spec import BuildFn, KindSpec
 
 #: ``data_fn(num_clients, seed, copy) -> (clients, server_test)``: per client a
 #: ``(train, local_test)`` pair (or None: no data for this task).
@@ -68,8 +71,10 @@ class _Fixed:
 
 @dataclass(frozen=True)
 class TaskDefinition:
-    """A user task: how to build its model, its federated data (``data_fn``, or
-    ``dataset`` split by ``partitioner``), and (optionally) its local trainer."""
+    """A task kind: how to build its model, its federated data (``data_fn``,
+    ``dataset`` split by ``partitioner``, or ``build``), and (optionally) its
+    local trainer, what its model takes (``spec``) and how to fetch its data
+    (``download``). ``builtin``: one of the package's own kinds."""
 
     name: str
     model_fn: Callable[[], Any]
@@ -79,6 +84,13 @@ class TaskDefinition:
     #: a flwr-datasets Partitioner (without dataset) or ``fn(num_partitions, seed)``
     partitioner: Any = None
     dataset: DatasetFn | None = None
+    #: ``build(request) -> (clients, server_test, holders)``, a request being a
+    #: :class:`~mmfl_flwr.tasks.spec.TaskBuild`
+    build: BuildFn | None = None
+    spec: KindSpec | None = None
+    #: ``download(data_root)``: fetch the task's missing data
+    download: Callable[[str], Any] | None = None
+    builtin: bool = False
 
 
 _REGISTRY: dict[str, TaskDefinition] = {}
@@ -94,11 +106,14 @@ def register_task(
     *,
     dataset: tuple[Any, ...] | DatasetFn | None = None,
     partitioner: Any = None,
+    build: BuildFn | None = None,
+    spec: KindSpec | None = None,
+    download: Callable[[str], Any] | None = None,
+    builtin: bool = False,
 ) -> TaskDefinition:
-    """Register a task kind under ``name``.
-
-    The task's federated data comes either from ``data_fn`` (you split it) or
-    from ``dataset`` and ``partitioner`` (a flwr-datasets partitioner splits it).
+    """Register a task kind under ``name``; its data comes from exactly one of
+    ``data_fn``, ``dataset`` and ``partitioner``, or ``build`` (which sees the
+    whole request: profile, eligibility, data root; the built-in kinds use it).
 
     Parameters
     ----------
@@ -115,7 +130,7 @@ def register_task(
     description : str
         Shown by ``registered_tasks()``.
     replace : bool
-        Allow re-registering an existing name.
+        Allow re-registering an existing name (not a built-in one).
     dataset : tuple or callable, optional
         With ``partitioner``: the unsplit data, ``(train, test)`` of
         :class:`~mmfl_flwr.tasks.data.Dataset`, optionally with a third item,
@@ -142,47 +157,28 @@ def register_task(
         does not hold the task. Local test sets are empty; the server evaluates
         on ``test``. flwr-datasets is imported only when such a task is built
         (a few seconds, once per process).
+    build : callable, optional
+        ``build(request) -> (clients, server_test, holders)`` for a
+        :class:`~mmfl_flwr.tasks.spec.TaskBuild` (one copy of the task in one
+        federation): per client ``(train, local_test)`` (empty datasets for a
+        client without data), the server's test set, and the bool array of the
+        clients holding the task (``request.eligible`` or fewer).
+    spec : KindSpec, optional
+        What the model takes and predicts (every built-in kind has one).
+    download : callable, optional
+        ``download(data_root)`` fetches missing data (``mmfl run --download``).
+    builtin : bool
+        The package's own kinds (:mod:`mmfl_flwr.tasks.builtin`), which
+        cannot be shadowed or replaced.
     """
-    if not isinstance(name, str) or not name or "," in name or name != name.strip():
-        raise ValueError(f"task name must be a non-empty string without commas, got {name!r}")
-    if name in KINDS:
+    _check_name(name)
+    old = _REGISTRY.get(name)
+    if old is not None and old.builtin:
         raise ValueError(f"{name!r} is a built-in task kind; choose another name")
     if not callable(model_fn):
         raise TypeError("model_fn must be a callable")
-    source: DatasetFn | None = None
-    if partitioner is None:
-        if dataset is not None:
-            raise ValueError("dataset= needs partitioner= (or pass data_fn instead)")
-        if not callable(data_fn):
-            raise TypeError("data_fn must be a callable (or pass dataset= and partitioner=)")
-    else:
-        if data_fn is not None:
-            raise ValueError("pass either data_fn or dataset= and partitioner=, not both")
-        _check_partitioner(partitioner)
-        if dataset is None:
-            raise ValueError("partitioner= needs dataset=(train, test) or a dataset(seed) callable")
-        if callable(dataset):
-            source = dataset
-        else:
-            _check_dataset(dataset, name)
-            source = _Fixed(tuple(dataset))
-    old = _REGISTRY.get(name)
-    if (
-        old is not None
-        and not replace
-        and (
-            old.data_fn is not data_fn
-            or old.partitioner is not partitioner
-            or (
-                old.dataset is not dataset
-                and not (
-                    isinstance(old.dataset, _Fixed)
-                    and isinstance(source, _Fixed)
-                    and _same(old.dataset.value, source.value)
-                )
-            )
-        )
-    ):
+    source = _data_source(name, data_fn, dataset, partitioner, build)
+    if old is not None and not replace and _differs(old, data_fn, partitioner, source, build):
         raise ValueError(f"task {name!r} is already registered (pass replace=True)")
     definition = TaskDefinition(
         name,
@@ -192,9 +188,71 @@ def register_task(
         description,
         partitioner=partitioner,
         dataset=source,
+        build=build,
+        spec=spec,
+        download=download,
+        builtin=bool(builtin),
     )
     _REGISTRY[name] = definition
     return definition
+
+
+def _check_name(name: Any) -> None:
+    """A task name: a non-empty string without commas or surrounding spaces."""
+    if not isinstance(name, str) or not name or "," in name or name != name.strip():
+        raise ValueError(f"task name must be a non-empty string without commas, got {name!r}")
+
+
+def _data_source(
+    name: str,
+    data_fn: DataFn | None,
+    dataset: tuple[Any, ...] | DatasetFn | None,
+    partitioner: Any,
+    build: BuildFn | None,
+) -> DatasetFn | None:
+    """Check that exactly one source of data is given; the ``dataset`` as a
+    callable (None without a partitioner)."""
+    if build is not None:
+        if data_fn is not None or partitioner is not None or dataset is not None:
+            raise ValueError("pass build= alone (not with data_fn, dataset= or partitioner=)")
+        if not callable(build):
+            raise TypeError("build must be a callable build(request)")
+        return None
+    if partitioner is None:
+        if dataset is not None:
+            raise ValueError("dataset= needs partitioner= (or pass data_fn instead)")
+        if not callable(data_fn):
+            raise TypeError("data_fn must be a callable (or pass dataset= and partitioner=)")
+        return None
+    if data_fn is not None:
+        raise ValueError("pass either data_fn or dataset= and partitioner=, not both")
+    _check_partitioner(partitioner)
+    if dataset is None:
+        raise ValueError("partitioner= needs dataset=(train, test) or a dataset(seed) callable")
+    if callable(dataset):
+        return dataset
+    _check_dataset(dataset, name)
+    return _Fixed(tuple(dataset))
+
+
+def _differs(
+    old: TaskDefinition,
+    data_fn: DataFn | None,
+    partitioner: Any,
+    source: DatasetFn | None,
+    build: BuildFn | None,
+) -> bool:
+    """Whether a registration under an existing name gives other data than
+    ``old`` (the same data again is harmless)."""
+    if old.data_fn is not data_fn or old.partitioner is not partitioner or old.build is not build:
+        return True
+    if old.dataset is source:
+        return False
+    return not (
+        isinstance(old.dataset, _Fixed)
+        and isinstance(source, _Fixed)
+        and _same(old.dataset.value, source.value)
+    )
 
 
 def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
@@ -259,8 +317,21 @@ def get_task(name: str) -> TaskDefinition | None:
 
 
 def registered_tasks() -> dict[str, TaskDefinition]:
-    """A copy of the registry (a snapshot to ship to other processes)."""
-    return dict(_REGISTRY)
+    """The user-registered tasks (not the built-in kinds, which every process
+    registers when it imports this module): a snapshot to ship to other
+    processes."""
+    return {k: d for k, d in _REGISTRY.items() if not d.builtin}
+
+
+def task_kinds() -> list[str]:
+    """Every registered kind: the built-in ones, then the user's, each in the
+    order they were registered."""
+    return [k for k, d in _REGISTRY.items() if d.builtin] + list(registered_tasks())
+
+
+def builtin_kinds() -> dict[str, KindSpec]:
+    """Built-in kind -> what its model takes and predicts."""
+    return {k: d.spec for k, d in _REGISTRY.items() if d.builtin and d.spec is not None}
 
 
 def restore(snapshot: dict[str, TaskDefinition]) -> None:
@@ -300,5 +371,14 @@ def load_snapshot(run_config: Mapping[str, Any]) -> None:
 
 
 def unregister_task(name: str) -> None:
-    """Remove a registration (tests)."""
-    _REGISTRY.pop(name, None)
+    """Remove a user registration (tests); the built-in kinds stay."""
+    definition = _REGISTRY.get(name)
+    if definition is not None and not definition.builtin:
+        del _REGISTRY[name]
+
+
+# The built-in kinds register themselves here, as a user's task does (each of
+# their modules imports this one, which is complete by now).
+from mmfl_flwr.tasks.builtin import load as _load_builtins  # noqa: E402
+
+_load_builtins()

@@ -134,7 +134,7 @@ def test_the_clis_check_generates_no_synthetic_user(monkeypatch):
     """``mmfl run`` checks the data before it writes anything: that loads the
     real datasets, but generates none of a synthetic task's users (the engine
     builds what it needs), also under a profile with low-data subsets."""
-    from mmfl_flwr.tasks import federation as F
+    from mmfl_flwr.tasks.builtin import synthetic as F
 
     calls = []
     real = F.synthetic_users
@@ -218,7 +218,7 @@ def test_an_unusable_shared_data_directory_is_warned_about_and_changes_nothing(
 ):
     """A directory that cannot be written: one warning, the data built as without
     it. A file of the right name whose content differs is not read as the data."""
-    from mmfl_flwr.tasks import federation as F
+    from mmfl_flwr.tasks import packed as F
 
     a = np.arange(300_000, dtype=np.float32).reshape(-1, 60)  # over the 1 MiB floor
     not_a_dir = tmp_path / "a-file"
@@ -259,7 +259,7 @@ def test_two_processes_writing_the_same_data_at_once_map_one_file(tmp_path, monk
     """The file takes its name by a link that fails where another process got
     there first: the late writer maps the first one's file (not a second copy),
     and leaves no temporary file."""
-    from mmfl_flwr.tasks import federation as F
+    from mmfl_flwr.tasks import packed as F
 
     monkeypatch.setenv(F.SHARED_DATA_ENV, str(tmp_path))
     monkeypatch.setattr(F, "_SHARE_FAILED", set())

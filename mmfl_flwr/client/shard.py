@@ -87,7 +87,7 @@ class _Sorted:
     fallback: list[str] = field(default_factory=list)
 
 
-def _per_client(
+def _answer_one(
     part: tuple[Any, Any, list[str]], cid: str, arrays: Any, context: Context, one: OneClient
 ) -> dict[str, Any]:
     """Client ``cid``'s records from the per-client path (its error record where it fails)."""
@@ -240,7 +240,7 @@ class ShardComputer:
         done = set(fallback)
         self.counts["vectorized"] += sum(1 for c in sorted_.parts if c not in done)
         for cid in fallback:
-            sorted_.contents[cid] = _per_client(sorted_.parts[cid], cid, arrays, context, one)
+            sorted_.contents[cid] = _answer_one(sorted_.parts[cid], cid, arrays, context, one)
             self.counts["per-client"] += 1
         reply = RecordDict()
         for cid in sorted_.order:

@@ -101,23 +101,13 @@ def _run_on_inprocess_grid(
     :class:`~mmfl_flwr.nodes.NodeLayout` on an :class:`~mmfl_flwr.grid.InProcessGrid`,
     the ClientApp of :func:`~mmfl_flwr.flower_app.client_app.build_client_app`, and
     the ServerApp's :func:`~mmfl_flwr.flower_app.server_app.server_main`."""
-    import torch
-
-    from mmfl_flwr.client.threads import cpu_budget, parse_threads
+    from mmfl_flwr.client.threads import apply_engine_threads
     from mmfl_flwr.flower_app.client_app import build_client_app
     from mmfl_flwr.flower_app.data import federation_for
     from mmfl_flwr.flower_app.server_app import server_main
     from mmfl_flwr.grid import InProcessGrid
 
-    if engine == "inprocess":
-        # small models train fastest on one thread, and one thread per client is
-        # what the simulation engine gives each ClientApp (num_cpus=1)
-        torch.set_num_threads(1)
-    else:
-        # every core this process may use, at most OMP_NUM_THREADS where it is set
-        # (--threads auto takes the free ones of them on shard nodes), or the fixed
-        # number, also for single-client nodes
-        torch.set_num_threads(parse_threads(threads) or cpu_budget())
+    apply_engine_threads(engine, threads)
     federation_for(settings)  # the whole federation: the server and every node share it
     run_config = settings.to_run_config()
     app = build_client_app(settings, client_hook, chunk=chunk, threads=threads)

@@ -161,6 +161,104 @@ def cache_specs(spec_fn: SpecFn, cache_key: Callable[[Context], Hashable] | None
     return spec
 
 
+def _trainer(s: ClientSpec, task: str) -> LocalTrainer:
+    """Client ``s``'s trainer of ``task`` (KeyError naming both where it holds none)."""
+    if task not in s.trainers:
+        raise KeyError(f"client {s.client_id} holds no data for task {task!r}")
+    return s.trainers[task]
+
+
+def _info_record(s: ClientSpec) -> ConfigRecord:
+    """Client ``s``'s info record: its id, tasks, examples, processors, handlers,
+    token and declared trainable keys."""
+    tasks = list(s.trainers)
+    rec = ConfigRecord(
+        {
+            P.CLIENT_ID: s.client_id,
+            P.TASKS: tasks,
+            P.NUM_EXAMPLES: [int(s.trainers[t].num_examples) for t in tasks],
+            P.PROCESSORS: int(s.processors),
+            P.HANDLERS: [P.QUERY_INFO, P.QUERY_LOSSES, "train", "evaluate"],
+        }
+    )
+    if s.client_token:
+        rec[P.CLIENT_TOKEN] = str(s.client_token)
+    for t in tasks:
+        keys = trainable_keys(s.trainers[t])
+        if keys:
+            rec[P.trainable_key(t)] = keys
+    return rec
+
+
+def _info_content(specs: ClientSpec | Sequence[ClientSpec]) -> RecordDict:
+    """The info reply of a node: its client's record, or one per client of its
+    shard (``info@<id>``; ValueError for an empty shard or ids that clash)."""
+    if isinstance(specs, ClientSpec):
+        return RecordDict({P.INFO_KEY: _info_record(specs)})
+    specs = list(specs)
+    if not specs:
+        raise ValueError("this node hosts no client: its shard is empty")
+    ids = [s.client_id for s in specs]
+    bad = [c for c in ids if P.CLIENT_SEP in c]
+    if bad or len(set(ids)) != len(ids):
+        raise ValueError(
+            f"the client ids of a node's shard must be distinct and free of "
+            f"{P.CLIENT_SEP!r} (got {bad[:3] or sorted(ids)[:5]})"
+        )
+    return RecordDict({P.client_key(P.INFO_KEY, s.client_id): _info_record(s) for s in specs})
+
+
+class _ClientWork:
+    """One client's answers on the per-client path (``one(spec, msg, context,
+    state_key) -> RecordDict``), with the app's decoding of the round's weights."""
+
+    def __init__(self, decode: Callable[[Any], Weights]) -> None:
+        self.decode = decode
+
+    def losses(self, s: ClientSpec, msg: Any, context: Context, state_key: str) -> RecordDict:
+        """The loss-query reply: each task's mean training loss."""
+        content = RecordDict({P.LOSSES_KEY: MetricRecord()})
+        for task, rec in tasks_in(msg).items():
+            put_loss(content, task, _trainer(s, task).loss(self.decode(rec)))
+        return content
+
+    def train(self, s: ClientSpec, msg: Any, context: Context, state_key: str) -> RecordDict:
+        """The train reply: each task trained (SCAFFOLD's corrected steps where the
+        message carries ``control.<task>``), clipped where the config says so."""
+        cfg = train_settings(msg)
+        content = RecordDict()
+        for task, rec in tasks_in(msg).items():
+            weights = self.decode(rec)
+            tseed = training_seed(cfg.seed, cfg.server_round, s.client_id, task)
+            tr = _trainer(s, task)
+            if P.control_key(task) in msg.content.array_records:
+                new, n, loss, c_new = _scaffold_train(
+                    tr,
+                    weights,
+                    arrays_to_numpy(msg.content[P.control_key(task)]),
+                    context,
+                    task,
+                    cfg.epochs,
+                    cfg.lr,
+                    tseed,
+                    cfg.batch_size,
+                    state_key,
+                )
+                content[P.control_key(task)] = numpy_to_arrays(c_new)
+            else:
+                new, n, loss = tr.train(weights, cfg.epochs, cfg.lr, tseed, cfg.batch_size)
+            new = clip_for_config(msg, task, new, self.decode(rec), tr)
+            put_train_reply(content, task, new, n, loss)
+        return content
+
+    def evaluation(self, s: ClientSpec, msg: Any, context: Context, state_key: str) -> RecordDict:
+        """The evaluate reply: each task's loss, accuracy and examples."""
+        content = RecordDict()
+        for task, rec in tasks_in(msg).items():
+            put_evaluation(content, task, *_trainer(s, task).evaluate(self.decode(rec)))
+        return content
+
+
 def make_client_app(
     spec_fn: SpecFn,
     cache_key: Callable[[Context], Hashable] | None = None,
@@ -216,68 +314,7 @@ def make_client_app(
         """The round's weights are the same for every client: decoded once."""
         return _state_item(token, "decode", DecodeCache).decode(record)
 
-    def trainer(s: ClientSpec, task: str) -> LocalTrainer:
-        if task not in s.trainers:
-            raise KeyError(f"client {s.client_id} holds no data for task {task!r}")
-        return s.trainers[task]
-
-    def info_record(s: ClientSpec) -> ConfigRecord:
-        tasks = list(s.trainers)
-        rec = ConfigRecord(
-            {
-                P.CLIENT_ID: s.client_id,
-                P.TASKS: tasks,
-                P.NUM_EXAMPLES: [int(s.trainers[t].num_examples) for t in tasks],
-                P.PROCESSORS: int(s.processors),
-                P.HANDLERS: [P.QUERY_INFO, P.QUERY_LOSSES, "train", "evaluate"],
-            }
-        )
-        if s.client_token:
-            rec[P.CLIENT_TOKEN] = str(s.client_token)
-        for t in tasks:
-            keys = trainable_keys(s.trainers[t])
-            if keys:
-                rec[P.trainable_key(t)] = keys
-        return rec
-
-    def losses_of(s: ClientSpec, msg: Any, context: Context, state_key: str) -> RecordDict:
-        content = RecordDict({P.LOSSES_KEY: MetricRecord()})
-        for task, rec in tasks_in(msg).items():
-            put_loss(content, task, trainer(s, task).loss(decode(rec)))
-        return content
-
-    def train_of(s: ClientSpec, msg: Any, context: Context, state_key: str) -> RecordDict:
-        cfg = train_settings(msg)
-        content = RecordDict()
-        for task, rec in tasks_in(msg).items():
-            weights = decode(rec)
-            tseed = training_seed(cfg.seed, cfg.server_round, s.client_id, task)
-            tr = trainer(s, task)
-            if P.control_key(task) in msg.content.array_records:
-                new, n, loss, c_new = _scaffold_train(
-                    tr,
-                    weights,
-                    arrays_to_numpy(msg.content[P.control_key(task)]),
-                    context,
-                    task,
-                    cfg.epochs,
-                    cfg.lr,
-                    tseed,
-                    cfg.batch_size,
-                    state_key,
-                )
-                content[P.control_key(task)] = numpy_to_arrays(c_new)
-            else:
-                new, n, loss = tr.train(weights, cfg.epochs, cfg.lr, tseed, cfg.batch_size)
-            new = clip_for_config(msg, task, new, decode(rec), tr)
-            put_train_reply(content, task, new, n, loss)
-        return content
-
-    def evaluation_of(s: ClientSpec, msg: Any, context: Context, state_key: str) -> RecordDict:
-        content = RecordDict()
-        for task, rec in tasks_in(msg).items():
-            put_evaluation(content, task, *trainer(s, task).evaluate(decode(rec)))
-        return content
+    work = _ClientWork(decode)
 
     def serve(msg: Message, context: Context, one: Callable[..., RecordDict]) -> Message:
         """Answer ``msg`` for the node's client, or for every client of a shard
@@ -290,34 +327,18 @@ def make_client_app(
 
     @app.query("info")
     def info(msg: Message, context: Context) -> Message:
-        specs = spec(context)
-        if isinstance(specs, ClientSpec):
-            return Message(RecordDict({P.INFO_KEY: info_record(specs)}), reply_to=msg)
-        specs = list(specs)
-        if not specs:
-            raise ValueError("this node hosts no client: its shard is empty")
-        ids = [s.client_id for s in specs]
-        bad = [c for c in ids if P.CLIENT_SEP in c]
-        if bad or len(set(ids)) != len(ids):
-            raise ValueError(
-                f"the client ids of a node's shard must be distinct and free of "
-                f"{P.CLIENT_SEP!r} (got {bad[:3] or sorted(ids)[:5]})"
-            )
-        return Message(
-            RecordDict({P.client_key(P.INFO_KEY, s.client_id): info_record(s) for s in specs}),
-            reply_to=msg,
-        )
+        return Message(_info_content(spec(context)), reply_to=msg)
 
     @app.query("losses")
     def losses(msg: Message, context: Context) -> Message:
-        return serve(msg, context, losses_of)
+        return serve(msg, context, work.losses)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
-        return serve(msg, context, train_of)
+        return serve(msg, context, work.train)
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
-        return serve(msg, context, evaluation_of)
+        return serve(msg, context, work.evaluation)
 
     return app

@@ -23,14 +23,27 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 
 from mmfl_flwr import protocol as P
-from mmfl_flwr.core.clipping import clip_update, clipping_norm_for
+from mmfl_flwr.client.weights import Weights, clip_to_norm, trainable_keys
+from mmfl_flwr.core.clipping import clipping_norm_for
 from mmfl_flwr.records import numpy_to_arrays
 
-Weights = dict[str, np.ndarray]
+__all__ = [
+    "LocalTrainer",
+    "TrainSettings",
+    "VectorizableTrainer",
+    "Weights",
+    "clip_for_config",
+    "put_evaluation",
+    "put_loss",
+    "put_train_reply",
+    "takes_correction",
+    "tasks_in",
+    "train_settings",
+    "trainable_keys",
+]
 
 
 @runtime_checkable
@@ -98,11 +111,6 @@ class VectorizableTrainer(Protocol):
         """What ``evaluate`` evaluates on, as tensors on :attr:`device`."""
 
 
-def trainable_keys(trainer: Any) -> list[str]:
-    """The trainer's declared trainable keys (empty when it declares none)."""
-    return [str(k) for k in (getattr(trainer, "trainable_keys", None) or [])]
-
-
 def takes_correction(trainer: Any) -> bool:
     """Whether ``trainer.train`` accepts SCAFFOLD's ``correction`` keyword."""
     try:
@@ -162,13 +170,13 @@ def clip_for_config(
     update ``new - received`` over the trainer's trainable entries (every
     floating-point entry without a declaration) clipped to the norm the train
     message sets for ``task`` (``clipping_norm.<task>`` or ``clipping_norm``);
-    ``new`` itself without one."""
+    ``new`` itself without one (:func:`~mmfl_flwr.client.weights.clip_to_norm`,
+    which the batched path applies too)."""
     cfg = msg.content.config_records.get(P.CONFIG_KEY, ConfigRecord())
     norm = clipping_norm_for(cfg, task)
     if norm is None:
         return new
-    keys = trainable_keys(trainer) or [k for k, v in new.items() if np.asarray(v).dtype.kind == "f"]
-    return clip_update(dict(new), received, keys, norm)[0]
+    return clip_to_norm(new, received, trainer, norm)
 
 
 def put_loss(content: MutableMapping[str, Any], task: str, loss: float) -> None:

@@ -32,6 +32,7 @@ import logging
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
@@ -44,9 +45,9 @@ from mmfl_flwr.client.contract import (
     put_loss,
     put_train_reply,
     train_settings,
-    trainable_keys,
 )
-from mmfl_flwr.core.clipping import clip_update, clipping_norm_for
+from mmfl_flwr.client.weights import clip_to_norm
+from mmfl_flwr.core.clipping import clipping_norm_for
 from mmfl_flwr.records import arrays_to_numpy
 from mmfl_flwr.seeding import training_seed
 
@@ -70,18 +71,38 @@ def error_record(err: BaseException) -> ConfigRecord:
     return ConfigRecord({"code": 1, "reason": f"{type(err).__name__}: {err}"[:2000]})
 
 
-def _overrides_torch_trainer(tr: Any) -> str:
-    """The first of ``train``/``loss``/``evaluate`` that a TorchTrainer subclass
-    overrides ("" for none, and for trainers of other classes: those that
-    implement the vectorizable contract opted in to plain batched SGD)."""
-    from mmfl_flwr.client.trainer import TorchTrainer
+@dataclass
+class _Sorted:
+    """A message's client parts as :meth:`ShardComputer.reply` sorts them."""
 
-    if not isinstance(tr, TorchTrainer):
-        return ""
-    for name in ("train", "loss", "evaluate"):
-        if getattr(type(tr), name) is not getattr(TorchTrainer, name):
-            return name
-    return ""
+    #: the client ids in the message's order
+    order: list[str] = field(default_factory=list)
+    #: client id -> its records (plain dicts: one RecordDict insertion each, at the end)
+    contents: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: client id -> (its spec, its config record, its tasks)
+    parts: dict[str, tuple[Any, Any, list[str]]] = field(default_factory=dict)
+    #: (task, training settings, clipping norm) -> [(client id, trainer, seed)]
+    groups: dict[tuple[Any, ...], list[tuple[str, Any, int]]] = field(default_factory=dict)
+    #: the clients for the per-client path, in the message's order
+    fallback: list[str] = field(default_factory=list)
+
+
+def _answer_one(
+    part: tuple[Any, Any, list[str]], cid: str, arrays: Any, context: Context, one: OneClient
+) -> dict[str, Any]:
+    """Client ``cid``'s records from the per-client path (its error record where it fails)."""
+    s, cfg, tasks = part
+    content = RecordDict({P.CONFIG_KEY: cfg})
+    for task in tasks:
+        for shared in (P.arrays_key(task), P.control_key(task)):
+            if shared in arrays:
+                content[shared] = arrays[shared]
+    try:
+        return dict(
+            one(s, SimpleNamespace(content=content), context, P.client_key("", cid)).items()
+        )
+    except Exception as err:  # noqa: BLE001 - one client's failure is its own
+        return {P.ERROR_KEY: error_record(err)}
 
 
 def check_options(chunk: int | None, threads: str | int | None) -> None:
@@ -187,7 +208,9 @@ class ShardComputer:
                 f"({type(tr).__name__})"
             )
         else:
-            overridden = _overrides_torch_trainer(tr)
+            from mmfl_flwr.client import trainer as T  # (torch: imported when needed)
+
+            overridden = T.torch_trainer_override(tr)
             if overridden:
                 why = (
                     f"task {{task}}: {type(tr).__name__} overrides TorchTrainer."
@@ -208,86 +231,102 @@ class ShardComputer:
         ``@<id>``, or ``error@<id>`` for a client whose part failed."""
         if self._threads is not None:
             self._threads.apply()
-        by_id = {s.client_id: s for s in specs}
         arrays = msg.content.array_records  # one view: it is rebuilt on each access
         mtype = msg.metadata.message_type
-        order: list[str] = []
-        # client id -> its records (plain dicts: one RecordDict insertion each, at the end)
-        contents: dict[str, dict[str, Any]] = {}
-        parts: dict[str, tuple[Any, Any, list[str]]] = {}
-        # (task, training settings, clipping norm) -> [(client id, trainer, seed)]
-        groups: dict[tuple[Any, ...], list[tuple[str, Any, int]]] = {}
-        fallback: list[str] = []
+        sorted_ = self._sort(specs, msg, arrays, mtype)
+        failed = self._run_groups(mtype, sorted_, arrays)
+        position = {c: i for i, c in enumerate(sorted_.order)}
+        fallback = sorted_.fallback + sorted(failed, key=position.__getitem__)
+        done = set(fallback)
+        self.counts["vectorized"] += sum(1 for c in sorted_.parts if c not in done)
+        for cid in fallback:
+            sorted_.contents[cid] = _answer_one(sorted_.parts[cid], cid, arrays, context, one)
+            self.counts["per-client"] += 1
+        reply = RecordDict()
+        for cid in sorted_.order:
+            for k, record in sorted_.contents[cid].items():
+                reply[P.client_key(k, cid)] = record
+        return reply
+
+    def _sort(self, specs: Sequence[Any], msg: Message, arrays: Any, mtype: str) -> _Sorted:
+        """The client parts of ``msg``, sorted into batched groups and the
+        per-client path (an unknown client or unreadable part: its error)."""
+        by_id = {s.client_id: s for s in specs}
+        out = _Sorted()
         for record_key, cfg in msg.content.config_records.items():
             base, cid = P.split_client_key(record_key)
-            if base != P.CONFIG_KEY or cid is None or cid in parts or cid in contents:
+            if base != P.CONFIG_KEY or cid is None or cid in out.parts or cid in out.contents:
                 continue
-            order.append(cid)
+            out.order.append(cid)
             s = by_id.get(cid)
             if s is None:
-                contents[cid] = {
+                out.contents[cid] = {
                     P.ERROR_KEY: error_record(KeyError(f"this node does not host client {cid!r}"))
                 }
                 continue
             try:
                 tasks = [str(t) for t in cfg.get(P.CFG_TASKS, [])]  # type: ignore[union-attr]
             except TypeError as err:
-                contents[cid] = {P.ERROR_KEY: error_record(err)}
+                out.contents[cid] = {P.ERROR_KEY: error_record(err)}
                 continue
-            parts[cid] = (s, cfg, tasks)
-            if not self.vectorize:
-                fallback.append(cid)
+            out.parts[cid] = (s, cfg, tasks)
+            mine = self._batched_part(s, cfg, tasks, arrays, mtype) if self.vectorize else None
+            if mine is None:
+                out.fallback.append(cid)
                 continue
-            try:
-                plan = self._plan(
-                    s,
-                    [t for t in tasks if P.arrays_key(t) in arrays],
-                    any(P.control_key(t) in arrays for t in tasks),
-                    mtype,
-                )
-            except _Fallback as why:
-                self._say_once(str(why))
-                fallback.append(cid)
-                continue
-            except Exception:  # noqa: BLE001 - the per-client path produces the error
-                fallback.append(cid)
-                continue
-            try:  # a config that does not parse fails this client alone (per-client path)
-                settings: tuple[Any, ...] = ()
-                seed = rnd = 0
-                if mtype == MessageType.TRAIN:
-                    ts = train_settings(
-                        SimpleNamespace(  # type: ignore[arg-type]
-                            content=SimpleNamespace(config_records={P.CONFIG_KEY: cfg})
-                        )
-                    )
-                    seed, rnd = ts.seed, ts.server_round
-                    settings = (ts.epochs, ts.lr, ts.batch_size)
-                mine = [
-                    (
-                        (
-                            task,
-                            settings,
-                            clipping_norm_for(cfg, task) if mtype == MessageType.TRAIN else None,
-                        ),
-                        tr,
-                        training_seed(seed, rnd, s.client_id, task)
-                        if mtype == MessageType.TRAIN
-                        else 0,
-                    )
-                    for task, tr in plan.items()
-                ]
-            except Exception:  # noqa: BLE001
-                fallback.append(cid)
-                continue
-            contents[cid] = {}
+            out.contents[cid] = {}
             for key, tr, tseed in mine:
-                groups.setdefault(key, []).append((cid, tr, tseed))
+                out.groups.setdefault(key, []).append((cid, tr, tseed))
+        return out
+
+    def _batched_part(
+        self, s: Any, cfg: Any, tasks: list[str], arrays: Any, mtype: str
+    ) -> list[tuple[tuple[Any, ...], Any, int]] | None:
+        """A client part's ``(group key, trainer, training seed)`` per task it
+        carries weights for, or None where it takes the per-client path."""
+        try:
+            plan = self._plan(
+                s,
+                [t for t in tasks if P.arrays_key(t) in arrays],
+                any(P.control_key(t) in arrays for t in tasks),
+                mtype,
+            )
+        except _Fallback as why:
+            self._say_once(str(why))
+            return None
+        except Exception:  # noqa: BLE001 - the per-client path produces the error
+            return None
+        try:  # a config that does not parse fails this client alone (per-client path)
+            settings: tuple[Any, ...] = ()
+            seed = rnd = 0
+            train = mtype == MessageType.TRAIN
+            if train:
+                ts = train_settings(
+                    SimpleNamespace(  # type: ignore[arg-type]
+                        content=SimpleNamespace(config_records={P.CONFIG_KEY: cfg})
+                    )
+                )
+                seed, rnd = ts.seed, ts.server_round
+                settings = (ts.epochs, ts.lr, ts.batch_size)
+            return [
+                (
+                    (task, settings, clipping_norm_for(cfg, task) if train else None),
+                    tr,
+                    training_seed(seed, rnd, s.client_id, task) if train else 0,
+                )
+                for task, tr in plan.items()
+            ]
+        except Exception:  # noqa: BLE001
+            return None
+
+    def _run_groups(self, mtype: str, sorted_: _Sorted, arrays: Any) -> set[str]:
+        """Compute every batched group into its clients' contents; the clients
+        of a group that failed (e.g. out of memory: the per-client path decides)."""
         failed: set[str] = set()
-        for key, items in groups.items():
+        for key, items in sorted_.groups.items():
             try:
-                self._run_group(mtype, key, arrays[P.arrays_key(key[0])], items, contents)
-            except Exception as err:  # e.g. out of memory: the per-client path decides
+                self._run_group(mtype, key, arrays[P.arrays_key(key[0])], items, sorted_.contents)
+            except Exception as err:
                 log.warning(
                     "shard node: %s for %d clients of task %r failed (%s: %s); "
                     "running them on the per-client path",
@@ -298,29 +337,7 @@ class ShardComputer:
                     err,
                 )
                 failed.update(cid for cid, *_ in items)
-        position = {c: i for i, c in enumerate(order)}
-        fallback.extend(sorted(failed, key=position.__getitem__))
-        done = set(fallback)
-        self.counts["vectorized"] += sum(1 for c in parts if c not in done)
-        for cid in fallback:
-            s, cfg, tasks = parts[cid]
-            part = RecordDict({P.CONFIG_KEY: cfg})
-            for task in tasks:
-                for shared in (P.arrays_key(task), P.control_key(task)):
-                    if shared in arrays:
-                        part[shared] = arrays[shared]
-            try:
-                contents[cid] = dict(
-                    one(s, SimpleNamespace(content=part), context, P.client_key("", cid)).items()
-                )
-            except Exception as err:  # noqa: BLE001 - one client's failure is its own
-                contents[cid] = {P.ERROR_KEY: error_record(err)}
-            self.counts["per-client"] += 1
-        reply = RecordDict()
-        for cid in order:
-            for k, record in contents[cid].items():
-                reply[P.client_key(k, cid)] = record
-        return reply
+        return failed
 
     def _run_group(
         self,
@@ -349,8 +366,7 @@ class ShardComputer:
             received = arrays_to_numpy(record) if clip is not None else {}
             for (cid, tr, _), (new, n, loss) in zip(items, results):
                 if clip is not None:  # client-side differential privacy
-                    keys = trainable_keys(tr) or [k for k, v in new.items() if v.dtype.kind == "f"]
-                    new = clip_update(dict(new), received, keys, clip)[0]
+                    new = clip_to_norm(new, received, tr, clip)
                 put_train_reply(contents[cid], task, new, n, loss)
         elif mtype == P.QUERY_LOSSES:
             for (cid, *_), value in zip(

@@ -8,6 +8,10 @@ its cores, less its own CPU time over the same span) and gives the number of
 cores left free; the vectorized engine sets torch's threads to it before every
 round trip (``--threads auto``, the default) or to a fixed number
 (``--threads K``).
+
+Torch's threads are set in one place, :func:`set_torch_threads`: the in-process
+engines through :func:`apply_engine_threads` when a run starts, and a shard
+node's :class:`ThreadChooser` before every reply (on every engine).
 """
 
 from __future__ import annotations
@@ -18,7 +22,13 @@ import os
 import time
 from collections.abc import Iterator
 
-__all__ = ["CoreWatch", "limit_blas_threads", "parse_threads"]
+__all__ = [
+    "CoreWatch",
+    "apply_engine_threads",
+    "limit_blas_threads",
+    "parse_threads",
+    "set_torch_threads",
+]
 
 log = logging.getLogger("mmfl_flwr")
 
@@ -36,6 +46,29 @@ def parse_threads(value: object) -> int | None:
     if n < 1 or str(n) != text:
         raise ValueError(f"--threads {value!r}: must be auto or a whole number >= 1")
     return n
+
+
+def set_torch_threads(n: int) -> int:
+    """Set torch's (intra-op) threads of this process to ``n`` and return it: the
+    one place the package sets them."""
+    import torch
+
+    torch.set_num_threads(int(n))
+    return int(n)
+
+
+def apply_engine_threads(engine: str, threads: object = None) -> int:
+    """Set torch's threads for a run of an in-process engine and return them:
+    ``inprocess`` 1 (small models train fastest on one thread, and one thread per
+    client is what the simulation engine gives each ClientApp, ``num_cpus=1``);
+    ``vectorized`` the fixed number of ``threads`` (:func:`parse_threads`), or
+    with ``"auto"`` or None every core this process may use
+    (:func:`cpu_budget`; ``--threads auto`` then takes the free ones of them on
+    shard nodes), also for single-client nodes."""
+    if engine == "inprocess":
+        return set_torch_threads(1)
+    fixed = None if threads is None else parse_threads(threads)
+    return set_torch_threads(fixed or cpu_budget())
 
 
 #: Environment variables through which a user sets the BLAS libraries' threads
@@ -181,8 +214,7 @@ class ThreadChooser:
         self.current: int | None = None
 
     def apply(self) -> int:
-        import torch
-
+        """Set torch's threads for the next computation; returns them."""
         if self.fixed is not None:
             n = self.fixed
         elif self.cap == 1:
@@ -199,6 +231,6 @@ class ThreadChooser:
                     else f"{self.cap - n} of the {self.cap} cores it may use are busy "
                     "with other processes",
                 )
-            torch.set_num_threads(n)
+            set_torch_threads(n)
             self.current = n
         return n

@@ -11,13 +11,15 @@ import math
 import os
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from mmfl_flwr.client.rows import Rows, loss_accuracy, packed
+from mmfl_flwr.client.weights import check_weight_keys
 from mmfl_flwr.tasks.data import Dataset
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "model_to_arrays",
     "load_arrays",
     "packed_rows",
+    "torch_trainer_override",
 ]
 
 
@@ -70,14 +73,7 @@ def load_arrays(model: nn.Module, weights: dict[str, np.ndarray]) -> None:
         Arrays keyed like ``model.state_dict()``; cast to each entry's dtype.
     """
     state = model.state_dict()
-    missing = set(state) - set(weights)
-    extra = set(weights) - set(state)
-    if missing or extra:
-        raise KeyError(f"weight keys mismatch: missing {sorted(missing)}, extra {sorted(extra)}")
-    for key, ref in state.items():
-        arr = np.asarray(weights[key])
-        if tuple(arr.shape) != tuple(ref.shape):
-            raise ValueError(f"shape mismatch for {key}: {arr.shape} vs {tuple(ref.shape)}")
+    check_weight_keys({k: tuple(v.shape) for k, v in state.items()}, weights)
     # one copy per entry, straight into the model's tensors (state_dict() shares
     # their storage)
     with torch.no_grad():
@@ -106,100 +102,6 @@ def initial_weights(model_fn: Callable[[], nn.Module], seed: int) -> dict[str, n
         torch.manual_seed(int(seed))
         model = model_fn()
     return model_to_arrays(model)
-
-
-#: id of a packed array -> the tensor over all of it (while some view of it lives)
-_BASE_TENSORS: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
-
-
-def _whole_rows(a: np.ndarray) -> tuple[torch.Tensor, int]:
-    """``(whole, first)``: a tensor sharing ``a``'s memory of which ``a`` is the
-    rows ``first .. first + len(a)``: where ``a`` is a run of consecutive rows of
-    a larger contiguous array (the packed data of many clients), one tensor
-    over that whole array (one per array and process, while some client holds
-    it); otherwise a tensor over ``a`` itself (``first`` 0)."""
-    base = a.base
-    if (
-        isinstance(base, np.ndarray)
-        and a.ndim >= 1
-        and base.ndim == a.ndim
-        and base.dtype == a.dtype
-        and base.shape[1:] == a.shape[1:]
-        and base.flags.c_contiguous
-        and a.flags.c_contiguous
-        and base.shape[0] > 0
-    ):
-        row = base.strides[0]
-        first, rest = (
-            divmod(a.__array_interface__["data"][0] - base.__array_interface__["data"][0], row)
-            if row
-            else (0, 1)
-        )
-        if rest == 0 and first >= 0 and first + a.shape[0] <= base.shape[0]:
-            whole = _BASE_TENSORS.get(id(base))
-            if whole is None or whole.data_ptr() != base.__array_interface__["data"][0]:
-                whole = torch.from_numpy(base)
-                _BASE_TENSORS[id(base)] = whole
-            return whole, int(first)
-    return torch.from_numpy(np.ascontiguousarray(a)), 0
-
-
-class _Rows:
-    """One client's examples: rows ``xs .. xs + n`` of ``x`` and ``ys .. ys + n``
-    of ``y``, tensors that the clients of a shard share (its packed data): a
-    client keeps these three numbers and two references instead of tensor views
-    of its own (about 1.9 kB a trainer at 100,000 clients; the views are made
-    when asked for)."""
-
-    __slots__ = ("x", "y", "xs", "ys", "n")
-
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, xs: int, ys: int, n: int) -> None:
-        self.x, self.y, self.xs, self.ys, self.n = x, y, xs, ys, n
-
-    @classmethod
-    def of(cls, dataset: Dataset, dtype: torch.dtype, device: torch.device) -> _Rows:
-        """The rows of ``dataset`` (inputs in ``dtype``, labels int64) on ``device``:
-        of the tensor over its packed array where no conversion is needed (CPU,
-        float32 inputs); otherwise a converted copy of its own rows only."""
-        n = len(dataset)
-        sides = []
-        for a, kind in (
-            (np.asarray(dataset.x, dtype=np.float32), dtype),
-            (np.asarray(dataset.y, dtype=np.int64), torch.int64),
-        ):
-            whole, first = _whole_rows(a)
-            if whole.dtype != kind or whole.device != device:
-                whole, first = whole[first : first + n].to(device=device, dtype=kind), 0
-            sides.append((whole, first))
-        (x, xs), (y, ys) = sides
-        return cls(x, y, xs, ys, n)
-
-    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(inputs, labels)``: views of the shared tensors (or the tensors)."""
-        x, y, n = self.x, self.y, self.n
-        if self.xs or x.shape[0] != n:
-            x = x[self.xs : self.xs + n]
-        if self.ys or y.shape[0] != n:
-            y = y[self.ys : self.ys + n]
-        return x, y
-
-
-@torch.no_grad()
-def _loss_accuracy(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
-) -> tuple[float, float]:
-    """Mean cross-entropy and accuracy of ``model`` on ``(x, y)`` (non-empty)."""
-    model.eval()
-    total_loss = 0.0
-    correct = 0
-    n = int(y.shape[0])
-    for start in range(0, n, batch_size):
-        xb = x[start : start + batch_size]
-        yb = y[start : start + batch_size]
-        logits = model(xb)
-        total_loss += float(F.cross_entropy(logits, yb, reduction="sum"))
-        correct += int((logits.argmax(dim=1) == yb).sum())
-    return total_loss / n, correct / n
 
 
 def evaluate_arrays(
@@ -234,8 +136,8 @@ def evaluate_arrays(
         model = model_fn()
     load_arrays(model, weights)
     device = default_device()
-    x, y = _Rows.of(dataset, torch.float32, device).tensors()
-    return _loss_accuracy(model.to(device), x, y, batch_size)
+    x, y = Rows.of(dataset, torch.float32, device).tensors()
+    return loss_accuracy(model.to(device), x, y, batch_size)
 
 
 #: model_fn -> (its floating dtype, its trainable keys); a node hosting many
@@ -322,8 +224,8 @@ class TorchTrainer:
         self.num_test = len(test)
         self.device = default_device()
         dtype, self._trainable = _probe(model_fn)
-        self._train = _Rows.of(train, dtype, self.device)
-        self._test = _Rows.of(test, dtype, self.device)
+        self._train = Rows.of(train, dtype, self.device)
+        self._test = Rows.of(test, dtype, self.device)
         self._own_net: nn.Module | None = None  # a subclass's network (see _model)
 
     @property
@@ -366,7 +268,7 @@ class TorchTrainer:
         if not isinstance(y, torch.Tensor) or y.shape != old.shape:
             raise ValueError("map_train_labels: fn must return a tensor of the labels' shape")
         rows = self._train
-        self._train = _Rows(rows.x, y.to(device=self.device, dtype=old.dtype), rows.xs, 0, rows.n)
+        self._train = Rows(rows.x, y.to(device=self.device, dtype=old.dtype), rows.xs, 0, rows.n)
 
     def train_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The local training inputs and labels as tensors on :attr:`device` (shared,
@@ -378,7 +280,7 @@ class TorchTrainer:
         data when the test set is empty (shared tensors: do not modify)."""
         return self._eval_rows().tensors()
 
-    def _eval_rows(self) -> _Rows:
+    def _eval_rows(self) -> Rows:
         return self._test if self.num_test > 0 else self._train
 
     def train(
@@ -491,7 +393,7 @@ class TorchTrainer:
             The mean training loss ``f_{i,s}(w)``.
         """
         model = self._model(weights)
-        loss, _ = _loss_accuracy(model, *self.train_tensors(), self.batch_size)
+        loss, _ = loss_accuracy(model, *self.train_tensors(), self.batch_size)
         return loss
 
     def evaluate(self, weights: dict[str, np.ndarray]) -> tuple[float, float, int]:
@@ -513,8 +415,26 @@ class TorchTrainer:
         """
         model = self._model(weights)
         x, y = self.eval_tensors()
-        loss, acc = _loss_accuracy(model, x, y, self.batch_size)
+        loss, acc = loss_accuracy(model, x, y, self.batch_size)
         return loss, acc, int(y.shape[0])
+
+
+def torch_trainer_override(
+    trainer: object, names: Sequence[str] = ("train", "loss", "evaluate")
+) -> str:
+    """The first of ``names`` whose :class:`TorchTrainer` method the class of
+    ``trainer`` replaces; "" for none, and for an object that is not a
+    TorchTrainer. The one test of a plain TorchTrainer: the batched path computes
+    plain SGD and mean cross-entropy only for trainers that keep ``train``,
+    ``loss`` and ``evaluate``, and reads packed rows only where they keep
+    ``train_tensors`` and ``eval_tensors``."""
+    if not isinstance(trainer, TorchTrainer):
+        return ""
+    cls = type(trainer)
+    for name in names:
+        if getattr(cls, name) is not getattr(TorchTrainer, name):
+            return name
+    return ""
 
 
 def packed_rows(
@@ -525,32 +445,20 @@ def packed_rows(
     tensors they share: ``(inputs, labels, each trainer's rows)``, where every
     trainer is a :class:`TorchTrainer` that does not override those methods and
     their rows lie one after another in one packed tensor, in this order (the
-    clients of a shard node); otherwise None. No copy: views of the packed tensors."""
+    clients of a shard node; :func:`~mmfl_flwr.client.rows.packed`); otherwise
+    None. No copy: views of the packed tensors."""
     if not trainers:
         return None
-    counts: list[int] = []
-    x0 = y0 = None
-    xs0 = ys0 = xe = ye = 0
     plain: dict[type, bool] = {}
+    rows: list[Rows] = []
     for tr in trainers:
         cls = type(tr)
         ok = plain.get(cls)
         if ok is None:
-            ok = plain[cls] = (
-                isinstance(tr, TorchTrainer)
-                and getattr(cls, "train_tensors", None) is TorchTrainer.train_tensors
-                and getattr(cls, "eval_tensors", None) is TorchTrainer.eval_tensors
+            ok = plain[cls] = isinstance(tr, TorchTrainer) and not torch_trainer_override(
+                tr, ("train_tensors", "eval_tensors")
             )
         if not ok:
             return None
-        rows = tr._train if side == "train" else tr._eval_rows()  # type: ignore[attr-defined]
-        if x0 is None:
-            x0, y0, xs0, ys0 = rows.x, rows.y, rows.xs, rows.ys
-            xe, ye = xs0, ys0
-        elif rows.x is not x0 or rows.y is not y0 or rows.xs != xe or rows.ys != ye:
-            return None
-        xe += rows.n
-        ye += rows.n
-        counts.append(rows.n)
-    assert x0 is not None and y0 is not None
-    return x0[xs0:xe], y0[ys0:ye], counts
+        rows.append(tr._train if side == "train" else tr._eval_rows())  # type: ignore[attr-defined]
+    return packed(rows)

@@ -42,6 +42,9 @@ from torch import nn
 from torch.func import functional_call, vmap
 from torch.nn import functional as F
 
+from mmfl_flwr.client.rows import forward_sums, joined, owners
+from mmfl_flwr.client.weights import check_weight_keys
+
 __all__ = [
     "ClientData",
     "PackedData",
@@ -146,19 +149,11 @@ class VectorModel:
 
     def tensors(self, weights: Weights) -> dict[str, torch.Tensor]:
         """``weights`` as tensors on the device (strict keys and shapes)."""
-        missing = set(self.keys) - set(weights)
-        extra = set(weights) - set(self.keys)
-        if missing or extra:
-            raise KeyError(
-                f"weight keys mismatch: missing {sorted(missing)}, extra {sorted(extra)}"
-            )
-        out = {}
-        for k in self.keys:
-            arr = np.asarray(weights[k])
-            if tuple(arr.shape) != self.shapes[k]:
-                raise ValueError(f"shape mismatch for {k}: {arr.shape} vs {self.shapes[k]}")
-            out[k] = torch.as_tensor(arr, dtype=self.dtypes[k]).to(self.device)
-        return out
+        check_weight_keys(self.shapes, weights)
+        return {
+            k: torch.as_tensor(np.asarray(weights[k]), dtype=self.dtypes[k]).to(self.device)
+            for k in self.keys
+        }
 
     def load(self, weights: Weights) -> nn.Module:
         """The base module holding ``weights`` (for no-grad passes)."""
@@ -182,45 +177,8 @@ def _concat(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The clients' data one after another: inputs, labels, each sample's client
     (position in ``datasets``) and each client's first row."""
-    owner, offsets = _owners([d.n for d in datasets], datasets[0].x.device)
-    return (_joined([d.x for d in datasets]), _joined([d.y for d in datasets]), owner, offsets)
-
-
-def _owners(counts: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's client (position in ``counts``) and each client's first row,
-    for clients of ``counts`` rows one after another."""
-    n = torch.tensor(counts, dtype=torch.long, device=device)
-    return (
-        torch.repeat_interleave(torch.arange(len(counts), device=device), n),
-        torch.cumsum(n, 0) - n,
-    )
-
-
-def _joined(parts: Sequence[torch.Tensor]) -> torch.Tensor:
-    """``torch.cat(parts)``, without the copy where the parts already lie one
-    after another in one storage (the packed data of a shard's clients, in
-    their order): then a view of those rows."""
-    first = parts[0]
-    storage = first.untyped_storage().data_ptr()
-    end = first.storage_offset()
-    for p in parts:
-        if (
-            p.untyped_storage().data_ptr() != storage
-            or p.storage_offset() != end
-            or not p.is_contiguous()
-            or p.dtype != first.dtype
-            or p.shape[1:] != first.shape[1:]
-        ):
-            return torch.cat(list(parts))
-        end += p.numel()
-    rows = sum(int(p.shape[0]) for p in parts)
-    # set_(storage, offset, size) takes contiguous strides; torch's stubs list only
-    # the form with explicit strides
-    return first.new_empty(
-        0
-    ).set_(  # type: ignore[call-overload]
-        first.untyped_storage(), first.storage_offset(), (rows, *first.shape[1:])
-    )
+    owner, offsets = owners([d.n for d in datasets], datasets[0].x.device)
+    return (joined([d.x for d in datasets]), joined([d.y for d in datasets]), owner, offsets)
 
 
 class _ConcatCache:
@@ -256,7 +214,6 @@ def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
-@torch.no_grad()
 def _forward_rows(
     model: nn.Module,
     datasets: Sequence[ClientData] | PackedData,
@@ -264,31 +221,18 @@ def _forward_rows(
     cache: _ConcatCache | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-client summed cross-entropy and correct predictions (float64) of one
-    no-grad forward over the concatenated data, ``rows`` samples at a time."""
-    model.eval()
+    no-grad forward over the concatenated data, ``rows`` samples at a time
+    (:func:`~mmfl_flwr.client.rows.forward_sums`)."""
     if isinstance(datasets, PackedData):
         x_all, y_all = datasets.x, datasets.y
-        owner, _ = _owners(datasets.counts, y_all.device)
+        owner, _ = owners(datasets.counts, y_all.device)
         shared = True
     else:
         x_all, y_all, owner, _ = cache.get(datasets) if cache is not None else _concat(datasets)
-        # the clients' own memory where _joined made no copy: a model that writes
+        # the clients' own memory where joined() made no copy: a model that writes
         # into its input (an in-place first activation) gets a copy of each batch
         shared = x_all.data_ptr() == datasets[0].x.data_ptr()
-    c = len(datasets)
-    loss_sum = torch.zeros(c, dtype=torch.float64, device=x_all.device)
-    correct = torch.zeros(c, dtype=torch.float64, device=x_all.device)
-    for start in range(0, int(y_all.shape[0]), rows):
-        xb = x_all[start : start + rows]
-        if shared:
-            xb = xb.clone()
-        yb = y_all[start : start + rows]
-        ob = owner[start : start + rows]
-        logits = model(xb)
-        per = F.cross_entropy(logits, yb, reduction="none").double()
-        loss_sum.index_add_(0, ob, per)
-        correct.index_add_(0, ob, (logits.argmax(dim=1) == yb).double())
-    return loss_sum, correct
+    return forward_sums(model, x_all, y_all, rows, owner, len(datasets), copy=shared)
 
 
 def _counts(datasets: Sequence[ClientData] | PackedData) -> list[int]:
@@ -389,27 +333,12 @@ def _step_by_step_recurrences(model: nn.Module, enabled: bool) -> Iterator[None]
             m.unfused = False
 
 
-def _train_chunk(
-    vm: VectorModel,
-    start: dict[str, torch.Tensor],
-    jobs: Sequence[TrainJob],
-    epochs: int,
-    lr: float,
-    batch_size: int,
-) -> list[tuple[Weights, int, float]]:
-    c = len(jobs)
-    device = vm.device
-    index, count, steps = _schedule(jobs, epochs, batch_size)
-    index = index.to(device)
-    count = count.to(device)
-    x_all, y_all, _, offsets = _concat([j.data for j in jobs])
-    # rows of x_all: each client's indices shifted to its first row (padding
-    # entries point at the client's first sample, masked out)
-    index = index + offsets.view(1, 1, -1, 1)
-    params = {k: start[k].unsqueeze(0).repeat(c, *([1] * start[k].dim())) for k in vm.param_keys}
-    buffers = {k: start[k].unsqueeze(0).repeat(c, *([1] * start[k].dim())) for k in vm.buffer_keys}
+def _step_function(vm: VectorModel) -> Callable[..., Any]:
+    """``step(params, buffers, xb, yb, mb) -> (grads, losses)``: every client's
+    gradient and loss of its masked mean cross-entropy on its batch, by autograd
+    through the vmapped forward or, for a model whose ops lack a batching rule
+    there, by functorch's grad (found at the model's first step)."""
     base = vm.base
-    base.train()
 
     def loss_fn(p, b, xb, yb, mb):  # one client's masked mean cross-entropy
         logits = functional_call(base, (p, b), (xb,))
@@ -475,6 +404,31 @@ def _train_chunk(
                 b[k].copy_(v)
         return out
 
+    return step_fn
+
+
+def _train_chunk(
+    vm: VectorModel,
+    start: dict[str, torch.Tensor],
+    jobs: Sequence[TrainJob],
+    epochs: int,
+    lr: float,
+    batch_size: int,
+) -> list[tuple[Weights, int, float]]:
+    """Local training of the clients of one batched call (their weights stacked)."""
+    c = len(jobs)
+    device = vm.device
+    index, count, steps = _schedule(jobs, epochs, batch_size)
+    index = index.to(device)
+    count = count.to(device)
+    x_all, y_all, _, offsets = _concat([j.data for j in jobs])
+    # rows of x_all: each client's indices shifted to its first row (padding
+    # entries point at the client's first sample, masked out)
+    index = index + offsets.view(1, 1, -1, 1)
+    params = {k: start[k].unsqueeze(0).repeat(c, *([1] * start[k].dim())) for k in vm.param_keys}
+    buffers = {k: start[k].unsqueeze(0).repeat(c, *([1] * start[k].dim())) for k in vm.buffer_keys}
+    vm.base.train()
+    step_fn = _step_function(vm)  # one per chunk
     last_total = torch.zeros(c, dtype=torch.float64, device=device)
     for e in range(epochs):
         for s in range(steps):

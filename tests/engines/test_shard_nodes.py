@@ -191,8 +191,8 @@ def test_a_torch_trainer_subclass_with_its_own_training_is_not_batched(caplog):
     """A trainer_fn may return a TorchTrainer subclass that trains its own way:
     a shard node runs its loop (per-client path, one log line), not plain SGD."""
 
-    from mmfl_flwr.client.shard import _overrides_torch_trainer
     from mmfl_flwr.client.trainer import TorchTrainer
+    from mmfl_flwr.client.trainer import torch_trainer_override as _overrides_torch_trainer
 
     class Proximal(TorchTrainer):
         def train(self, weights, epochs, lr, seed, batch_size=None, correction=None):
@@ -228,13 +228,14 @@ def test_the_contract_is_checked_once_per_trainer(monkeypatch):
     trainer that cannot be weakly referenced is checked every time and still
     answered."""
     import mmfl_flwr.client.shard as S
+    import mmfl_flwr.client.trainer as T
     from mmfl_flwr.client.trainer import TorchTrainer
     from mmfl_flwr.flower_app.data import federation_for
     from mmfl_flwr.tasks.models import make_model
 
     calls = []
-    original = S._overrides_torch_trainer
-    monkeypatch.setattr(S, "_overrides_torch_trainer", lambda tr: calls.append(tr) or original(tr))
+    original = T.torch_trainer_override
+    monkeypatch.setattr(T, "torch_trainer_override", lambda tr: calls.append(tr) or original(tr))
 
     class Proximal(TorchTrainer):
         def loss(self, weights):

@@ -2,22 +2,29 @@
 
 The keys (dashes, as in ``flwr run --run-config "num-rounds=20 strategy='mfa-rr'"``)
 and their defaults are the app's ``[tool.flwr.app.config]`` in pyproject.toml.
-What each setting accepts, its help text and its error message are the option
-table, :mod:`mmfl_flwr.option_table` (re-exported here: :func:`options`,
-:func:`setting_help`, :func:`option_error`, :func:`check_option`).
+What each setting accepts is the option table, :func:`options`, built from the
+rows of :mod:`mmfl_flwr.option_table`; the help text (:func:`setting_help`) and
+the one error message of a refused value (:func:`option_error`) are written
+from it.
 
-Why one module: it is the one :class:`Settings` dataclass. Its docstring
-documents every field (the reference the field help and the docs point to),
-and its methods (the values derived from the text settings, ``save`` /
-``load`` / ``check_resumes`` of ``config.json``, ``validate``) all read the
-same fields; a class cannot be split over modules, and the constants beside
-it (:data:`RESUME_MAY_CHANGE`, :data:`BOUNDS`, ...) are the ones its methods use.
+Why one module: it is the one :class:`Settings` dataclass and the checks of a
+value against it. The dataclass's docstring documents every field (the
+reference the field help and the docs point to), and its methods (the values
+derived from the text settings, ``save`` / ``load`` / ``check_resumes`` of
+``config.json``, ``validate``) all read the same fields; a class cannot be
+split over modules. The option table in field order, the help text and the
+type and range messages read the fields and defaults of ``Settings``, and
+``validate`` and ``from_run_config`` use them: in two modules, each would
+import the other. The rows of the table, which need neither, are
+:mod:`mmfl_flwr.option_table`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import numbers
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,16 +33,7 @@ from typing import Any, TypeVar
 from mmfl_flwr.core.card import setting_option, setting_parameters
 from mmfl_flwr.core.parameter import Option
 from mmfl_flwr.core.policy import MIN_UPLOADS_PER_MODEL
-from mmfl_flwr.option_table import (
-    _coerce,
-    _field_types,
-    _of_type,
-    _type_error,
-    check_option,
-    option_error,
-    options,
-    setting_help,
-)
+from mmfl_flwr.option_table import option_rows
 
 __all__ = [
     "MIN_UPLOADS_PER_MODEL",
@@ -699,3 +697,125 @@ class Settings:
             )
         except ValueError as err:
             raise ValueError(f"strategy={self.strategy!r}: {err}") from err
+
+
+@functools.cache
+def options() -> dict[str, Option]:
+    """Setting (field name) -> :class:`Option`, for every field of
+    :class:`Settings` but ``extra``, in field order."""
+    table = option_rows()
+    names = [f.name for f in dataclasses.fields(Settings) if f.name != "extra"]
+    missing = set(names) ^ set(table)
+    if missing:
+        raise AssertionError(f"options() and Settings differ in {sorted(missing)}")
+    return {n: table[n] for n in names}
+
+
+def setting_help(name: str) -> str:
+    """The ``mmfl run --help`` text of setting ``name``: what it does, its
+    allowed values (:meth:`Option.allowed`), its default and the presets that
+    take it."""
+    from mmfl_flwr.core.card import presets_taking
+
+    opt = options()[name]
+    default = getattr(Settings(), name)
+    users = presets_taking(name)
+    used_by = f" Strategies: {', '.join(users)}." if users else ""
+    if isinstance(default, bool):
+        return f"{opt.help}. Allowed: {opt.allowed()}. Default: {'on' if default else 'off'}."
+    return f"{opt.help}. Allowed: {opt.allowed()}. Default: {default!r}.{used_by}"
+
+
+#: The run-config spellings of a switch (``overwrite``, ``download``).
+_BOOLS = {"true": True, "1": True, "false": False, "0": False}
+
+
+@functools.cache
+def _field_types() -> dict[str, type]:
+    """Setting -> its type (the type of its default: int, float, str, bool)."""
+    defaults = Settings()
+    return {name: type(getattr(defaults, name)) for name in options()}
+
+
+#: How the messages name each type of setting.
+_KINDS = {int: "a whole number", float: "a number", bool: "true or false", str: "text"}
+
+
+def _of_type(value: Any, typ: type) -> bool:
+    """Whether ``value`` is of setting type ``typ``: a bool is no number, an int
+    is a float's value too, numpy scalars count as their kind."""
+    if typ is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if typ is int:
+        return isinstance(value, numbers.Integral)
+    if typ is float:
+        return isinstance(value, numbers.Real)
+    return isinstance(value, str)
+
+
+def _type_error(name: str, value: Any) -> str:
+    """The message for ``value`` of setting ``name`` that is not of its type."""
+    opt = options()[name]
+    typ = _field_types()[name]
+    allowed = opt.allowed()
+    kind = _KINDS[typ]
+    return (
+        f"{name.replace('_', '-')} must be {kind}"
+        f"{' ' + allowed if allowed and typ in (int, float) else ''}; got {value!r}"
+    )
+
+
+def option_error(name: str, value: Any, settings: Any = None) -> str | None:
+    """The one-line message for ``value`` of setting ``name`` (a field of
+    :class:`Settings`), or None when it is allowed: of the setting's type and
+    accepted by its :class:`Option` (:func:`options`). The same message on
+    every surface: ``mmfl run``, a ``--config`` file, :meth:`Settings.validate`,
+    the preset factories and :class:`~mmfl_flwr.strategy.MultiModelStrategy`.
+    A bound that names another setting (``clients-per-round <= num-clients``)
+    is checked only with ``settings``."""
+    typ = _field_types()[name]
+    if not _of_type(value, typ):
+        return _type_error(name, value)
+    opt = options()[name]
+    bounded = dataclasses.replace(opt, high=None) if isinstance(opt.high, str) else opt
+    if (bounded if settings is None else opt).accepts(value, settings):
+        return None
+    return opt.error(name, value, settings)
+
+
+def check_option(name: str, value: Any, settings: Any = None) -> None:
+    """Raise ValueError with :func:`option_error`'s message unless ``value`` is
+    an allowed value of setting ``name``."""
+    message = option_error(name, value, settings)
+    if message is not None:
+        raise ValueError(message)
+
+
+def _coerce(key: str, value: Any, typ: type) -> Any:
+    """``value`` of run-config key ``key`` as ``typ``: a number may be given as
+    text (``"0.5"``), a whole float as an int; a boolean for a number
+    (``local-epochs = true``), a fraction for an int or a switch other than
+    true / false / 1 / 0 is a ValueError, never a silent 1 or False."""
+    try:
+        if typ is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, float) or str(value).strip().lower() not in _BOOLS:
+                raise ValueError
+            return _BOOLS[str(value).strip().lower()]
+        if isinstance(value, bool) and typ in (int, float):
+            raise ValueError
+        if typ is int:
+            if isinstance(value, float) and value != int(value):
+                raise ValueError
+            return int(value)
+        if typ is float:
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError) as err:
+        name = key.replace("-", "_")
+        if name in options():  # the message of every other surface
+            raise ValueError(_type_error(name, value)) from err
+        raise ValueError(f"{key}={value!r} is not a valid {typ.__name__}") from err

@@ -1,27 +1,22 @@
-"""The option table of the run settings: what every setting of
-:class:`~mmfl_flwr.config.Settings` does and accepts (:func:`options`), the
-``mmfl run --help`` text written from it (:func:`setting_help`), and the one
-message for a value a setting refuses (:func:`option_error`).
+"""The rows of the run settings' option table: what every setting of
+:class:`~mmfl_flwr.config.Settings` does and which values it accepts, one
+:class:`~mmfl_flwr.core.parameter.Option` per setting, in four groups (the
+preset, federation and training; arrivals, seeds and locations; the defences;
+engine, privacy, trackers and console), and the algorithm cards' settings.
 
-``mmfl run --help``, ``docs/reference/run-config.md``, ``Settings.validate``,
-the run-config reader and the preset factories all read this table, so each
-setting's range and wording is written once. :mod:`mmfl_flwr.config`
-re-exports its public names; the fields and defaults stay on ``Settings``,
-which this module reads when a function is called (``config`` imports this
-module, not the other way round at import time).
+:func:`mmfl_flwr.config.options` is the table in the order of the fields, the
+one that ``mmfl run --help``, ``docs/reference/run-config.md``,
+``Settings.validate``, the run-config reader and the preset factories read; the
+help text and the error messages are written from it there. This module only
+holds the rows, so it imports nothing of ``config``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import numbers
-from typing import Any
-
 from mmfl_flwr.core.card import setting_option, setting_parameters
 from mmfl_flwr.core.parameter import Option
 
-__all__ = ["Option", "check_option", "option_error", "options", "setting_help"]
+__all__ = ["option_rows"]
 
 
 def _presets() -> list[str]:
@@ -290,130 +285,12 @@ def _engine_options() -> dict[str, Option]:
     }
 
 
-@functools.cache
-def options() -> dict[str, Option]:
-    """Setting (field name) -> :class:`Option`, for every field of
-    :class:`~mmfl_flwr.config.Settings` but ``extra``, in field order."""
-    from mmfl_flwr.config import Settings
-
+def option_rows() -> dict[str, Option]:
+    """Setting (field name) -> :class:`Option`: the general settings' rows, then
+    each algorithm card setting's (:func:`~mmfl_flwr.core.card.setting_option`).
+    :func:`mmfl_flwr.config.options` puts them in the order of the fields of
+    ``Settings`` and checks that they are the same settings."""
     table = {**_general_options(), **_run_options(), **_defence_options(), **_engine_options()}
     for fld in setting_parameters():
         table[fld] = setting_option(fld)
-    names = [f.name for f in dataclasses.fields(Settings) if f.name != "extra"]
-    missing = set(names) ^ set(table)
-    if missing:
-        raise AssertionError(f"options() and Settings differ in {sorted(missing)}")
-    return {n: table[n] for n in names}
-
-
-def setting_help(name: str) -> str:
-    """The ``mmfl run --help`` text of setting ``name``: what it does, its
-    allowed values (:meth:`Option.allowed`), its default and the presets that
-    take it."""
-    from mmfl_flwr.config import Settings
-    from mmfl_flwr.core.card import presets_taking
-
-    opt = options()[name]
-    default = getattr(Settings(), name)
-    users = presets_taking(name)
-    used_by = f" Strategies: {', '.join(users)}." if users else ""
-    if isinstance(default, bool):
-        return f"{opt.help}. Allowed: {opt.allowed()}. Default: {'on' if default else 'off'}."
-    return f"{opt.help}. Allowed: {opt.allowed()}. Default: {default!r}.{used_by}"
-
-
-#: The run-config spellings of a switch (``overwrite``, ``download``).
-_BOOLS = {"true": True, "1": True, "false": False, "0": False}
-
-
-@functools.cache
-def _field_types() -> dict[str, type]:
-    """Setting -> its type (the type of its default: int, float, str, bool)."""
-    from mmfl_flwr.config import Settings
-
-    defaults = Settings()
-    return {name: type(getattr(defaults, name)) for name in options()}
-
-
-#: How the messages name each type of setting.
-_KINDS = {int: "a whole number", float: "a number", bool: "true or false", str: "text"}
-
-
-def _of_type(value: Any, typ: type) -> bool:
-    """Whether ``value`` is of setting type ``typ``: a bool is no number, an int
-    is a float's value too, numpy scalars count as their kind."""
-    if typ is bool:
-        return isinstance(value, bool)
-    if isinstance(value, bool):
-        return False
-    if typ is int:
-        return isinstance(value, numbers.Integral)
-    if typ is float:
-        return isinstance(value, numbers.Real)
-    return isinstance(value, str)
-
-
-def _type_error(name: str, value: Any) -> str:
-    """The message for ``value`` of setting ``name`` that is not of its type."""
-    opt = options()[name]
-    typ = _field_types()[name]
-    allowed = opt.allowed()
-    kind = _KINDS[typ]
-    return (
-        f"{name.replace('_', '-')} must be {kind}"
-        f"{' ' + allowed if allowed and typ in (int, float) else ''}; got {value!r}"
-    )
-
-
-def option_error(name: str, value: Any, settings: Any = None) -> str | None:
-    """The one-line message for ``value`` of setting ``name`` (a field of
-    :class:`~mmfl_flwr.config.Settings`), or None when it is allowed: of the setting's type and
-    accepted by its :class:`Option` (:func:`options`). The same message on
-    every surface: ``mmfl run``, a ``--config`` file, :meth:`~mmfl_flwr.config.Settings.validate`,
-    the preset factories and :class:`~mmfl_flwr.strategy.MultiModelStrategy`.
-    A bound that names another setting (``clients-per-round <= num-clients``)
-    is checked only with ``settings``."""
-    typ = _field_types()[name]
-    if not _of_type(value, typ):
-        return _type_error(name, value)
-    opt = options()[name]
-    bounded = dataclasses.replace(opt, high=None) if isinstance(opt.high, str) else opt
-    if (bounded if settings is None else opt).accepts(value, settings):
-        return None
-    return opt.error(name, value, settings)
-
-
-def check_option(name: str, value: Any, settings: Any = None) -> None:
-    """Raise ValueError with :func:`option_error`'s message unless ``value`` is
-    an allowed value of setting ``name``."""
-    message = option_error(name, value, settings)
-    if message is not None:
-        raise ValueError(message)
-
-
-def _coerce(key: str, value: Any, typ: type) -> Any:
-    """``value`` of run-config key ``key`` as ``typ``: a number may be given as
-    text (``"0.5"``), a whole float as an int; a boolean for a number
-    (``local-epochs = true``), a fraction for an int or a switch other than
-    true / false / 1 / 0 is a ValueError, never a silent 1 or False."""
-    try:
-        if typ is bool:
-            if isinstance(value, bool):
-                return value
-            if isinstance(value, float) or str(value).strip().lower() not in _BOOLS:
-                raise ValueError
-            return _BOOLS[str(value).strip().lower()]
-        if isinstance(value, bool) and typ in (int, float):
-            raise ValueError
-        if typ is int:
-            if isinstance(value, float) and value != int(value):
-                raise ValueError
-            return int(value)
-        if typ is float:
-            return float(value)
-        return str(value)
-    except (TypeError, ValueError) as err:
-        name = key.replace("-", "_")
-        if name in options():  # the message of every other surface
-            raise ValueError(_type_error(name, value)) from err
-        raise ValueError(f"{key}={value!r} is not a valid {typ.__name__}") from err
+    return table

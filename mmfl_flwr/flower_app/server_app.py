@@ -342,6 +342,8 @@ def _run_server(
             bar.close()
             bar = None
         summary = _write_results(result, s, hub, effective, engine, name)
+        if s.output_dir:  # the last line, which mmfl run's simulation launcher waits for
+            print(f"[mmfl] results written to {os.path.abspath(s.output_dir)}", flush=True)
         _finish_hub(hub, "finished", strategy, s, summary)
     finally:
         if bar is not None:
@@ -419,7 +421,8 @@ def _write_results(
     name: str | None,
 ) -> dict[str, Any] | None:
     """The run's outputs at its end (the privacy line, the output folder's files,
-    report.html); returns its summary where it is written or a tracker needs it."""
+    report.html); returns its summary where it is written or a tracker needs it.
+    The line that says where the results are is :func:`_run_server`'s."""
     from mmfl_flwr.results import summarize, write_outputs
 
     if result.privacy:  # a run under a DP wrapper: the budget spent, on the console too
@@ -433,7 +436,6 @@ def _write_results(
         _report(s, png.read_bytes() if png.is_file() else None)
         with open(out / "summary.json") as f:
             summary = json.load(f)
-        print(f"[mmfl] results written to {os.path.abspath(out)}", flush=True)
     elif hub:
         summary = summarize(result, s, effective, engine)
     return summary

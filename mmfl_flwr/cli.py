@@ -161,6 +161,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     report.add_parser(sub)
     groups = {name: p_run.add_argument_group(name, text) for name, text in GROUPS.items()}
+    _add_engine_args(groups)
+    _add_run_args(groups)
+    _add_settings_args(groups)
+    return parser
+
+
+def _add_engine_args(groups: dict[str, argparse._ArgumentGroup]) -> None:
+    """The flags of ``mmfl run`` that choose the engine and its resources (and ``--verbose``)."""
     groups["engine"].add_argument(
         "--engine",
         choices=ENGINES,
@@ -223,6 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
         "other processes leave free (at most OMP_NUM_THREADS where it is set), "
         "checked before every round trip; K fixes them",
     )
+
+
+def _add_run_args(groups: dict[str, argparse._ArgumentGroup]) -> None:
+    """The flags of ``mmfl run`` that say what is run: --config, --resume, --sequential."""
     groups["run"].add_argument(
         "--config",
         metavar="FILE",
@@ -247,8 +259,6 @@ def build_parser() -> argparse.ArgumentParser:
         "per round to OUTPUT-DIR/single.csv (the single-model curves of "
         "mmfl_flwr.gain)",
     )
-    _add_settings_args(groups)
-    return parser
 
 
 def version_text() -> str:

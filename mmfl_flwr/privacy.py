@@ -55,6 +55,15 @@ are refused (SCAFFOLD's control variates, the stale-update rules, the median
 and trimmed mean). The project's own update-norm bound (``update_norm_factor``)
 acts on the clipped updates and composes: it only rejects updates, never
 enlarges one.
+
+Why one module: the four public wrappers are one class, ``_PerModelDP`` (the
+per-model clipping, noise and accounting every wrapper does), configured: the
+fixed ones differ only in where the update is clipped (``server_clips``), and
+the adaptive ones add the noise split between the update and the clipped count
+(their constructor) and the norm update (``_adapt``, a hook of the base class).
+The docstring above states the guarantee of all four together; splitting the
+subclasses or the accountant (:func:`epsilon`) from the base class would put
+the code that defines what one wrapper releases in two places.
 """
 
 from __future__ import annotations

@@ -15,21 +15,31 @@ Everything is read from the output folder (``config.json``, ``metrics.csv``,
 rounds. The HTML needs no network: the figures are PNG images inlined in base64,
 no script, no external style sheet. The numbers in the tables are the cells of
 the CSV files as written.
+
+The pieces every report is built of (the folder read, :class:`RunFolder`, and
+the HTML blocks) are :mod:`mmfl_flwr.report_html`; the comparison of several
+runs is :mod:`mmfl_flwr.report_comparison`. Both are re-exported here.
 """
 
 from __future__ import annotations
 
-import base64
-import csv
-import datetime
-import html
-import io
-import json
-import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from mmfl_flwr.report_comparison import comparison_html as comparison_html
+from mmfl_flwr.report_html import RunFolder as RunFolder
+from mmfl_flwr.report_html import (
+    _e,
+    _fmt,
+    _img,
+    _page,
+    _png,
+    _section,
+    _table,
+    _versions_section,
+)
 
 #: The report of a run in its output folder.
 REPORT_FILE = "report.html"
@@ -60,167 +70,6 @@ COMPARISON_SECTIONS = (
     "uploads-rejections",
     "versions",
 )
-
-_STYLE = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;
-max-width:1100px;padding:0 1em;color:#222}
-h1{font-size:1.5em}h2{font-size:1.2em;border-bottom:1px solid #ccc;padding-bottom:.2em;
-margin-top:2em}table{border-collapse:collapse;margin:.5em 0;font-size:.85em}
-td,th{border:1px solid #ddd;padding:.2em .5em;text-align:right}
-th{background:#f3f3f3}td.l,th.l{text-align:left}img{max-width:100%}
-details{margin:.5em 0}.note{color:#666;font-size:.9em}
-"""
-
-
-class RunFolder:
-    """The files of one run's output folder, read.
-
-    Attributes
-    ----------
-    folder : Path
-    config : dict
-        The settings as typed (``config.json`` without ``effective`` / ``engine``).
-    effective : dict
-        The values used for the automatic settings.
-    engine : str or None
-    summary : dict or None
-        ``summary.json`` (None for an interrupted run).
-    header : list[str]
-        The columns of ``metrics.csv``.
-    cells : list[dict[str, str]]
-        The rows of ``metrics.csv`` as written (strings).
-    rows : list[dict]
-        The same rows as numbers (:func:`~mmfl_flwr.results.read_metrics_csv`).
-    """
-
-    def __init__(self, folder: str | os.PathLike[str]) -> None:
-        from mmfl_flwr.results import read_metrics_csv
-
-        self.folder = Path(folder)
-        if not self.folder.is_dir():
-            raise ValueError(f"{folder}: not a folder (expected a run's output folder)")
-        for name in ("metrics.csv", "config.json"):
-            if not (self.folder / name).is_file():
-                raise ValueError(
-                    f"{folder}: no {name} (expected a run's output folder, as written by mmfl run)"
-                )
-        try:
-            with open(self.folder / "config.json") as f:
-                config = json.load(f)
-            if not isinstance(config, dict):
-                raise ValueError("not a JSON object")
-        except (OSError, ValueError) as err:
-            raise ValueError(f"{folder}: config.json is not readable ({err})") from err
-        self.effective: dict[str, Any] = dict(config.pop("effective", None) or {})
-        self.engine: str | None = config.pop("engine", None)
-        self.config: dict[str, Any] = config
-        self.summary: dict[str, Any] | None = None
-        if (self.folder / "summary.json").is_file():
-            try:
-                with open(self.folder / "summary.json") as f:
-                    summary = json.load(f)
-                self.summary = summary if isinstance(summary, dict) else None
-            except (OSError, ValueError) as err:
-                raise ValueError(f"{folder}: summary.json is not readable ({err})") from err
-        try:
-            with open(self.folder / "metrics.csv", newline="") as f:
-                reader = csv.DictReader(f)
-                self.header: list[str] = list(reader.fieldnames or [])
-                self.cells: list[dict[str, str]] = list(reader)
-            self.rows = read_metrics_csv(self.folder / "metrics.csv")
-        except (OSError, ValueError, TypeError) as err:
-            raise ValueError(f"{folder}: metrics.csv is not readable ({err})") from err
-        missing = [c for c in ("round", "task", "accuracy", "loss") if c not in self.header]
-        if missing:
-            raise ValueError(f"{folder}: metrics.csv lacks the column(s) {', '.join(missing)}")
-        self.models: list[str] = list(dict.fromkeys(r["task"] for r in self.rows))
-        self.last_round = max((int(r["round"]) for r in self.rows), default=0)
-
-    @property
-    def num_rounds(self) -> int:
-        return int(self.config.get("num-rounds", self.last_round))
-
-    @property
-    def finished(self) -> bool:
-        return self.summary is not None and self.last_round >= self.num_rounds
-
-    def csv_rows(self, name: str) -> tuple[list[str], list[list[str]]]:
-        """Header and rows of another CSV file of the folder (empty if absent)."""
-        path = self.folder / name
-        if not path.is_file():
-            return [], []
-        with open(path, newline="") as f:
-            reader = csv.reader(f)
-            header = next(reader, [])
-            return header, list(reader)
-
-    def assignments(self) -> dict[int, list[tuple[str, str, int]]]:
-        """``assignments.csv`` as :attr:`MultiModelResult.assignments`."""
-        out: dict[int, list[tuple[str, str, int]]] = {}
-        path = self.folder / "assignments.csv"
-        if not path.is_file():
-            return out
-        with open(path, newline="") as f:
-            reader = csv.reader(f)
-            next(reader, None)
-            for rnd, cid, task, count in reader:
-                out.setdefault(int(rnd), []).append((cid, task, int(count)))
-        return out
-
-
-# ---------------------------------------------------------------- HTML pieces
-
-
-def _e(value: Any) -> str:
-    return html.escape(str(value))
-
-
-def _png(fig: Any, dpi: int = 90) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    return _img(buf.getvalue())
-
-
-def _img(data: bytes, alt: str = "figure") -> str:
-    return f'<img alt="{_e(alt)}" src="data:image/png;base64,{base64.b64encode(data).decode()}">'
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], left: int = 1) -> str:
-    """An HTML table; the first ``left`` columns are left-aligned (names)."""
-    out = ["<table><thead><tr>"]
-    out += [f'<th class="{"l" if i < left else ""}">{_e(h)}</th>' for i, h in enumerate(header)]
-    out.append("</tr></thead><tbody>")
-    for row in rows:
-        out.append("<tr>")
-        out += [f'<td class="{"l" if i < left else ""}">{_e(v)}</td>' for i, v in enumerate(row)]
-        out.append("</tr>")
-    out.append("</tbody></table>")
-    return "".join(out)
-
-
-def _section(sid: str, title: str, body: str) -> str:
-    return f'<section id="{sid}"><h2>{_e(title)}</h2>\n{body}\n</section>\n'
-
-
-def _page(title: str, body: str) -> str:
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{_e(title)}</title><style>{_STYLE}</style></head><body>\n"
-        f"<h1>{_e(title)}</h1>\n{body}"
-        f'<p class="note">Written {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC '
-        "by mmfl report; self-contained (no network needed).</p>\n</body></html>\n"
-    )
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return "" if math.isnan(v) else repr(v)
-    if isinstance(v, (dict, list)):
-        return json.dumps(v, sort_keys=True)
-    return str(v)
-
 
 # ---------------------------------------------------------------- one run
 
@@ -442,23 +291,6 @@ def _privacy_section(run: RunFolder) -> str:
     )
 
 
-def _versions_section(summaries: Sequence[tuple[str, Mapping[str, Any] | None]]) -> str:
-    from mmfl_flwr.results import run_versions
-
-    body = ""
-    for label, summary in summaries:
-        versions = (summary or {}).get("versions")
-        if versions:
-            body += f"<h3>{_e(label)}</h3>" + _table(
-                ["software", "version"], [[k, _fmt(v)] for k, v in versions.items()]
-            )
-    now = run_versions()
-    body += "<h3>This report was written with</h3>" + _table(
-        ["software", "version"], [[k, _fmt(v)] for k, v in now.items()]
-    )
-    return _section("versions", "Versions", body)
-
-
 def run_report_html(folder: str | os.PathLike[str], assignments_png: bytes | None = None) -> str:
     """The HTML report of the run in ``folder`` (see the module docstring).
     ``assignments_png``: the who-trained-what figure already drawn (default: the
@@ -492,197 +324,6 @@ def run_report_html(folder: str | os.PathLike[str], assignments_png: bytes | Non
         ]
     )
     return _page(title, body)
-
-
-# ---------------------------------------------------------------- comparison
-
-
-def comparison_html(folders: Sequence[str | os.PathLike[str]]) -> str:
-    """The HTML report comparing the runs in ``folders``."""
-    runs = [RunFolder(f) for f in folders]
-    labels = _labels(runs)
-    parts = []
-    parts.append(
-        _section(
-            "runs",
-            "Runs",
-            _table(
-                ["run", "folder", "strategy", "seed", "rounds", "status"],
-                [
-                    [
-                        lab,
-                        r.folder.resolve(),
-                        r.config.get("strategy", ""),
-                        r.config.get("seed", ""),
-                        r.last_round,
-                        "finished" if r.finished else "not finished",
-                    ]
-                    for lab, r in zip(labels, runs)
-                ],
-                left=3,
-            ),
-        )
-    )
-    keys = sorted({k for r in runs for k in r.config} | {"engine"})
-    differ = []
-    for k in keys:
-        values = [(r.engine if k == "engine" else r.config.get(k)) for r in runs]
-        if len({json.dumps(v, sort_keys=True) for v in values}) > 1:
-            differ.append([k, *(_fmt(v) for v in values)])
-    parts.append(
-        _section(
-            "settings",
-            "Settings that differ",
-            _table(["setting", *labels], differ)
-            if differ
-            else "<p>None: the runs share every setting.</p>",
-        )
-    )
-    models = list(dict.fromkeys(m for r in runs for m in r.models))
-    final_rows = []
-    for lab, r in zip(labels, runs):
-        last: dict[str, dict[str, str]] = {}
-        for row in r.cells:
-            last[row["task"]] = row
-        final_rows.append(
-            [lab, r.last_round, *(last.get(m, {}).get("accuracy", "") for m in models)]
-        )
-    parts.append(
-        _section(
-            "final",
-            "Final accuracy per model (metrics.csv, last round)",
-            _table(["run", "round", *models], final_rows),
-        )
-    )
-    parts.append(_section("curves", "Curves", _png(_comparison_figure(runs, labels))))
-    rounds = sorted({int(r["round"]) for run in runs for r in run.rows})
-    means = [_mean_accuracy(r) for r in runs]
-    parts.append(
-        _section(
-            "mean-accuracy",
-            "Mean accuracy over the models per round",
-            _table(
-                ["round", *labels],
-                [[rnd, *(_fmt(m.get(rnd)) for m in means)] for rnd in rounds],
-                left=0,
-            ),
-        )
-    )
-    parts.insert(
-        -1,
-        _section(
-            "model-curves",
-            "Accuracy per model",
-            _png(_per_model_figure(runs, labels, models)),
-        ),
-    )
-    totals = [_totals(r) for r in runs]
-    parts.append(
-        _section(
-            "uploads-rejections",
-            "Uploads and rejections per round (summed over the models)",
-            _table(
-                ["round", *(f"{lab}: {k}" for lab in labels for k in ("uploads", "rejected"))],
-                [
-                    [
-                        rnd,
-                        *(
-                            t.get(rnd, {}).get(k, "")
-                            for t in totals
-                            for k in ("uploads", "rejected")
-                        ),
-                    ]
-                    for rnd in rounds
-                    if rnd > 0
-                ],
-                left=0,
-            ),
-        )
-    )
-    parts.append(_versions_section([(lab, r.summary) for lab, r in zip(labels, runs)]))
-    return _page(f"Comparison of {len(runs)} MMFL runs", "".join(parts))
-
-
-def _totals(run: RunFolder) -> dict[int, dict[str, int]]:
-    """Round -> uploads and rejected summed over the run's models."""
-    out: dict[int, dict[str, int]] = {}
-    for r in run.rows:
-        cell = out.setdefault(int(r["round"]), {"uploads": 0, "rejected": 0})
-        for k in cell:
-            v = r.get(k, math.nan)
-            if isinstance(v, (int, float)) and math.isfinite(v):
-                cell[k] += int(v)
-    return out
-
-
-def _per_model_figure(
-    runs: Sequence[RunFolder], labels: Sequence[str], models: Sequence[str]
-) -> Any:
-    from mmfl_flwr.results import new_figure
-
-    fig = new_figure((8.5, 1.0 + 2.2 * max(len(models), 1)), layout="constrained")
-    axes = fig.subplots(max(len(models), 1), 1, sharex=True, squeeze=False)[:, 0]
-    for ax, m in zip(axes, models):
-        for i, (run, lab) in enumerate(zip(runs, labels)):
-            pts = [
-                (int(r["round"]), r["accuracy"])
-                for r in run.rows
-                if r["task"] == m and not math.isnan(r["accuracy"])
-            ]
-            if pts:
-                ax.plot(*zip(*pts), marker=".", color=f"C{i % 10}", label=lab)
-        ax.set_ylabel(f"{m}\ntest accuracy")
-        ax.set_ylim(0, 1)
-        ax.grid(alpha=0.3)
-    axes[-1].set_xlabel("round")
-    handles, names = axes[0].get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, names, loc="outside right upper", fontsize="small")
-    return fig
-
-
-def _labels(runs: Sequence[RunFolder]) -> list[str]:
-    labels = [f"{r.config.get('strategy', '?')} seed {r.config.get('seed', '?')}" for r in runs]
-    if len(set(labels)) < len(labels):
-        labels = [f"{lab} ({r.folder.name})" for lab, r in zip(labels, runs)]
-    if len(set(labels)) < len(labels):
-        labels = [f"{lab} #{i + 1}" for i, lab in enumerate(labels)]
-    return labels
-
-
-def _mean_accuracy(run: RunFolder) -> dict[int, float]:
-    by: dict[int, list[float]] = {}
-    for r in run.rows:
-        if not math.isnan(r["accuracy"]):
-            by.setdefault(int(r["round"]), []).append(r["accuracy"])
-    return {k: sum(v) / len(v) for k, v in by.items()}
-
-
-def _comparison_figure(runs: Sequence[RunFolder], labels: Sequence[str]) -> Any:
-    from mmfl_flwr.results import new_figure, style_panels
-
-    fig = new_figure((8.5, 6.4), layout="constrained")
-    ax_acc, ax_loss = fig.subplots(2, 1, sharex=True)
-    for i, (run, lab) in enumerate(zip(runs, labels)):
-        acc = _mean_accuracy(run)
-        by: dict[int, list[float]] = {}
-        for r in run.rows:
-            if not math.isnan(r["loss"]):
-                by.setdefault(int(r["round"]), []).append(r["loss"])
-        color = f"C{i % 10}"
-        if acc:
-            ax_acc.plot(
-                sorted(acc), [acc[k] for k in sorted(acc)], marker=".", color=color, label=lab
-            )
-        if by:
-            ax_loss.plot(
-                sorted(by), [sum(by[k]) / len(by[k]) for k in sorted(by)], marker=".", color=color
-            )
-    style_panels(ax_acc, ax_loss, "mean test accuracy over models", "mean test loss")
-    handles, names = ax_acc.get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, names, loc="outside right upper", fontsize="small")
-    return fig
 
 
 # ---------------------------------------------------------------- writing

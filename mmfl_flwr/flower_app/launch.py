@@ -38,15 +38,17 @@ Bigger experiments (:func:`plan_ray`, checked before anything starts):
   SuperLink's environment, which ``flower-superexec`` and ``flwr-simulation``
   inherit. ``init-args-num-cpus`` is then left out (Ray refuses ``num_cpus`` for
   an existing cluster).
+
+What is submitted (the app folder, the Flower home, the SuperLink's
+environment) is :mod:`mmfl_flwr.flower_app.app_folder`; reading and showing the
+streamed log is :mod:`mmfl_flwr.flower_app.run_log`; both are re-exported here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -56,32 +58,29 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 from mmfl_flwr.config import Settings
+from mmfl_flwr.flower_app.app_folder import CLIENTS_PER_NODE_USED_KEY as CLIENTS_PER_NODE_USED_KEY
+from mmfl_flwr.flower_app.app_folder import CONNECTION as CONNECTION
+from mmfl_flwr.flower_app.app_folder import app_pyproject as app_pyproject
+from mmfl_flwr.flower_app.app_folder import launched_run_config as launched_run_config
+from mmfl_flwr.flower_app.app_folder import remove_run_files, superlink_env, write_app
+from mmfl_flwr.flower_app.app_folder import remove_stale_shared_data as remove_stale_shared_data
+from mmfl_flwr.flower_app.run_log import _ANSI, _last_line, _status
+from mmfl_flwr.flower_app.run_log import RESULTS_LINE as RESULTS_LINE
+from mmfl_flwr.flower_app.run_log import SimulationError as SimulationError
+from mmfl_flwr.flower_app.run_log import _echo as _echo
+from mmfl_flwr.flower_app.run_log import _show as _show
+from mmfl_flwr.flower_app.run_log import flwr_reason as flwr_reason
+from mmfl_flwr.flower_app.run_log import follow_run_log as follow_run_log
 from mmfl_flwr.flower_app.supervise import end_tree
 from mmfl_flwr.nodes import NodeLayout
-from mmfl_flwr.tasks.federation import SHARED_DATA_ENV
-from mmfl_flwr.tasks.registry import TASK_SNAPSHOT_KEY, registered_tasks, save_snapshot
 
-#: Name of the SuperLink connection in the private Flower configuration.
-CONNECTION = "mmfl"
-#: how ``flwr run`` names the run it started (its default output format)
-_STARTED = re.compile(r"Successfully started run (\d+)")
-#: the ServerApp's last line, printed once its results are written
-#: (:func:`mmfl_flwr.flower_app.server_app.server_main`)
-RESULTS_LINE = "[mmfl] results written to "
 #: seconds ``flwr run`` may take to submit the app and name the run
 SUBMIT_TIMEOUT = 300.0
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-class SimulationError(RuntimeError):
-    """The run did not finish on Flower's simulation runtime (one-line reason)."""
 
 
 def _exe(name: str) -> str:
@@ -96,47 +95,6 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    return json.dumps(str(value))  # a TOML basic string
-
-
-def app_pyproject(run_config: dict[str, Any]) -> str:
-    """The ``pyproject.toml`` of the Flower App that runs ``run_config``."""
-    lines = [
-        "[build-system]",
-        'requires = ["setuptools>=68"]',
-        'build-backend = "setuptools.build_meta"',
-        "",
-        "[project]",
-        'name = "mmfl-run"',
-        'version = "1.0.0"',
-        'description = "An mmfl run (written by mmfl run)"',
-        'license = "Apache-2.0"',
-        "dependencies = []",
-        "",
-        "[tool.flwr.app]",
-        'publisher = "mmfl-flwr"',
-        "",
-        "[tool.flwr.app.components]",
-        'serverapp = "mmfl_flwr.flower_app.server_app:app"',
-        'clientapp = "mmfl_flwr.flower_app.client_app:app"',
-        "",
-        "[tool.flwr.app.config]",
-    ]
-    lines += [f"{key} = {_toml_value(value)}" for key, value in sorted(run_config.items())]
-    return "\n".join(lines) + "\n"
 
 
 def _wait_healthy(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
@@ -157,22 +115,6 @@ def _wait_healthy(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: 
     raise SimulationError(f"flower-superlink did not come up on port {port} in {timeout:.0f} s")
 
 
-def _last_line(path: Path) -> str:
-    try:
-        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return "(no log)"
-    return _ANSI.sub("", lines[-1]) if lines else "(empty log)"
-
-
-def _json_out(text: str) -> dict[str, Any]:
-    start = text.find("{")
-    try:
-        return dict(json.loads(text[start:])) if start >= 0 else {}
-    except json.JSONDecodeError:
-        return {}
-
-
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     """Stop the SuperLink and everything it started: its supervisor
     (:mod:`.supervise`) ends the whole process tree."""
@@ -182,34 +124,6 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             end_tree(proc.pid)
-
-
-#: Lines of Flower's own chatter that say nothing about this run: the
-#: connection ``flwr run`` uses, the app install into the private Flower home,
-#: and a notice about the default number of SuperNodes (we always set it).
-_CHATTER = ("Using SuperLink:", "Successfully installed ", "default simulated SuperNodes")
-
-
-def _echo(line: str) -> None:
-    """Print a line of the run's log as the in-process engines would: warnings,
-    errors and tracebacks on stderr, the rest (progress) on stdout; without ANSI
-    colour codes unless that stream is a terminal."""
-    plain = _ANSI.sub("", line).rstrip("\n")
-    problem = plain.lstrip().startswith(("WARNING", "ERROR", "CRITICAL", "Traceback"))
-    stream = sys.stderr if problem else sys.stdout
-    isatty = getattr(stream, "isatty", None)
-    colour = bool(isatty and isatty()) and not os.environ.get("NO_COLOR")
-    print(line.rstrip("\n") if colour else plain, file=stream, flush=True)
-
-
-def _show(line: str, verbose: bool) -> bool:
-    """Whether a line of the run's log goes to the terminal: the progress lines
-    and anything above INFO, without Flower's chatter; everything with
-    ``verbose``."""
-    plain = _ANSI.sub("", line).lstrip()
-    if verbose:
-        return True
-    return not (plain.startswith(("INFO ", "DEBUG ")) or any(c in plain for c in _CHATTER))
 
 
 # ------------------------------------------------------------- GPUs and Ray clusters
@@ -524,30 +438,6 @@ def federation_config(
     return " ".join(keys), {}
 
 
-#: Run-config key (not a setting) by which mmfl run's simulation engine tells
-#: the ServerApp the clients per node it chose for ``clients-per-node`` auto
-#: (recorded in config.json's ``effective``).
-CLIENTS_PER_NODE_USED_KEY = "mmfl-clients-per-node-used"
-
-
-def launched_run_config(settings: Settings, out: Path, clients_per_node: int) -> dict[str, Any]:
-    """The run config that :func:`run_on_superlink` submits: the settings
-    (``clients-per-node`` as typed: config.json, resume and mmfl compare read
-    it), absolute output, resume, data and TensorBoard folders, and with ``auto`` the
-    ``clients_per_node`` chosen (:data:`CLIENTS_PER_NODE_USED_KEY`)."""
-    config = settings.to_run_config()
-    config["output-dir"] = str(out)
-    if settings.resume_from:
-        config["resume-from"] = str(Path(settings.resume_from).resolve())
-    if settings.data_root:
-        config["data-root"] = str(Path(settings.data_root).resolve())
-    if settings.log_dir:  # TensorBoard's folder, as the user's working folder names it
-        config["log-dir"] = str(Path(settings.log_dir).resolve())
-    if settings.clients_per_node_count() is None:
-        config[CLIENTS_PER_NODE_USED_KEY] = int(clients_per_node)
-    return config
-
-
 def run_on_superlink(
     settings: Settings,
     num_cpus: int | None = None,
@@ -572,7 +462,47 @@ def run_on_superlink(
     finish as ``finished:completed``.
     """
     plan = plan_ray(num_gpus_per_client, ray_address, num_cpus, num_gpus_per_node)
-    layout = simulation_layout(settings, plan, per_client_gpus=bool(num_gpus_per_client))
+    k, num_nodes, cpus_per_node = _nodes(settings, plan, bool(num_gpus_per_client))
+    work = Path(tempfile.mkdtemp(prefix="mmfl-run-"))
+    out = Path(settings.output_dir or work / "outputs").resolve()
+    port = _free_port()
+    app = write_app(work, launched_run_config(settings, out, k), port)
+    federation, ray_env = federation_config(num_nodes, plan, num_cpus, verbose, cpus_per_node)
+    env = superlink_env(work, ray_env, verbose, local=plan.address is None)
+    if plan.address or plan.num_gpus_per_client > 0:
+        ignored = " (--num-cpus does not apply to a cluster)" if plan.address and num_cpus else ""
+        print(f"[mmfl] {plan.describe()}{ignored}", flush=True)
+    link_log = work / "superlink.log"
+    link = _start_superlink(port, env, work, link_log)
+    stream: subprocess.Popen[str] | None = None
+    try:
+        _wait_healthy(port, link, link_log, timeout=60)
+        flwr = _exe("flwr")
+        # one Flower CLI process submits the app and streams its log (each
+        # ``flwr`` process costs 2-4 s of CPU to start on 2 cores)
+        stream = subprocess.Popen(
+            [flwr, "run", str(app), CONNECTION, "--stream", "--federation-config", federation],
+            env=env,
+            cwd=work,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+        )
+        _follow_to_the_end(stream, flwr, env, work, verbose, timeout)
+    finally:
+        if stream is not None and stream.poll() is None:  # interrupted: not left behind
+            stream.kill()
+            stream.wait(timeout=30)
+        _stop(link)
+        remove_run_files(work, verbose)
+    return out
+
+
+def _nodes(settings: Settings, plan: RayPlan, per_client_gpus: bool) -> tuple[int, int, int]:
+    """``(K, nodes, CPUs per node)`` of the run's virtual nodes, said on the
+    console where a node hosts more than one client."""
+    layout = simulation_layout(settings, plan, per_client_gpus=per_client_gpus)
     if settings.clients_per_node_count() is None:
         # the run config keeps "auto" as typed (config.json, resume, mmfl compare): each
         # node then hosts ceil(N / num-partitions) clients, num-partitions being the
@@ -590,59 +520,18 @@ def run_on_superlink(
             f"CPU{'s' if cpus_per_node != 1 else ''} each)",
             flush=True,
         )
-    work = Path(tempfile.mkdtemp(prefix="mmfl-run-"))
-    out = Path(settings.output_dir or work / "outputs").resolve()
-    config = launched_run_config(settings, out, k)
-    if registered_tasks():  # user tasks of this process travel as a pickled snapshot
-        save_snapshot(str(work / "tasks.pkl"))
-        config[TASK_SNAPSHOT_KEY] = str(work / "tasks.pkl")
-    app = work / "app"
-    app.mkdir()
-    (app / "pyproject.toml").write_text(app_pyproject(config))
-    home = work / "flwr-home"
-    home.mkdir()
-    port = _free_port()
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-        f'address = "127.0.0.1:{port}"\ninsecure = true\n'
-    )
-    federation, ray_env = federation_config(num_nodes, plan, num_cpus, verbose, cpus_per_node)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLWR_") and k != "RAY_ADDRESS"}
-    env.update(
-        FLWR_HOME=str(home),
-        FLWR_DISABLE_UPDATE_CHECK="1",
-        # the app's code is this environment's mmfl_flwr: nothing to install
-        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-        RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0",
-        RAY_DEDUP_LOGS="0",
-        **ray_env,
-    )
-    # Ray starts one idle worker process per CPU for the first driver by default; the
-    # simulation creates its ClientApp actors in processes of their own, so those
-    # workers only cost CPU (seconds per run on a small machine). A value the user
-    # exported wins.
-    env.setdefault("RAY_prestart_worker_first_driver", "0")
-    env["MMFL_ENGINE"] = "simulation"  # recorded in config.json / summary.json
-    if verbose:  # the ServerApp logs every defence action at INFO (streamed here)
-        env["MMFL_VERBOSE"] = "1"
-    shared = work / "shared-data"
-    if plan.address is None and SHARED_DATA_ENV not in env:
-        # the nodes' workers on this machine map one copy of each shard's data
-        # (a worker keeps every node it has served); removed with the run, or
-        # by a later run where this one was killed before it could
-        remove_stale_shared_data(work.parent)
-        shared.mkdir()
-        (work / "owner.pid").write_text(str(os.getpid()))
-        env[SHARED_DATA_ENV] = str(shared)
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    if plan.address or plan.num_gpus_per_client > 0:
-        ignored = " (--num-cpus does not apply to a cluster)" if plan.address and num_cpus else ""
-        print(f"[mmfl] {plan.describe()}{ignored}", flush=True)
-    link_log = work / "superlink.log"
+    return k, num_nodes, cpus_per_node
+
+
+def _start_superlink(
+    port: int, env: dict[str, str], work: Path, link_log: Path
+) -> subprocess.Popen[bytes]:
+    """Start ``flower-superlink --simulation`` on ``port`` of 127.0.0.1 under its
+    supervisor (:mod:`.supervise`), its output to ``link_log``."""
     with open(link_log, "wb") as log_f:
         # in a session of its own: a Ctrl-C or kill of this process group does not
         # reach the supervisor, which then ends the SuperLink's whole tree
-        link = subprocess.Popen(
+        return subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -664,162 +553,48 @@ def run_on_superlink(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    stream: subprocess.Popen[str] | None = None
-    try:
-        _wait_healthy(port, link, link_log, timeout=60)
-        flwr = _exe("flwr")
-        # one Flower CLI process submits the app and streams its log (each
-        # ``flwr`` process costs 2-4 s of CPU to start on 2 cores)
-        stream = subprocess.Popen(
-            [flwr, "run", str(app), CONNECTION, "--stream", "--federation-config", federation],
-            env=env,
-            cwd=work,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-        )
-        assert stream.stdout is not None
-        # submitting is limited as a plain ``flwr run`` call was (SUBMIT_TIMEOUT)
-        fired: list[bool] = []
-
-        def on_timeout() -> None:
-            fired.append(True)
-            stream.kill()
-
-        guard = threading.Timer(SUBMIT_TIMEOUT, on_timeout)
-        guard.daemon = True
-        guard.start()
-        try:
-            run_id, finished, before = follow_run_log(
-                stream.stdout, verbose, timeout, on_started=guard.cancel
-            )
-        finally:
-            guard.cancel()
-        stream.wait(timeout=60)
-        if not run_id:
-            reason = (
-                f"no run after {SUBMIT_TIMEOUT:.0f} s"
-                if fired
-                else flwr_reason(before) or f"exit code {stream.returncode}"
-            )
-            raise SimulationError(f"flwr run did not start the run: {reason}")
-        if not finished:  # the ServerApp's last line did not come: ask Flower
-            status, details = _status(flwr, run_id, env, work)
-            if status != "finished:completed":
-                raise SimulationError(
-                    f"the run ended as {status!r} ({details}); run with --verbose to see "
-                    f"Flower's and Ray's logs (SuperLink: {_last_line(link_log)})"
-                )
-    finally:
-        if stream is not None and stream.poll() is None:  # interrupted: not left behind
-            stream.kill()
-            stream.wait(timeout=30)
-        _stop(link)
-        shutil.rmtree(shared, ignore_errors=True)
-        if not verbose:  # keep the app, Flower home and logs for inspection
-            for leftover in ("app", "flwr-home", "tasks.pkl", "superlink.log", "owner.pid"):
-                path = work / leftover
-                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(
-                    missing_ok=True
-                )
-            if not any(work.iterdir()):
-                work.rmdir()
-    return out
 
 
-def remove_stale_shared_data(root: Path) -> list[Path]:
-    """Remove the shared-data folders that runs of ``mmfl run --engine
-    simulation`` left in ``root`` (``mmfl-run-*/shared-data``, up to the size of
-    their clients' data) when their process is gone: a run killed by SIGKILL or
-    the out-of-memory killer cannot remove its own. Returns the folders removed."""
-    removed = []
-    for owner in sorted(root.glob("mmfl-run-*/owner.pid")):
-        try:
-            pid = int(owner.read_text().strip())
-        except (OSError, ValueError):
-            continue
-        try:
-            os.kill(pid, 0)
-            continue  # still running
-        except ProcessLookupError:
-            pass
-        except OSError:  # another user's process, or not ours to ask: left alone
-            continue
-        folder = owner.parent / "shared-data"
-        if folder.is_dir():
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder)
-        with contextlib.suppress(OSError):
-            owner.unlink()
-    return removed
-
-
-def flwr_reason(before: list[str]) -> str:
-    """Flower's error from what ``flwr run`` printed before a run id: the text of
-    its last boxed panel (rich wraps it at 80 columns on a pipe) joined into one
-    line, else its last line."""
-    tops = [i for i, line in enumerate(before) if line.startswith("╭")]
-    if tops:
-        return " ".join(line for line in before[tops[-1] + 1 :] if line)
-    return before[-1] if before else ""
-
-
-def follow_run_log(
-    lines: Iterable[str],
+def _follow_to_the_end(
+    stream: subprocess.Popen[str],
+    flwr: str,
+    env: dict[str, str],
+    work: Path,
     verbose: bool,
     timeout: float | None,
-    on_started: Callable[[], None] | None = None,
-) -> tuple[str, bool, list[str]]:
-    """Read what ``flwr run ... --stream`` prints: until it names the run it
-    started, Flower's own lines (kept, without box drawing, for an error
-    message); then the run's log, shown as :func:`_show` / :func:`_echo` say.
+) -> None:
+    """Show the log ``flwr run --stream`` prints until it ends; a
+    :class:`SimulationError` when no run started (within :data:`SUBMIT_TIMEOUT`)
+    or the run did not end as ``finished:completed``."""
+    assert stream.stdout is not None
+    # submitting is limited as a plain ``flwr run`` call was (SUBMIT_TIMEOUT)
+    fired: list[bool] = []
 
-    Returns ``(run_id, finished, before)``: the run id ("" if none was started),
-    whether the ServerApp's last line (:data:`RESULTS_LINE`) came, and the
-    non-empty lines before the run id; ``on_started()`` is called once the run id
-    came. Raises :class:`SimulationError` after
-    ``timeout`` seconds.
-    """
-    started = time.monotonic()
-    run_id, finished, before = "", False, []
-    for line in lines:
-        plain = _ANSI.sub("", line)
-        if not run_id:
-            found = _STARTED.search(plain)
-            if found:
-                run_id = found.group(1)
-                if on_started is not None:
-                    on_started()
-            elif plain.strip(" \n─│╭╮╰╯"):
-                before.append(plain.strip(" \n│"))
-            continue
-        finished = finished or plain.startswith(RESULTS_LINE)
-        if _show(line, verbose):
-            _echo(line)
-        if timeout is not None and time.monotonic() - started > timeout:
-            raise SimulationError(f"the run did not finish within {timeout:.0f} s")
-    return run_id, finished, before
+    def on_timeout() -> None:
+        fired.append(True)
+        stream.kill()
 
-
-def _status(flwr: str, run_id: str, env: dict[str, str], cwd: Path) -> tuple[str, str]:
-    """``(status, details)`` of a run; waits up to 60 s for it to be finished."""
-    deadline = time.monotonic() + 60
-    status, details = "unknown", ""
-    while time.monotonic() < deadline:
-        res = subprocess.run(
-            [flwr, "ls", CONNECTION, "--run-id", run_id, "--format", "json"],
-            env=env,
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
+    guard = threading.Timer(SUBMIT_TIMEOUT, on_timeout)
+    guard.daemon = True
+    guard.start()
+    try:
+        run_id, finished, before = follow_run_log(
+            stream.stdout, verbose, timeout, on_started=guard.cancel
         )
-        for run in _json_out(res.stdout).get("runs") or []:
-            status = str(run.get("status"))
-            details = str(run.get("status-details", ""))
-        if status.startswith("finished"):
-            break
-        time.sleep(1.0)
-    return status, details
+    finally:
+        guard.cancel()
+    stream.wait(timeout=60)
+    if not run_id:
+        reason = (
+            f"no run after {SUBMIT_TIMEOUT:.0f} s"
+            if fired
+            else flwr_reason(before) or f"exit code {stream.returncode}"
+        )
+        raise SimulationError(f"flwr run did not start the run: {reason}")
+    if not finished:  # the ServerApp's last line did not come: ask Flower
+        status, details = _status(flwr, run_id, env, work)
+        if status != "finished:completed":
+            raise SimulationError(
+                f"the run ended as {status!r} ({details}); run with --verbose to see "
+                f"Flower's and Ray's logs (SuperLink: {_last_line(work / 'superlink.log')})"
+            )

@@ -6,6 +6,8 @@ test set each round, and writes ``metrics.csv``, ``summary.json`` and
 ``accuracy.png`` into ``output-dir``. Nothing is written before the settings, the
 checkpoint to resume (if any) and the data have been checked. The strategy is
 torch-free; torch is only imported here to make initial weights and evaluate.
+The files of the output folder (its checks, the round callbacks that write
+them, ``report.html``) are :mod:`mmfl_flwr.flower_app.run_files`.
 """
 
 from __future__ import annotations
@@ -15,26 +17,35 @@ import json
 import math
 import os
 import sys
-import time
 from collections.abc import Callable, Sequence
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from mmfl_flwr.checkpoint import CHECKPOINT_FILE, checkpoint_file
+from mmfl_flwr.checkpoint import checkpoint_file
 from mmfl_flwr.config import Settings
 from mmfl_flwr.core.card import card, check_unused_settings
 from mmfl_flwr.core.scaffold import ScaffoldAggregator
 from mmfl_flwr.flower_app.data import effective_settings, resolved_budget, warn_if_few_uploads
+from mmfl_flwr.flower_app.run_files import PLOT_EVERY_SECONDS as PLOT_EVERY_SECONDS
+from mmfl_flwr.flower_app.run_files import RUN_FILES as RUN_FILES
+from mmfl_flwr.flower_app.run_files import _files_of_finished_rounds as _files_of_finished_rounds
+from mmfl_flwr.flower_app.run_files import _report as _report
+from mmfl_flwr.flower_app.run_files import _result_files, prepare_output_folder
+from mmfl_flwr.flower_app.run_files import check_output_folder as check_output_folder
+from mmfl_flwr.flower_app.run_files import check_output_location as check_output_location
 from mmfl_flwr.presets import build
 from mmfl_flwr.records import arrays_to_numpy, numpy_to_arrays
 from mmfl_flwr.strategy import MultiModelResult, MultiModelStrategy
 from mmfl_flwr.tasks.registry import load_snapshot
-from mmfl_flwr.tracking import LoggerHub, RunLogger
+from mmfl_flwr.tracking import LoggerHub, RunInfo, RunLogger
+
+if TYPE_CHECKING:
+    from mmfl_flwr.tracking.progress import ProgressBar
 
 
 def strategy_from_settings(
@@ -201,80 +212,6 @@ def defence_counter(strategy: MultiModelStrategy) -> Callable[[int], dict[str, i
 VERBOSE_ENV = "MMFL_VERBOSE"
 
 
-def _with_cluster_records(
-    strategy: MultiModelStrategy, output_dir: str
-) -> Callable[[int, list[dict[str, Any]]], None]:
-    """Wrap the round callback: after every clustering of the policy (MMFL-Group's
-    C-steps, :meth:`~mmfl_flwr.core.policy.Policy.cluster_steps`), write its
-    cluster assignment and PCA plot into ``output_dir``."""
-    from mmfl_flwr.results import write_cluster_step
-
-    inner = strategy.on_round_end
-
-    def callback(rnd: int, rows: list[dict[str, Any]]) -> None:
-        for cstep in strategy.policy.cluster_steps():
-            if cstep["round"] == rnd:
-                write_cluster_step(cstep, output_dir)
-        if inner is not None:
-            inner(rnd, rows)
-
-    return callback
-
-
-#: The per-round plot is redrawn at most this often (seconds); the tables after
-#: every round, everything at the end of the run.
-PLOT_EVERY_SECONDS = 10.0
-
-
-def _with_round_files(
-    strategy: MultiModelStrategy,
-    s: Settings,
-    effective: dict[str, Any],
-    strategy_name: str | None,
-) -> Callable[[int, list[dict[str, Any]]], None]:
-    """Wrap the round callback: after every round, write ``metrics.csv`` and
-    ``assignments.csv`` of the rounds so far into ``s.output_dir`` and redraw
-    ``accuracy.png`` (at most every :data:`PLOT_EVERY_SECONDS`), so an
-    interrupted run shows what it did (``summary.json`` comes at the end)."""
-    from mmfl_flwr.results import plot_accuracy, write_assignments_csv, write_metrics_csv
-
-    inner = strategy.on_round_end
-    out = Path(s.output_dir)
-    last_plot = [-math.inf]
-
-    def callback(rnd: int, rows: list[dict[str, Any]]) -> None:
-        result = strategy.result
-        if result is not None:
-            write_metrics_csv(result.history, out / "metrics.csv")
-            write_assignments_csv(result.assignments, out / "assignments.csv")
-            if time.monotonic() - last_plot[0] >= PLOT_EVERY_SECONDS:
-                plot_accuracy(result.history, out / "accuracy.png", s, strategy_name, effective)
-                last_plot[0] = time.monotonic()
-        if inner is not None:
-            inner(rnd, rows)
-
-    return callback
-
-
-def _files_of_finished_rounds(output_dir: str) -> None:
-    """After an interrupt: ``metrics.csv``, ``assignments.csv`` and ``events.csv`` hold exactly the
-    rounds of the checkpoint (the interrupt may have come between a round's
-    checkpoint and its files)."""
-    from mmfl_flwr.checkpoint import load_checkpoint
-    from mmfl_flwr.results import write_assignments_csv, write_events_csv, write_metrics_csv
-    from mmfl_flwr.strategy.events import DefenceLog
-
-    try:
-        state = load_checkpoint(output_dir)
-    except Exception:  # noqa: BLE001 - no round finished: nothing to show
-        return
-    write_metrics_csv(state["history"], Path(output_dir, "metrics.csv"))
-    write_assignments_csv(state["assignments"], Path(output_dir, "assignments.csv"))
-    defence = DefenceLog()
-    defence.load_state_dict(state.get("defence", {}))
-    write_events_csv(defence.events, Path(output_dir, "events.csv"))
-
-
 def effective_clients_per_node(s: Settings, engine: str | None, run_config: Any) -> dict[str, Any]:
     """``{"clients-per-node": K}``, the clients per node that ``auto`` means on
     this run's engine (config.json's ``effective``; ``{}`` for a number typed):
@@ -315,56 +252,6 @@ def privacy_line(privacy: dict[str, dict[str, float]]) -> str:
     return f"[mmfl] privacy spent{at}: {', '.join(parts)}"
 
 
-def check_output_location(output_dir: str) -> None:
-    """Refuse an output folder that cannot hold a run's files: a file, a path
-    under a file, or a folder that this process cannot write (permissions, a
-    read-only file system). Probed by creating and removing a temporary entry
-    in the folder (or, where it does not exist yet, in its nearest existing
-    parent), so nothing is left behind. Raises ValueError (one line)."""
-    import tempfile
-
-    if not output_dir:
-        return
-    path = Path(output_dir)
-    for part in (path, *path.parents):
-        if part.exists() and not part.is_dir():
-            raise ValueError(
-                f"--output-dir {output_dir} (output-dir): {part} is a file, not a folder; "
-                "name a folder"
-            )
-    existing = next((p for p in (path, *path.parents) if p.exists()), Path("."))
-    try:
-        tempfile.TemporaryDirectory(dir=existing, prefix=".mmfl-probe-").cleanup()
-    except OSError as err:
-        raise ValueError(
-            f"--output-dir {output_dir} (output-dir): cannot write into {existing} "
-            f"({err.strerror or type(err).__name__}); name a folder you can write"
-        ) from None
-
-
-def check_output_folder(s: Settings) -> None:
-    """Refuse to start a new run in an output folder that holds another run's
-    checkpoint, unless it resumes that checkpoint or ``s.overwrite``, and an
-    output folder that cannot be written (:func:`check_output_location`: a file,
-    a folder under one, no write permission, a read-only file system;
-    ``overwrite`` replaces run outputs, never a file by a folder)."""
-    if not s.output_dir:
-        return
-    check_output_location(s.output_dir)
-    if s.overwrite:
-        return
-    held = Path(s.output_dir) / CHECKPOINT_FILE
-    resumes_it = bool(s.resume_from) and (
-        checkpoint_file(s.resume_from).resolve() == held.resolve()
-    )
-    if held.exists() and not resumes_it:
-        raise ValueError(
-            f"output folder {s.output_dir} holds a run ({CHECKPOINT_FILE}); resume it "
-            f"with --resume {s.output_dir} (resume-from) or pass --overwrite "
-            f"(overwrite=true)"
-        )
-
-
 def server_main(
     grid: Grid,
     context: Context,
@@ -395,64 +282,6 @@ def server_main(
         return _run_server(grid, context, settings, strategy, engine, loggers)
 
 
-#: Files of a run's output folder that a fresh run removes first (an older run's).
-RUN_FILES = (
-    "summary.json",
-    "metrics.csv",
-    "assignments.csv",
-    "accuracy.png",
-    "assignments.png",
-    "training.png",
-    "events.csv",
-    "defence.csv",
-    "report.html",
-)
-
-
-def _with_loggers(
-    strategy: MultiModelStrategy, hub: LoggerHub, events_csv: Path | None
-) -> Callable[[int, list[dict[str, Any]]], None]:
-    """Wrap the round callback: after every round, ``events_csv`` (where given)
-    rewritten with the run's defence events so far, and the round to the
-    loggers with its events counted by model and kind."""
-    from mmfl_flwr.results import write_events_csv
-    from mmfl_flwr.strategy.events import by_task_kind
-
-    inner = strategy.on_round_end
-
-    def callback(rnd: int, rows: list[dict[str, Any]]) -> None:
-        result = strategy.result
-        assignments = result.assignments if result is not None else {}
-        events = result.events if result is not None else []
-        hub.round(rnd, rows, assignments, by_task_kind(e for e in events if e.round == rnd))
-        if events_csv is not None:
-            write_events_csv(events, events_csv)
-        if inner is not None:
-            inner(rnd, rows)
-
-    return callback
-
-
-def _report(s: Settings, assignments_png: bytes | None = None) -> None:
-    """Write ``report.html`` into the output folder (unless ``no_report``); a
-    failure is one warning (the run's results are written already)."""
-    if not s.output_dir or s.no_report:
-        return
-    from mmfl_flwr.report import write_report
-
-    try:
-        write_report([s.output_dir], assignments_png=assignments_png)
-    except Exception as err:  # noqa: BLE001 - the report never loses a run
-        log(WARNING, "report.html not written: %s", " ".join(str(err).split()))
-
-
-def _result_files(output_dir: str) -> list[Path]:
-    """The run's result files (artifacts of the trackers)."""
-    out = Path(output_dir)
-    names = (*RUN_FILES, "config.json", "clusters.csv")
-    return [out / n for n in names if (out / n).is_file()]
-
-
 def _run_server(
     grid: Grid,
     context: Context,
@@ -461,35 +290,17 @@ def _run_server(
     engine: str | None,
     loggers: Sequence[RunLogger] = (),
 ) -> MultiModelResult:
-    from mmfl_flwr.results import summarize, write_outputs
-    from mmfl_flwr.tracking import LoggerHub, RunInfo, check_installed, make_logger, parse_log_to
-    from mmfl_flwr.tracking import run_params as tracking_params
-    from mmfl_flwr.tracking.progress import ProgressBar, use_bar
+    """The run of :func:`server_main`: every check, then the rounds, then the outputs."""
+    from mmfl_flwr.tracking import LoggerHub, check_installed, make_logger, parse_log_to
 
     load_snapshot(context.run_config)  # tasks registered by the process that started the run
     engine = engine or os.environ.get(ENGINE_ENV) or None
-    if settings is not None:
-        s = settings
-    else:
-        try:
-            s = Settings.from_run_config(context.run_config)
-        except ValueError as err:
-            # flwr run exits 0 whatever the ServerApp raises: say it in one line first
-            log(ERROR, "mmfl: invalid run-config, the run stops: %s", err)
-            raise
+    s = settings if settings is not None else _settings_of(context)
     custom = strategy is not None  # not the preset that s names (the plot title says so)
     if strategy is None:
         strategy = strategy_from_settings(s)
     runner = private(strategy, s)
-    done = 0
-    if s.resume_from:
-        done = check_resume(s, runner)
-        if isinstance(strategy.aggregator, ScaffoldAggregator):
-            log(
-                WARNING,
-                "Resuming SCAFFOLD: the clients' control variates c_i are not "
-                "in the server checkpoint; they restart from zero",
-            )
+    done = _resumed_rounds(s, strategy, runner)
     check_output_folder(s)
     trackers = parse_log_to(s.log_to)
     check_installed(trackers)  # a missing extra: refused before anything is written
@@ -503,50 +314,12 @@ def _run_server(
         if custom
         else None
     )
-    bar: ProgressBar | None = None
-    if os.environ.get(VERBOSE_ENV) == "1":  # mmfl run --verbose: every defence action
-        strategy.action_level = INFO
-    if not custom:  # a custom strategy keeps its own callback
-        if use_bar(s.no_progress):
-            bar = ProgressBar(s.num_rounds, done, defence_counter(strategy))
-            strategy.on_round_end = bar
-        else:
-            strategy.on_round_end = progress_printer(s.num_rounds, defence_counter(strategy))
+    bar = _show_rounds(strategy, s, done, custom)
     hub = LoggerHub(list(loggers), s.log_clients_every)
     try:
         hub.loggers += [make_logger(n) for n in trackers]
-        if hub or s.output_dir:
-            events_csv = Path(s.output_dir, "events.csv") if s.output_dir else None
-            strategy.on_round_end = _with_loggers(strategy, hub, events_csv)
-        if s.output_dir:
-            strategy.on_round_end = _with_round_files(strategy, s, effective, name)
-            strategy.on_round_end = _with_cluster_records(strategy, s.output_dir)
-            if not s.resume_from:  # a fresh run: no records of an older run
-                for old in Path(s.output_dir).glob("clusters*"):
-                    if old.name == "clusters.csv" or old.name.startswith("clusters_round_"):
-                        old.unlink()
-                for old_file in RUN_FILES:
-                    Path(s.output_dir, old_file).unlink(missing_ok=True)
-                if "tensorboard" in trackers and not s.log_dir:  # the default, in the folder
-                    for old in Path(s.output_dir, "tensorboard").glob("events.out.tfevents.*"):
-                        old.unlink()
-            os.makedirs(s.output_dir, exist_ok=True)
-            s.save(os.path.join(s.output_dir, "config.json"), effective, engine)
-            strategy.checkpoint_path = os.path.join(s.output_dir, CHECKPOINT_FILE)
-        run_name = (
-            Path(s.output_dir).resolve().name if s.output_dir else f"{s.strategy}-seed{s.seed}"
-        )
-        hub.start(
-            RunInfo(
-                name=run_name,
-                params=tracking_params(s, effective, engine),
-                models=s.model_names,
-                num_rounds=s.num_rounds,
-                start_round=done,
-                output_dir=Path(s.output_dir) if s.output_dir else None,
-                settings=s,
-            )
-        )
+        prepare_output_folder(strategy, s, hub, trackers, effective, engine, name)
+        hub.start(_run_info(s, effective, engine, done))
         try:
             result = runner.start(
                 grid=grid,
@@ -568,20 +341,9 @@ def _run_server(
         if bar is not None:
             bar.close()
             bar = None
-        if result.privacy:  # a run under a DP wrapper: the budget spent, on the console too
-            print(privacy_line(result.privacy), flush=True)
-        summary = None
-        if s.output_dir:
-            out = write_outputs(
-                result, s, s.output_dir, strategy_name=name, effective=effective, engine=engine
-            )
-            png = out / "assignments.png"
-            _report(s, png.read_bytes() if png.is_file() else None)
-            with open(out / "summary.json") as f:
-                summary = json.load(f)
-            print(f"[mmfl] results written to {os.path.abspath(out)}", flush=True)
-        elif hub:
-            summary = summarize(result, s, effective, engine)
+        summary = _write_results(result, s, hub, effective, engine, name)
+        if s.output_dir:  # the last line, which mmfl run's simulation launcher waits for
+            print(f"[mmfl] results written to {os.path.abspath(s.output_dir)}", flush=True)
         _finish_hub(hub, "finished", strategy, s, summary)
     finally:
         if bar is not None:
@@ -591,6 +353,94 @@ def _run_server(
     return result
 
 
+def _settings_of(context: Context) -> Settings:
+    """The settings of ``context.run_config``; invalid ones are logged in one line."""
+    try:
+        return Settings.from_run_config(context.run_config)
+    except ValueError as err:
+        # flwr run exits 0 whatever the ServerApp raises: say it in one line first
+        log(ERROR, "mmfl: invalid run-config, the run stops: %s", err)
+        raise
+
+
+def _resumed_rounds(s: Settings, strategy: MultiModelStrategy, runner: Any) -> int:
+    """The rounds already done of the checkpoint that ``s`` resumes (0 for a fresh run)."""
+    if not s.resume_from:
+        return 0
+    done = check_resume(s, runner)
+    if isinstance(strategy.aggregator, ScaffoldAggregator):
+        log(
+            WARNING,
+            "Resuming SCAFFOLD: the clients' control variates c_i are not "
+            "in the server checkpoint; they restart from zero",
+        )
+    return done
+
+
+def _show_rounds(
+    strategy: MultiModelStrategy, s: Settings, done: int, custom: bool
+) -> ProgressBar | None:
+    """Set how the rounds show on the console: every defence action at INFO under
+    ``--verbose``; for a preset, a progress bar (returned) or one line per round."""
+    from mmfl_flwr.tracking.progress import ProgressBar, use_bar
+
+    if os.environ.get(VERBOSE_ENV) == "1":  # mmfl run --verbose: every defence action
+        strategy.action_level = INFO
+    if custom:  # a custom strategy keeps its own callback
+        return None
+    if use_bar(s.no_progress):
+        bar = ProgressBar(s.num_rounds, done, defence_counter(strategy))
+        strategy.on_round_end = bar
+        return bar
+    strategy.on_round_end = progress_printer(s.num_rounds, defence_counter(strategy))
+    return None
+
+
+def _run_info(s: Settings, effective: dict[str, Any], engine: str | None, done: int) -> RunInfo:
+    """What the trackers are told of the run when it starts."""
+    from mmfl_flwr.tracking import run_params as tracking_params
+
+    run_name = Path(s.output_dir).resolve().name if s.output_dir else f"{s.strategy}-seed{s.seed}"
+    return RunInfo(
+        name=run_name,
+        params=tracking_params(s, effective, engine),
+        models=s.model_names,
+        num_rounds=s.num_rounds,
+        start_round=done,
+        output_dir=Path(s.output_dir) if s.output_dir else None,
+        settings=s,
+    )
+
+
+def _write_results(
+    result: MultiModelResult,
+    s: Settings,
+    hub: LoggerHub,
+    effective: dict[str, Any],
+    engine: str | None,
+    name: str | None,
+) -> dict[str, Any] | None:
+    """The run's outputs at its end (the privacy line, the output folder's files,
+    report.html); returns its summary where it is written or a tracker needs it.
+    The line that says where the results are is :func:`_run_server`'s."""
+    from mmfl_flwr.results import summarize, write_outputs
+
+    if result.privacy:  # a run under a DP wrapper: the budget spent, on the console too
+        print(privacy_line(result.privacy), flush=True)
+    summary = None
+    if s.output_dir:
+        out = write_outputs(
+            result, s, s.output_dir, strategy_name=name, effective=effective, engine=engine
+        )
+        png = out / "assignments.png"
+        _report(s, png.read_bytes() if png.is_file() else None)
+        with open(out / "summary.json") as f:
+            summary = json.load(f)
+    elif hub:
+        summary = summarize(result, s, effective, engine)
+    return summary
+
+
 def _finish_hub(
     hub: LoggerHub,
     status: str,
@@ -598,6 +448,7 @@ def _finish_hub(
     s: Settings,
     summary: dict[str, Any] | None,
 ) -> None:
+    """Tell the trackers how the run ended, with its last round and result files."""
     result = strategy.result
     assignments = result.assignments if result is not None else None
     last = max((int(r["round"]) for r in result.history), default=0) if result else 0

@@ -210,6 +210,100 @@ def ipm(colluders: Collection[str], eps: float, tasks: Collection[str] | None = 
     return rewrite_update(colluders, fn, tasks)
 
 
+def _flat(update: Mapping[str, np.ndarray]) -> np.ndarray:
+    return np.concatenate([np.ravel(update[n]) for n in sorted(update)]) if update else np.zeros(0)
+
+
+def agr_gamma(
+    benign: np.ndarray,
+    direction: np.ndarray,
+    rule: str,
+    gamma_init: float = 10.0,
+    tol: float = 1e-5,
+) -> float:
+    """The largest ``gamma`` (to ``tol``) for which ``mean(benign) + gamma * direction``
+    stays inside the benign updates' spread, by the halving search of Shejwalkar and
+    Houmansadr (NDSS 2021, Algorithm 1): rule ``"min-max"`` keeps its largest distance
+    to a benign update at most the largest distance between two benign updates;
+    ``"min-sum"`` keeps its sum of squared distances to the benign updates at most the
+    largest such sum of a benign update. ``benign`` is ``(n, d)``; 0 when no ``gamma >
+    0`` qualifies (e.g. one benign update: no spread)."""
+    if rule not in ("min-max", "min-sum"):
+        raise ValueError(f"rule must be 'min-max' or 'min-sum', not {rule!r}")
+    mean = benign.mean(axis=0)
+    sq = np.square(benign[:, None, :] - benign[None, :, :]).sum(-1)  # squared distances
+    bound = float(np.sqrt(sq.max())) if rule == "min-max" else float(sq.sum(1).max())
+
+    def inside(g: float) -> bool:
+        d2 = np.square(benign - (mean + g * direction)).sum(-1)
+        return bool(np.sqrt(d2.max()) <= bound if rule == "min-max" else d2.sum() <= bound)
+
+    gamma, step, best = gamma_init, gamma_init / 2, 0.0
+    while step > tol:
+        if inside(gamma):
+            best = max(best, gamma)
+            gamma += step
+        else:
+            gamma -= step
+        step /= 2
+    return best
+
+
+def _agr_attack(
+    rule: str, colluders: Collection[str], perturbation: str, tasks: Collection[str] | None
+) -> Attack:
+    if perturbation not in ("std", "unit", "sign"):
+        raise ValueError(f"perturbation must be 'std', 'unit' or 'sign', not {perturbation!r}")
+    latest: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+
+    def fn(
+        task: str, u: dict[str, np.ndarray], msg: Message, ctx: Context
+    ) -> dict[str, np.ndarray]:
+        latest[(task, _cid(ctx))] = u
+        known = [v for (t, _), v in latest.items() if t == task]
+        benign = np.stack([_flat(v) for v in known])
+        mean = benign.mean(axis=0)
+        if perturbation == "std":
+            direction = -benign.std(axis=0)
+        elif perturbation == "unit":
+            direction = -mean / (np.linalg.norm(mean) or 1.0)
+        else:
+            direction = -np.sign(mean)
+        flat = mean + agr_gamma(benign, direction, rule) * direction
+        out, at = {}, 0
+        for n in sorted(u):
+            size = u[n].size
+            out[n] = flat[at : at + size].reshape(u[n].shape)
+            at += size
+        return out
+
+    return rewrite_update(colluders, fn, tasks)
+
+
+def min_max(
+    colluders: Collection[str], perturbation: str = "std", tasks: Collection[str] | None = None
+) -> Attack:
+    """Min-Max (Shejwalkar and Houmansadr, NDSS 2021): every colluder sends
+    ``mean + gamma * p`` of the benign updates it knows, ``p`` the perturbation
+    (``"std"``: minus the coordinate-wise standard deviation, the paper's default for
+    unknown aggregators; ``"unit"``: minus the mean's direction; ``"sign"``: minus its
+    signs) and ``gamma`` as large as keeps the update's largest distance to a benign
+    update within the benign updates' largest pairwise distance (:func:`agr_gamma`).
+    The benign updates it knows are the colluders' latest honest update of the model
+    each, this round's included (the paper's attacker knows every benign update; here,
+    as in :func:`alie`, only the colluders' own)."""
+    return _agr_attack("min-max", colluders, perturbation, tasks)
+
+
+def min_sum(
+    colluders: Collection[str], perturbation: str = "std", tasks: Collection[str] | None = None
+) -> Attack:
+    """Min-Sum (Shejwalkar and Houmansadr, NDSS 2021): as :func:`min_max`, with
+    ``gamma`` as large as keeps the update's sum of squared distances to the benign
+    updates within the largest such sum of a benign update."""
+    return _agr_attack("min-sum", colluders, perturbation, tasks)
+
+
 def inflated_count(who: str, count: int = 10**9, at_registration: bool = True) -> Attack:
     """``who`` claims ``count`` training examples of every task: in its
     registration (``query.info``) or in its train replies."""
@@ -361,6 +455,7 @@ def chain(*attacks: Attack) -> Attack:
 
 __all__ = [
     "Attack",
+    "agr_gamma",
     "alie",
     "alie_z",
     "chain",
@@ -372,6 +467,8 @@ __all__ = [
     "label_flipping",
     "late_registration",
     "lying_loss",
+    "min_max",
+    "min_sum",
     "replay",
     "rewrite_update",
     "scaled_update",

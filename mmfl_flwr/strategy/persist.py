@@ -1,5 +1,9 @@
 """Checkpoints of a run: everything needed to continue after a round, as plain
-data, and the identity a checkpoint must share with the strategy resuming it."""
+data, and the identity a checkpoint must share with the strategy resuming it.
+
+:class:`Checkpointing` gives :class:`~.orchestrator.MultiModelStrategy` its
+checkpoint methods (``state_dict``, ``check_resumable``, ``save_checkpoint``)
+over the functions here."""
 
 from __future__ import annotations
 
@@ -112,3 +116,51 @@ def restore(
     result.rejections.update(state.get("rejections", {}))  # absent in older checkpoints
     run_state.defence.load_state_dict(state.get("defence", {}))
     return int(state["round"])
+
+
+class Checkpointing:
+    """The checkpoint methods of :class:`~.orchestrator.MultiModelStrategy`: the
+    state of its run, and of the wrapper running it, if any (``_hooks``)."""
+
+    run_state: RunState
+    policy: Policy
+    aggregator: Aggregator
+    seed: int
+    checkpoint_path: str | None
+    _hooks: object
+
+    def state_dict(self, server_round: int, result: MultiModelResult) -> dict[str, Any]:
+        """Everything needed to continue after ``server_round`` (plain data),
+        with the state of the wrapper running this strategy, if any."""
+        state = run_state_dict(self.run_state, self.policy, self.aggregator, server_round, result)
+        state.update(self._wrapper_identity(self._hooks))
+        wrapper = self._hooks
+        if wrapper is not self and hasattr(wrapper, "wrapper_state"):
+            state["wrapper_state"] = wrapper.wrapper_state()
+        return state
+
+    def _wrapper_identity(self, wrapper: object) -> dict[str, Any]:
+        """The name and settings of the wrapper running this strategy (None: none)."""
+        if wrapper is self:
+            return {"wrapper_name": None, "wrapper_config": None}
+        config = getattr(wrapper, "wrapper_config", None)
+        return {
+            "wrapper_name": type(wrapper).__name__,
+            "wrapper_config": repr(sorted(config().items())) if config else None,
+        }
+
+    def check_resumable(self, path: str, wrapper: object | None = None) -> dict[str, Any]:
+        """Load a checkpoint and check it was written by an identical strategy
+        (policy, aggregator, their parameters, seed, and the same ``wrapper`` with
+        the same parameters, or none); returns its state."""
+        return load_resumable(
+            path,
+            identity(self.policy, self.aggregator, self.seed),
+            self._wrapper_identity(self if wrapper is None else wrapper),
+        )
+
+    def save_checkpoint(self, server_round: int, result: MultiModelResult) -> None:
+        """Write :meth:`state_dict` atomically to ``checkpoint_path``."""
+        from mmfl_flwr.checkpoint import save_checkpoint
+
+        save_checkpoint(str(self.checkpoint_path), self.state_dict(server_round, result))

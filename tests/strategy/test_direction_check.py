@@ -281,7 +281,7 @@ def test_the_blocked_median_gives_the_stacked_cosines_exactly(monkeypatch, n):
     the updates): with blocks far smaller than a piece, odd and even counts, and
     pieces of several shapes, the cosines it keeps equal the stacked computation's
     to the last bit."""
-    import mmfl_flwr.strategy.validation as V
+    import mmfl_flwr.strategy.directions as V  # where the check reads MEDIAN_BLOCK
 
     monkeypatch.setattr(V, "MEDIAN_BLOCK", 7 * n)  # 7 coordinates a block
     rng = np.random.default_rng(n)
@@ -307,7 +307,7 @@ def test_the_check_holds_no_stacked_copy_of_the_updates(monkeypatch):
     alone takes all of it."""
     import tracemalloc
 
-    import mmfl_flwr.strategy.validation as V
+    import mmfl_flwr.strategy.directions as V  # where the check reads MEDIAN_BLOCK
 
     monkeypatch.setattr(V, "MEDIAN_BLOCK", 1 << 18)
     rng = np.random.default_rng(0)

@@ -21,17 +21,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mmfl_flwr.core.aggregators import Update
 from mmfl_flwr.core.clients import ClientTable
 from mmfl_flwr.strategy.events import DefenceLog, act
-from mmfl_flwr.strategy.state import RunState
-
-if TYPE_CHECKING:
-    from mmfl_flwr.strategy.validation import TrainOutcome
+from mmfl_flwr.strategy.state import RunState, TrainOutcome
 
 
 def l2_norm(arrays: Iterable[np.ndarray]) -> float:

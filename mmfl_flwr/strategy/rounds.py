@@ -32,7 +32,7 @@ from mmfl_flwr.strategy.state import HookError
 from mmfl_flwr.strategy.timing import PHASE_OBSERVERS, report, round_trip, timed
 
 if TYPE_CHECKING:
-    from mmfl_flwr.strategy.orchestrator import MultiModelStrategy
+    from mmfl_flwr.strategy.host import StrategyHost
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class Run:
     """What every round of one ``start()`` reads: the strategy, its hooks and
     ``start()``'s arguments."""
 
-    strategy: MultiModelStrategy
+    strategy: StrategyHost
     hooks: HookCaller
     grid: Grid
     num_rounds: int
@@ -113,7 +113,7 @@ class Run:
 
 
 def drive(
-    strategy: MultiModelStrategy,
+    strategy: StrategyHost,
     hooks: object,
     grid: Grid,
     initial_arrays: Mapping[str, ArrayRecord],
@@ -149,11 +149,12 @@ def drive(
     hooks.summary()  # type: ignore[attr-defined]
     if resume_from is None:
         finish_round(strategy, 0, evaluate.initial_rows(run_state, evaluate_fn, result), result)
-    from mmfl_flwr.strategy.orchestrator import MultiModelStrategy  # imports this module
-
+    # the class whose hooks are the defaults: the furthest base defining the rounds
+    # (MultiModelStrategy; named without importing its module, which imports this one)
+    base = [c for c in type(strategy).__mro__ if "_drive" in vars(c)][-1]
     run = Run(
         strategy,
-        HookCaller(hooks, MultiModelStrategy),
+        HookCaller(hooks, base),
         grid,
         num_rounds,
         timeout,
@@ -176,7 +177,7 @@ def drive(
 
 
 def _start(
-    strategy: MultiModelStrategy,
+    strategy: StrategyHost,
     hooks: object,
     initial_arrays: Mapping[str, ArrayRecord],
     resume_from: str | None,
@@ -352,7 +353,7 @@ def _client_eval(run: Run, rnd: int) -> MetricRecord | None:
 
 
 def finish_round(
-    strategy: MultiModelStrategy, rnd: int, rows: list[dict[str, Any]], result: MultiModelResult
+    strategy: StrategyHost, rnd: int, rows: list[dict[str, Any]], result: MultiModelResult
 ) -> None:
     """Add round ``rnd``'s rows to the history, write the checkpoint (with a
     ``checkpoint_path``) and call ``on_round_end``."""

@@ -20,7 +20,7 @@ from mmfl_flwr.config import check_option
 from mmfl_flwr.strategy.state import RunState
 
 if TYPE_CHECKING:
-    from mmfl_flwr.strategy.orchestrator import MultiModelStrategy
+    from mmfl_flwr.strategy.host import StrategyHost
 
 
 def check_components(policy: object, aggregator: object) -> None:
@@ -82,7 +82,7 @@ def check_arguments(
     return out
 
 
-def log_summary(strategy: MultiModelStrategy) -> None:
+def log_summary(strategy: StrategyHost) -> None:
     """Log every setting of ``strategy`` (its ``summary()``)."""
     log(INFO, "\t├──> MultiModelStrategy settings:")
     for name, value in (
@@ -110,7 +110,7 @@ def log_summary(strategy: MultiModelStrategy) -> None:
     log(INFO, "\t│\t└── Seed: %d", strategy.seed)
 
 
-def new_run_state(strategy: MultiModelStrategy) -> RunState:
+def new_run_state(strategy: StrategyHost) -> RunState:
     """A fresh :class:`~.state.RunState` from ``strategy``'s settings (seed,
     arrivals, pinned trainable keys, client pins): one per run."""
     return RunState(

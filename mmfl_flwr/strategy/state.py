@@ -15,6 +15,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from mmfl_flwr import protocol as P
+from mmfl_flwr.core.aggregators import Update
 from mmfl_flwr.core.clients import ClientTable
 from mmfl_flwr.core.policy import Pick
 from mmfl_flwr.records import NumpyWeights, arrays_to_numpy, numpy_to_arrays
@@ -261,3 +262,22 @@ class RoundPlan:
         for p in self.picks:
             out.setdefault(p.cid, {})[p.task] = p
         return out
+
+
+@dataclass
+class TrainOutcome:
+    """The validated result of one round's train replies, per task."""
+
+    updates: dict[str, list[Update]]
+    #: task -> (training loss, examples, client) of every accepted update reporting one
+    train_losses: dict[str, list[tuple[float, int, str]]]
+    rejected: dict[str, int]
+    #: (client, task) -> training loss of every accepted update (for the policy)
+    observed: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: (client, task) of every assigned part that did not reach the aggregate
+    rejected_parts: list[tuple[str, str]] = field(default_factory=list)
+
+    def reject(self, cid: str, task: str) -> None:
+        """Count client ``cid``'s part of ``task`` as one that did not reach the aggregate."""
+        self.rejected[task] += 1
+        self.rejected_parts.append((cid, task))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from logging import WARNING
 
 import numpy as np
@@ -57,7 +57,7 @@ from mmfl_flwr.strategy.influence import (
     bound_influence,
 )
 from mmfl_flwr.strategy.replies import client_replies
-from mmfl_flwr.strategy.state import RoundPlan, RunState
+from mmfl_flwr.strategy.state import RoundPlan, RunState, TrainOutcome
 
 #: What this module defines, and the bounds it re-exports from where they live.
 __all__ = [
@@ -146,25 +146,6 @@ def validate_train_part(
         state=[local[k] for k in state_keys],
     )
     return update, train_loss
-
-
-@dataclass
-class TrainOutcome:
-    """The validated result of one round's train replies, per task."""
-
-    updates: dict[str, list[Update]]
-    #: task -> (training loss, examples, client) of every accepted update reporting one
-    train_losses: dict[str, list[tuple[float, int, str]]]
-    rejected: dict[str, int]
-    #: (client, task) -> training loss of every accepted update (for the policy)
-    observed: dict[tuple[str, str], float] = field(default_factory=dict)
-    #: (client, task) of every assigned part that did not reach the aggregate
-    rejected_parts: list[tuple[str, str]] = field(default_factory=list)
-
-    def reject(self, cid: str, task: str) -> None:
-        """Count client ``cid``'s part of ``task`` as one that did not reach the aggregate."""
-        self.rejected[task] += 1
-        self.rejected_parts.append((cid, task))
 
 
 def collect_updates(

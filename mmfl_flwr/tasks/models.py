@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mmfl_flwr.tasks.kinds import KINDS
-from mmfl_flwr.tasks.registry import get_task
+from mmfl_flwr.tasks.registry import get_task, task_kinds
 
 __all__ = ["DigitsCNN", "LogisticRegression", "make_model"]
 
@@ -76,5 +75,5 @@ def make_model(kind: str) -> nn.Module:
     """
     definition = get_task(kind)
     if definition is None:
-        raise ValueError(f"unknown task kind {kind!r}; known: {sorted(KINDS)}")
+        raise ValueError(f"unknown task kind {kind!r}; known: {sorted(task_kinds())}")
     return definition.model_fn()

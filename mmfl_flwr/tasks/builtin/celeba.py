@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from mmfl_flwr.tasks import datasets as D
+from mmfl_flwr.tasks.celeba_files import PAPER002_ATTRIBUTES
 from mmfl_flwr.tasks.data import Dataset
 from mmfl_flwr.tasks.registry import register_task
 from mmfl_flwr.tasks.spec import Built, KindSpec, TaskBuild
@@ -24,12 +24,14 @@ from mmfl_flwr.tasks.spec import Built, KindSpec, TaskBuild
 SPEC = KindSpec(num_classes=2, input_shape=(3, 32, 32), model="cnn")
 
 #: CelebA attribute of each ``celeba-*`` kind (paper 002's nine).
-CELEBA_ATTRIBUTE = {"celeba-" + a.lower(): a for a in D.PAPER002_ATTRIBUTES}
+CELEBA_ATTRIBUTE = {"celeba-" + a.lower(): a for a in PAPER002_ATTRIBUTES}
 
 
 @lru_cache(maxsize=16)
 def load_split(kind: str, root: str) -> tuple[Dataset, Dataset]:
     """(train, test) of a ``celeba-*`` kind (cached per process)."""
+    from mmfl_flwr.tasks import datasets as D  # imported with the data, not at validation
+
     attr = CELEBA_ATTRIBUTE[kind]
     return (
         D.load_celeba(root, "train", (attr,))[attr],

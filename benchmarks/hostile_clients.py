@@ -150,6 +150,18 @@ FIELD = {
     "ipm2": "inner-product manipulation, eps 2 (one attacker: -2 x its update)",
     "alie2": "ALIE, colluders 3 and 7, z from Baruch et al. for 12 clients",
     "alie3": "ALIE, colluders 3, 7 and 9",
+    "alie1-z1": "ALIE by client 3 alone, z = 1",
+    "alie1-z1.5": "ALIE by client 3 alone, z = 1.5",
+    "alie1-z3": "ALIE by client 3 alone, z = 3",
+    "alie2-z1": "ALIE, colluders 3 and 7, z = 1",
+    "alie2-z1.5": "ALIE, colluders 3 and 7, z = 1.5",
+    "alie2-z3": "ALIE, colluders 3 and 7, z = 3",
+    "alie3-z1": "ALIE, colluders 3, 7 and 9, z = 1",
+    "alie3-z1.5": "ALIE, colluders 3, 7 and 9, z = 1.5",
+    "alie3-z3": "ALIE, colluders 3, 7 and 9, z = 3",
+    "ipm2-f3": "inner-product manipulation, eps 2, colluders 3, 7 and 9",
+    "minmax3": "Min-Max (Shejwalkar and Houmansadr 2021), colluders 3, 7 and 9, minus std",
+    "minsum3": "Min-Sum (Shejwalkar and Houmansadr 2021), colluders 3, 7 and 9, minus std",
     "lflip1": "label flipping (y -> C-1-y) by client 3, on every model",
     "lflip3": "label flipping by clients 3, 7 and 9",
     "x50@synthetic": "x50 on the synthetic model only",
@@ -215,9 +227,14 @@ def _field_attack(name: str) -> Any:
         return H.gaussian_update(HOSTILE, 10.0, tasks=tasks)
     if name == "ipm2":
         return H.ipm([HOSTILE], 2.0, tasks)
+    if name == "ipm2-f3":
+        return H.ipm(COLLUDERS, 2.0, tasks)
+    if name in ("minmax3", "minsum3"):
+        return (H.min_max if name == "minmax3" else H.min_sum)(COLLUDERS, "std", tasks)
     if name.startswith("alie"):
-        f = int(name[4:])
-        return H.alie(COLLUDERS[:f], H.alie_z(12, f), tasks)
+        f_text, _, z_text = name[4:].partition("-z")
+        f = int(f_text)
+        return H.alie(COLLUDERS[:f], float(z_text) if z_text else H.alie_z(12, f), tasks)
     if name.startswith("lflip"):
         return None  # data poisoning: a client hook (_field_hook), not a wrapper
     raise KeyError(name)
@@ -225,9 +242,12 @@ def _field_attack(name: str) -> Any:
 
 def _attackers(name: str) -> set[str]:
     """The hostile clients of a field attack."""
+    name = name.partition("@")[0]
+    if name in ("ipm2-f3", "minmax3", "minsum3"):
+        return set(COLLUDERS)
     for family in ("alie", "lflip"):
         if name.startswith(family):
-            return set(COLLUDERS[: int(name[len(family) :].partition("@")[0])])
+            return set(COLLUDERS[: int(name[len(family) :].partition("-z")[0])])
     return {HOSTILE}
 
 

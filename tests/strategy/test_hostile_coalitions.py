@@ -67,3 +67,35 @@ def test_min_sum_and_the_other_perturbations_are_wired():
         assert np.all(np.isfinite(got))
     with pytest.raises(ValueError, match="perturbation"):
         H.min_max(["3"], "cosine")
+
+
+# ------------------------------------------------- the field benchmark's coalitions
+def _field():
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[2] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    import hostile_clients as HC
+
+    return HC
+
+
+def test_every_field_attack_is_built_with_its_colluders():
+    HC = _field()
+    for name in HC.FIELD:
+        made = HC._field_attack(name) or HC._field_hook(name)
+        assert made is not None, name
+    assert HC._attackers("alie2-z1.5") == {"3", "7"}
+    assert HC._attackers("alie1-z3") == {"3"}
+    for name in ("ipm2-f3", "minmax3", "minsum3", "alie3-z1", "lflip3@synthetic"):
+        assert HC._attackers(name) == {"3", "7", "9"}, name
+    assert HC._attackers("x50") == {"3"}
+
+
+@pytest.mark.slow
+def test_a_min_max_coalition_runs_in_the_field_and_no_model_becomes_nan():
+    HC = _field()
+    row = HC._field_run(("mfa-rr", "default", "minmax3", 0))
+    assert set(row["accuracy"]) == {"digits", "synthetic"}
+    assert all(0.0 <= a <= 1.0 for a in row["accuracy"].values())

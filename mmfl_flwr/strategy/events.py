@@ -383,12 +383,23 @@ def _part(count: int, received: int) -> dict[str, Any]:
     }
 
 
+def touched_updates(events: Iterable[DefenceEvent]) -> set[tuple[int, str, str]]:
+    """The updates some bound rejected or scaled (kinds :data:`UPDATE_KINDS`), as
+    ``(round, client, task)``, each once however many bounds acted on it; the caps on
+    declared counts and reported losses act on reports, not on updates, and are
+    counted under their own kinds."""
+    return {(e.round, e.client, e.task) for e in events if e.kind in UPDATE_KINDS}
+
+
 def summary_counts(
     events: Sequence[DefenceEvent], received: Mapping[str, Mapping[str, int]]
 ) -> dict[str, Any]:
     """``summary.json``'s ``defence_events``: the events counted in all, per
     kind, per model and per client, each with the updates received and the
-    fraction (count / updates received; None without updates)."""
+    fraction (count / updates received; None without updates), and
+    ``updates_touched``: the updates some bound rejected or scaled, each once
+    (:func:`touched_updates`), over the updates received: the false-positive
+    rate of the bounds in a run whose clients are all honest."""
     total = sum(sum(v.values()) for v in received.values())
     per_model = {t: sum(v.values()) for t, v in received.items()}
     per_client: dict[str, int] = {}
@@ -403,6 +414,8 @@ def summary_counts(
         return dict(sorted(out.items()))
 
     out: dict[str, Any] = _part(len(events), total)
+    # several bounds can act on one update: the updates they touched, each once
+    out["updates_touched"] = _part(len(touched_updates(events)), total)
     out["by_kind"] = {k: _part(n, total) for k, n in kinds(events).items()}
     models: dict[str, list[DefenceEvent]] = {}
     clients: dict[str, list[DefenceEvent]] = {}

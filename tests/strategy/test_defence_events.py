@@ -141,6 +141,22 @@ def test_summary_counts_per_kind_model_and_client_with_fractions():
     assert summary_counts([], {})["fraction"] is None
 
 
+def test_an_update_two_bounds_acted_on_is_touched_once():
+    """Clipped and then scaled as reversed: two events, one touched update; a loss
+    cap acts on a report, not on an update."""
+    events = [
+        ev(1, "1"),
+        ev(1, "1", kind="reversed"),
+        ev(1, "2", "b", "rejected"),
+        ev(2, "1"),
+        ev(2, "3", kind="loss"),
+    ]
+    received = {"a": {"1": 2, "2": 2, "3": 2}, "b": {"2": 2}}
+    got = summary_counts(events, received)["updates_touched"]
+    assert got == {"count": 3, "updates_received": 8, "fraction": 3 / 8}
+    assert E.touched_updates(events) == {(1, "1", "a"), (1, "2", "b"), (2, "1", "a")}
+
+
 def test_the_progress_line_shows_the_rounds_counts(capsys):
     show = line_printer(3, lambda rnd: E.round_counts([ev(rnd, "1"), ev(rnd, "2", kind="loss")]))
     show(1, [{"task": "a", "accuracy": 0.5, "uploads": 2}])
@@ -159,6 +175,7 @@ def events_agree_with_summary(out):
     for cid, part in counted["by_client"].items():
         assert part["count"] == sum(e.client == cid for e in events)
     assert sum(p["count"] for p in counted["by_client"].values()) == len(events)
+    assert counted["updates_touched"]["count"] == len(E.touched_updates(events))
     return events, counted
 
 

@@ -160,3 +160,33 @@ def test_a_value_the_runs_would_refuse_is_refused_first(
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
     assert flag.lstrip("-") in proc.stderr, proc.stderr  # names what it refuses
     assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.slow
+def test_the_false_positive_benchmark_counts_touched_updates(tmp_path):
+    """honest_false_positives.py at its smallest: MMFL-Group gets one clustered row (not
+    one per unclustered profile), every row's touched count is within what was received,
+    and the JSON rows agree with the runs."""
+    import json
+
+    out = tmp_path / "fp.json"
+    done = _run(
+        "honest_false_positives.py",
+        "--presets", "mfa-rr,group", "--profiles", "uniform,paper003", "--seeds", "0,1",
+        "--num-clients", "6", "--num-rounds", "2", "--local-epochs", "1", "--workers", "1",
+        "--json", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["preset"], r["profile"]) for r in rows] == [
+        ("mfa-rr", "uniform"),
+        ("mfa-rr", "paper003"),
+        ("group", "clusters-consistent"),
+    ]
+    runs = json.loads(out.read_text())["runs"]
+    for r in rows:
+        mine = [x for x in runs if (x["preset"], x["profile"]) == (r["preset"], r["profile"])]
+        on = [x for x in mine if x["defaults"]]
+        assert len(on) == 2 and len(mine) == 4
+        assert r["touched"] == sum(x["touched"] for x in on) <= r["received"]
+        assert all(not x["by_kind"] for x in mine if not x["defaults"])  # off: no event

@@ -1,0 +1,259 @@
+"""The bounds' false-positive rate: how many honest updates the default bounds touch,
+and what that costs (issue 60 item 4).
+
+    python benchmarks/honest_false_positives.py --seeds 0-5 \\
+        --profiles uniform,paper003,clusters-consistent,clusters-inconsistent \\
+        --cache docs/results/honest_false_positives_runs.jsonl \\
+        --markdown docs/results/honest_false_positives.md \\
+        --json docs/results/honest_false_positives.json
+
+Every client honest. Each preset runs on each profile twice per seed: with its defaults
+and with ``--defences off`` (every bound off), paired by seed (the same seed gives both
+runs the same federation, initial weights and data). Per preset and profile: the
+fraction of the updates received that some bound rejected or scaled (each update once,
+``summary.json``'s ``defence_events.updates_touched``), the events per kind, and the
+final accuracy (mean over the models) with the defaults minus with every bound off,
+paired over the seeds with its 95% t interval and a paired TOST against ``--margin``.
+MMFL-Group (``group``) needs clustered clients: a profile without clusters is replaced
+by ``clusters-consistent`` for it (each profile once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from _evidence import (
+    Parser,
+    command,
+    equivalence,
+    int_list,
+    machine,
+    margin_arg,
+    name_list,
+    paired_ci,
+    write_outputs,
+)
+
+CLUSTERED = ("clusters-consistent", "clusters-inconsistent")
+
+
+def profile_for(preset: str, profile: str) -> str:
+    """The profile a preset runs on: MMFL-Group's clusters need a clustered profile."""
+    if preset == "group" and not profile.startswith("clusters"):
+        return "clusters-consistent"
+    return profile
+
+
+def profiles_of(preset: str, profiles: list[str]) -> list[str]:
+    """The profiles ``preset`` runs on, each once, in the order given."""
+    return list(dict.fromkeys(profile_for(preset, p) for p in profiles))
+
+
+def _run(job: tuple[str, str, int, bool, int, int, int]) -> dict[str, Any]:
+    """One honest in-process run; ``on``: with the preset's default bounds."""
+    preset, profile, seed, on, clients, rounds, epochs = job
+    from mmfl_flwr.config import Settings
+    from mmfl_flwr.runner import run_inprocess
+    from mmfl_flwr.strategy import events as E
+
+    s = Settings(
+        strategy=preset,
+        profile=profile,
+        num_clients=clients,
+        num_rounds=rounds,
+        local_epochs=epochs,
+        seed=seed,
+        output_dir="",
+        **({} if on else {"defences": "off"}),
+    )
+    logger = logging.getLogger("flwr")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            result = run_inprocess(s)
+    finally:
+        logger.setLevel(level)
+    events = list(result.events)
+    received = sum(sum(v.values()) for v in result.received.values())
+    kinds: dict[str, int] = {}
+    for e in events:
+        kinds[e.kind] = kinds.get(e.kind, 0) + 1
+    return {
+        "preset": preset,
+        "profile": profile,
+        "seed": seed,
+        "defaults": on,
+        "accuracy": {t: r["accuracy"] for t, r in result.final().items()},
+        "touched": len(E.touched_updates(events)),
+        "received": received,
+        "by_kind": kinds,
+    }
+
+
+def _key(r: dict[str, Any]) -> tuple[str, str, int, bool]:
+    return (r["preset"], r["profile"], r["seed"], r["defaults"])
+
+
+def _check(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    for name, value in (
+        ("--num-clients", a.num_clients),
+        ("--num-rounds", a.num_rounds),
+        ("--local-epochs", a.local_epochs),
+        ("--workers", a.workers),
+    ):
+        if value < 1:
+            p.error(f"{name} must be >= 1")
+    for name, path in (("--json", a.json), ("--markdown", a.markdown), ("--cache", a.cache)):
+        if path and os.path.isdir(path):
+            p.error(f"{name} {path}: a folder; give a file name")
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            p.error(f"{name} {path}: its folder does not exist")
+
+
+def _table(
+    presets: list[str],
+    profiles: list[str],
+    seeds: list[int],
+    done: dict[tuple[str, str, int, bool], dict[str, Any]],
+    margin: float,
+) -> tuple[list[str], list[dict[str, Any]]]:
+    lines = [
+        "| preset | profile | updates touched (of received) | fraction | events by kind "
+        f"| defaults - off [95% CI] | TOST at +-{margin:g} [90% CI] |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    rows = []
+    for pr in presets:
+        for prof in profiles_of(pr, profiles):
+
+            def acc(on: bool, pr: str = pr, prof: str = prof) -> dict[int, float]:
+                out = {}
+                for s in seeds:
+                    a = done[(pr, prof, s, on)]["accuracy"]
+                    out[s] = sum(a.values()) / len(a)
+                return out
+
+            runs = [done[(pr, prof, s, True)] for s in seeds]
+            touched = sum(r["touched"] for r in runs)
+            received = sum(r["received"] for r in runs)
+            kinds: dict[str, int] = {}
+            for r in runs:
+                for k, n in r["by_kind"].items():
+                    kinds[k] = kinds.get(k, 0) + n
+            on, off = acc(True), acc(False)
+            d, eq = paired_ci(on, off), equivalence(on, off, margin)
+            fraction = touched / received if received else float("nan")
+            rows.append(
+                {
+                    "preset": pr,
+                    "profile": prof,
+                    "touched": touched,
+                    "received": received,
+                    "fraction": fraction,
+                    "by_kind": kinds,
+                    "difference": d,
+                    "equivalence": eq,
+                }
+            )
+            lines.append(
+                f"| {pr} | {prof} | {touched} of {received} | {fraction:.3%} | "
+                + (", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) or "none")
+                + f" | {d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] | {eq['verdict']} "
+                f"[{eq['lo']:+.3f}, {eq['hi']:+.3f}] |"
+            )
+    return lines, rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--presets", default="", help="comma-separated presets (default: all)")
+    p.add_argument(
+        "--profiles",
+        default="uniform,paper003,clusters-consistent,clusters-inconsistent",
+        help="comma-separated data profiles",
+    )
+    p.add_argument("--num-clients", type=int, default=20)
+    p.add_argument("--num-rounds", type=int, default=10)
+    p.add_argument("--local-epochs", type=int, default=2)
+    p.add_argument("--seeds", default="0-5", help="seeds, e.g. 0-5 (at least two)")
+    p.add_argument("--margin", default="0.02", help="the paired TOST's margin, in accuracy")
+    p.add_argument(
+        "--workers", type=int, default=min(2, os.cpu_count() or 1), help="runs in parallel"
+    )
+    p.add_argument("--cache", default="", help="JSON-lines file of finished runs (reused)")
+    p.add_argument("--json", default="", help="write the runs and the rows here")
+    p.add_argument("--markdown", default="", help="write the table here")
+    a = p.parse_args(argv)
+    from mmfl_flwr.presets import PRESETS
+    from mmfl_flwr.tasks.federation import PROFILES
+
+    presets = name_list(p, "--presets", a.presets, PRESETS) if a.presets else list(PRESETS)
+    profiles = name_list(p, "--profiles", a.profiles, PROFILES)
+    seeds = int_list(p, "--seeds", a.seeds, low=0)
+    if len(seeds) < 2:
+        p.error("--seeds needs at least two seeds (the differences are paired by seed)")
+    margin = margin_arg(p, a.margin)
+    _check(p, a)
+    shape = (a.num_clients, a.num_rounds, a.local_epochs)
+    jobs = [
+        (pr, prof, s, on, *shape)
+        for pr in presets
+        for prof in profiles_of(pr, profiles)
+        for s in seeds
+        for on in (True, False)
+    ]
+    done: dict[tuple[str, str, int, bool], dict[str, Any]] = {}
+    cache = Path(a.cache) if a.cache else None
+    if cache and cache.exists():
+        for line in cache.read_text().splitlines():
+            r = json.loads(line)
+            if tuple(r.get("shape", ())) == shape:
+                done[_key(r)] = r
+    todo = [j for j in jobs if j[:4] not in done]
+    print(f"{len(jobs)} runs, {len(todo)} to do", flush=True)
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(a.workers) as ex:
+        for r in ex.map(_run, todo):
+            r["shape"] = list(shape)
+            done[_key(r)] = r
+            if cache:
+                with cache.open("a") as f:
+                    f.write(json.dumps(r) + "\n")
+            print(
+                f"  {r['preset']} {r['profile']} seed {r['seed']} "
+                f"{'defaults' if r['defaults'] else 'off'}: touched {r['touched']} of "
+                f"{r['received']}",
+                flush=True,
+            )
+    lines, rows = _table(presets, profiles, seeds, done, margin)
+    text = [
+        f"`{command('honest_false_positives', argv)}`",
+        "",
+        f"Machine: {machine()}.",
+        "",
+        f"Every client honest; {a.num_clients} clients, {a.num_rounds} rounds, "
+        f"{a.local_epochs} local epochs, default tasks, in-process engine, seeds "
+        f"{', '.join(map(str, seeds))}; {len(jobs) // 2} runs with the defaults and as many "
+        "with every bound off. Accuracy: final, mean over the models. MMFL-Group runs on "
+        "clustered profiles only (its clusters need them).",
+        "",
+        *lines,
+    ]
+    print("\n".join(text))
+    payload = {"rows": rows, "runs": list(done.values()), "seeds": seeds, "margin": margin}
+    write_outputs(a.json, a.markdown, payload, "\n".join(text))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

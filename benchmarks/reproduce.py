@@ -230,22 +230,62 @@ longer run may change it.
 **Rerunning.** {rerun}
 """
 
-#: What the published runs had of the project's defences: every run CSV and cache under
-#: docs/results was last written before the reversed-update bound existed (951c268) and
-#: after the update clip, the direction check and the capped floor became defaults
-#: (:data:`BEFORE_DEFAULT_DEFENCES` is empty); no published section ran in the papers'
-#: reproduction mode (``--defences off``).
-DEFENCES = (
-    "The published runs ran with the project's default bounds on client updates of the "
-    "day they were made, not as the papers state the algorithms: the update clip "
-    "(`update-clip-factor` 3), the direction check (`direction-factor` 3) and the "
-    "loss-based policies' capped floor were on, and the clip and the direction check "
-    "act on honest clients too. The bound on "
-    "reversed updates (`reversed-influence-factor`) did not: every published run "
-    "predates it, as with `--reversed-influence-factor 0`. None ran with the papers' "
-    "reproduction mode (`--defences off`); a section that ran otherwise says so (the "
-    "mnist-5k defence-cost runs without the clip, on the papers 000/001 page)."
+#: What the published runs that record no settings had of the project's defences: every
+#: such run CSV and cache under docs/results was last written before the reversed-update
+#: bound existed (951c268) and after the update clip, the direction check and the capped
+#: floor became defaults (:data:`BEFORE_DEFAULT_DEFENCES` is empty).
+OLD_DEFENCES = (
+    "ran with the project's default bounds on client updates of the day they were made, "
+    "not as the papers state the algorithms: the update clip (`update-clip-factor` 3), the "
+    "direction check (`direction-factor` 3) and the loss-based policies' capped floor were "
+    "on, and the clip and the direction check act on honest clients too; the bound on "
+    "reversed updates (`reversed-influence-factor`) did not (every such run predates it)"
 )
+
+
+def defences_note(fragments: list[str]) -> str:
+    """The header's statement of the defences each published section ran with, read from
+    the sections' ``Defences:`` lines (written by the scripts from what each run
+    recorded): reproduction mode, the project's defaults as a sensitivity section, or not
+    recorded (runs made before the settings were recorded)."""
+    groups: dict[str, list[str]] = {"off": [], "default": [], "old": []}
+    for text in fragments:
+        for heading, body in R.sections(text):
+            if not R.paper_key(heading):
+                continue
+            if re.search(r"(?m)^(?:- )?Defences: off\b", body):
+                groups["off"].append(heading)
+            elif re.search(r"(?m)^(?:- )?Defences: the project's defaults", body):
+                groups["default"].append(heading)
+            else:
+                groups["old"].append(heading)
+
+    def names(hs: list[str]) -> str:
+        return "; ".join(f"*{h}*" for h in dict.fromkeys(hs))
+
+    parts = []
+    if groups["off"]:
+        parts.append(
+            "In the papers' reproduction mode (`--defences off`: every bound off, the "
+            "algorithms as the papers state them): " + names(groups["off"]) + "."
+        )
+    if groups["default"]:
+        parts.append(
+            "With the project's default bounds, as labelled sensitivity sections: "
+            + names(groups["default"])
+            + "."
+        )
+    if groups["old"]:
+        parts.append(
+            "Not yet rerun in the reproduction mode (no settings recorded; "
+            "`python benchmarks/check_reproduction.py` lists them): "
+            + names(groups["old"])
+            + ". These "
+            + OLD_DEFENCES
+            + ". The mnist-5k defence-cost runs without the clip are on the papers 000/001 "
+            "page."
+        )
+    return " ".join(parts)
 
 
 def data_note(fragments: list[str]) -> str:
@@ -516,7 +556,7 @@ def assemble(args: argparse.Namespace, failed: dict[str, str], wall: str) -> Pat
         wall=wall,
         rules=Path(os.path.relpath(rules, results.resolve().parent)).as_posix(),
         data=data_note(fragments),
-        defences=DEFENCES + code_note(),
+        defences=defences_note(fragments) + code_note(),
         rerun=rerun_note(),
     )
     body = R.summary_tables(fragments, pages.resolve(), results.resolve())

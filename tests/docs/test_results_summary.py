@@ -31,7 +31,7 @@ def test_results_md_is_one_page_and_links_every_papers_page():
         assert f"(docs/papers/{page})" in text and (ROOT / "docs/papers" / page).is_file()
     # the header states the stand-in data and the defences the runs had, once
     assert "scikit-learn's 8x8 handwritten digits, 1,437 training images a model" in text
-    assert "--reversed-influence-factor 0" in text and "--defences off" in text
+    assert "`reversed-influence-factor`" in text and "--defences off" in text
     assert "reproduce.py --full` runs" in text and "on 2 cores" in text
 
 
@@ -124,3 +124,16 @@ def test_full_passes_no_cache_unless_reuse_cache(monkeypatch, capsys, tmp_path, 
         assert cached == []
         assert printed.count("ignoring the run cache") == len(with_cache)
     assert (tmp_path / "R.md").is_file()
+
+
+def test_the_header_says_which_sections_ran_in_the_reproduction_mode():
+    """Read from each section's ``Defences:`` line, never typed: a section without one
+    (runs that recorded no settings) is listed as not yet rerun."""
+    off = "### Paper 004: bandits\n\nDefences: off (reproduction mode, ...).\n"
+    sens = "### Paper 002: gain\n\n- Defences: the project's defaults on (...).\n"
+    old = "### Papers 000/001: group\n\nNo line.\n"
+    note = reproduce.defences_note([off, sens, old])
+    first, second, third = (note.index(x) for x in ("*Paper 004", "*Paper 002", "*Papers 000"))
+    assert note.index("reproduction mode") < first < note.index("sensitivity") < second
+    assert second < note.index("Not yet rerun") < third
+    assert "reproduction mode" not in reproduce.defences_note([old]).split("Not yet")[0]

@@ -35,6 +35,7 @@ import io
 import logging
 import os
 import sys
+from collections.abc import Collection
 from typing import Any
 
 from _evidence import Parser, command, int_list, machine, mean_ci, paired_ci, write_outputs
@@ -53,11 +54,14 @@ def _attack(scale: float | None) -> Any:
     return H.scaled_update(HOSTILE, scale)
 
 
-def others_accuracy(settings: Any, arrays: Any, excluded: str) -> dict[str, float]:
+def others_accuracy(
+    settings: Any, arrays: Any, excluded: str | Collection[str]
+) -> dict[str, float]:
     """Each model's accuracy on the local test data of every client eligible for
-    it but ``excluded``. On ``synthetic`` the server's test set is every user's
-    test split, so under a profile where every client holds the task this is the
-    server's test set without the excluded client's own users. On ``digits`` the
+    it but ``excluded`` (one id, or several: a coalition's). On ``synthetic`` the
+    server's test set is every user's test split, so under a profile where every
+    client holds the task this is the server's test set without the excluded
+    clients' own users. On ``digits`` the
     clients' local test sets split the global test set among the holders of each
     label, so it leaves out only the excluded client's share of its labels'
     test examples."""
@@ -68,12 +72,13 @@ def others_accuracy(settings: Any, arrays: Any, excluded: str) -> dict[str, floa
     from mmfl_flwr.tasks.models import make_model
 
     fed = federation_for(settings)
+    left_out = {excluded} if isinstance(excluded, str) else set(excluded)
     out = {}
     for task, record in arrays.items():
         parts = [
             fed.client_data(k, task)[1]
             for k in range(fed.num_clients)
-            if str(k) != excluded and bool(fed.eligible[task][k])
+            if str(k) not in left_out and bool(fed.eligible[task][k])
         ]
         data = concat_datasets([d for d in parts if len(d)])
         _, out[task] = evaluate_arrays(

@@ -28,8 +28,11 @@ poisons the clients' data through ``run_inprocess``'s ``client_hook``). Each att
 per-model drop is paired by seed with the honest run of the same defence and compared with the
 drop of the attacker-absent run (client 3 fails every training): an attack is
 ``contained`` when its mean drop is at most the absent run's upper 95% bound
-plus 0.05. The minimum over attacks of each model's accuracy is the defence's
-worst case (ByzFL's way of ranking defences).
+plus 0.05. Beside the server's test accuracy, each row gives the drop of the
+*others'* accuracy (:func:`flip_scale.others_accuracy`: each model on the local test
+data of every client but the attackers, so an attacker's own users do not count),
+paired by seed with the honest run on the same clients. The minimum over attacks of
+each model's accuracy is the defence's worst case (ByzFL's way of ranking defences).
 """
 
 from __future__ import annotations
@@ -140,6 +143,8 @@ def _run(preset: str, attack: str | None, seed: int, rounds: int, aggregator: st
 
 
 COLLUDERS = ("3", "7", "9")
+#: the attackers' sets whose users the others' accuracy leaves out (one, two, three)
+OTHERS_GROUPS = (COLLUDERS[:1], COLLUDERS[:2], COLLUDERS)
 #: attack name -> (what it is); "@<task>" aims an attack at one model
 FIELD = {
     "x50": "honest update x50 (under the 100x rejection bound)",
@@ -299,6 +304,13 @@ def _field_run(job: tuple[str, str, str, int]) -> dict[str, Any]:
         logger.removeHandler(tap)
     tap.add_actions(result)
     hostile = _attackers(attack)
+    from flip_scale import others_accuracy
+
+    settings = field_settings(preset, defence, seed)
+    # every coalition's users left out, so an attack's row pairs with the honest run's
+    others = {
+        ",".join(group): others_accuracy(settings, result.arrays, group) for group in OTHERS_GROUPS
+    }
     acted = [m for m in tap.lines if "clipped update" in m or "rejected update" in m]
     who = [m.split(":", 1)[0].removeprefix("Client ") for m in acted]
     return {
@@ -317,7 +329,25 @@ def _field_run(job: tuple[str, str, str, int]) -> dict[str, Any]:
         ),
         "honest_clipped": sum(w not in hostile and "clipped" in m for m, w in zip(acted, who)),
         "honest_rejected": sum(w not in hostile and "rejected" in m for m, w in zip(acted, who)),
+        "others": others,
     }
+
+
+def _others_drop(
+    runs: dict[str, dict[int, dict[str, Any]]], attack: str, task: str
+) -> dict[str, float] | None:
+    """The others' accuracy of the honest run minus the attack's, paired by seed, on the
+    test data of every client but the attack's (the attacker-absent run: client 3's);
+    None where a run predates the metric."""
+    from _evidence import paired_ci
+
+    group = ",".join(sorted(_attackers(attack), key=COLLUDERS.index))
+    try:
+        honest = {s: r["others"][group][task] for s, r in runs["honest"].items()}
+        hit = {s: r["others"][group][task] for s, r in runs[attack].items()}
+    except KeyError:
+        return None
+    return paired_ci(honest, hit)
 
 
 def field(a: argparse.Namespace) -> int:
@@ -381,9 +411,9 @@ def field(a: argparse.Namespace) -> int:
     rows, worst = [], []
     table = [
         "| preset | defence | attack | model | accuracy | drop vs honest [95% CI] "
-        "| absent's drop [95% CI] | contained | attacker named (models) "
-        "| honest clipped / rejected |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| absent's drop [95% CI] | others' drop [95% CI] | contained "
+        "| attacker named (models) | honest clipped / rejected |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in presets:
         for d in defences:
@@ -408,6 +438,7 @@ def field(a: argparse.Namespace) -> int:
                 )
                 for x in ["absent"] + attacks:
                     drop = paired_ci(acc["honest"], acc[x])
+                    others = _others_drop(runs, x, t)
                     ok = x == "absent" or drop["mean"] <= ab["hi"] + 0.05
                     named = sum(r["attacker_named"] for r in runs[x].values())
                     named_t = sorted(
@@ -423,6 +454,7 @@ def field(a: argparse.Namespace) -> int:
                         "accuracy": mean_ci(list(acc[x].values()))[0],
                         "drop": drop,
                         "absent_drop": ab,
+                        "others_drop": others,
                         "contained": ok,
                         "attacker_named": named,
                         "named_models": named_t,
@@ -434,7 +466,12 @@ def field(a: argparse.Namespace) -> int:
                         f"| {p} | {d} | {x} | {t} | {row['accuracy']:.3f} | "
                         f"{drop['mean']:+.3f} [{drop['lo']:+.3f}, {drop['hi']:+.3f}] | "
                         f"{ab['mean']:+.3f} [{ab['lo']:+.3f}, {ab['hi']:+.3f}] | "
-                        f"{'-' if x == 'absent' else 'yes' if ok else '**no**'} | "
+                        + (
+                            f"{others['mean']:+.3f} [{others['lo']:+.3f}, {others['hi']:+.3f}] | "
+                            if others
+                            else "- | "
+                        )
+                        + f"{'-' if x == 'absent' else 'yes' if ok else '**no**'} | "
                         f"{named} ({', '.join(named_t) or '-'}) | {hc} / {hr} |"
                     )
     table += [

@@ -43,10 +43,12 @@ import io
 import logging
 import statistics
 import sys
+from pathlib import Path
 from typing import Any
 
 from _evidence import Parser, int_list, write_outputs
 
+HERE = Path(__file__).resolve().parent
 HOSTILE = "3"
 ATTACKS = (
     "huge-weights",
@@ -350,10 +352,9 @@ def _others_drop(
     return paired_ci(honest, hit)
 
 
-def field(a: argparse.Namespace) -> int:
+def field(a: argparse.Namespace, argv: list[str] | None = None) -> int:
     import json
     from concurrent.futures import ProcessPoolExecutor
-    from pathlib import Path
 
     from _evidence import mean_ci, paired_ci
 
@@ -409,7 +410,20 @@ def field(a: argparse.Namespace) -> int:
                 flush=True,
             )
     rows, worst = [], []
+    import subprocess
+
+    from _evidence import command, machine
+
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE
+    ).stdout.strip()
     table = [
+        f"`{command('hostile_clients', argv)}`",
+        "",
+        f"Machine: {machine()}; code at commit {head or 'unknown'} (runs re-read from "
+        "`--cache` keep the code they were made with). Tasks digits,synthetic, 12 clients, "
+        f"8 rounds, 5 local epochs, in-process engine, seeds {', '.join(map(str, seeds))}.",
+        "",
         "| preset | defence | attack | model | accuracy | drop vs honest [95% CI] "
         "| absent's drop [95% CI] | others' drop [95% CI] | contained "
         "| attacker named (models) | honest clipped / rejected |",
@@ -539,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
             + ("" if not a.field else " (its runs have 8 rounds)")
         )
     if a.field:
-        return field(a)
+        return field(a, argv)
     a.presets = a.presets or "mfa-rr,lvr,ranklist-ucb,stalevre"
     a.attacks = a.attacks or ",".join(ATTACKS)
     logging.getLogger("flwr").setLevel(logging.WARNING)

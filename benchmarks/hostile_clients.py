@@ -290,8 +290,11 @@ def _field_run(job: tuple[str, str, str, int]) -> dict[str, Any]:
     from mmfl_flwr.runner import run_inprocess
 
     logger = logging.getLogger("flwr")
+    # the console stays quiet while the tap reads the log; restored after, so a caller's
+    # own logging (a test process's) is as it was
+    saved = (logger.level, [(h, h.level) for h in logger.handlers])
     logger.setLevel(logging.WARNING)
-    for h in logger.handlers:  # this worker's console stays quiet; the tap reads the log
+    for h in logger.handlers:
         h.setLevel(logging.ERROR)
     tap = _Tap()
     logger.addHandler(tap)
@@ -304,6 +307,9 @@ def _field_run(job: tuple[str, str, str, int]) -> dict[str, Any]:
             )
     finally:
         logger.removeHandler(tap)
+        logger.setLevel(saved[0])
+        for h, level in saved[1]:
+            h.setLevel(level)
     tap.add_actions(result)
     hostile = _attackers(attack)
     from flip_scale import others_accuracy

@@ -95,7 +95,13 @@ def test_every_field_attack_is_built_with_its_colluders():
 
 @pytest.mark.slow
 def test_a_min_max_coalition_runs_in_the_field_and_no_model_becomes_nan():
+    import logging
+
     HC = _field()
+    flwr = logging.getLogger("flwr")
+    before = (flwr.level, [(h, h.level) for h in flwr.handlers])
     row = HC._field_run(("mfa-rr", "default", "minmax3", 0))
+    # the run leaves this process's logging as it was (later tests read the log)
+    assert (flwr.level, [(h, h.level) for h in flwr.handlers]) == before
     assert set(row["accuracy"]) == {"digits", "synthetic"}
     assert all(0.0 <= a <= 1.0 for a in row["accuracy"].values())

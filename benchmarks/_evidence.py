@@ -251,6 +251,16 @@ def command(script: str, argv: Sequence[str] | None) -> str:
     return " ".join([f"python benchmarks/{script}.py"] + kept)
 
 
+def check_output_files(parser: argparse.ArgumentParser, named: Iterable[tuple[str, str]]) -> None:
+    """Refuse, in one line, an output file option (``(flag, path)``; an empty path is
+    unset) that names a folder or whose folder does not exist: before any run."""
+    for name, path in named:
+        if path and os.path.isdir(path):
+            parser.error(f"{name} {path}: a folder; give a file name")
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            parser.error(f"{name} {path}: its folder does not exist")
+
+
 def _published_folder(path: str) -> str | None:
     """``docs/results/<sub>`` when ``path`` is a folder under the published results
     other than docs/results itself (it names which section a command makes: kept in

@@ -38,7 +38,16 @@ import sys
 from collections.abc import Collection
 from typing import Any
 
-from _evidence import Parser, command, int_list, machine, mean_ci, paired_ci, write_outputs
+from _evidence import (
+    Parser,
+    check_output_files,
+    command,
+    int_list,
+    machine,
+    mean_ci,
+    paired_ci,
+    write_outputs,
+)
 from hostile_clients import DEFENCES, HOSTILE, _field_attack, field_settings
 
 
@@ -187,11 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             f"--scales: give each value once (values equal to 6 significant digits "
             f"count as one), got {a.scales!r}"
         )
-    for name, path in (("--json", a.json), ("--markdown", a.markdown)):
-        if path and os.path.isdir(path):
-            p.error(f"{name} {path}: a folder; give a file name")
-        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            p.error(f"{name} {path}: its folder does not exist")
+    check_output_files(p, (("--json", a.json), ("--markdown", a.markdown)))
     from mmfl_flwr.presets import PRESETS, takes_aggregator
 
     presets, defences = a.presets.split(","), a.defences.split(",")

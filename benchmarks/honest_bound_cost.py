@@ -31,6 +31,7 @@ from typing import Any
 
 from _evidence import (
     Parser,
+    check_output_files,
     command,
     equivalence,
     int_list,
@@ -138,11 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     ):
         if value < 1:
             p.error(f"{name} must be >= 1")
-    for name, path in (("--json", a.json), ("--markdown", a.markdown)):
-        if path and os.path.isdir(path):
-            p.error(f"{name} {path}: a folder; give a file name")
-        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            p.error(f"{name} {path}: its folder does not exist")
+    check_output_files(p, (("--json", a.json), ("--markdown", a.markdown)))
     jobs = [
         (pr, s, on, a.profile, a.num_clients, a.num_rounds, a.local_epochs)
         for pr in presets

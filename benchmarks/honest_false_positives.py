@@ -32,6 +32,7 @@ from typing import Any
 
 from _evidence import (
     Parser,
+    check_output_files,
     command,
     equivalence,
     int_list,
@@ -112,11 +113,7 @@ def _check(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     ):
         if value < 1:
             p.error(f"{name} must be >= 1")
-    for name, path in (("--json", a.json), ("--markdown", a.markdown), ("--cache", a.cache)):
-        if path and os.path.isdir(path):
-            p.error(f"{name} {path}: a folder; give a file name")
-        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            p.error(f"{name} {path}: its folder does not exist")
+    check_output_files(p, (("--json", a.json), ("--markdown", a.markdown), ("--cache", a.cache)))
 
 
 def _table(

@@ -70,10 +70,10 @@ def others_accuracy(
     it but ``excluded`` (one id, or several: a coalition's). On ``synthetic`` the
     server's test set is every user's test split, so under a profile where every
     client holds the task this is the server's test set without the excluded
-    clients' own users. On ``digits`` the
-    clients' local test sets split the global test set among the holders of each
-    label, so it leaves out only the excluded client's share of its labels'
-    test examples."""
+    clients' own users. On ``digits`` the clients' local test sets split the global
+    test set among the holders of each label, so it leaves out only the excluded
+    clients' share of their labels' test examples. The federation is the cached
+    one of ``settings`` (built once per process)."""
     from mmfl_flwr.client.trainer import evaluate_arrays
     from mmfl_flwr.flower_app.data import federation_for
     from mmfl_flwr.records import arrays_to_numpy

@@ -289,6 +289,7 @@ def _field_run(job: tuple[str, str, str, int]) -> dict[str, Any]:
     preset, defence, attack, seed = job
     from mmfl_flwr.runner import run_inprocess
 
+    settings = field_settings(preset, defence, seed)
     logger = logging.getLogger("flwr")
     # the console stays quiet while the tap reads the log; restored after, so a caller's
     # own logging (a test process's) is as it was
@@ -301,7 +302,7 @@ def _field_run(job: tuple[str, str, str, int]) -> dict[str, Any]:
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             result = run_inprocess(
-                field_settings(preset, defence, seed),
+                settings,
                 wrap_client_app=_field_attack(attack),
                 client_hook=_field_hook(attack),
             )
@@ -314,7 +315,6 @@ def _field_run(job: tuple[str, str, str, int]) -> dict[str, Any]:
     hostile = _attackers(attack)
     from flip_scale import others_accuracy
 
-    settings = field_settings(preset, defence, seed)
     # every coalition's users left out, so an attack's row pairs with the honest run's
     others = {
         ",".join(group): others_accuracy(settings, result.arrays, group) for group in OTHERS_GROUPS

@@ -260,10 +260,14 @@ class Settings:
         step (data share times norm).
     reversed_influence_factor : float
         The same bound, on by default at 4, held only on the updates that point
-        against their model's other updates: negative cosine with the
-        coordinate-wise median of the round's other updates, this round and
-        on average over the client's recent rounds (a sign flip, IPM); updates
-        the clients agree with keep their weight (0 = off).
+        against their model's other updates: cosine with the coordinate-wise
+        median of the round's other updates below -0.1, this round and on
+        average over the client's recent rounds (a sign flip, IPM); and, where
+        the model's clients agree on a direction, on all such updates of a
+        round together: their summed pull against the others (weight x norm x
+        |cosine|) at most this many times the typical push of an update that
+        agrees (a coalition). Updates the clients agree with keep their weight
+        (0 = off).
     defences : str
         ``"default"``: each bound above as its own setting gives it; ``"off"``:
         every bound off at once (:data:`BOUNDS`: the norm, count and loss bounds,

@@ -187,11 +187,13 @@ def _defence_options() -> dict[str, Option]:
         ),
         "reversed_influence_factor": Option(
             "scale updates that point against the "
-            "model's other updates (negative cosine with "
-            "their median, this round and on average) "
+            "model's other updates (cosine with their "
+            "median below -0.1, this round and on average) "
             "whose influence on the step exceeds this "
             "multiple of the round's lower median "
-            "influence down to it",
+            "influence down to it; where the clients agree, "
+            "hold such updates together to this many "
+            "typical pushes of the updates that agree",
             low=1,
             off="off",
         ),

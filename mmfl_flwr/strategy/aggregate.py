@@ -24,6 +24,7 @@ from mmfl_flwr.strategy.validation import (
     bound_expected_influence,
     bound_fresh_influence,
     bound_influence,
+    bound_reversed_pull,
     bound_update_norms,
     cap_train_losses,
     check_directions,
@@ -51,6 +52,11 @@ def average_state(old: list[np.ndarray], updates: Sequence[Update]) -> list[np.n
             mean = np.rint(mean)
         out.append(mean.astype(a.dtype).reshape(a.shape))
     return out
+
+
+def _data_shares(us: Sequence[Update]) -> list[float]:
+    """The weights of the oracle StaleVR's expected step: each update's data share."""
+    return [u.data_share for u in us]
 
 
 def aggregate_train_replies(
@@ -92,9 +98,6 @@ def aggregate_train_replies(
         cosines,
         run_state.defence,
     )
-    rule = InfluenceBound.of(
-        limits.influence_clip_factor, limits.reversed_influence_factor, cosines
-    )
     for task, cid in rejected:
         outcome.rejected[task] += 1
         outcome.rejected_parts.append((cid, task))
@@ -103,12 +106,20 @@ def aggregate_train_replies(
     if policy.observes_losses:
         cap_train_losses(run_state, outcome, limits.loss_cap)
     policy.observe(plan.server_round, outcome.observed, plan.picks)
+    rule = InfluenceBound.of(
+        limits.influence_clip_factor, limits.reversed_influence_factor, cosines
+    )
+    together = limits.reversed_influence_factor
     if aggregator.needs_fresh:  # every client trained: bound the expected step too
+        bound_reversed_pull(
+            outcome.updates, _data_shares, together, cosines, run_state.defence, "expected step"
+        )
         bound_expected_influence(outcome.updates, rule, run_state.defence)
     updates = outcome.updates
     if policy.selects_after_training:
         updates = select_after_training(run_state, policy, aggregator, plan.server_round, updates)
     # after any selection: the weights are the ones the aggregate applies
+    bound_reversed_pull(updates, aggregator.step_weights, together, cosines, run_state.defence)
     refs = bound_influence(updates, aggregator.step_weights, rule, run_state.defence)
     fresh = (
         bound_fresh_influence(outcome.updates, updates, refs, rule, run_state.defence)

@@ -120,11 +120,14 @@ class Limits:
         The same bound, held by default (:data:`REVERSED_INFLUENCE_FACTOR`, 4)
         on the updates that point against their model's other updates: whose
         cosine with the coordinate-wise median of the round's other updates is
-        negative this round and on average over the client's recent rounds of
+        below -0.1 this round and on average over the client's recent rounds of
         the model (:func:`~.directions.check_directions` reads the cosines;
-        :class:`~.influence.InfluenceBound`). An update the clients agree with keeps its
-        weight, so honest runs keep the papers' weighting wherever clients do
-        not disagree (None: off).
+        :class:`~.influence.InfluenceBound`); and, where the model's clients
+        agree on a direction, on those updates together, so that a coalition
+        pulls the model back by at most this many typical clients' push
+        (:func:`~.influence.bound_reversed_pull`). An update the clients agree
+        with keeps its weight, so honest runs keep the papers' weighting
+        wherever clients do not disagree (None: off).
     """
 
     max_loss: float = 1e6

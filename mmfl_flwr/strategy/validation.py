@@ -51,10 +51,13 @@ from mmfl_flwr.strategy.directions import (
 )
 from mmfl_flwr.strategy.events import DefenceLog
 from mmfl_flwr.strategy.influence import (
+    REVERSED_MIN_COSINE,
+    REVERSED_PULL_SHARE,
     InfluenceBound,
     bound_expected_influence,
     bound_fresh_influence,
     bound_influence,
+    bound_reversed_pull,
 )
 from mmfl_flwr.strategy.replies import client_replies
 from mmfl_flwr.strategy.state import RoundPlan, RunState, TrainOutcome
@@ -72,14 +75,17 @@ __all__ = [
     "MEDIAN_BLOCK",
     "NORM_HISTORY",
     "REVERSED_INFLUENCE_FACTOR",
+    "REVERSED_MIN_COSINE",
+    "REVERSED_PULL_SHARE",
     "UPDATE_CLIP_FACTOR",
-    "InfluenceBound",
     "Limits",
+    "InfluenceBound",
     "TrainOutcome",
     "apply_count_cap",
     "bound_expected_influence",
     "bound_fresh_influence",
     "bound_influence",
+    "bound_reversed_pull",
     "bound_update_norms",
     "cap_train_losses",
     "check_directions",

@@ -11,12 +11,13 @@ direction check (``direction_factor``) may shrink the updates of an honest
 client whose updates keep pointing against the others' (an outlier of the
 model's clients, a flipper's signature) to the reference norm; it singles out
 at most one client per model in a run, never a group of honest clients. The
-bound on reversed updates (``reversed_influence_factor``, on by default since
+bounds on reversed updates (``reversed_influence_factor``, on by default since
 2026-12-03) may hold an honest update whose cosine with the others' median is
-negative this round and on average to 4 typical clients' influence: it acts in
-honest federations by design (what that costs is measured by
-``benchmarks/honest_bound_cost.py``, docs/explanation/defences.md), and each of its
-lines must name a negative cosine and a negative mean; the bound on every
+below -0.1 this round and on average, alone to 4 typical clients' influence and,
+where the clients agree, together with the others such to 4 typical clients'
+push: they act in honest federations by design (what that costs is measured by
+``benchmarks/honest_false_positives.py``, docs/explanation/defences.md), and each
+of their lines must name a cosine and a mean below -0.1; the bound on every
 update (``influence_clip_factor``) stays off.
 """
 
@@ -39,7 +40,7 @@ DIRECTION = re.compile(
     r"against the other clients'"
 )
 REVERSED = re.compile(
-    r"; it points against the model's other updates \(cosine (\S+) with "
+    r"it points against the model's other updates \(cosine (\S+) with "
     r"their median this round, mean (\S+) over its last \d+ rounds\)"
 )
 
@@ -90,7 +91,7 @@ def test_no_bound_acts_in_an_honest_run(preset, profile):
     assert acted == []
     for m in held:  # only updates pointing against the others, this round and on average
         cosine, mean = (float(x) for x in REVERSED.search(m).groups())
-        assert cosine < 0 and mean < 0, m
+        assert cosine < -0.1 and mean < -0.1, m
     suspects: dict[str, set[str]] = {}
     for m in turned:
         cid, task = DIRECTION.search(m).groups()

@@ -1,9 +1,13 @@
-"""The influence bound on reversed updates (``reversed_influence_factor``, on by
-default at 4; issue 26): an update whose cosine with the coordinate-wise median
-of its model's other updates is negative this round and on average over its
-client's recent rounds is held to 4x the round's lower median influence, and
-named with the model; an update the clients agree with keeps its weight, however
-large. Numbers computed by hand; cosines checked against numpy directly."""
+"""The bounds on reversed updates (``reversed_influence_factor``, on by default
+at 4; issues 26 and 60). An update is reversed when its cosine with the
+coordinate-wise median of its model's other updates is below -0.1 this round
+and on average over its client's recent rounds. Each reversed update alone is
+held to 4x the round's lower median influence (:class:`InfluenceBound`), and
+where the model's clients agree on a direction the reversed updates together
+pull the model back (weight x norm x |cosine|) by at most 4x the lower median
+push of the updates that agree and half the pushes' sum
+(:func:`bound_reversed_pull`); each update a bound scales is named with the
+model. Numbers computed by hand; cosines checked against numpy directly."""
 
 from __future__ import annotations
 
@@ -19,11 +23,14 @@ from mmfl_flwr.core.aggregators import FedAvgAggregator, Update
 from mmfl_flwr.core.robust import MedianAggregator
 from mmfl_flwr.strategy.validation import (
     REVERSED_INFLUENCE_FACTOR,
+    REVERSED_MIN_COSINE,
+    REVERSED_PULL_SHARE,
     InfluenceBound,
     Limits,
     bound_expected_influence,
     bound_fresh_influence,
     bound_influence,
+    bound_reversed_pull,
     check_directions,
     l2_norm,
 )
@@ -123,15 +130,18 @@ def test_off_the_aggregator_is_not_asked_for_weights():
     assert bound_influence(heavy_pair(), weights, None) == {}
 
 
-def test_reversed_means_negative_this_round_and_on_average():
-    """Of the cosines (this round, mean, rounds): c1 negative only this round,
-    c2 only on average, c3 both, c4 neither: only c3 is reversed. Off (factor
-    None) nothing is."""
+def test_reversed_means_below_minus_a_tenth_this_round_and_on_average():
+    """Of the cosines (this round, mean, rounds): c1 below -0.1 only this
+    round, c2 only on average, c3 both, c4 neither, c5 negative in both but
+    within 0.1 of orthogonal (an honest Synthetic(1,1) client's typical
+    scores): only c3 is reversed. Off (factor None) nothing is."""
+    assert REVERSED_MIN_COSINE == 0.1
     cos = {
         ("a", "c1"): (-0.2, 0.1, 3),
         ("a", "c2"): (0.3, -0.2, 3),
-        ("a", "c3"): (-0.1, -0.05, 2),
+        ("a", "c3"): (-0.15, -0.11, 2),
         ("a", "c4"): (0.4, 0.3, 2),
+        ("a", "c5"): (-0.09, -0.05, 6),
     }
     assert set(InfluenceBound.of(None, 4.0, cos).reversed) == {("a", "c3")}
     assert InfluenceBound.of(None, None, cos).reversed == {}
@@ -178,6 +188,148 @@ def test_the_expected_step_bound_holds_reversed_updates_only():
         "Client c3: clipped update for task 'a': its influence on the "
         "expected step (data share 0.4 x update norm 5 = 2)"
     )
+
+
+def heavy_five():
+    """FedAvg weights from 10, 10, 40, 40 and 100 examples: 0.05, 0.05, 0.2,
+    0.2, 0.5; norms 1, 2, 5, 5, 1 (five updates: the least the bound on the
+    reversed ones together reads)."""
+    us = heavy_pair()
+    us["a"].append(upd("c4", [0.6, 0.8], 100))
+    return us
+
+
+#: (cosine this round, mean cosine, rounds) of each update of heavy_five(): c3
+#: reversed; the mean cosines' median is 0.5, so the clients agree.
+COS = {
+    ("a", "c0"): (0.8, 0.5, 3),
+    ("a", "c1"): (0.6, 0.4, 3),
+    ("a", "c2"): (0.9, 0.7, 3),
+    ("a", "c3"): (-0.5, -0.4, 3),
+    ("a", "c4"): (0.7, 0.6, 3),
+}
+NORMS = [1.0, 2.0, 5.0, 5.0, 1.0]
+
+
+def test_together_a_heavy_reversed_update_is_held_and_named():
+    """Along the others: c0 0.05 x 1 x 0.8 = 0.04, c1 0.05 x 2 x 0.6 = 0.06, c2
+    0.2 x 5 x 0.9 = 0.9, c4 0.5 x 1 x 0.7 = 0.35 push; c3 pulls 0.2 x 5 x 0.5
+    = 0.5. The reference push is the lower median 0.06, the pushes' sum 1.35:
+    allowed min(4 x 0.06, 0.5 x 1.35) = 0.24, so c3 is scaled by 0.48 to
+    (-1.44, -1.92) and named with why. c2, as heavy but agreed with, keeps its
+    weight."""
+    us = heavy_five()
+    records = logged(bound_reversed_pull, us, FedAvgAggregator().step_weights, 4.0, COS)
+    np.testing.assert_allclose(us["a"][3].delta[0], [-1.44, -1.92])
+    for i in (0, 1, 2, 4):
+        assert l2_norm(us["a"][i].delta) == NORMS[i]
+    assert [m for lvl, m in records if lvl == logging.DEBUG] == [
+        "Client c3: clipped update for task 'a': it points against the model's other "
+        "updates (cosine -0.500 with their median this round, mean -0.400 over its last 3 "
+        "rounds); the 1 such updates of this round together pull the step back by 0.5 "
+        "(weight x norm x |cosine|), above 0.24 (the lower of 4 x the reference push "
+        "0.06, the lower median of weight x norm x cosine over the 4 updates that agree, "
+        "and 0.5 of their sum 1.35); update norm 5 scaled to 2.4"
+    ]
+
+
+def test_together_needs_five_updates():
+    """Four updates (c4 left out): each one's reference is the median of three
+    others, too few to tell a coalition; nothing moves."""
+    us = heavy_five()
+    us["a"].pop()
+    assert logged(bound_reversed_pull, us, FedAvgAggregator().step_weights, 4.0, COS) == []
+    assert [float(l2_norm(u.delta)) for u in us["a"]] == NORMS[:4]
+
+
+def test_a_coalition_is_held_together_though_each_alone_is_under_the_bound():
+    """Eight updates of norm 1 with FedAvg weights 1/8: five honest ones at
+    cosine 0.6 push 0.075 each (reference 0.075, sum 0.375); three colluders at
+    cosine -0.9 pull 0.1125 each, 0.3375 together. Each alone is under both
+    bounds (4 x 0.075 = 0.3, 0.5 x 0.375 = 0.1875); together they exceed
+    0.1875, so each is scaled by 0.1875 / 0.3375 and each is named."""
+    honest = [upd(f"h{i}", [1.0, 0.0]) for i in range(5)]
+    bad = [upd(f"b{i}", [-1.0, 0.0]) for i in range(3)]
+    cos = {("a", u.cid): (0.6, 0.5, 4) for u in honest}
+    cos |= {("a", u.cid): (-0.9, -0.8, 4) for u in bad}
+    us = {"a": honest + bad}
+    records = logged(bound_reversed_pull, us, FedAvgAggregator().step_weights, 4.0, cos)
+    for u in bad:
+        assert l2_norm(u.delta) == pytest.approx(0.1875 / 0.3375)
+    assert all(l2_norm(u.delta) == 1.0 for u in honest)
+    lines = [m for lvl, m in records if lvl == logging.DEBUG]
+    assert [m.split(":")[0] for m in lines] == ["Client b0", "Client b1", "Client b2"]
+    assert all("the 3 such updates of this round together pull the step back" in m for m in lines)
+    assert REVERSED_PULL_SHARE == 0.5
+
+
+def test_a_heavy_update_at_a_small_angle_past_perpendicular_keeps_its_weight():
+    """c3 reversed at cosine -0.15: it pulls 0.2 x 5 x 0.15 = 0.15, under the
+    0.24 allowed, so nothing moves (its influence, 1.0, is 10 x the reference
+    influence 0.1: the bound on each update alone holds it, not this one)."""
+    us = heavy_five()
+    cos = dict(COS) | {("a", "c3"): (-0.15, -0.12, 6)}
+    assert logged(bound_reversed_pull, us, FedAvgAggregator().step_weights, 4.0, cos) == []
+    assert [float(l2_norm(u.delta)) for u in us["a"]] == NORMS
+
+
+def test_together_where_the_clients_disagree_nobody_is_held():
+    """The clients' mean cosines have a median under DIRECTION_AGREEMENT (0.1):
+    near a heterogeneous model's optimum each honest update points against the
+    others' (they sum to about zero), so reversed means nothing: the heavy
+    reversed c3 keeps its weight."""
+    us = heavy_five()
+    cos = {k: (c, m - 0.5, n) for k, (c, m, n) in COS.items()}  # means 0, -.1, .2, -.9, .1
+    assert logged(bound_reversed_pull, us, FedAvgAggregator().step_weights, 4.0, cos) == []
+    assert [float(l2_norm(u.delta)) for u in us["a"]] == NORMS
+
+
+def test_together_only_the_reversed_are_held():
+    """c3 below -0.1 only this round (mean 0.1), only on average (cosine
+    0.3), or within 0.1 of orthogonal is not reversed: nothing is held."""
+    for c3 in ((-0.5, 0.1, 3), (0.3, -0.4, 3), (-0.09, -0.08, 3)):
+        us = heavy_five()
+        cos = dict(COS) | {("a", "c3"): c3}
+        bound_reversed_pull(us, FedAvgAggregator().step_weights, 4.0, cos)
+        assert float(l2_norm(us["a"][3].delta)) == 5.0
+
+
+def test_together_no_weights_or_off_nothing_moves_and_nothing_is_logged():
+    """A coordinate-wise rule (the median) has no weights: left alone without a
+    line; off (None) or without cosines the aggregator is not even asked."""
+    us = heavy_five()
+    assert logged(bound_reversed_pull, us, MedianAggregator().step_weights, 4.0, COS) == []
+    assert [float(l2_norm(u.delta)) for u in us["a"]] == NORMS
+
+    def weights(_):
+        raise KeyError("not to be called")
+
+    bound_reversed_pull(heavy_five(), weights, None, COS)
+    bound_reversed_pull(heavy_five(), weights, 4.0, None)
+
+
+def test_together_on_the_expected_step_the_data_shares_are_the_weights():
+    """The oracle StaleVR's expected step: shares 0.05, 0.05, 0.2, 0.2, 0.5
+    give the same numbers as the FedAvg weights above, and the line says which
+    step."""
+    us = {
+        "a": [
+            upd(u.cid, list(u.delta[0]), share=s)
+            for u, s in zip(heavy_five()["a"], (0.05, 0.05, 0.2, 0.2, 0.5))
+        ]
+    }
+    records = logged(
+        bound_reversed_pull,
+        us,
+        lambda xs: [x.data_share for x in xs],
+        4.0,
+        COS,
+        None,
+        "expected step",
+    )
+    np.testing.assert_allclose(us["a"][3].delta[0], [-1.44, -1.92])
+    (line,) = [m for lvl, m in records if lvl == logging.DEBUG]
+    assert "together pull the expected step back by 0.5" in line
 
 
 def test_check_directions_reports_each_cosine_and_mean_even_when_off():

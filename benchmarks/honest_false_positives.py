@@ -170,6 +170,43 @@ def _table(
     return lines, rows
 
 
+#: The project's target for honest runs (issue 60): at most this share of the
+#: updates touched by any default bound.
+TOUCHED_TARGET = 0.02
+
+
+def summary(rows: list[dict[str, Any]], margin: float) -> tuple[dict[str, Any], str]:
+    """The rows against the targets: how many have more than
+    :data:`TOUCHED_TARGET` of their honest updates touched (and the highest),
+    how many a paired interval excluding 0 (a cost or a gain shown), and how many
+    are not shown equivalent within ``margin``; as a dict and as the sentence
+    the page prints under its table."""
+    over = [r for r in rows if r["fraction"] > TOUCHED_TARGET]
+    shown = [r for r in rows if r["difference"]["lo"] > 0 or r["difference"]["hi"] < 0]
+    unsure = [r for r in rows if r["equivalence"]["verdict"] != "equivalent"]
+    top = max(rows, key=lambda r: r["fraction"]) if rows else None
+    out = {
+        "rows": len(rows),
+        "over_target": len(over),
+        "target": TOUCHED_TARGET,
+        "interval_excludes_0": len(shown),
+        "not_shown_equivalent": len(unsure),
+        "highest": {k: top[k] for k in ("preset", "profile", "fraction")} if top else None,
+    }
+    text = (
+        f"Against the targets: {len(over)} of {len(rows)} rows have more than "
+        f"{TOUCHED_TARGET:.0%} of their honest updates touched"
+        + (
+            f" (the highest: {top['preset']} on {top['profile']}, {top['fraction']:.3%})"
+            if top
+            else ""
+        )
+        + f"; {len(shown)} of {len(rows)} paired intervals exclude 0; {len(unsure)} of "
+        f"{len(rows)} rows are not shown equivalent within +-{margin:g}."
+    )
+    return out, text
+
+
 def main(argv: list[str] | None = None) -> int:
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--presets", default="", help="comma-separated presets (default: all)")
@@ -233,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     lines, rows = _table(presets, profiles, seeds, done, margin)
+    counts, sentence = summary(rows, margin)
     text = [
         f"`{command('honest_false_positives', argv)}`",
         "",
@@ -245,9 +283,17 @@ def main(argv: list[str] | None = None) -> int:
         "clustered profiles only (its clusters need them).",
         "",
         *lines,
+        "",
+        sentence,
     ]
     print("\n".join(text))
-    payload = {"rows": rows, "runs": list(done.values()), "seeds": seeds, "margin": margin}
+    payload = {
+        "rows": rows,
+        "summary": counts,
+        "runs": list(done.values()),
+        "seeds": seeds,
+        "margin": margin,
+    }
     write_outputs(a.json, a.markdown, payload, "\n".join(text))
     return 0
 

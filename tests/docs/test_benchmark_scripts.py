@@ -162,6 +162,38 @@ def test_a_value_the_runs_would_refuse_is_refused_first(
     assert not out.exists() or not any(out.iterdir())
 
 
+def test_the_false_positive_summary_counts_rows_against_the_targets():
+    """Three rows: 1% touched and equivalent; 3% with an interval above 0; 2.5%
+    not shown equivalent: two over 2% (the highest 3%), one interval excluding
+    0, two not shown equivalent."""
+    sys.path.insert(0, str(BENCH))
+    import honest_false_positives as FP
+
+    def row(pr, fraction, lo, hi, verdict):
+        return {
+            "preset": pr,
+            "profile": "uniform",
+            "fraction": fraction,
+            "difference": {"lo": lo, "hi": hi},
+            "equivalence": {"verdict": verdict},
+        }
+
+    rows = [
+        row("a", 0.01, -0.01, 0.01, "equivalent"),
+        row("b", 0.03, 0.001, 0.02, "not shown equivalent"),
+        row("c", 0.025, -0.03, 0.02, "not shown equivalent"),
+    ]
+    counts, text = FP.summary(rows, 0.02)
+    assert counts["over_target"] == 2 and counts["interval_excludes_0"] == 1
+    assert counts["not_shown_equivalent"] == 2 and counts["rows"] == 3
+    assert counts["highest"] == {"preset": "b", "profile": "uniform", "fraction": 0.03}
+    assert text == (
+        "Against the targets: 2 of 3 rows have more than 2% of their honest updates "
+        "touched (the highest: b on uniform, 3.000%); 1 of 3 paired intervals exclude 0; "
+        "2 of 3 rows are not shown equivalent within +-0.02."
+    )
+
+
 @pytest.mark.slow
 def test_the_false_positive_benchmark_counts_touched_updates(tmp_path):
     """honest_false_positives.py at its smallest: MMFL-Group gets one clustered row (not

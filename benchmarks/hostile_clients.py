@@ -358,6 +358,90 @@ def _others_drop(
     return paired_ci(honest, hit)
 
 
+#: Issue 60's targets under the defaults: a single attacker lowers the others'
+#: accuracy of a model by at most the attacker-absent run's upper 95% bound plus
+#: this, and the server's by at most that bound plus :data:`SINGLE_SERVER_MARGIN`
+#: (the ``contained`` column); a coalition of three lowers no model by more than
+#: :data:`COALITION_LIMIT` under at least one defence configuration.
+SINGLE_OTHERS_MARGIN = 0.02
+SINGLE_SERVER_MARGIN = 0.05
+COALITION_LIMIT = 0.15
+
+
+def target_lines(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+    """The field's rows against issue 60's targets (:data:`SINGLE_OTHERS_MARGIN`,
+    :data:`SINGLE_SERVER_MARGIN`, :data:`COALITION_LIMIT`), with by how much each
+    missed one: the single attackers' rows on the others' and the server's
+    accuracy (rows with no others' accuracy are left out), and per preset and
+    coalition attack of three the defence with the smallest worst drop over the
+    models. Returns the counts and the markdown lines."""
+    single = [r for r in rows if r["attack"] != "absent" and len(_attackers(r["attack"])) == 1]
+    misses: list[str] = []
+    met = {"others": 0, "server": 0}
+    checked = {"others": 0, "server": 0}
+    for r in single:
+        checks = [("server", r["drop"]["mean"], r["absent_drop"]["hi"] + SINGLE_SERVER_MARGIN)]
+        if r["others_drop"] and r.get("absent_others_drop"):
+            limit = r["absent_others_drop"]["hi"] + SINGLE_OTHERS_MARGIN
+            checks.append(("others", r["others_drop"]["mean"], limit))
+        for what, value, limit in checks:
+            checked[what] += 1
+            if value <= limit:
+                met[what] += 1
+            else:
+                misses.append(
+                    f"| {r['preset']} | {r['defence']} | {r['attack']} | {r['model']} | "
+                    f"{what} | {value:+.3f} | {limit:+.3f} | {value - limit:+.3f} |"
+                )
+    coalition: dict[tuple[str, str], dict[str, float]] = {}
+    for r in rows:
+        if r["attack"] != "absent" and len(_attackers(r["attack"])) == 3:
+            per = coalition.setdefault((r["preset"], r["attack"]), {})
+            per[r["defence"]] = max(per.get(r["defence"], -1.0), r["drop"]["mean"])
+    best = {k: min(v.items(), key=lambda dv: dv[1]) for k, v in coalition.items()}
+    held = sum(worst <= COALITION_LIMIT for _, worst in best.values())
+    counts = {
+        "single_others": {"met": met["others"], "of": checked["others"]},
+        "single_server": {"met": met["server"], "of": checked["server"]},
+        "coalitions": {"met": held, "of": len(best)},
+    }
+    lines = [
+        "",
+        "Against issue 60's targets (a single attacker: the others' accuracy drop at most the "
+        f"attacker-absent run's upper bound + {SINGLE_OTHERS_MARGIN:g}, the server's at most "
+        f"its upper bound + {SINGLE_SERVER_MARGIN:g}; three colluders: no model's drop above "
+        f"{COALITION_LIMIT:g} under at least one defence configuration run here):",
+        "",
+        f"- single attacker, others' accuracy: met in {met['others']} of {checked['others']} "
+        "(attack, model) rows;",
+        f"- single attacker, server accuracy: met in {met['server']} of {checked['server']};",
+        f"- three colluders: met for {held} of {len(best)} (preset, attack) pairs.",
+    ]
+    if misses:
+        lines += [
+            "",
+            "Single-attacker rows that miss a target, and by how much:",
+            "",
+            "| preset | defence | attack | model | accuracy of | drop | limit | over by |",
+            "|---|---|---|---|---|---|---|---|",
+            *misses,
+        ]
+    if best:
+        lines += [
+            "",
+            "Three colluders: the defence with the smallest worst drop over the models:",
+            "",
+            "| preset | attack | best defence | worst drop over the models | over the limit by |",
+            "|---|---|---|---|---|",
+            *(
+                f"| {p} | {x} | {d} | {w:+.3f} | "
+                + (f"{w - COALITION_LIMIT:+.3f} |" if w > COALITION_LIMIT else "- |")
+                for (p, x), (d, w) in best.items()
+            ),
+        ]
+    return counts, lines
+
+
 def field(a: argparse.Namespace, argv: list[str] | None = None) -> int:
     import json
     from concurrent.futures import ProcessPoolExecutor
@@ -446,6 +530,7 @@ def field(a: argparse.Namespace, argv: list[str] | None = None) -> int:
             for t in tasks:
                 acc = {x: {s: r["accuracy"][t] for s, r in rs.items()} for x, rs in runs.items()}
                 ab = paired_ci(acc["honest"], acc["absent"])
+                ab_others = _others_drop(runs, "absent", t)
                 floor_acc = min(mean_ci(list(acc[x].values()))[0] for x in attacks)
                 worst.append(
                     {
@@ -475,6 +560,7 @@ def field(a: argparse.Namespace, argv: list[str] | None = None) -> int:
                         "drop": drop,
                         "absent_drop": ab,
                         "others_drop": others,
+                        "absent_others_drop": ab_others,
                         "contained": ok,
                         "attacker_named": named,
                         "named_models": named_t,
@@ -515,11 +601,19 @@ def field(a: argparse.Namespace, argv: list[str] | None = None) -> int:
             f"{w['worst']:.3f} | {sum(not r['contained'] for r in mine)} of "
             f"{len(mine)} | {sum(r['honest_rejected'] for r in mine)} |"
         )
+    targets, lines = target_lines(rows)
+    table += lines
     print("\n".join(table))
     write_outputs(
         a.json,
         a.markdown,
-        {"rows": rows, "worst": worst, "seeds": seeds, "attacks": {x: FIELD[x] for x in attacks}},
+        {
+            "rows": rows,
+            "worst": worst,
+            "targets": targets,
+            "seeds": seeds,
+            "attacks": {x: FIELD[x] for x in attacks},
+        },
         "\n".join(table),
     )
     return 0

@@ -222,3 +222,44 @@ def test_the_false_positive_benchmark_counts_touched_updates(tmp_path):
         assert len(on) == 2 and len(mine) == 4
         assert r["touched"] == sum(x["touched"] for x in on) <= r["received"]
         assert all(not x["by_kind"] for x in mine if not x["defaults"])  # off: no event
+
+
+def test_the_field_states_its_rows_against_the_targets():
+    """Hand-made rows: a single flipper whose others' drop (0.06) exceeds the
+    absent run's upper bound (0.03) + 0.02 by 0.01 while its server drop (0.07)
+    is within 0.03 + 0.05; IPM by three dropping 0.2 / 0.1 under the defaults and
+    0.12 / 0.05 under the median: the median keeps every model within 0.15."""
+    sys.path.insert(0, str(BENCH))
+    import hostile_clients as HC
+
+    def ci(mean, hi=None):
+        return {"mean": mean, "lo": mean - 0.1, "hi": mean if hi is None else hi}
+
+    def row(attack, defence, model, drop, others=None):
+        return {
+            "preset": "mfa-rr",
+            "defence": defence,
+            "attack": attack,
+            "model": model,
+            "drop": ci(drop),
+            "absent_drop": ci(0.0, 0.03),
+            "others_drop": None if others is None else ci(others),
+            "absent_others_drop": ci(0.0, 0.03),
+        }
+
+    rows = [
+        row("absent", "default", "digits", 0.0, 0.0),
+        row("flip1", "default", "digits", 0.07, 0.06),
+        row("ipm2-f3", "default", "digits", 0.2),
+        row("ipm2-f3", "default", "synthetic", 0.1),
+        row("ipm2-f3", "median", "digits", 0.12),
+        row("ipm2-f3", "median", "synthetic", 0.05),
+    ]
+    counts, lines = HC.target_lines(rows)
+    assert counts == {
+        "single_others": {"met": 0, "of": 1},
+        "single_server": {"met": 1, "of": 1},
+        "coalitions": {"met": 1, "of": 1},
+    }
+    assert "| mfa-rr | default | flip1 | digits | others | +0.060 | +0.050 | +0.010 |" in lines
+    assert "| mfa-rr | ipm2-f3 | median | +0.120 | - |" in lines

@@ -179,9 +179,11 @@ FIELD = {
 #: its measured factor (off by default); "no-reversed": the defaults without the
 #: bound on reversed updates (the defaults before 2026-12-03); "no-direction": the
 #: clip alone, without the direction check and the bound on reversed updates;
-#: "no-clip": neither (only the rejection bounds)
+#: "no-clip": neither (only the rejection bounds); "collusion": the defaults plus
+#: the collusion check at its measured factor (off by default)
 DEFENCES = {
     "default": {},
+    "collusion": {"collusion_factor": 4.0},  # COLLUSION_FACTOR
     "influence-clip": {"influence_clip_factor": 4.0},  # INFLUENCE_CLIP_FACTOR
     "no-reversed": {"reversed_influence_factor": 0.0},
     "no-direction": {"direction_factor": 0.0, "reversed_influence_factor": 0.0},

@@ -61,7 +61,11 @@ RESUME_MAY_CHANGE = (
 #: Settings added after runs were saved without them, with the value such a
 #: run's ``config.json`` implies (what the run computed), where that differs
 #: from today's default: :meth:`Settings.load` fills a missing key with it.
-ADDED_LATER = {"update-clip-factor": 0.0, "direction-factor": 0.0, "reversed-influence-factor": 0.0}
+ADDED_LATER = {
+    "update-clip-factor": 0.0,
+    "direction-factor": 0.0,
+    "reversed-influence-factor": 0.0,
+}
 #: The bounds on hostile updates and reports (each 0 = off); ``defences = "off"``
 #: turns them all off (:meth:`Settings.bounds`).
 BOUNDS = (
@@ -73,6 +77,7 @@ BOUNDS = (
     "direction_factor",
     "influence_clip_factor",
     "reversed_influence_factor",
+    "collusion_factor",
 )
 #: Settings that say where a run is written, not what it computes.
 _LOCATION = ("output_dir", "resume_from", "overwrite")
@@ -268,6 +273,13 @@ class Settings:
         |cosine|) at most this many times the typical push of an update that
         agrees (a coalition). Updates the clients agree with keep their weight
         (0 = off).
+    collusion_factor : float
+        Updates of a model far more alike than the round's usually are (cosine
+        distance under the round's median distance divided by this: colluders
+        sending one crafted update) count together as one client's, each
+        scaled by 1 / the group's size (0 = off, the default: honest clients
+        that share their data are grouped too; the attack-field benchmark,
+        ``benchmarks/hostile_clients.py --field``, measures 4).
     defences : str
         ``"default"``: each bound above as its own setting gives it; ``"off"``:
         every bound off at once (:data:`BOUNDS`: the norm, count and loss bounds,
@@ -337,6 +349,7 @@ class Settings:
     direction_factor: float = 3.0
     influence_clip_factor: float = 0.0
     reversed_influence_factor: float = 4.0
+    collusion_factor: float = 0.0
     defences: str = "default"
     timeout: float = 600.0
     clients_per_node: str = "auto"

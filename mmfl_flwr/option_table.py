@@ -197,6 +197,13 @@ def _defence_options() -> dict[str, Option]:
             low=1,
             off="off",
         ),
+        "collusion_factor": Option(
+            "count updates of a model whose cosine distance is under the "
+            "round's median distance divided by this as one client's "
+            "(each scaled by 1 / the group's size)",
+            low=1,
+            off="off",
+        ),
         "loss_cap": Option(
             "cap reported losses above this multiple of the task's reference loss",
             low=1,

@@ -27,6 +27,7 @@ from mmfl_flwr.strategy.validation import (
     bound_reversed_pull,
     bound_update_norms,
     cap_train_losses,
+    check_collusion,
     check_directions,
     collect_updates,
     l2_norm,
@@ -79,6 +80,7 @@ def aggregate_train_replies(
     def model_norm(task: str) -> float:
         return l2_norm(run_state.weights[task][k] for k in run_state.split_keys(task)[0])
 
+    check_collusion(outcome.updates, limits.collusion_factor, run_state.defence)
     rejected = bound_update_norms(
         outcome.updates,
         run_state.norm_history,

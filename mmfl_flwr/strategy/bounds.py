@@ -67,6 +67,11 @@ INFLUENCE_CLIP_FACTOR = 4.0
 #: The default ``reversed_influence_factor``: the influence bound held on updates
 #: that point against their model's other updates (:class:`~.influence.InfluenceBound`).
 REVERSED_INFLUENCE_FACTOR = 4.0
+#: The factor ``collusion_factor`` is measured at (two updates of a model are alike
+#: when their cosine distance is under the round's median distance divided by it:
+#: :func:`~.collusion.check_collusion`): off by default, as honest clients that
+#: share their data send such updates too (docs/explanation/defences.md).
+COLLUSION_FACTOR = 4.0
 #: The default ``direction_factor``: see :class:`Limits` and
 #: :func:`~.directions.check_directions`.
 DIRECTION_FACTOR = 3.0
@@ -128,6 +133,12 @@ class Limits:
         (:func:`~.influence.bound_reversed_pull`). An update the clients agree
         with keeps its weight, so honest runs keep the papers' weighting
         wherever clients do not disagree (None: off).
+    collusion_factor : float or None
+        Updates of a model whose cosine distance (1 - cosine) is under the
+        round's median distance divided by this are alike; each group of alike
+        updates counts as one client's (each scaled by 1 / the group's size:
+        :func:`~.collusion.check_collusion`; None, the default: off;
+        :data:`COLLUSION_FACTOR`, 4, is the factor the attack field measures).
     """
 
     max_loss: float = 1e6
@@ -139,6 +150,7 @@ class Limits:
     direction_factor: float | None = DIRECTION_FACTOR
     influence_clip_factor: float | None = None
     reversed_influence_factor: float | None = REVERSED_INFLUENCE_FACTOR
+    collusion_factor: float | None = None
 
     def __post_init__(self) -> None:
         if self.loss_cap is not None and not self.loss_cap > 1:
@@ -165,6 +177,10 @@ class Limits:
             raise ValueError(
                 "reversed_influence_factor must be >= 1 (a multiple of the "
                 "reference influence) or None"
+            )
+        if self.collusion_factor is not None and not self.collusion_factor > 1:
+            raise ValueError(
+                "collusion_factor must be > 1 (a divisor of the median distance) or None"
             )
         if self.count_cap is not None and not self.count_cap >= 1:
             raise ValueError("count_cap must be >= 1 (a multiple of the median) or None")

@@ -43,6 +43,8 @@ KINDS: dict[str, str] = {
     "the round's reference influence, scaled down to it",
     "reversed": "an update pointing against the model's other updates whose influence "
     "exceeds reversed_influence_factor x the reference influence, scaled down to it",
+    "collusion": "an update of a group of nearly alike updates of a model (cosine "
+    "distance under the round's median / collusion_factor), scaled by 1 / the group's size",
     "count": "a client's sample count capped at count_cap x the task's median count",
     "loss": "a reported loss (loss query or training loss) capped at loss_cap x the "
     "task's reference loss",
@@ -56,12 +58,13 @@ BOUNDS: dict[str, str] = {
     "direction": "direction check (direction_factor)",
     "influence": "influence bound (influence_clip_factor)",
     "reversed": "reversed-update bound (reversed_influence_factor)",
+    "collusion": "collusion check (collusion_factor)",
 }
 #: The kinds that act on one update of a round (the others act on counts,
 #: losses and replies).
-UPDATE_KINDS = ("rejected", "clipped", "direction", "influence", "reversed")
+UPDATE_KINDS = ("rejected", "clipped", "direction", "influence", "reversed", "collusion")
 #: The kinds that scale an update down (``value / bound`` is the factor).
-SCALING_KINDS = ("clipped", "direction", "influence", "reversed")
+SCALING_KINDS = ("clipped", "direction", "influence", "reversed", "collusion")
 #: The kinds the progress line always shows, even at 0.
 SHOWN_KINDS = ("clipped", "rejected")
 #: An update scaled down by more than this factor (``value / bound``) is a

@@ -445,49 +445,63 @@ def bound_reversed_pull(
         along = [
             abs(w) * n * c[0] if c is not None else 0.0 for w, n, c in zip(weights, norms, got)
         ]
-        if not all(math.isfinite(x) for x in along):
-            continue
         pushes = [x for x in along if x > 0]
-        if not pushes:
-            continue
-        ref = float(np.percentile(pushes, 50, method="lower"))
-        allowed = min(factor * ref, REVERSED_PULL_SHARE * sum(pushes))
-        pull = -sum(along[i] for i in rev)
-        if not pull > allowed:
-            continue
-        scale = allowed / pull
-        for i in rev:
-            u, c = us[i], got[i]
-            assert c is not None
-            act(
-                events,
-                "reversed",
-                u.cid,
-                task,
-                -along[i],
-                -along[i] * scale,
-                "Client %s: clipped update for task %r: it points against the model's "
-                "other updates (cosine %.3f with their median this round, mean %.3f over "
-                "its last %d rounds); the %d such updates of this round together pull the "
-                "%s back by %.4g (weight x norm x |cosine|), above %.4g (the lower of %g x "
-                "the reference push %.4g, the lower median of weight x norm x cosine over "
-                "the %d updates that agree, and %g of their sum %.4g); update norm %.4g "
-                "scaled to %.4g",
-                u.cid,
-                task,
-                c[0],
-                c[1],
-                c[2],
-                len(rev),
-                step,
-                pull,
-                allowed,
-                factor,
-                ref,
-                len(pushes),
-                REVERSED_PULL_SHARE,
-                sum(pushes),
-                norms[i],
-                norms[i] * scale,
-            )
-            u.delta = [d * scale for d in u.delta]
+        if pushes and all(math.isfinite(x) for x in along):
+            _hold_pull(task, us, got, rev, along, norms, factor, step, events)
+
+
+def _hold_pull(
+    task: str,
+    us: list[Update],
+    got: Sequence[tuple[float, float, int] | None],
+    rev: list[int],
+    along: list[float],
+    norms: list[float],
+    factor: float,
+    step: str,
+    events: DefenceLog | None,
+) -> None:
+    """Scale the reversed updates ``rev`` of one model together where their
+    summed pull exceeds what :func:`bound_reversed_pull` allows, logging each."""
+    pushes = [x for x in along if x > 0]
+    ref = float(np.percentile(pushes, 50, method="lower"))
+    allowed = min(factor * ref, REVERSED_PULL_SHARE * sum(pushes))
+    pull = -sum(along[i] for i in rev)
+    if not pull > allowed:
+        return
+    scale = allowed / pull
+    for i in rev:
+        u, c = us[i], got[i]
+        assert c is not None
+        act(
+            events,
+            "reversed",
+            u.cid,
+            task,
+            -along[i],
+            -along[i] * scale,
+            "Client %s: clipped update for task %r: it points against the model's "
+            "other updates (cosine %.3f with their median this round, mean %.3f over "
+            "its last %d rounds); the %d such updates of this round together pull the "
+            "%s back by %.4g (weight x norm x |cosine|), above %.4g (the lower of %g x "
+            "the reference push %.4g, the lower median of weight x norm x cosine over "
+            "the %d updates that agree, and %g of their sum %.4g); update norm %.4g "
+            "scaled to %.4g",
+            u.cid,
+            task,
+            c[0],
+            c[1],
+            c[2],
+            len(rev),
+            step,
+            pull,
+            allowed,
+            factor,
+            ref,
+            len(pushes),
+            REVERSED_PULL_SHARE,
+            sum(pushes),
+            norms[i],
+            norms[i] * scale,
+        )
+        u.delta = [d * scale for d in u.delta]

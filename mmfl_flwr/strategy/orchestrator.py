@@ -93,7 +93,7 @@ class MultiModelStrategy(persist.Checkpointing, Strategy):
         this many clients are registered: a node hosting a shard of clients
         counts each of them (default 0: no wait for clients).
     max_loss, loss_cap, max_update_norm, update_norm_factor, count_cap, update_clip_factor,
-    direction_factor, influence_clip_factor, reversed_influence_factor
+    direction_factor, influence_clip_factor, reversed_influence_factor, collusion_factor
         Bounds on what clients report (:class:`~.validation.Limits` documents
         them), each action recorded as a defence event with the client id
         (``result.events``; its line at :attr:`action_level`, DEBUG:
@@ -143,6 +143,7 @@ class MultiModelStrategy(persist.Checkpointing, Strategy):
         direction_factor: float | None = DIRECTION_FACTOR,
         influence_clip_factor: float | None = None,
         reversed_influence_factor: float | None = REVERSED_INFLUENCE_FACTOR,
+        collusion_factor: float | None = None,
         client_arrivals: Mapping[str, int] | None = None,
         task_arrivals: Mapping[str, int] | None = None,
         trainable_keys: Mapping[str, Sequence[str]] | None = None,
@@ -163,6 +164,7 @@ class MultiModelStrategy(persist.Checkpointing, Strategy):
                 "direction_factor": direction_factor,
                 "influence_clip_factor": influence_clip_factor,
                 "reversed_influence_factor": reversed_influence_factor,
+                "collusion_factor": collusion_factor,
             },
         )
         self.policy = policy if policy is not None else RandomAllocation()

@@ -28,6 +28,7 @@ from mmfl_flwr.core.policy import Pick
 from mmfl_flwr.records import InvalidReply, NumpyWeights, check_count, check_loss, check_weights
 from mmfl_flwr.strategy.bounds import (
     BOUND_OBSERVERS,
+    COLLUSION_FACTOR,
     DIRECTION_FACTOR,
     INFLUENCE_CLIP_FACTOR,
     NORM_HISTORY,
@@ -40,6 +41,7 @@ from mmfl_flwr.strategy.bounds import (
     l2_norm,
     loss_cap,
 )
+from mmfl_flwr.strategy.collusion import COLLUSION_MIN_UPDATES, check_collusion
 from mmfl_flwr.strategy.directions import (
     DIRECTION_AGREEMENT,
     DIRECTION_HISTORY,
@@ -75,6 +77,9 @@ __all__ = [
     "MEDIAN_BLOCK",
     "NORM_HISTORY",
     "REVERSED_INFLUENCE_FACTOR",
+    "COLLUSION_FACTOR",
+    "COLLUSION_MIN_UPDATES",
+    "check_collusion",
     "REVERSED_MIN_COSINE",
     "REVERSED_PULL_SHARE",
     "UPDATE_CLIP_FACTOR",

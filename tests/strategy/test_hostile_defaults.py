@@ -33,7 +33,7 @@ from mmfl_flwr import runner
 from mmfl_flwr.config import Settings
 from mmfl_flwr.presets import PRESETS
 
-ACTS = ("capped", "are used (", "answers round", "rejected", "exceeds")
+ACTS = ("capped", "are used (", "answers round", "rejected", "exceeds", "nearly alike")
 CLIP = re.compile(r"clipped update for task '[^']+': update norm (\S+) exceeds (\S+) ")
 DIRECTION = re.compile(
     r"^Client (\S+): clipped update for task '([^']+)': its updates point "

@@ -1,0 +1,136 @@
+"""The collusion check (``collusion_factor``, off by default, measured at 4; issue 60):
+updates of a model whose cosine distance is under the round's median pairwise
+distance / 4 form groups (connected sets), and each member of a group of ``k``
+is scaled by ``1 / k`` and named with the others. Distances computed by hand."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from conftest import LogTap
+
+from mmfl_flwr.config import Settings
+from mmfl_flwr.core.aggregators import Update
+from mmfl_flwr.strategy.validation import (
+    COLLUSION_FACTOR,
+    COLLUSION_MIN_UPDATES,
+    Limits,
+    check_collusion,
+    l2_norm,
+)
+
+
+def upd(cid: str, values: list[float]) -> Update:
+    return Update(
+        cid=cid, delta=[np.array(values, dtype=np.float64)], num_examples=10, data_share=0.2
+    )
+
+
+def logged(fn, *args):
+    with LogTap.on_flwr() as tap:
+        fn(*args)
+    return [m for lvl, m in tap.records if lvl == logging.DEBUG]
+
+
+def round_of_five():
+    """Three honest updates along the axes e1, e2, e3 (pairwise distance 1) and
+    two colluders at (1, 1, 1, 10) and (2, 2, 2, 20) / 2 ... scaled copies of one
+    direction u = (1, 1, 1, 10) / sqrt(103) with a tilt: b1 = u, b2 = 2 (u +
+    0.01 e1). Distances: honest-honest 1; honest-colluder 1 - cos near 0.9; b1-b2
+    about 0.0000. The median of the 10 pairwise distances is over 0.9, so the
+    limit is over 0.225: only b1 and b2 are alike."""
+    u = np.array([1.0, 1.0, 1.0, 10.0])
+    return {
+        "a": [
+            upd("h1", [1.0, 0.0, 0.0, 0.0]),
+            upd("h2", [0.0, 1.0, 0.0, 0.0]),
+            upd("h3", [0.0, 0.0, 1.0, 0.0]),
+            upd("b1", list(u)),
+            upd("b2", list(2 * (u + 0.01 * np.array([1.0, 0, 0, 0])))),
+        ]
+    }
+
+
+def distances(us):
+    v = np.stack([np.concatenate(u.delta) for u in us])
+    v = v / np.linalg.norm(v, axis=1, keepdims=True)
+    d = 1 - v @ v.T
+    return d[np.triu_indices(len(us), k=1)]
+
+
+def test_two_alike_updates_count_as_one_and_both_are_named():
+    us = round_of_five()
+    before = [l2_norm(u.delta) for u in us["a"]]
+    m = float(np.median(distances(us["a"])))
+    lines = logged(check_collusion, us, 4.0)
+    after = [l2_norm(u.delta) for u in us["a"]]
+    assert after[:3] == before[:3]  # the honest ones untouched
+    assert after[3] == pytest.approx(before[3] / 2) and after[4] == pytest.approx(before[4] / 2)
+    assert [x.split(":")[0] for x in lines] == ["Client b1", "Client b2"]
+    assert all("by 1/2" in x and f"median distance {m:.3f} / 4" in x for x in lines)
+    assert "clients b2 are nearly alike" in lines[0] and "clients b1 are" in lines[1]
+
+
+def test_a_group_is_a_chain_of_alike_updates():
+    """Three honest updates along e4, e5, e6 and a, b, c in the plane of e1, e2
+    at angles 0, 35 and 70 degrees: of the 15 distances, 12 are 1 (the median),
+    a-b and b-c are 1 - cos 35 = 0.181 (under 1 / 4) and a-c 1 - cos 70 = 0.658
+    (over it). a and c are not alike, but b joins them: one group of three,
+    each scaled by 1/3, its line giving the distances 0.181 to 0.658."""
+    t = np.radians(35.0)
+    plane = [[np.cos(k * t), np.sin(k * t), 0, 0, 0, 0] for k in range(3)]
+    us = {
+        "a": [upd(f"h{i}", list(np.eye(6)[3 + i])) for i in range(3)]
+        + [upd(c, v) for c, v in zip("abc", plane)]
+    }
+    lines = logged(check_collusion, us, 4.0)
+    assert [x.split(":")[0] for x in lines] == ["Client a", "Client b", "Client c"]
+    assert all("by 1/3" in x and "0.181 to 0.658" in x and "under 0.250" in x for x in lines)
+    assert [round(l2_norm(u.delta), 6) for u in us["a"]] == [1.0] * 3 + [round(1 / 3, 6)] * 3
+
+
+def test_honest_spread_updates_and_small_rounds_are_left_alone():
+    """Five updates along five axes: every distance 1 = the median, nobody is
+    alike; two updates (below COLLUSION_MIN_UPDATES) are never read, even
+    identical; off (None) nothing is read."""
+    spread = {"a": [upd(f"h{i}", list(np.eye(5)[i])) for i in range(5)]}
+    assert logged(check_collusion, spread, 4.0) == []
+    assert COLLUSION_MIN_UPDATES == 3
+    pair = {"a": [upd("b1", [1.0, 2.0]), upd("b2", [1.0, 2.0])]}
+    assert logged(check_collusion, pair, 4.0) == []
+    assert l2_norm(pair["a"][0].delta) == pytest.approx(np.sqrt(5))
+    us = round_of_five()
+    assert logged(check_collusion, us, None) == []
+
+
+def test_zero_updates_have_no_direction_and_are_left_out():
+    """A zero update (a client that did not move) joins no group and keeps its
+    zero; the others are read as without it."""
+    us = round_of_five()
+    us["a"].append(upd("z", [0.0, 0.0, 0.0, 0.0]))
+    lines = logged(check_collusion, us, 4.0)
+    assert [x.split(":")[0] for x in lines] == ["Client b1", "Client b2"]
+    assert l2_norm(us["a"][5].delta) == 0.0
+
+
+def test_off_by_default_and_applied_when_given(tmp_path):
+    import json
+
+    from mmfl_flwr.flower_app.server_app import strategy_from_settings
+
+    assert Limits().collusion_factor is None and COLLUSION_FACTOR == 4.0
+    assert Settings().collusion_factor == 0.0
+    with pytest.raises(ValueError, match="collusion_factor must be > 1"):
+        Limits(collusion_factor=1.0)
+    for value, expected in ((0.0, None), (4.0, 4.0), (2.5, 2.5)):
+        s = Settings(strategy="lvr", collusion_factor=value)
+        assert strategy_from_settings(s).limits.collusion_factor == expected
+    assert strategy_from_settings(Settings(defences="off")).limits.collusion_factor is None
+    path = tmp_path / "config.json"  # a run saved before the setting: it had none
+    Settings(collusion_factor=4.0).save(str(path))
+    data = json.loads(path.read_text())
+    assert data.pop("collusion-factor") == 4.0
+    path.write_text(json.dumps(data))
+    assert Settings.load(str(path)).collusion_factor == 0.0

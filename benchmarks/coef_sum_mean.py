@@ -10,6 +10,11 @@ the sampling) and prints the mean of the per-model ``coef_sum`` over all (round,
 pairs with its standard error and z = (mean - 1) / se. The sampling, not the training, is
 what is checked; the unit tests (tests/core/test_coef_sum.py, tests/core/test_rr_gvr.py) check the
 same expectation on fixed tables by Monte Carlo.
+
+``--defences off`` (the default) runs the strategy as paper 003 states it, every bound
+off (the reproduction mode); ``--defences default`` runs it with the project's defences
+on, a sensitivity run. The header line printed before the run names the mode.
+``--policy-only`` trains nothing, so no bound acts there and the switch changes nothing.
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ def policy_only(seeds: list[int], rounds: int, window: int) -> None:
     """Random allocation's draws alone (no training) on the paper-003 federation of
     each seed, with the strategy's random stream (its first rounds are the runs'
     draws): the mean coef_sum over the first ``window`` rounds and over all
-    ``rounds``, with the standard error of the latter over rounds."""
+    ``rounds``, with the standard error of the latter over rounds. Nothing is trained
+    and no update is aggregated, so no bound of the defences acts here: ``--defences``
+    changes nothing (the federation's ``Settings`` only build the clients' data)."""
     import numpy as np
 
     from mmfl_flwr.config import Settings
@@ -101,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         default=40,
         help="with --policy-only: the first rounds read apart (default 40)",
     )
+    E.defences_arg(p)
     a = p.parse_args(argv)
     if a.num_rounds < 1:
         p.error(f"--num-rounds must be >= 1; got {a.num_rounds}")
@@ -109,23 +117,40 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--policy-only draws random allocation only")
         if not 1 <= a.window <= a.num_rounds:
             p.error(f"--window must be in [1, --num-rounds]; got {a.window}")
+        # draws only: no training, no aggregation, so no bound acts whatever --defences says
+        print(
+            f"random allocation's draws on the paper-003 federation, {a.num_rounds} rounds "
+            "a seed: nothing trained, no bound acts (--defences changes nothing)",
+            flush=True,
+        )
         policy_only(E.int_list(p, "--policy-only", a.policy_only, low=0), a.num_rounds, a.window)
         return 0
     from mmfl_flwr.config import Settings
     from mmfl_flwr.runner import run
 
     s = Settings(
-        strategy=a.strategy,
-        tasks="digits,digits,digits",
-        profile="paper003",
-        num_clients=120,
-        num_rounds=a.num_rounds,
-        local_epochs=1,
-        lr=0.001,
-        batch_size=16,
-        budget_fraction=0.1,
-        output_dir="",
-        seed=a.seed,
+        **E.with_defences(
+            dict(
+                strategy=a.strategy,
+                tasks="digits,digits,digits",
+                profile="paper003",
+                num_clients=120,
+                num_rounds=a.num_rounds,
+                local_epochs=1,
+                lr=0.001,
+                batch_size=16,
+                budget_fraction=0.1,
+                output_dir="",
+                seed=a.seed,
+            ),
+            a.defences,
+        )
+    )
+    status = E.run_status(E.recorded_settings(s.defences, s.bounds()))
+    print(
+        f"{a.strategy} on the paper-003 federation, {a.num_rounds} rounds, seed {a.seed}, "
+        f"engine {a.engine}. {E.defences_text(status)}",
+        flush=True,
     )
     res = run(s, engine=a.engine)
     v = [

@@ -13,6 +13,14 @@ model the C-step clusters on), not from the generator, so a wrong map would show
 Writes ``group_cstep_quality.csv`` (one row per C-step) into ``--out`` and prints, per
 scenario and phase of training, the mean ``k``, the share of C-steps with ``k = 5`` and
 the mean adjusted Rand index.
+
+``--defences off`` (the default) runs MMFL-Group as the papers state it, every bound off
+(the reproduction mode); ``--defences default`` runs it with the project's defences on, a
+sensitivity run. Each CSV row records its run's mode as the paper scripts' run rows do
+(the ``defences`` switch and the value of every bound, with the run's ``method`` and the
+models' mean ``accuracy`` at the C-step), so ``benchmarks/check_reproduction.py`` reads
+the file; the printed header names the mode. A ``--cache`` keys its runs by mode (as
+``paper001_group.py``'s), so runs of the other mode are not taken from it.
 """
 
 from __future__ import annotations
@@ -42,13 +50,40 @@ def planted_clusters(settings: Any, task: str) -> dict[str, int]:
     return out
 
 
-def one(job: tuple[str, int, int]) -> list[dict[str, Any]]:
-    """One MMFL-Group run; a row per C-step."""
-    scenario, seed, num_rounds = job
+def jobs_for(
+    scenarios: list[str], seeds: list[int], num_rounds: int, defences: str
+) -> list[tuple[Any, ...]]:
+    """The jobs (and cache keys) of a run, seed by seed: (scenario, seed, rounds), plus
+    ``{"defences": "off"}`` for the reproduction mode (the project's defaults keep the
+    keys of earlier runs, as ``paper001_group.jobs_for`` does)."""
+    extra: tuple[Any, ...] = ({"defences": defences},) if defences != "default" else ()
+    return [(sc, sd, num_rounds, *extra) for sd in seeds for sc in scenarios]
+
+
+def mean_accuracy(history: list[dict[str, Any]]) -> dict[int, float]:
+    """Round -> the mean accuracy over the models evaluated in that round."""
+    per: dict[int, list[float]] = {}
+    for r in history:
+        if r.get("accuracy") not in ("", None):
+            per.setdefault(int(r["round"]), []).append(float(r["accuracy"]))
+    return {rd: statistics.fmean(v) for rd, v in per.items()}
+
+
+def one(job: tuple[Any, ...]) -> list[dict[str, Any]]:
+    """One MMFL-Group run (:func:`jobs_for`); a row per C-step, with the run's recorded
+    settings (``_evidence.applied_settings``: its mode and the bounds it applied) and
+    ``accuracy``: the models' mean accuracy in the round before the C-step's (the models
+    whose updates it clustered)."""
+    opts = job[-1] if isinstance(job[-1], dict) else {}
+    scenario, seed, num_rounds = job[:3]
+    defences = opts.get("defences", "default")
     from sklearn.metrics import adjusted_rand_score
 
-    s, strategy, policy = P.build(scenario, "group", seed, num_rounds)
-    P.quiet_run(s, strategy, "inprocess")
+    limits = E.bound_kwargs(defences) if defences != "default" else None
+    s, strategy, policy = P.build(scenario, "group", seed, num_rounds, limits=limits)
+    applied = E.applied_settings(strategy, defences)
+    result = P.quiet_run(s, strategy, "inprocess")
+    accuracy = mean_accuracy(list(result.history))
     planted: dict[str, dict[str, int]] = {}  # per clustered task
     rows = []
     for c in policy.cluster_steps():
@@ -59,12 +94,15 @@ def one(job: tuple[str, int, int]) -> list[dict[str, Any]]:
         rows.append(
             {
                 "scenario": scenario,
+                "method": "group",
                 "seed": seed,
                 "round": c["round"],
                 "clients": len(c["clients"]),
                 "k": c["k"],
                 "ari": float(adjusted_rand_score(truth, c["labels"])),
                 "largest_group": max(c["labels"].count(g) for g in set(c["labels"])),
+                "accuracy": accuracy.get(c["round"] - 1, ""),
+                **applied,
             }
         )
     return rows
@@ -78,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(E.REPO / "docs" / "results"))
     p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--cache", default="", help="JSON-lines file of finished runs (resume)")
+    E.defences_arg(p)
     a = p.parse_args(argv)
     scenarios = E.name_list(p, "--scenarios", a.scenarios, P.LABELS)
     seeds = E.int_list(p, "--seeds", a.seeds, low=0)
@@ -85,17 +124,20 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--num-rounds must be >= 1")
     if a.workers < 1:
         p.error("--workers must be >= 1")
-    jobs = [(sc, sd, a.num_rounds) for sd in seeds for sc in scenarios]
+    jobs = jobs_for(scenarios, seeds, a.num_rounds, a.defences)
     E.check_cache(a.cache, jobs)
     results = E.map_cached(one, jobs, a.workers, a.cache, label=lambda j: f"{j[0]} seed {j[1]}")
     rows = [r for rs in results for r in rs]
+    status = E.defences_of(rows)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "group_cstep_quality.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        # every row's columns: rows of a cache made before runs recorded their mode lack some
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
         w.writeheader()
         w.writerows(rows)
     third = max(a.num_rounds // 3, 1)
+    print(f"MMFL-Group's C-steps{E.defences_heading(status)}. {E.defences_text(status)}")
     print(
         f"{'scenario':<20} {'rounds':<9} {'C-steps':>7} {'mean k':>7} {'k = 5':>6} {'mean ARI':>9}"
     )

@@ -25,6 +25,10 @@ after round 40; how many rounds hold a model whose step has one pair's term at l
 all sampled pairs of the run, how far the ``beta`` applied was from the optimum (mean
 ``|beta - beta*|`` by ``k``). Nothing is written.
 
+``--defences off`` (the default) runs StaleVRE as paper 003 states it, every bound off
+(the reproduction mode); ``--defences default`` runs it with the project's defences on, a
+sensitivity run. The header lines printed before the runs name the mode.
+
     python benchmarks/stalevre_dips.py --seeds 1 --num-rounds 150
 """
 
@@ -47,19 +51,28 @@ def norm(arrays: list[np.ndarray]) -> float:
 Pair = tuple[int, float, float, bool]  # (k, beta applied, beta*, uploaded once)
 
 
-def run(
-    seed: int, num_rounds: int, b0: float = 1.0
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Pair]]:
-    """One StaleVRE run: (history rows, per (round, model) records, per sampled pair
-    with a stored h: (k, beta applied, beta*, whether it had uploaded only once))."""
+def settings(seed: int, num_rounds: int, b0: float = 1.0, defences: str = "off") -> Any:
+    """The ``Settings`` of one run: Table 1's StaleVRE at ``num_rounds`` rounds with
+    ``b0``, in mode ``defences`` (``off``: every bound off, the reproduction mode)."""
     import paper003_table1 as T
 
     from mmfl_flwr.config import Settings
-    from mmfl_flwr.core.stalevr import StaleVREAggregator, optimal_stale_beta
-    from mmfl_flwr.runner import run as run_settings
 
     sc = dict(T.SCALES["full"], num_rounds=num_rounds)
     kw = {**T.settings_for("stalevre", sc, "digits,digits,digits"), "stalevre_b0": b0}
+    return Settings(**E.with_defences({**kw, "seed": seed, "output_dir": ""}, defences))
+
+
+def run(
+    seed: int, num_rounds: int, b0: float = 1.0, defences: str = "off"
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Pair]]:
+    """One StaleVRE run (:func:`settings`): (history rows, per (round, model) records,
+    per sampled pair with a stored h: (k, beta applied, beta*, whether it had uploaded
+    only once))."""
+    from mmfl_flwr.core.stalevr import StaleVREAggregator, optimal_stale_beta
+    from mmfl_flwr.runner import run as run_settings
+
+    s = settings(seed, num_rounds, b0, defences)
     records: list[dict[str, Any]] = []
     pairs: list[Pair] = []
     original = StaleVREAggregator.aggregate
@@ -126,15 +139,13 @@ def run(
 
     StaleVREAggregator.aggregate = aggregate  # type: ignore[method-assign]
     try:
-        result = run_settings(
-            Settings(**{**kw, "seed": seed, "output_dir": ""}), engine="vectorized"
-        )
+        result = run_settings(s, engine="vectorized")
     finally:
         StaleVREAggregator.aggregate = original  # type: ignore[method-assign]
     return list(result.history), records, pairs
 
 
-def _job(job: tuple[int, int, float]) -> tuple[Any, Any, Any, float]:
+def _job(job: tuple[int, int, float, str]) -> tuple[Any, Any, Any, float]:
     """One run in a worker process (the patch lives in that process)."""
     t0 = time.monotonic()
     history, records, pairs = run(*job)
@@ -171,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         default=40,
         help="dips and medians are read after this round (default 40)",
     )
+    E.defences_arg(p)
     a = p.parse_args(argv)
     seeds = E.int_list(p, "--seeds", a.seeds, low=0)
     if a.num_rounds < 2:
@@ -186,12 +198,14 @@ def main(argv: list[str] | None = None) -> int:
     if a.workers < 1:
         p.error(f"--workers must be >= 1, got {a.workers}")
     print(E.machine(), flush=True)
+    s = settings(seeds[0], a.num_rounds, a.b0, a.defences)
+    print(E.defences_text(E.run_status(E.recorded_settings(s.defences, s.bounds()))), flush=True)
     gaps: dict[tuple[int, bool], list[float]] = defaultdict(list)
     totals: dict[str, int] = defaultdict(int)
     finals: list[float] = []
     results = E.map_cached(
         _job,
-        [(seed, a.num_rounds, a.b0) for seed in seeds],
+        [(seed, a.num_rounds, a.b0, a.defences) for seed in seeds],
         a.workers,
         label=lambda j: f"seed {j[0]}",
     )

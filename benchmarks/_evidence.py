@@ -378,6 +378,12 @@ def applied_settings(strategy: Any, defences: str) -> dict[str, Any]:
     return recorded_settings(defences, {n: getattr(limits, n) for n in bound_names()})
 
 
+#: Bounds added after runs began recording their settings, off by default: a run whose
+#: record lacks one ran without it (it did not exist, or was not asked for), so a
+#: missing value reads as 0 (every other bound missing makes the run unknown).
+LATER_BOUNDS = ("collusion_factor",)
+
+
 def run_status(record: Mapping[str, Any]) -> str:
     """:data:`REPRODUCTION` when a run's record (a CSV row, a cached row) gives its
     defences switch and every bound at 0; :data:`DEFENDED` when it gives them and a bound
@@ -388,7 +394,7 @@ def run_status(record: Mapping[str, Any]) -> str:
         return UNKNOWN
     values = []
     for name in bound_names():
-        v = record.get(name)
+        v = record.get(name, 0.0 if name in LATER_BOUNDS else None)
         try:
             x = float(v)  # type: ignore[arg-type]
         except (TypeError, ValueError):

@@ -122,18 +122,18 @@ def check_collusion(
                     task,
                     float(k),
                     1.0,
-                    "Client %s: scaled update for task %r by 1/%d: it and the updates of "
-                    "clients %s are nearly alike (cosine distances %.3f to %.3f among them, "
-                    "under %.3f = the round's median distance %.3f / %g): counted as one "
-                    "client's",
+                    "Client %s: clipped update for task %r: it and the updates of clients "
+                    "%s are nearly alike (cosine distances %.3f to %.3f among them, under "
+                    "%.3f = the round's median distance %.3f / %g): counted as one client's, "
+                    "update scaled by 1/%d",
                     u.cid,
                     task,
-                    k,
                     others,
                     min(inside),
                     max(inside),
                     limit,
                     m,
                     factor,
+                    k,
                 )
                 u.delta = [d / k for d in u.delta]

@@ -39,6 +39,10 @@ NOT_MEASURED: dict[str, dict[str, str]] = {
     },
     "docs/how-to/defences.md": {
         "1.4826": "the constant that turns a median absolute deviation into a deviation",
+        "0.1": "the cosine thresholds REVERSED_MIN_COSINE and DIRECTION_AGREEMENT, constants",
+    },
+    "docs/defence-events.md": {
+        "0.1": "REVERSED_MIN_COSINE, the cosine a reversed update is below, a constant",
     },
 }
 

@@ -414,11 +414,15 @@ def target_lines(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]
         f"its upper bound + {SINGLE_SERVER_MARGIN:g}; three colluders: no model's drop above "
         f"{COALITION_LIMIT:g} under at least one defence configuration run here):",
         "",
-        f"- single attacker, others' accuracy: met in {met['others']} of {checked['others']} "
-        "(attack, model) rows;",
-        f"- single attacker, server accuracy: met in {met['server']} of {checked['server']};",
-        f"- three colluders: met for {held} of {len(best)} (preset, attack) pairs.",
     ]
+    if single:
+        lines += [
+            f"- single attacker, others' accuracy: met in {met['others']} of "
+            f"{checked['others']} (attack, model) rows;",
+            f"- single attacker, server accuracy: met in {met['server']} of {checked['server']};",
+        ]
+    if best:
+        lines.append(f"- three colluders: met for {held} of {len(best)} (preset, attack) pairs.")
     if misses:
         lines += [
             "",

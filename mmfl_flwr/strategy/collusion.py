@@ -17,18 +17,31 @@ from mmfl_flwr.strategy.events import DefenceLog, act
 COLLUSION_MIN_UPDATES = 3
 
 
-def _unit_rows(us: Sequence[Update]) -> tuple[np.ndarray, list[int]]:
-    """The updates' flattened directions (unit rows, float64) and the indices
-    of the updates they belong to (an update of norm 0 or not finite has no
-    direction and is left out)."""
-    rows, keep = [], []
-    for i, u in enumerate(us):
-        v = np.concatenate([np.asarray(d, dtype=np.float64).ravel() for d in u.delta])
-        n = float(np.linalg.norm(v))
-        if n > 0 and np.isfinite(n):
-            rows.append(v / n)
-            keep.append(i)
-    return (np.stack(rows) if rows else np.zeros((0, 0))), keep
+#: :func:`_cosines` stacks at most about this many numbers at a time.
+GRAM_BLOCK = 1 << 22
+
+
+def _cosines(us: Sequence[Update]) -> tuple[np.ndarray, list[int]]:
+    """The cosines of every pair of the updates that have a direction (norm
+    positive and finite), as a matrix, and the indices of those updates. The
+    Gram matrix is summed a block of coordinates at a time (about
+    :data:`GRAM_BLOCK` numbers), so no stacked copy of every update is held:
+    memory grows with the square of the number of updates, not with their size."""
+    n = len(us)
+    gram = np.zeros((n, n))
+    if n == 0:
+        return gram, []
+    sizes = [int(np.asarray(d).size) for d in us[0].delta]
+    step = max(1, GRAM_BLOCK // n)
+    flat = [[np.asarray(d, dtype=np.float64).ravel() for d in u.delta] for u in us]
+    for j, size in enumerate(sizes):
+        for lo in range(0, size, step):
+            block = np.stack([row[j][lo : lo + step] for row in flat])
+            gram += block @ block.T
+    norms = np.sqrt(np.clip(np.diag(gram), 0.0, None))
+    keep = [i for i in range(n) if norms[i] > 0 and np.isfinite(norms[i])]
+    sub = gram[np.ix_(keep, keep)] / np.outer(norms[keep], norms[keep])
+    return np.clip(sub, -1.0, 1.0), keep
 
 
 def _components(n: int, edges: list[tuple[int, int]]) -> list[list[int]]:
@@ -93,10 +106,10 @@ def check_collusion(
     for task, us in updates.items():
         if len(us) < COLLUSION_MIN_UPDATES:
             continue
-        units, keep = _unit_rows(us)
+        cosine, keep = _cosines(us)
         if len(keep) < COLLUSION_MIN_UPDATES:
             continue
-        distance = 1.0 - np.clip(units @ units.T, -1.0, 1.0)
+        distance = 1.0 - cosine
         upper = distance[np.triu_indices(len(keep), k=1)]
         m = float(np.median(upper))
         observe("collusion", task, [float(x) for x in upper], m)

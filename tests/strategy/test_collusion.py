@@ -134,3 +134,28 @@ def test_off_by_default_and_applied_when_given(tmp_path):
     assert data.pop("collusion-factor") == 4.0
     path.write_text(json.dumps(data))
     assert Settings.load(str(path)).collusion_factor == 0.0
+
+
+def test_the_cosines_summed_by_blocks_equal_numpys(monkeypatch):
+    """Updates of two arrays (7 and 3 numbers), one of them zero: the blocked Gram
+    matrix (blocks of 4 numbers here) gives numpy's cosines of the flattened updates,
+    the zero update left out."""
+    import mmfl_flwr.strategy.collusion as C
+
+    rng = np.random.default_rng(1)
+    us = [
+        Update(
+            cid=f"c{i}",
+            delta=[rng.normal(size=(7,)), rng.normal(size=(3,))],
+            num_examples=1,
+            data_share=0.2,
+        )
+        for i in range(4)
+    ]
+    us.append(Update(cid="z", delta=[np.zeros(7), np.zeros(3)], num_examples=1, data_share=0.2))
+    monkeypatch.setattr(C, "GRAM_BLOCK", 4 * len(us))  # 4 coordinates a block
+    cos, keep = C._cosines(us)
+    v = np.stack([np.concatenate(u.delta) for u in us[:4]])
+    v = v / np.linalg.norm(v, axis=1, keepdims=True)
+    assert keep == [0, 1, 2, 3]
+    np.testing.assert_allclose(cos, v @ v.T, rtol=1e-12, atol=1e-12)

@@ -202,6 +202,7 @@ def _defence_options() -> dict[str, Option]:
             "round's median distance divided by this as one client's "
             "(each scaled by 1 / the group's size)",
             low=1,
+            low_open=True,
             off="off",
         ),
         "loss_cap": Option(

@@ -124,6 +124,8 @@ def test_off_by_default_and_applied_when_given(tmp_path):
     assert Settings().collusion_factor == 0.0
     with pytest.raises(ValueError, match="collusion_factor must be > 1"):
         Limits(collusion_factor=1.0)
+    with pytest.raises(ValueError, match="collusion-factor must be 0 \\(off\\) or > 1; got 1"):
+        Settings(collusion_factor=1.0).validate()  # the CLI's one line, not a traceback
     for value, expected in ((0.0, None), (4.0, 4.0), (2.5, 2.5)):
         s = Settings(strategy="lvr", collusion_factor=value)
         assert strategy_from_settings(s).limits.collusion_factor == expected

@@ -40,6 +40,7 @@ import pytest
 from flwr.app import Context, Message
 
 from mmfl_flwr import protocol as P
+from mmfl_flwr.core.aggregators import Update
 from mmfl_flwr.grid import InProcessGrid
 from mmfl_flwr.records import arrays_to_numpy
 
@@ -173,6 +174,14 @@ class LogTap(logging.Handler):
             yield tap
         finally:
             logger.removeHandler(tap)
+
+
+def one_array_update(cid: str, values: list[float], n: int = 10, share: float = 0.25) -> Update:
+    """An update of one float64 array from ``n`` examples and data share ``share``
+    (the update the bounds' unit tests build by hand)."""
+    return Update(
+        cid=cid, delta=[np.array(values, dtype=np.float64)], num_examples=n, data_share=share
+    )
 
 
 def node_of(grid: InProcessGrid, cid: str) -> int:

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from mmfl_flwr.core.aggregators import Update
-from mmfl_flwr.strategy.bounds import observe
 from mmfl_flwr.strategy.events import DefenceLog, act
 
 #: The check reads a model's round once it has at least this many updates.
@@ -110,18 +109,11 @@ def check_collusion(
         if len(keep) < COLLUSION_MIN_UPDATES:
             continue
         distance = 1.0 - cosine
-        upper = distance[np.triu_indices(len(keep), k=1)]
-        m = float(np.median(upper))
-        observe("collusion", task, [float(x) for x in upper], m)
+        m = float(np.median(distance[np.triu_indices(len(keep), k=1)]))
         if not m > 0:
             continue
         limit = m / factor
-        edges = [
-            (a, b)
-            for a in range(len(keep))
-            for b in range(a + 1, len(keep))
-            if distance[a, b] < limit
-        ]
+        edges = [(int(a), int(b)) for a, b in np.argwhere(np.triu(distance < limit, k=1))]
         for group in _components(len(keep), edges):
             members = [us[keep[g]] for g in group]
             inside = [float(distance[a, b]) for a in group for b in group if a < b]

@@ -445,8 +445,7 @@ def bound_reversed_pull(
         along = [
             abs(w) * n * c[0] if c is not None else 0.0 for w, n, c in zip(weights, norms, got)
         ]
-        pushes = [x for x in along if x > 0]
-        if pushes and all(math.isfinite(x) for x in along):
+        if any(x > 0 for x in along) and all(math.isfinite(x) for x in along):
             _hold_pull(task, us, got, rev, along, norms, factor, step, events)
 
 

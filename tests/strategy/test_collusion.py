@@ -10,6 +10,7 @@ import logging
 import numpy as np
 import pytest
 from conftest import LogTap
+from conftest import one_array_update as upd
 
 from mmfl_flwr.config import Settings
 from mmfl_flwr.core.aggregators import Update
@@ -20,12 +21,6 @@ from mmfl_flwr.strategy.validation import (
     check_collusion,
     l2_norm,
 )
-
-
-def upd(cid: str, values: list[float]) -> Update:
-    return Update(
-        cid=cid, delta=[np.array(values, dtype=np.float64)], num_examples=10, data_share=0.2
-    )
 
 
 def logged(fn, *args):

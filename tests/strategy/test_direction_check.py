@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 from conftest import LogTap
+from conftest import one_array_update as upd
 
 from mmfl_flwr.core.aggregators import Update
 from mmfl_flwr.strategy.validation import (
@@ -23,12 +24,6 @@ from mmfl_flwr.strategy.validation import (
 )
 
 R = 1 / math.sqrt(2)
-
-
-def upd(cid: str, values: list[float]) -> Update:
-    return Update(
-        cid=cid, delta=[np.array(values, dtype=np.float64)], num_examples=10, data_share=0.1
-    )
 
 
 def check(updates, history, factor=3.0):

@@ -17,9 +17,10 @@ import logging
 import numpy as np
 import pytest
 from conftest import LogTap
+from conftest import one_array_update as upd
 
 from mmfl_flwr.config import Settings
-from mmfl_flwr.core.aggregators import FedAvgAggregator, Update
+from mmfl_flwr.core.aggregators import FedAvgAggregator
 from mmfl_flwr.core.robust import MedianAggregator
 from mmfl_flwr.strategy.validation import (
     REVERSED_INFLUENCE_FACTOR,
@@ -34,12 +35,6 @@ from mmfl_flwr.strategy.validation import (
     check_directions,
     l2_norm,
 )
-
-
-def upd(cid: str, values: list[float], n: int = 10, share: float = 0.25) -> Update:
-    return Update(
-        cid=cid, delta=[np.array(values, dtype=np.float64)], num_examples=n, data_share=share
-    )
 
 
 def logged(fn, *args):

@@ -9,20 +9,14 @@ import logging
 import numpy as np
 import pytest
 from conftest import LogTap
+from conftest import one_array_update as upd
 
-from mmfl_flwr.core.aggregators import Update
 from mmfl_flwr.strategy.validation import (
     UPDATE_CLIP_FACTOR,
     Limits,
     bound_update_norms,
     l2_norm,
 )
-
-
-def upd(cid: str, values: list[float]) -> Update:
-    return Update(
-        cid=cid, delta=[np.array(values, dtype=np.float64)], num_examples=10, data_share=0.25
-    )
 
 
 def bound(updates, history=None, factor=100.0, clip=3.0, model_norm=None):

@@ -188,6 +188,9 @@ class Limits:
 
 #: How many recent accepted update norms per model enter the reference norm.
 NORM_HISTORY = 64
+#: A round with fewer than this many updates of a model takes the model's
+#: recent accepted norms into its reference pool too (see :func:`bound_update_norms`).
+MIN_ROUND_NORMS = 8
 
 
 def bound_update_norms(
@@ -207,18 +210,22 @@ def bound_update_norms(
     and the model.
 
     The reference is the lower median of this round's update norms (an
-    observed honest norm while fewer than half of the updates are hostile, even
-    with two updates); with a single update this round, the model's last
-    :data:`NORM_HISTORY` accepted norms (``history``, updated here with the
-    norms after clipping) join it, so a lone huge update cannot set its own
-    bound. A lone update with no history yet (a model's first round with one
-    trainer) is measured against the norm of the model it started from
-    (``model_norm(task)``, over the trainable entries): no honest local
-    training moves a model by ``factor`` times its own size (a model
-    initialised at zero has no such reference, and its first lone update is
-    accepted as it is). Taking the current round first lets honest clients
-    correct a perturbed model at full size. Scale-free: only ratios of norms
-    matter.
+    observed honest norm while fewer than half of the updates are hostile);
+    a round with fewer than :data:`MIN_ROUND_NORMS` updates of the model adds
+    the model's last :data:`NORM_HISTORY` accepted norms (``history``, updated
+    here with the norms after clipping) to the pool: honest norms on
+    unbalanced data spread over a factor of ten or more (a client with a few
+    samples, or whose data the model already fits, moves it very little), and
+    a small round's lower median is one or two of them; pooled, it is a median
+    of dozens, and a lone huge update cannot set its own bound. A lone update with no
+    history yet (a model's first round with one trainer) is measured against
+    the norm of the model it started from (``model_norm(task)``, over the
+    trainable entries): no honest local training moves a model by ``factor``
+    times its own size (a model initialised at zero has no such reference,
+    and its first lone update is accepted as it is). A round of
+    :data:`MIN_ROUND_NORMS` updates or more is measured on its own, so honest
+    clients correct a perturbed model at full size. Scale-free: only ratios
+    of norms matter.
 
     Rejecting keeps a garbage direction out of the model altogether; clipping
     bounds what a scaled or flipped honest-looking update can do: one update
@@ -229,7 +236,7 @@ def bound_update_norms(
     rejected: list[tuple[str, str]] = []
     for task, us in updates.items():
         norms = [l2_norm(u.delta) for u in us]
-        pool = norms if len(norms) >= 2 else norms + history.get(task, [])
+        pool = norms if len(norms) >= MIN_ROUND_NORMS else norms + history.get(task, [])
         if (factor is None and clip_factor is None) or not pool:
             continue
         if len(pool) == 1 and model_norm is not None:

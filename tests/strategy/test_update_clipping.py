@@ -12,6 +12,7 @@ from conftest import LogTap
 from conftest import one_array_update as upd
 
 from mmfl_flwr.strategy.validation import (
+    MIN_ROUND_NORMS,
     UPDATE_CLIP_FACTOR,
     Limits,
     bound_update_norms,
@@ -160,3 +161,50 @@ def test_huge_finite_updates_are_clipped_without_overflow_or_nan():
     np.testing.assert_array_equal(us["a"][3].delta[0], [0.0, 0.0])
     assert warnings[0].startswith("Client c2: clipped update for task 'a': update norm 1.414e+300")
     assert warnings[1].startswith("Client c3: clipped update for task 'a': update norm inf")
+
+
+def test_a_small_round_pools_the_recent_norms_so_one_tiny_honest_norm_sets_no_bound():
+    """Measured on the paper-003 profile (pareto-ucb, seed 1): a round of two
+    synthetic updates, one from a client that barely moves the model (norm
+    0.001) and one of an ordinary size (norm 1.2), rejected the second at
+    100 x 0.001 = 0.1. With the model's recent accepted norms (ten of 0.5)
+    pooled, the lower median of [0.001, 1.2, 0.5 x 10] is 0.5: bound 1.5, reject
+    50; nothing is touched."""
+    us = {"a": [upd("c0", [0.001]), upd("c1", [1.2])]}
+    rejected, history, warnings = bound(us, {"a": [0.5] * 10})
+    assert rejected == [] and warnings == []
+    np.testing.assert_array_equal(us["a"][1].delta[0], [1.2])
+    assert history["a"][-2:] == pytest.approx([0.001, 1.2])
+
+
+def test_a_round_of_min_round_norms_updates_is_measured_on_its_own():
+    """MIN_ROUND_NORMS (8) updates of norms 1..8: the lower median is 4 (the
+    history of 100s is left out), bound 12, so nothing is clipped; with one
+    update fewer the history joins the pool: [1..7] + [100] x 10 has lower
+    median 100, so an 8th of norm 200 (under 3 x 100) is left alone too, while
+    on its own the round would have clipped it at 3 x 4 = 12."""
+    assert MIN_ROUND_NORMS == 8
+    big = {"a": [upd(f"c{i}", [float(i + 1)]) for i in range(8)]}
+    big["a"][7].delta = [np.array([200.0])]
+    _, _, warnings = bound(big, {"a": [100.0] * 10})
+    assert warnings == [
+        "Client c7: clipped update for task 'a': update norm 200 exceeds 12 "
+        "(3 x the reference norm, 4); scaled to it"
+    ]
+    small = {"a": [upd(f"c{i}", [float(i + 1)]) for i in range(7)]}
+    small["a"][6].delta = [np.array([200.0])]
+    _, _, warnings = bound(small, {"a": [100.0] * 10})
+    assert warnings == []
+
+
+def test_a_coalition_scaling_up_a_small_round_is_held_to_the_models_history():
+    """Three colluders of a round of five send norm 50 (x10 an honest 5): on
+    its own the round's lower median would be 50 (three of five), and nothing
+    clipped. The model's history (twenty honest norms of 5) joins the pool, so
+    the reference is 5 and the three are scaled to 15."""
+    us = {"a": [upd("h0", [5.0]), upd("h1", [5.0])] + [upd(f"x{i}", [50.0]) for i in range(3)]}
+    _, _, warnings = bound(us, {"a": [5.0] * 20})
+    assert len(warnings) == 3
+    assert all("exceeds 15 (3 x the reference norm, 5)" in w for w in warnings)
+    for u in us["a"][2:]:
+        np.testing.assert_allclose(u.delta[0], [15.0])

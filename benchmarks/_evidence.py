@@ -43,6 +43,20 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "docs" / "results"
 
+#: Paper 003's federation on the digits stand-in, as the investigations of its stale
+#: and unbiased aggregation run it (``coef_sum_mean.py``, ``mifa_seen_share.py``): 120
+#: clients of the ``paper003`` profile, a budget of 10% of the clients, batches of 16,
+#: one local epoch, nothing written. Each script adds its strategy, rounds, rate, seed.
+PAPER003_FEDERATION: dict[str, Any] = dict(
+    tasks="digits,digits,digits",
+    profile="paper003",
+    num_clients=120,
+    local_epochs=1,
+    batch_size=16,
+    budget_fraction=0.1,
+    output_dir="",
+)
+
 
 # ------------------------------------------------------------------------ arguments
 

@@ -131,16 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     s = Settings(
         **E.with_defences(
             dict(
+                E.PAPER003_FEDERATION,
                 strategy=a.strategy,
-                tasks="digits,digits,digits",
-                profile="paper003",
-                num_clients=120,
                 num_rounds=a.num_rounds,
-                local_epochs=1,
                 lr=0.001,
-                batch_size=16,
-                budget_fraction=0.1,
-                output_dir="",
                 seed=a.seed,
             ),
             a.defences,

@@ -22,7 +22,7 @@ import math
 import statistics
 import sys
 
-import _evidence as E  # noqa: F401  (puts the repository on sys.path)
+import _evidence as E  # (also puts the repository on sys.path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,18 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         return plain(self, task, weights, updates, server_round, shares=shares, fresh=fresh)
 
     kw = E.with_defences(
-        dict(
-            strategy="mifa",
-            tasks="digits,digits,digits",
-            profile="paper003",
-            num_clients=120,
-            num_rounds=a.rounds,
-            local_epochs=1,
-            lr=0.1,
-            batch_size=16,
-            budget_fraction=0.1,
-            output_dir="",
-        ),
+        dict(E.PAPER003_FEDERATION, strategy="mifa", num_rounds=a.rounds, lr=0.1),
         a.defences,
     )
     first = Settings(**kw, seed=0)

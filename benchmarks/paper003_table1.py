@@ -109,6 +109,45 @@ SENSITIVITY_TEXT["stalevre-b0-0.5"] = VARIANT_TEXT["stalevre-b0-0.5"]
 #: compared to random allocation" (Section 6; its Table 1, 3 tasks: 0.943 / 0.792 - 1)
 STALEVR_GAIN = 0.191
 
+#: Full participation's accuracy at which Table 1 saturates: at or above it every method
+#: reaches almost all of full's accuracy and the table cannot separate them (issue 61).
+CEILING = 0.95
+
+
+def spread_text(
+    finals_at: dict[int, dict[str, dict[int, float]]],
+    rel_at: dict[int, dict[str, dict[int, float]]],
+    ref: str,
+) -> str:
+    """Whether Table 1 can separate the methods here, at the longest run length: full
+    participation's final accuracy against :data:`CEILING`, and the spread of the mean
+    relative accuracies of the paper's methods (its Table 1 rows, not the sensitivity
+    rows) against the paper's own, which is said to appear when it is at least half as
+    wide."""
+    L = max(finals_at)
+    full = statistics.fmean(finals_at[L][ref].values())
+    ms = [m for m in rel_at[L] if m != ref and m in PAPER_REL and m not in SENSITIVITY]
+    if not ms:
+        return ""
+    mean = {m: statistics.fmean(rel_at[L][m].values()) for m in ms}
+    lo, hi = min(ms, key=mean.__getitem__), max(ms, key=mean.__getitem__)
+    p_lo, p_hi = min(ms, key=PAPER_REL.__getitem__), max(ms, key=PAPER_REL.__getitem__)
+    here, theirs = mean[hi] - mean[lo], PAPER_REL[p_hi] - PAPER_REL[p_lo]
+    where = (
+        f"below {CEILING}: the task does not saturate, so the methods can separate"
+        if full < CEILING
+        else f"at or above {CEILING}: the task saturates, and every method comes close to it"
+    )
+    return (
+        f"Spread at {L} rounds: full participation ends at {full:.3f} ({where}); the "
+        f"paper's methods span {mean[lo]:.3f} ({lo}) to {mean[hi]:.3f} ({hi}) of full, a "
+        f"spread of {here:.3f}, against the paper's {PAPER_REL[p_lo]:.3f} ({p_lo}) to "
+        f"{PAPER_REL[p_hi]:.3f} ({p_hi}), {theirs:.3f}: the paper's spread "
+        + ("appears" if here >= theirs / 2 else "does not appear")
+        + " (read as: at least half as wide), whatever the order (the claims below test it)."
+    )
+
+
 SCALES = {
     # budget_fraction 0 = auto: the smallest hundredth giving 5 expected uploads per
     # model (0.1 V gives ~1-2 per model at 16 clients, too few to train)
@@ -956,6 +995,8 @@ Relative accuracy (method / full, per seed), by run length:
 
 {chr(10).join(lines)}
 
+{spread_text(finals_at, rel_at, ref)}
+
 {variant_notes}
 
 Order of the methods by mean final accuracy (an order, not a test: the claims below test
@@ -977,6 +1018,8 @@ d_i,s / (B_i p_i,s); plotted summed over the models, for the unbiased d/(Bp) met
 (full: exactly S); rounds 1-{primary}. The runs of the Table 1 section above; machine:
 {machine}.
 
+{E.defences_text(status)}
+
 {chr(10).join(f2)}
 
 ![summed global step size]({out}/paper003_fig2.png)
@@ -997,6 +1040,9 @@ fractions of full participation's mean final accuracy at {primary} rounds
 ({full_final:.3f}); rounds = first round whose mean-over-models accuracy reaches the
 target within {cap} rounds, {cap + 1} when never reached (a censored lower bound; reached
 counts in brackets), so a paired difference with censored times understates the gap.
+The runs of the Table 1 section above.
+
+{E.defences_text(status)}
 
 {chr(10).join(f4l)}
 

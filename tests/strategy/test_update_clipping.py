@@ -178,21 +178,20 @@ def test_a_small_round_pools_the_recent_norms_so_one_tiny_honest_norm_sets_no_bo
 
 
 def test_a_round_of_min_round_norms_updates_is_measured_on_its_own():
-    """MIN_ROUND_NORMS (8) updates of norms 1..8: the lower median is 4 (the
-    history of 100s is left out), bound 12, so nothing is clipped; with one
-    update fewer the history joins the pool: [1..7] + [100] x 10 has lower
-    median 100, so an 8th of norm 200 (under 3 x 100) is left alone too, while
-    on its own the round would have clipped it at 3 x 4 = 12."""
-    assert MIN_ROUND_NORMS == 8
-    big = {"a": [upd(f"c{i}", [float(i + 1)]) for i in range(8)]}
-    big["a"][7].delta = [np.array([200.0])]
+    """MIN_ROUND_NORMS (6) updates of norms 1..5 and 200: the lower median is 3
+    (the history of 100s is left out), bound 9, so the 200 is clipped to 9; with
+    one update fewer the history joins the pool: [1..4, 200] + [100] x 10 has
+    lower median 100, and the 200 (under 3 x 100) is left alone."""
+    assert MIN_ROUND_NORMS == 6
+    big = {"a": [upd(f"c{i}", [float(i + 1)]) for i in range(6)]}
+    big["a"][5].delta = [np.array([200.0])]
     _, _, warnings = bound(big, {"a": [100.0] * 10})
     assert warnings == [
-        "Client c7: clipped update for task 'a': update norm 200 exceeds 12 "
-        "(3 x the reference norm, 4); scaled to it"
+        "Client c5: clipped update for task 'a': update norm 200 exceeds 9 "
+        "(3 x the reference norm, 3); scaled to it"
     ]
-    small = {"a": [upd(f"c{i}", [float(i + 1)]) for i in range(7)]}
-    small["a"][6].delta = [np.array([200.0])]
+    small = {"a": [upd(f"c{i}", [float(i + 1)]) for i in range(5)]}
+    small["a"][4].delta = [np.array([200.0])]
     _, _, warnings = bound(small, {"a": [100.0] * 10})
     assert warnings == []
 

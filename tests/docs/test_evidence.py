@@ -2175,3 +2175,26 @@ def test_paper001_relative_gain_is_a_geometric_mean_of_the_ratios():
     assert even["mean"] == pytest.approx(0.0, abs=1e-12)  # the mean of ratios: +25%
     sized = P.relative_gain({0: 0.6, 1: 0.6, 2: 0.6}, {0: 0.5, 1: 0.5, 2: 0.5}, size=0.1)
     assert sized["size"]["mean"] == pytest.approx(0.2) and sized["size"]["verdict"] == "size shown"
+
+
+def test_table1_spread_line_by_hand():
+    """Full ends at 0.5 (below the 0.95 ceiling); FedVARP at 0.65 and StaleVR at 1.05 of
+    full (means of 0.6/0.7 and 1.0/1.1) span 0.40, at least half the paper's 0.943 - 0.681
+    = 0.262, so the spread appears; MIFA (0) is a sensitivity row and left out. Saturated:
+    full at 0.97, the two at 0.98 and 1.00 of it, a spread of 0.02: it does not appear."""
+    import paper003_table1 as T
+
+    def rel(fedvarp, stalevr):
+        return {"full": {0: 1.0, 1: 1.0}, "fedvarp": fedvarp, "stalevr": stalevr, "mifa": {0: 0.1}}
+
+    text = T.spread_text(
+        {40: {"full": {0: 0.3, 1: 0.3}}, 150: {"full": {0: 0.4, 1: 0.6}}},
+        {40: rel({0: 0.1}, {0: 0.2}), 150: rel({0: 0.6, 1: 0.7}, {0: 1.0, 1: 1.1})},
+        "full",
+    )
+    assert text.startswith("Spread at 150 rounds: full participation ends at 0.500 (below 0.95")
+    assert "span 0.650 (fedvarp) to 1.050 (stalevr) of full, a spread of 0.400" in text
+    assert "0.681 (fedvarp) to 0.943 (stalevr), 0.262: the paper's spread appears" in text
+    flat = T.spread_text({150: {"full": {0: 0.97}}}, {150: rel({0: 0.98}, {0: 1.0})}, "full")
+    assert "ends at 0.970 (at or above 0.95: the task saturates" in flat
+    assert "a spread of 0.020" in flat and "spread does not appear" in flat

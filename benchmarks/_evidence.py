@@ -723,7 +723,13 @@ def run_time(rows: Sequence[Mapping[str, Any]]) -> float:
 def run_time_text(rows: Sequence[Mapping[str, Any]], wall: float) -> str:
     """``summed run time X s (wall of this invocation Y s)``; runs taken from a cache
     cost nothing in this invocation."""
-    total = run_time(rows)
+    return seconds_text(run_time(rows), wall)
+
+
+def seconds_text(total: float, wall: float) -> str:
+    """:func:`run_time_text` of an already summed run time ``total`` (0: not recorded,
+    as in a re-analysis from a CSV); ``benchmarks/reproduce.py --dry-run`` reads its
+    estimates from this text."""
     runs = f"summed run time {total:.0f} s" if total > 0 else "run times not recorded"
     return f"{runs} (wall of this invocation {wall:.0f} s)"
 

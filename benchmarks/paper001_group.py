@@ -266,7 +266,9 @@ def _one(job: tuple[Any, ...]) -> list[dict[str, Any]]:
     limits = E.bound_kwargs(defences) if defences != "default" else None
     s, strategy, _ = build(scenario, method, seed, num_rounds, task, limits, sizes=sizes)
     applied = E.applied_settings(strategy, defences)
+    t0 = time.monotonic()
     result = quiet_run(s, strategy, engine)
+    wall = round(time.monotonic() - t0, 3)
     return [
         {
             "scenario": scenario,
@@ -274,6 +276,7 @@ def _one(job: tuple[Any, ...]) -> list[dict[str, Any]]:
             "seed": seed,
             **{k: v for k, v in r.items() if k != "seconds"},
             **applied,
+            "run_seconds": wall,
         }
         for r in result.history
     ]
@@ -588,6 +591,7 @@ def main(argv: list[str] | None = None) -> int:
     if not a.from_csv:
         E.check_cache(a.cache, jobs)
     t0 = time.monotonic()
+    run_seconds = 0.0  # summed over the runs (a re-analysis from a CSV has none)
     if a.from_csv:
         # runs of exactly R rounds: the arrivals of (c) and (d) are placed by the length
         rows = E.rows_from_csv(
@@ -613,6 +617,9 @@ def main(argv: list[str] | None = None) -> int:
         machine = E.reanalysed_machine(out, NAME, a.from_csv)
     else:
         rows = run_jobs(jobs, a.workers, a.cache)
+        run_seconds = E.run_time(rows)
+        for r in rows:
+            r.pop("run_seconds", None)  # the CSV must not depend on timing
         machine = E.machines_used()
         status = E.defences_of(rows)
         E.write_long_csv(out / f"{NAME}.csv", rows)
@@ -738,7 +745,7 @@ trains 1/6 of the clients online in the round. In (c) the 36 late clients arrive
 exponential inter-arrival times at rate 0.1 × 500 / {R} per round (the paper's rate 0.1
 over its 500 rounds, compressed to this run: the last arrives near round {round(0.72 * R)}).
 {sizes_text(scenarios, seeds, R, a.task, a.sizes)}
-Machine: {machine}.
+Machine: {machine}; {E.seconds_text(run_seconds, wall)}.
 
 {E.defences_text(status)}
 

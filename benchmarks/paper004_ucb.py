@@ -185,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     t0 = time.monotonic()
     rows: list[dict[str, Any]] = []
+    run_seconds = 0.0  # summed over the runs (a re-analysis from a CSV has none)
     machine = E.machines_used()
     if not a.from_csv:
         E.check_cache(
@@ -213,9 +214,11 @@ def main(argv: list[str] | None = None) -> int:
         machine = E.reanalysed_machine(out, NAME, a.from_csv)
     else:
         for d, k in plan:
-            for r in E.run_many(
+            ran = E.run_many(
                 jobs_for(d, k, mode, a.defences), engine=a.engine, workers=a.workers, cache=a.cache
-            ):
+            )
+            run_seconds += E.run_time(ran)
+            for r in ran:
                 r = {"dataset": d, "K": k, **r}
                 r.pop("run_seconds", None)  # outputs must not depend on timing
                 r["method"] = str(r["method"]).split("|")[0]
@@ -225,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         E.write_long_csv(out / f"{NAME}.csv", rows)
     wall = time.monotonic() - t0
 
+    timing = E.seconds_text(run_seconds, wall)
     cmd = f"python benchmarks/{NAME}.py --{a.mode}"
     if a.engine != "inprocess":
         cmd += f" --engine {a.engine}"
@@ -309,7 +313,7 @@ Scale: two logistic-regression models, {mode["num_clients"]} clients, rounds
 {", ".join("K={}: {}".format(k, mode["rounds"][k]) for k in ks)}, one local epoch (SGD, lr 0.05,
 batch 10), gamma 0.9, loss-query initialisation, Synthetic users capped at
 {mode["synthetic_max_samples"]} samples, {len(seeds)} seeds
-({", ".join(map(str, seeds))}), engine `{a.engine}`. Machine: {machine}.
+({", ".join(map(str, seeds))}), engine `{a.engine}`. Machine: {machine}; {timing}.
 
 {E.defences_text(status)}
 

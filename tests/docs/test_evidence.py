@@ -854,6 +854,8 @@ def test_reproduce_runs_every_experiment_and_writes_results(tmp_path):
             assert re.search(
                 r"^Verdict( \([^)]*\))?:", (tmp_path / f"{frag}.md").read_text(), re.M
             ), frag
+            # what ``reproduce.py --dry-run`` reads its estimate from
+            assert re.search(r"summed run time \d+ s", (tmp_path / f"{frag}.md").read_text()), frag
         assert list(tmp_path.glob(f"{name.split('_')[0]}*.png")), name
     assert "--smoke" in results and "Failed" not in results
     assert "| claim | data and horizon | found | paper | verdict |" in results

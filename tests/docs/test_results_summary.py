@@ -108,6 +108,31 @@ def test_dry_run_lists_every_command_and_runs_none(monkeypatch, capsys, tmp_path
     assert not any(tmp_path.iterdir())
 
 
+def test_a_section_run_records_its_run_time_and_a_reanalysis_says_it_has_none(tmp_path):
+    """``--dry-run``'s estimate of a section is the "summed run time" its fragment
+    records: paper 004's (and papers 000/001's, the same code) records it when it makes
+    its runs, and says "run times not recorded" when it re-analyses a CSV (which holds
+    no timing), rather than a number it did not measure."""
+    ran, again = tmp_path / "ran", tmp_path / "again"
+    for argv in (
+        ["--smoke", "--out", str(ran)],
+        ["--smoke", "--from-csv", str(ran / "paper004_ucb.csv"), "--out", str(again)],
+    ):
+        proc = subprocess.run(
+            [sys.executable, str(BENCH / "paper004_ucb.py"), *argv],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    seconds = reproduce._fragment_seconds(ran / "paper004_ucb.md")
+    assert seconds is not None and seconds > 0
+    assert "run_seconds" not in (ran / "paper004_ucb.csv").read_text().splitlines()[0]
+    assert reproduce._fragment_seconds(again / "paper004_ucb.md") is None
+    assert "run times not recorded" in (again / "paper004_ucb.md").read_text()
+
+
 @pytest.mark.parametrize("reuse", [False, True])
 def test_full_passes_no_cache_unless_reuse_cache(monkeypatch, capsys, tmp_path, reuse):
     argv = ["--full", "--out", str(tmp_path), "--results", str(tmp_path / "R.md")]

@@ -200,7 +200,8 @@ def _defence_options() -> dict[str, Option]:
         "collusion_factor": Option(
             "count updates of a model whose cosine distance is under the "
             "round's median distance divided by this as one client's "
-            "(each scaled by 1 / the group's size)",
+            "(each scaled by 1 / the group's size); reject such a group whose "
+            "mean points against the round's other updates",
             low=1,
             low_open=True,
             off="off",

@@ -80,8 +80,8 @@ def aggregate_train_replies(
     def model_norm(task: str) -> float:
         return l2_norm(run_state.weights[task][k] for k in run_state.split_keys(task)[0])
 
-    check_collusion(outcome.updates, limits.collusion_factor, run_state.defence)
-    rejected = bound_update_norms(
+    rejected = check_collusion(outcome.updates, limits.collusion_factor, run_state.defence)
+    rejected += bound_update_norms(
         outcome.updates,
         run_state.norm_history,
         limits.update_norm_factor,

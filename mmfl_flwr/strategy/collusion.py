@@ -10,10 +10,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from mmfl_flwr.core.aggregators import Update
+from mmfl_flwr.strategy.directions import _cosine, _median_rows
 from mmfl_flwr.strategy.events import DefenceLog, act
+from mmfl_flwr.strategy.influence import REVERSED_MIN_COSINE
 
 #: The check reads a model's round once it has at least this many updates.
 COLLUSION_MIN_UPDATES = 3
+#: A group is judged against the other updates of its model's round (a reversed
+#: coalition is rejected) when at least this many updates are outside it.
+COLLUSION_MIN_OTHERS = 2
 
 
 #: :func:`_cosines` stacks at most about this many numbers at a time.
@@ -61,17 +66,76 @@ def _components(n: int, edges: list[tuple[int, int]]) -> list[list[int]]:
     return [g for g in groups.values() if len(g) >= 2]
 
 
+def _against_the_others(members: Sequence[Update], others: Sequence[Update]) -> float | None:
+    """The cosine of a group's mean update with the coordinate-wise median of the
+    other updates of the round; None with fewer than :data:`COLLUSION_MIN_OTHERS`
+    others or without a direction."""
+    if len(others) < COLLUSION_MIN_OTHERS:
+        return None
+    mean = np.concatenate(
+        [
+            np.mean([np.asarray(u.delta[j], dtype=np.float64).ravel() for u in members], axis=0)
+            for j in range(len(members[0].delta))
+        ]
+    )
+    rows = [[np.asarray(d, dtype=np.float64).ravel() for d in u.delta] for u in others]
+    return _cosine(mean, _median_rows(rows))
+
+
+def _reject_coalition(
+    task: str,
+    members: Sequence[Update],
+    why: tuple[float, float, float, float, float, float],
+    events: DefenceLog | None,
+) -> list[tuple[str, str]]:
+    """Log every member of a reversed coalition as rejected (with the others and
+    the numbers: ``why`` = the smallest and largest distance among them, the
+    limit, the round's median distance, the factor, and the cosine of their mean
+    with the others' median); returns their ``(task, client id)`` pairs."""
+    lo, hi, limit, m, factor, against = why
+    for u in members:
+        act(
+            events,
+            "rejected",
+            u.cid,
+            task,
+            -against,
+            REVERSED_MIN_COSINE,
+            "Client %s: rejected update for task %r: it and the updates of clients %s are "
+            "nearly alike (cosine distances %.3f to %.3f among them, under %.3f = the "
+            "round's median distance %.3f / %g) and their mean points against the round's "
+            "other updates (cosine %.3f with their median, below -%g): a reversed coalition",
+            u.cid,
+            task,
+            ", ".join(v.cid for v in members if v is not u),
+            lo,
+            hi,
+            limit,
+            m,
+            factor,
+            against,
+            REVERSED_MIN_COSINE,
+        )
+    return [(task, u.cid) for u in members]
+
+
 def check_collusion(
     updates: dict[str, list[Update]],
     factor: float | None,
     events: DefenceLog | None = None,
-) -> None:
+) -> list[tuple[str, str]]:
     """(Off by default: ``collusion_factor``.) Count the updates of a model
     that are far more alike than its round's
     updates usually are as one client's: each update of such a group of ``k``
     is scaled by ``1 / k`` in place (its direction kept), and logged with the
-    client id, the model, the other members and the numbers; nothing is
-    rejected.
+    client id, the model, the other members and the numbers. A group whose mean
+    update points against the round's other updates (cosine with their
+    coordinate-wise median below ``-REVERSED_MIN_COSINE``, the others at least
+    as many as the group and at least :data:`COLLUSION_MIN_OTHERS`) is a
+    *reversed coalition*
+    (inner-product manipulation by several clients): every member is rejected,
+    removed from ``updates`` in place, logged, and returned as a ``(task,
+    client id)`` pair.
 
     Per model with at least :data:`COLLUSION_MIN_UPDATES` updates this round:
     the cosine distance ``1 - cos`` of every pair of updates, and ``m``, the
@@ -97,11 +161,17 @@ def check_collusion(
     of all but one of them. Where honest clients hold alike data (on the
     embedded tasks' label-skewed partitions, clients with the same labels),
     their updates are as alike as colluders' and are grouped round after
-    round, which is why the check is off unless asked for. Runs first among
-    the bounds on updates, before the norm bounds read the round's norms.
+    round, which is why the check is off unless asked for. Honest clients with
+    alike data still move their model the way the others do, so a group of
+    them is scaled, not rejected; a group sent to undo the others' progress is
+    left out, as the bound on reversed updates alone would leave half of it in
+    (it lets reversed updates pull back up to half the others' push). Runs
+    first among the bounds on updates, before the norm bounds read the round's
+    norms.
     """
+    rejected: list[tuple[str, str]] = []
     if factor is None:
-        return
+        return rejected
     for task, us in updates.items():
         if len(us) < COLLUSION_MIN_UPDATES:
             continue
@@ -114,10 +184,21 @@ def check_collusion(
             continue
         limit = m / factor
         edges = [(int(a), int(b)) for a, b in np.argwhere(np.triu(distance < limit, k=1))]
+        out: set[int] = set()
         for group in _components(len(keep), edges):
             members = [us[keep[g]] for g in group]
             inside = [float(distance[a, b]) for a in group for b in group if a < b]
             k = len(group)
+            ids = {id(u) for u in members}
+            rest = [u for u in us if id(u) not in ids]
+            # judged only where the others are at least as many: their median is then
+            # not a minority's (a coalition that is most of a round is not caught here)
+            against = _against_the_others(members, rest) if k <= len(rest) else None
+            if against is not None and against < -REVERSED_MIN_COSINE:
+                out |= ids
+                why = (min(inside), max(inside), limit, m, factor, against)
+                rejected += _reject_coalition(task, members, why, events)
+                continue
             for u in members:
                 others = ", ".join(v.cid for v in members if v is not u)
                 act(
@@ -142,3 +223,6 @@ def check_collusion(
                     k,
                 )
                 u.delta = [d / k for d in u.delta]
+        if out:
+            updates[task] = [u for u in us if id(u) not in out]
+    return rejected

@@ -35,7 +35,8 @@ from flwr.common.logger import log
 #: kind -> what it means (docs/defence-events.md has the long form).
 KINDS: dict[str, str] = {
     "rejected": "an update left out of the aggregate: its norm exceeds update_norm_factor "
-    "x the reference norm, or the reply failed a check (malformed, max_update_norm)",
+    "x the reference norm, it belongs to a reversed coalition (collusion_factor), or the "
+    "reply failed a check (malformed, max_update_norm)",
     "clipped": "an update scaled down to update_clip_factor x the model's reference norm",
     "direction": "an update of a client whose updates point against the other clients' "
     "scaled down to the reference norm (direction_factor)",
@@ -53,7 +54,7 @@ KINDS: dict[str, str] = {
 }
 #: The bound behind each kind that acts on updates (and the setting that sets it).
 BOUNDS: dict[str, str] = {
-    "rejected": "norm bound (update_norm_factor)",
+    "rejected": "norm bound (update_norm_factor) or the collusion check's reversed coalitions",
     "clipped": "norm clip (update_clip_factor)",
     "direction": "direction check (direction_factor)",
     "influence": "influence bound (influence_clip_factor)",

@@ -156,3 +156,67 @@ def test_the_cosines_summed_by_blocks_equal_numpys(monkeypatch):
     v = v / np.linalg.norm(v, axis=1, keepdims=True)
     assert keep == [0, 1, 2, 3]
     np.testing.assert_allclose(cos, v @ v.T, rtol=1e-12, atol=1e-12)
+
+
+def reversed_round(sign: float, second: list[float] | None = None) -> dict[str, list[Update]]:
+    """Three honest updates h1, h2, h3 = (1, 1, 0, 0), (1, 0, 1, 0), (1, 0, 0, 1) / sqrt 2
+    (pairwise cosine 1/2, distance 0.5) and two near copies b1 = 2 sign (1, .3, .3, .3),
+    b2 = 2 sign (1, .31, .3, .3). With sign -1: each b's cosine with each h is -1.3 /
+    (sqrt 2 sqrt 1.27) = -0.816 (distance 1.816, six pairs), so the median of the 10
+    distances is 1.816 and the limit 1.816 / 4 = 0.454: the h's (0.5 apart) are not
+    alike, b1 and b2 (about 0.00003 apart) are."""
+    r = 1 / np.sqrt(2)
+    honest = [[r, r, 0, 0], [r, 0, r, 0], [r, 0, 0, r]]
+    us = [upd(f"h{i + 1}", v) for i, v in enumerate(honest)]
+    us.append(upd("b1", list(2 * sign * np.array([1, 0.3, 0.3, 0.3]))))
+    us.append(upd("b2", second or list(2 * sign * np.array([1, 0.31, 0.3, 0.3]))))
+    return {"a": us}
+
+
+def test_a_reversed_coalition_is_rejected_and_every_member_named():
+    """b1 and b2 are alike and their mean 2 (-1, -.305, -.3, -.3) points against the
+    honest updates' coordinate-wise median (1/sqrt 2, 0, 0, 0): cosine -1 / sqrt(1 +
+    .305^2 + .3^2 + .3^2) = -0.886, below -0.1. Both are removed from the round,
+    returned and logged as rejected, each naming the other; the honest updates are
+    untouched."""
+    us = reversed_round(-1.0)
+    before = [l2_norm(u.delta) for u in us["a"][:3]]
+    with LogTap.on_flwr() as tap:
+        out = check_collusion(us, 4.0)
+    lines = [m for lvl, m in tap.records if lvl == logging.DEBUG]
+    assert out == [("a", "b1"), ("a", "b2")]
+    assert [u.cid for u in us["a"]] == ["h1", "h2", "h3"]
+    assert [l2_norm(u.delta) for u in us["a"]] == before
+    cos = -1 / np.sqrt(1 + 0.305**2 + 0.3**2 + 0.3**2)
+    assert cos == pytest.approx(-0.886, abs=5e-4)
+    assert [x.split(":")[0] for x in lines] == ["Client b1", "Client b2"]
+    assert "clients b2 are nearly alike" in lines[0] and "clients b1 are" in lines[1]
+    assert all(f"cosine {cos:.3f} with their median" in x for x in lines)
+    assert all("rejected update" in x and x.endswith("a reversed coalition") for x in lines)
+
+
+def test_an_alike_group_moving_with_the_others_is_scaled_not_rejected():
+    """The same copies with sign +1 point with the honest updates (cosine +0.886 with
+    their median): each b is 0.184 from each h (cosine 0.816), the median distance is
+    0.184 and the limit 0.046, so only b1 and b2 are alike: counted as one client's
+    (each scaled by 1/2), none rejected."""
+    us = reversed_round(+1.0)
+    norms = [l2_norm(u.delta) for u in us["a"]]
+    assert check_collusion(us, 4.0) == []
+    assert [u.cid for u in us["a"]] == ["h1", "h2", "h3", "b1", "b2"]
+    after = [l2_norm(u.delta) for u in us["a"]]
+    assert after[:3] == norms[:3]
+    assert after[3:] == pytest.approx([norms[3] / 2, norms[4] / 2])
+
+
+def test_a_group_that_is_most_of_its_round_is_not_judged():
+    """Two honest updates and three reversed near copies: the group (3) outnumbers
+    the others (2), whose median would be a minority's; it is scaled by 1/3, not
+    rejected (a coalition that is most of a round is beyond this rule)."""
+    us = reversed_round(-1.0)
+    us["a"].pop(2)
+    us["a"].append(upd("b3", list(-2 * np.array([1, 0.3, 0.31, 0.3]))))
+    assert check_collusion(us, 4.0) == []
+    assert [u.cid for u in us["a"]] == ["h1", "h2", "b1", "b2", "b3"]
+    norm = 2 * np.sqrt(1 + 0.31**2 + 0.3**2 + 0.3**2)
+    assert l2_norm(us["a"][4].delta) == pytest.approx(norm / 3)

@@ -39,6 +39,14 @@ from mmfl_flwr.tracking.progress import line_printer
 #: honest Synthetic(1,1) clients score -0.02 to -0.09): two norm clips.
 MAIN_JOB_FINAL = {"digits": 0.8306, "synthetic": 0.8576, "digits_2": 0.7694}
 MAIN_JOB_ACTIONS = {"clipped": 2}
+#: How far a final accuracy may end from :data:`MAIN_JOB_FINAL` on another machine:
+#: the values above were measured on AMD EPYC machines; on an Intel Xeon (the same
+#: code, torch 2.13.0 CPU build and packages) float32 rounding differs, training
+#: drifts over the 20 rounds, and digits_2 ends at 0.775 (two of its 360 test
+#: images), the other two models equal, the bounds' actions the same. A change of
+#: behaviour shows in the actions, compared exactly, and in the seven reference
+#: runs (tests/strategy/test_reference_runs.py), whose accuracies are exact.
+MAIN_JOB_MACHINE_SPREAD = 0.01
 
 
 def ev(rnd, cid, task="a", kind="clipped", value=2.0, bound=1.0):
@@ -189,7 +197,8 @@ def test_the_main_job_is_quiet_and_ends_as_before(tmp_path):
         result = runner.run(Settings(output_dir=str(out)), engine="inprocess")
     assert tap.warnings() == []
     final = {t: round(r["accuracy"], 4) for t, r in result.final().items()}
-    assert final == MAIN_JOB_FINAL
+    assert final.keys() == MAIN_JOB_FINAL.keys()
+    assert all(abs(final[t] - v) <= MAIN_JOB_MACHINE_SPREAD for t, v in MAIN_JOB_FINAL.items())
     events, counted = events_agree_with_summary(out)
     kinds = {k: p["count"] for k, p in counted["by_kind"].items()}
     assert kinds == MAIN_JOB_ACTIONS  # the bounds acted as before; only the level changed

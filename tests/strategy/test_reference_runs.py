@@ -11,12 +11,16 @@ its commit message:
 ``assignments.csv`` (who trained what, every round) must be byte-equal.
 ``metrics.csv`` is compared cell by cell, as written: every cell equal, except
 the cells of :data:`FLOAT32_COLUMNS` (losses and update sizes, computed in
-float32 by torch), which may differ in the last float32 bits, within
-:data:`FLOAT32_RTOL` relative. Measured: the same commit, the same torch 2.13.0
-CPU build and the same packages give such cells up to 2.6e-7 apart between two
-AMD EPYC machines (one with AVX-512; the references were written on the other),
-while every accuracy, count and assignment is equal. Any change of behaviour
-(another pick, another update) moves them by orders of magnitude more.
+float32 by torch, and the aggregation coefficients' sum, computed from the
+losses), which may differ by float32 rounding, within :data:`FLOAT32_RTOL`
+relative. Measured: the same commit, the same torch 2.13.0 CPU build and the
+same packages give such cells up to 2.6e-7 apart between two AMD EPYC machines
+(one with AVX-512; the references were written on the other), and up to 3.2e-5
+apart on an Intel Xeon (SCAFFOLD's test loss, whose control variates subtract
+nearly equal numbers; every other cell within 3.5e-6), while on all three every
+accuracy, count and assignment is equal. Any change of behaviour (another pick,
+another update) changes an accuracy, a count or an assignment, which are
+compared exactly.
 
 ``metrics.csv`` may hold columns added after its reference was written, if
 they are listed in :data:`ADDED_COLUMNS`: then every column of the reference
@@ -59,10 +63,11 @@ FILES = ("metrics.csv", "assignments.csv")
 #: metrics.csv columns newer than some references (issue 16: ``coef_sum``).
 ADDED_COLUMNS = ("coef_sum",)
 #: metrics.csv columns computed in float32 by torch (module docstring).
-FLOAT32_COLUMNS = ("loss", "train_loss", "step_l1", "round_step_l1")
+FLOAT32_COLUMNS = ("loss", "train_loss", "step_l1", "round_step_l1", "coef_sum")
 #: Their allowed relative difference: float32 rounding (about 6e-8 per
-#: operation) accumulated over a few operations; 4x the largest measured.
-FLOAT32_RTOL = 1e-6
+#: operation) accumulated over three rounds of training; 4x the largest measured
+#: across machines (3.2e-5, module docstring).
+FLOAT32_RTOL = 1.3e-4
 
 
 def run_into(name: str, out: Path) -> None:
@@ -95,6 +100,8 @@ def same_cell(column: str, got: str, want: str) -> bool:
 
 def test_float32_cells_tolerate_rounding_only():
     assert same_cell("loss", "2.3042715708414714", "2.3042714012993706")  # measured
+    assert same_cell("loss", "1.4524420021224196", "1.452488808736314")  # measured, Xeon
+    assert same_cell("coef_sum", "1.29541767490147", "1.2954176612511008")  # measured, Xeon
     assert not same_cell("loss", "2.3042715", "2.3052714")
     assert not same_cell("accuracy", "0.1305555555555556", "0.13055555555555556")
     assert not same_cell("uploads", "3", "4") and not same_cell("train_loss", "", "0.5")

@@ -119,6 +119,42 @@ def _reject_coalition(
     return [(task, u.cid) for u in members]
 
 
+def _count_as_one(
+    task: str,
+    members: Sequence[Update],
+    why: tuple[float, float, float, float, float],
+    events: DefenceLog | None,
+) -> None:
+    """Scale every member of a group of ``k`` alike updates by ``1 / k`` in place and
+    log it with the others and the numbers (``why`` as in :func:`_reject_coalition`,
+    without the cosine)."""
+    lo, hi, limit, m, factor = why
+    k = len(members)
+    for u in members:
+        act(
+            events,
+            "collusion",
+            u.cid,
+            task,
+            float(k),
+            1.0,
+            "Client %s: clipped update for task %r: it and the updates of clients "
+            "%s are nearly alike (cosine distances %.3f to %.3f among them, under "
+            "%.3f = the round's median distance %.3f / %g): counted as one client's, "
+            "update scaled by 1/%d",
+            u.cid,
+            task,
+            ", ".join(v.cid for v in members if v is not u),
+            lo,
+            hi,
+            limit,
+            m,
+            factor,
+            k,
+        )
+        u.delta = [d / k for d in u.delta]
+
+
 def check_collusion(
     updates: dict[str, list[Update]],
     factor: float | None,
@@ -199,30 +235,7 @@ def check_collusion(
                 why = (min(inside), max(inside), limit, m, factor, against)
                 rejected += _reject_coalition(task, members, why, events)
                 continue
-            for u in members:
-                others = ", ".join(v.cid for v in members if v is not u)
-                act(
-                    events,
-                    "collusion",
-                    u.cid,
-                    task,
-                    float(k),
-                    1.0,
-                    "Client %s: clipped update for task %r: it and the updates of clients "
-                    "%s are nearly alike (cosine distances %.3f to %.3f among them, under "
-                    "%.3f = the round's median distance %.3f / %g): counted as one client's, "
-                    "update scaled by 1/%d",
-                    u.cid,
-                    task,
-                    others,
-                    min(inside),
-                    max(inside),
-                    limit,
-                    m,
-                    factor,
-                    k,
-                )
-                u.delta = [d / k for d in u.delta]
+            _count_as_one(task, members, (min(inside), max(inside), limit, m, factor), events)
         if out:
             updates[task] = [u for u in us if id(u) not in out]
     return rejected

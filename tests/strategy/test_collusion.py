@@ -220,3 +220,37 @@ def test_a_group_that_is_most_of_its_round_is_not_judged():
     assert [u.cid for u in us["a"]] == ["h1", "h2", "b1", "b2", "b3"]
     norm = 2 * np.sqrt(1 + 0.31**2 + 0.3**2 + 0.3**2)
     assert l2_norm(us["a"][4].delta) == pytest.approx(norm / 3)
+
+
+def test_a_reversed_coalition_of_a_real_run_is_left_out_and_named():
+    """The wiring, in a real in-process run: MFA-RR on digits and synthetic, 12 clients,
+    clients 3, 7 and 9 sending inner-product manipulation (-2 x the mean of what they
+    trained) and the collusion check at 4. In round 2, 7 and 9 train digits together:
+    their alike updates point against the other four's median, and both are rejected
+    (named, and counted in the round's rejected updates); in rounds 1 and 3 they train
+    synthetic, whose honest updates disagree, and are counted as one client. No honest
+    client is rejected and every model stays finite."""
+    import math
+
+    from mmfl_flwr.runner import run_inprocess
+    from mmfl_flwr.testing import hostile as H
+
+    s = Settings(
+        strategy="mfa-rr",
+        tasks="digits,synthetic",
+        num_clients=12,
+        num_rounds=3,
+        local_epochs=2,
+        output_dir="",
+        seed=0,
+        collusion_factor=4.0,
+    )
+    result = run_inprocess(s, wrap_client_app=H.ipm(("3", "7", "9"), 2.0))
+    rejected = [(e.round, e.client, e.task) for e in result.events if e.kind == "rejected"]
+    assert rejected == [(2, "7", "digits"), (2, "9", "digits")]
+    reasons = [e.reason for e in result.events if e.kind == "rejected"]
+    assert all(r.endswith("a reversed coalition") for r in reasons)
+    assert "clients 9 are nearly alike" in reasons[0] and "clients 7 are" in reasons[1]
+    row = [r for r in result.history if r["round"] == 2 and r["task"] == "digits"]
+    assert row and row[0]["rejected"] == 2
+    assert all(math.isfinite(r["accuracy"]) for r in result.final().values())

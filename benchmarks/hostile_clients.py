@@ -175,6 +175,11 @@ FIELD = {
     "flip10@synthetic": "-10 x on the synthetic model only",
     "lflip3@synthetic": "label flipping by clients 3, 7 and 9 on the synthetic model only",
 }
+#: reference runs --attacks also takes (not in the default set): a coalition's absence,
+#: what its three clients' data are worth to the models, beside what its attacks cost
+REFERENCES = {
+    "absent3": "clients 3, 7 and 9 fail every round: the coalition's absence (a reference)",
+}
 #: "influence-clip": the defaults plus the influence bound on every update at
 #: its measured factor (off by default); "no-reversed": the defaults without the
 #: bound on reversed updates (the defaults before 2026-12-03); "no-direction": the
@@ -215,12 +220,13 @@ def _field_attack(name: str) -> Any:
 
     if name == "honest":
         return None
-    if name == "absent":
+    if name in ("absent", "absent3"):
+        away = {HOSTILE} if name == "absent" else set(COLLUDERS)
 
         def absent(app: Any) -> Any:
             def call(msg: Any, ctx: Any) -> Any:
-                if H._is(ctx, HOSTILE) and msg.metadata.message_type == "train":
-                    raise RuntimeError("client 3 is absent")
+                if H._cid(ctx) in away and msg.metadata.message_type == "train":
+                    raise RuntimeError(f"client {H._cid(ctx)} is absent")
                 return app(msg, ctx)
 
             return call
@@ -252,7 +258,7 @@ def _field_attack(name: str) -> Any:
 def _attackers(name: str) -> set[str]:
     """The hostile clients of a field attack."""
     name = name.partition("@")[0]
-    if name in ("ipm2-f3", "minmax3", "minsum3"):
+    if name in ("ipm2-f3", "minmax3", "minsum3", "absent3"):
         return set(COLLUDERS)
     for family in ("alie", "lflip"):
         if name.startswith(family):
@@ -377,7 +383,11 @@ def target_lines(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]
     accuracy (rows with no others' accuracy are left out), and per preset and
     coalition attack of three the defence with the smallest worst drop over the
     models. Returns the counts and the markdown lines."""
-    single = [r for r in rows if r["attack"] != "absent" and len(_attackers(r["attack"])) == 1]
+    single = [
+        r
+        for r in rows
+        if not r["attack"].startswith("absent") and len(_attackers(r["attack"])) == 1
+    ]
     misses: list[str] = []
     met = {"others": 0, "server": 0}
     checked = {"others": 0, "server": 0}
@@ -396,8 +406,12 @@ def target_lines(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]
                     f"{what} | {value:+.3f} | {limit:+.3f} | {value - limit:+.3f} |"
                 )
     coalition: dict[tuple[str, str], dict[str, float]] = {}
+    away: dict[tuple[str, str], float] = {}  # (preset, defence): the coalition's absence
     for r in rows:
-        if r["attack"] != "absent" and len(_attackers(r["attack"])) == 3:
+        if r["attack"] == "absent3":
+            key = (r["preset"], r["defence"])
+            away[key] = max(away.get(key, -1.0), r["drop"]["mean"])
+        elif r["attack"] != "absent" and len(_attackers(r["attack"])) == 3:
             per = coalition.setdefault((r["preset"], r["attack"]), {})
             per[r["defence"]] = max(per.get(r["defence"], -1.0), r["drop"]["mean"])
     best = {k: min(v.items(), key=lambda dv: dv[1]) for k, v in coalition.items()}
@@ -433,15 +447,24 @@ def target_lines(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]
             *misses,
         ]
     if best:
+        absence = " the coalition absent (same defence) |" if away else ""
         lines += [
             "",
-            "Three colluders: the defence with the smallest worst drop over the models:",
+            "Three colluders: the defence with the smallest worst drop over the models"
+            + (
+                " (and, beside it, the worst drop when clients 3, 7 and 9 simply fail every "
+                "round: what their data are worth, which no defence can give back):"
+                if away
+                else ":"
+            ),
             "",
-            "| preset | attack | best defence | worst drop over the models | over the limit by |",
-            "|---|---|---|---|---|",
+            "| preset | attack | best defence | worst drop over the models | over the limit by |"
+            + absence,
+            "|---|---|---|---|---|" + ("---|" if away else ""),
             *(
                 f"| {p} | {x} | {d} | {w:+.3f} | "
                 + (f"{w - COALITION_LIMIT:+.3f} |" if w > COALITION_LIMIT else "- |")
+                + ((f" {away[(p, d)]:+.3f} |" if (p, d) in away else " - |") if away else "")
                 for (p, x), (d, w) in best.items()
             ),
         ]
@@ -458,10 +481,12 @@ def field(a: argparse.Namespace, argv: list[str] | None = None) -> int:
 
     seeds = a.seed_list
     attacks = a.attacks.split(",") if a.attacks else list(FIELD)
-    unknown = [x for x in attacks if x not in FIELD]
+    unknown = [x for x in attacks if x not in FIELD and x not in REFERENCES]
     if unknown:
         print(
-            f"error: unknown attack(s) {unknown}: expected some of {list(FIELD)}", file=sys.stderr
+            f"error: unknown attack(s) {unknown}: expected some of "
+            f"{list(FIELD) + list(REFERENCES)}",
+            file=sys.stderr,
         )
         return 2
     presets = a.presets.split(",") if a.presets else ["mfa-rr", "lvr", "stalevr"]
@@ -537,7 +562,9 @@ def field(a: argparse.Namespace, argv: list[str] | None = None) -> int:
                 acc = {x: {s: r["accuracy"][t] for s, r in rs.items()} for x, rs in runs.items()}
                 ab = paired_ci(acc["honest"], acc["absent"])
                 ab_others = _others_drop(runs, "absent", t)
-                floor_acc = min(mean_ci(list(acc[x].values()))[0] for x in attacks)
+                floor_acc = min(
+                    mean_ci(list(acc[x].values()))[0] for x in attacks if x not in REFERENCES
+                )
                 worst.append(
                     {
                         "preset": p,
@@ -550,7 +577,7 @@ def field(a: argparse.Namespace, argv: list[str] | None = None) -> int:
                 for x in ["absent"] + attacks:
                     drop = paired_ci(acc["honest"], acc[x])
                     others = _others_drop(runs, x, t)
-                    ok = x == "absent" or drop["mean"] <= ab["hi"] + 0.05
+                    ok = x.startswith("absent") or drop["mean"] <= ab["hi"] + 0.05
                     named = sum(r["attacker_named"] for r in runs[x].values())
                     named_t = sorted(
                         {n for r in runs[x].values() for n in r["attacker_named_tasks"]}
@@ -583,7 +610,7 @@ def field(a: argparse.Namespace, argv: list[str] | None = None) -> int:
                             if others
                             else "- | "
                         )
-                        + f"{'-' if x == 'absent' else 'yes' if ok else '**no**'} | "
+                        + f"{'-' if x.startswith('absent') else 'yes' if ok else '**no**'} | "
                         f"{named} ({', '.join(named_t) or '-'}) | {hc} / {hr} |"
                     )
     table += [
@@ -600,7 +627,7 @@ def field(a: argparse.Namespace, argv: list[str] | None = None) -> int:
             r
             for r in rows
             if (r["preset"], r["defence"], r["model"]) == (w["preset"], w["defence"], w["model"])
-            and r["attack"] != "absent"
+            and not r["attack"].startswith("absent")
         ]
         table.append(
             f"| {w['preset']} | {w['defence']} | {w['model']} | {w['honest']:.3f} | "
@@ -618,7 +645,7 @@ def field(a: argparse.Namespace, argv: list[str] | None = None) -> int:
             "worst": worst,
             "targets": targets,
             "seeds": seeds,
-            "attacks": {x: FIELD[x] for x in attacks},
+            "attacks": {x: FIELD.get(x) or REFERENCES[x] for x in attacks},
         },
         "\n".join(table),
     )

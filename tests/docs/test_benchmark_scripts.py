@@ -263,3 +263,43 @@ def test_the_field_states_its_rows_against_the_targets():
     }
     assert "| mfa-rr | default | flip1 | digits | others | +0.060 | +0.050 | +0.010 |" in lines
     assert "| mfa-rr | ipm2-f3 | median | +0.120 | - |" in lines
+
+
+def test_the_coalitions_absence_is_a_reference_not_an_attack():
+    """Hand-made rows: IPM by three drops 0.2 / 0.17 under the defaults and 0.16 /
+    0.12 under the median; the coalition simply failing every round (``absent3``)
+    drops 0.13 / 0.04 under the median, 0.02 / 0.01 under the defaults. The absence
+    is no coalition pair (one pair, not met: 0.16 > 0.15) and is shown beside the
+    best defence's worst drop, the same defence's: 0.13."""
+    sys.path.insert(0, str(BENCH))
+    import hostile_clients as HC
+
+    def row(attack, defence, model, drop):
+        ci = {"mean": drop, "lo": drop - 0.1, "hi": drop + 0.1}
+        return {
+            "preset": "lvr",
+            "defence": defence,
+            "attack": attack,
+            "model": model,
+            "drop": ci,
+            "absent_drop": ci,
+            "others_drop": None,
+            "absent_others_drop": None,
+        }
+
+    rows = [
+        row("ipm2-f3", "default", "digits", 0.2),
+        row("ipm2-f3", "default", "synthetic", 0.17),
+        row("ipm2-f3", "median", "digits", 0.16),
+        row("ipm2-f3", "median", "synthetic", 0.12),
+        row("absent3", "median", "digits", 0.13),
+        row("absent3", "median", "synthetic", 0.04),
+        row("absent3", "default", "digits", 0.02),
+        row("absent3", "default", "synthetic", 0.01),
+    ]
+    counts, lines = HC.target_lines(rows)
+    assert counts["coalitions"] == {"met": 0, "of": 1}
+    assert counts["single_others"]["of"] == counts["single_server"]["of"] == 0
+    assert "| lvr | ipm2-f3 | median | +0.160 | +0.010 | +0.130 |" in lines
+    assert HC._attackers("absent3") == set(HC.COLLUDERS)
+    assert "absent3" in HC.REFERENCES and "absent3" not in HC.FIELD  # not in the default set

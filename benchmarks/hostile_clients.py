@@ -185,7 +185,8 @@ REFERENCES = {
 #: bound on reversed updates (the defaults before 2026-12-03); "no-direction": the
 #: clip alone, without the direction check and the bound on reversed updates;
 #: "no-clip": neither (only the rejection bounds); "collusion": the defaults plus
-#: the collusion check at its measured factor (off by default)
+#: the collusion check at its measured factor (off by default); "collusion-centered-clip":
+#: the collusion check with centered clipping as the aggregator
 DEFENCES = {
     "default": {},
     "collusion": {"collusion_factor": 4.0},  # COLLUSION_FACTOR
@@ -199,7 +200,10 @@ DEFENCES = {
     },
     "median": {"aggregator": "median"},
     "centered-clip": {"aggregator": "centered-clip"},
+    "collusion-centered-clip": {"collusion_factor": 4.0, "aggregator": "centered-clip"},
 }
+#: the configurations that replace the preset's aggregator (run only for presets that take one)
+AGGREGATOR_DEFENCES = tuple(d for d, kw in DEFENCES.items() if "aggregator" in kw)
 
 
 def _defence(preset: str, defence: str) -> dict[str, Any]:
@@ -207,7 +211,7 @@ def _defence(preset: str, defence: str) -> dict[str, Any]:
     preset's weights (the unbiased rule's d/(Bp) for a policy whose picks carry
     inclusion probabilities, FedAvg's otherwise)."""
     kw = dict(DEFENCES[defence])
-    if defence == "centered-clip":
+    if kw.get("aggregator") == "centered-clip":
         from mmfl_flwr.presets import make_strategy
 
         if make_strategy(preset).aggregator.needs_inclusion_probabilities:
@@ -500,14 +504,14 @@ def field(a: argparse.Namespace, argv: list[str] | None = None) -> int:
         print(f"error: --defences takes some of {list(DEFENCES)}", file=sys.stderr)
         return 2
     for p in presets:
-        for d in ("median", "centered-clip"):
+        for d in AGGREGATOR_DEFENCES:
             if d in defences and not takes_aggregator(p):
                 print(f"note: {p} has its own aggregator; the {d} defence is not run for it")
     jobs = [
         (p, d, x, s)
         for p in presets
         for d in defences
-        if d not in ("median", "centered-clip") or takes_aggregator(p)
+        if d not in AGGREGATOR_DEFENCES or takes_aggregator(p)
         for x in ["honest", "absent"] + attacks
         for s in seeds
     ]

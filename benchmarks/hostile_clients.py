@@ -180,6 +180,13 @@ FIELD = {
 REFERENCES = {
     "absent3": "clients 3, 7 and 9 fail every round: the coalition's absence (a reference)",
 }
+
+
+def _reference(name: str) -> bool:
+    """An absence run (client 3's, or the coalition's): a yardstick, not an attack."""
+    return name == "absent" or name in REFERENCES
+
+
 #: "influence-clip": the defaults plus the influence bound on every update at
 #: its measured factor (off by default); "no-reversed": the defaults without the
 #: bound on reversed updates (the defaults before 2026-12-03); "no-direction": the
@@ -387,11 +394,7 @@ def target_lines(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]
     accuracy (rows with no others' accuracy are left out), and per preset and
     coalition attack of three the defence with the smallest worst drop over the
     models. Returns the counts and the markdown lines."""
-    single = [
-        r
-        for r in rows
-        if not r["attack"].startswith("absent") and len(_attackers(r["attack"])) == 1
-    ]
+    single = [r for r in rows if not _reference(r["attack"]) and len(_attackers(r["attack"])) == 1]
     misses: list[str] = []
     met = {"others": 0, "server": 0}
     checked = {"others": 0, "server": 0}
@@ -567,7 +570,7 @@ def field(a: argparse.Namespace, argv: list[str] | None = None) -> int:
                 ab = paired_ci(acc["honest"], acc["absent"])
                 ab_others = _others_drop(runs, "absent", t)
                 floor_acc = min(
-                    mean_ci(list(acc[x].values()))[0] for x in attacks if x not in REFERENCES
+                    mean_ci(list(acc[x].values()))[0] for x in attacks if not _reference(x)
                 )
                 worst.append(
                     {
@@ -581,7 +584,7 @@ def field(a: argparse.Namespace, argv: list[str] | None = None) -> int:
                 for x in ["absent"] + attacks:
                     drop = paired_ci(acc["honest"], acc[x])
                     others = _others_drop(runs, x, t)
-                    ok = x.startswith("absent") or drop["mean"] <= ab["hi"] + 0.05
+                    ok = _reference(x) or drop["mean"] <= ab["hi"] + 0.05
                     named = sum(r["attacker_named"] for r in runs[x].values())
                     named_t = sorted(
                         {n for r in runs[x].values() for n in r["attacker_named_tasks"]}
@@ -614,7 +617,7 @@ def field(a: argparse.Namespace, argv: list[str] | None = None) -> int:
                             if others
                             else "- | "
                         )
-                        + f"{'-' if x.startswith('absent') else 'yes' if ok else '**no**'} | "
+                        + f"{'-' if _reference(x) else 'yes' if ok else '**no**'} | "
                         f"{named} ({', '.join(named_t) or '-'}) | {hc} / {hr} |"
                     )
     table += [
@@ -631,7 +634,7 @@ def field(a: argparse.Namespace, argv: list[str] | None = None) -> int:
             r
             for r in rows
             if (r["preset"], r["defence"], r["model"]) == (w["preset"], w["defence"], w["model"])
-            and not r["attack"].startswith("absent")
+            and not _reference(r["attack"])
         ]
         table.append(
             f"| {w['preset']} | {w['defence']} | {w['model']} | {w['honest']:.3f} | "

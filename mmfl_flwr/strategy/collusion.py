@@ -6,6 +6,7 @@ inner-product manipulation) count together as one client's
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -82,76 +83,93 @@ def _against_the_others(members: Sequence[Update], others: Sequence[Update]) -> 
     return _cosine(mean, _median_rows(rows))
 
 
-def _reject_coalition(
+class _Alike(NamedTuple):
+    """Why a group's updates are alike: the smallest and largest cosine distance
+    among them, the limit they are under, the round's median distance and the factor."""
+
+    lo: float
+    hi: float
+    limit: float
+    median: float
+    factor: float
+
+
+def _log_members(
+    events: DefenceLog | None,
+    kind: str,
     task: str,
     members: Sequence[Update],
-    why: tuple[float, float, float, float, float, float],
-    events: DefenceLog | None,
-) -> list[tuple[str, str]]:
-    """Log every member of a reversed coalition as rejected (with the others and
-    the numbers: ``why`` = the smallest and largest distance among them, the
-    limit, the round's median distance, the factor, and the cosine of their mean
-    with the others' median); returns their ``(task, client id)`` pairs."""
-    lo, hi, limit, m, factor, against = why
+    value: float,
+    bound: float,
+    alike: _Alike,
+    verdict: str,
+    *verdict_args: object,
+) -> None:
+    """One event per member of an alike group, naming the others and why they are
+    alike, then ``verdict`` (a format string) with ``verdict_args``."""
     for u in members:
         act(
             events,
-            "rejected",
+            kind,
             u.cid,
             task,
-            -against,
-            REVERSED_MIN_COSINE,
-            "Client %s: rejected update for task %r: it and the updates of clients %s are "
-            "nearly alike (cosine distances %.3f to %.3f among them, under %.3f = the "
-            "round's median distance %.3f / %g) and their mean points against the round's "
-            "other updates (cosine %.3f with their median, below -%g): a reversed coalition",
+            value,
+            bound,
+            "Client %s: %s update for task %r: it and the updates of clients %s are nearly "
+            "alike (cosine distances %.3f to %.3f among them, under %.3f = the round's "
+            "median distance %.3f / %g)" + verdict,
             u.cid,
+            "rejected" if kind == "rejected" else "clipped",
             task,
             ", ".join(v.cid for v in members if v is not u),
-            lo,
-            hi,
-            limit,
-            m,
-            factor,
-            against,
-            REVERSED_MIN_COSINE,
+            *alike,
+            *verdict_args,
         )
+
+
+def _reject_coalition(
+    task: str,
+    members: Sequence[Update],
+    alike: _Alike,
+    against: float,
+    events: DefenceLog | None,
+) -> list[tuple[str, str]]:
+    """Log every member of a reversed coalition as rejected (``against``: the cosine
+    of their mean with the others' median); returns their ``(task, client id)`` pairs."""
+    _log_members(
+        events,
+        "rejected",
+        task,
+        members,
+        -against,
+        REVERSED_MIN_COSINE,
+        alike,
+        " and their mean points against the round's other updates (cosine %.3f with "
+        "their median, below -%g): a reversed coalition",
+        against,
+        REVERSED_MIN_COSINE,
+    )
     return [(task, u.cid) for u in members]
 
 
 def _count_as_one(
-    task: str,
-    members: Sequence[Update],
-    why: tuple[float, float, float, float, float],
-    events: DefenceLog | None,
+    task: str, members: Sequence[Update], alike: _Alike, events: DefenceLog | None
 ) -> None:
     """Scale every member of a group of ``k`` alike updates by ``1 / k`` in place and
-    log it with the others and the numbers (``why`` as in :func:`_reject_coalition`,
-    without the cosine)."""
-    lo, hi, limit, m, factor = why
+    log it."""
     k = len(members)
+    _log_members(
+        events,
+        "collusion",
+        task,
+        members,
+        float(k),
+        1.0,
+        alike,
+        ": counted as one client's, update scaled by 1/%d",
+        k,
+    )
     for u in members:
-        act(
-            events,
-            "collusion",
-            u.cid,
-            task,
-            float(k),
-            1.0,
-            "Client %s: clipped update for task %r: it and the updates of clients "
-            "%s are nearly alike (cosine distances %.3f to %.3f among them, under "
-            "%.3f = the round's median distance %.3f / %g): counted as one client's, "
-            "update scaled by 1/%d",
-            u.cid,
-            task,
-            ", ".join(v.cid for v in members if v is not u),
-            lo,
-            hi,
-            limit,
-            m,
-            factor,
-            k,
-        )
         u.delta = [d / k for d in u.delta]
 
 
@@ -225,6 +243,7 @@ def check_collusion(
             members = [us[keep[g]] for g in group]
             inside = [float(distance[a, b]) for a in group for b in group if a < b]
             k = len(group)
+            alike = _Alike(min(inside), max(inside), limit, m, factor)
             ids = {id(u) for u in members}
             rest = [u for u in us if id(u) not in ids]
             # judged only where the others are at least as many: their median is then
@@ -232,10 +251,9 @@ def check_collusion(
             against = _against_the_others(members, rest) if k <= len(rest) else None
             if against is not None and against < -REVERSED_MIN_COSINE:
                 out |= ids
-                why = (min(inside), max(inside), limit, m, factor, against)
-                rejected += _reject_coalition(task, members, why, events)
+                rejected += _reject_coalition(task, members, alike, against, events)
                 continue
-            _count_as_one(task, members, (min(inside), max(inside), limit, m, factor), events)
+            _count_as_one(task, members, alike, events)
         if out:
             updates[task] = [u for u in us if id(u) not in out]
     return rejected

@@ -34,10 +34,10 @@ def test_a_busy_core_is_not_counted_as_free():
         pytest.skip("needs 2 cores")
     t0 = time.monotonic()
     assert 1 <= watch.free() <= len(watch.cores)  # the first answer samples one span
-    assert time.monotonic() - t0 < 0.5 + 0.2
+    assert time.monotonic() - t0 < 0.5 + 0.5  # one span, plus a loaded machine's slack
     t0 = time.monotonic()
-    watch.free()  # later answers never wait
-    assert time.monotonic() - t0 < 0.1
+    watch.free()  # later answers never wait (a span would be 0.5 s)
+    assert time.monotonic() - t0 < 0.25
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         import os

@@ -13,6 +13,10 @@ from mmfl_flwr.strategy import timing
 
 ensure_task_identity()  # replies built outside a ClientApp need a run id
 
+#: What a sleep may overshoot by on a loaded 2-core machine (a CI run with two test
+#: workers): the bounds below are about the protocol's waits, not the machine's speed.
+SLACK = 0.3
+
 
 class PollGrid:
     """A Flower-like grid whose replies appear at given times after the push."""
@@ -52,7 +56,9 @@ def test_replies_are_collected_soon_after_they_arrive():
     replies = timing.send_and_receive(grid, _msgs(3), timeout=5.0)
     took = time.monotonic() - t0
     assert len(replies) == 3
-    assert took < 0.12 + timing.PULL_MOST  # never waits a whole Flower pull interval more
+    # never waits a whole pull interval more than the last reply (plus SLACK for a
+    # loaded machine's scheduling; Flower's deployment interval is 3 s)
+    assert took < 0.12 + timing.PULL_MOST + SLACK
     assert grid.pulls >= 2
 
 
@@ -62,7 +68,7 @@ def test_late_replies_are_dropped_at_the_timeout():
     replies = timing.send_and_receive(grid, _msgs(2), timeout=0.3)
     took = time.monotonic() - t0
     assert len(replies) == 1 and replies[0].metadata.reply_to_message_id == "m0"
-    assert 0.3 <= took < 0.3 + 0.1
+    assert 0.3 <= took < 0.3 + SLACK  # the late reply would come at 10 s
 
 
 def test_the_grids_of_this_package_keep_their_own_round_trip():

@@ -103,7 +103,7 @@ def test_dry_run_lists_every_command_and_runs_none(monkeypatch, capsys, tmp_path
         assert f"[dry-run] {line}\n" in printed, line
     assert printed.count("estimate ") == len(reproduce.EXPERIMENTS) + len(reproduce.INVESTIGATIONS)
     # a recorded time says where it was read; the others are marked unknown
-    assert "estimate 4.3 h (recorded in docs/results/paper003_table1.md)" in printed
+    assert "estimate 2.2 h (recorded in docs/results/paper003_table1.md)" in printed
     assert "unknown: no recorded run time" in printed
     assert not any(tmp_path.iterdir())
 

@@ -16,6 +16,18 @@ final accuracy (mean over the models) with the defaults minus with every bound o
 paired over the seeds with its 95% t interval and a paired TOST against ``--margin``.
 MMFL-Group (``group``) needs clustered clients: a profile without clusters is replaced
 by ``clusters-consistent`` for it (each profile once).
+
+Under the table: where the bounds acted (events per model and kind, over every run and
+over the rows above the 2% target) and, for every clipped update, its client's examples
+of that model against the model's median count. The page for the presets with a row above
+the target (``docs/results/honest_false_positives_where.md``):
+
+    python benchmarks/honest_false_positives.py \
+        --presets scaffold,mfa-rand,mfa-rr,multi-fedavg,ranklist-ucb,pareto-ucb,group \
+        --profiles paper003,clusters-inconsistent --seeds 0-5 \
+        --cache docs/results/honest_false_positives_where_runs.jsonl \
+        --markdown docs/results/honest_false_positives_where.md \
+        --json docs/results/honest_false_positives_where.json
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from _evidence import (
     Parser,
     check_output_files,
@@ -78,9 +91,15 @@ def _run(job: tuple[str, str, int, bool, int, int, int]) -> dict[str, Any]:
     logger = logging.getLogger("flwr")
     level = logger.level
     logger.setLevel(logging.ERROR)
+    sizes: dict[str, dict[str, int]] = {}
+
+    def record_sizes(spec: Any) -> Any:
+        sizes[spec.client_id] = {t: int(tr.num_examples) for t, tr in spec.trainers.items()}
+        return spec
+
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            result = run_inprocess(s)
+            result = run_inprocess(s, client_hook=record_sizes)
     finally:
         logger.setLevel(level)
     events = list(result.events)
@@ -97,7 +116,29 @@ def _run(job: tuple[str, str, int, bool, int, int, int]) -> dict[str, Any]:
         "touched": len(E.touched_updates(events)),
         "received": received,
         "by_kind": kinds,
+        **where(events, sizes),
     }
+
+
+def where(events: list[Any], sizes: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """Where a run's bound actions fell: ``by_task`` (model -> kind -> events) and
+    ``clipped_sizes``: for every clipped update, its client's examples of that model
+    over the median of the model's holders (1: a typical client; the ``paper003``
+    profile's high-data clients hold about ten times the others')."""
+    by_task: dict[str, dict[str, int]] = {}
+    for e in events:
+        kinds = by_task.setdefault(e.task, {})
+        kinds[e.kind] = kinds.get(e.kind, 0) + 1
+    medians = {}
+    for task in {t for held in sizes.values() for t in held}:
+        counts = sorted(held[task] for held in sizes.values() if task in held)
+        medians[task] = float(np.median(counts))
+    clipped = [
+        sizes[e.client][e.task] / medians[e.task]
+        for e in events
+        if e.kind == "clipped" and e.task in sizes.get(e.client, {}) and medians.get(e.task)
+    ]
+    return {"by_task": by_task, "clipped_sizes": [round(x, 4) for x in clipped]}
 
 
 def _key(r: dict[str, Any]) -> tuple[str, str, int, bool]:
@@ -168,6 +209,53 @@ def _table(
                 f"[{eq['lo']:+.3f}, {eq['hi']:+.3f}] |"
             )
     return lines, rows
+
+
+def placement(
+    runs: list[dict[str, Any]], over: set[tuple[str, str]]
+) -> tuple[dict[str, Any], list[str]]:
+    """Where the bounds acted in the runs with the defaults: events per model and kind,
+    over every row and over the rows above the target (``over``: their (preset,
+    profile)); and the clipped updates' clients' example counts against their model's
+    median (from each run's :func:`where`; runs cached before it was recorded are
+    counted as such)."""
+    recorded = [r for r in runs if "by_task" in r]
+    table: dict[str, dict[str, list[int]]] = {}
+    for r in recorded:
+        hot = (r["preset"], r["profile"]) in over
+        for task, kinds in r["by_task"].items():
+            for kind, n in kinds.items():
+                cell = table.setdefault(task, {}).setdefault(kind, [0, 0])
+                cell[0] += n
+                cell[1] += n if hot else 0
+    ratios = sorted(x for r in recorded for x in r["clipped_sizes"])
+    kinds = sorted({k for row in table.values() for k in row})
+    lines = [
+        "Where the bounds acted, per model (events in every run with the defaults; in "
+        "brackets, in the rows above the target):",
+        "",
+        "| model | " + " | ".join(kinds) + " |",
+        "|---|" + "---|" * len(kinds),
+    ]
+    for task in sorted(table):
+        cells = [table[task].get(k, [0, 0]) for k in kinds]
+        lines.append(f"| {task} | " + " | ".join(f"{a} ({b})" for a, b in cells) + " |")
+    high = sum(x >= 2 for x in ratios)
+    lines += [
+        "",
+        f"Clipped updates: {len(ratios)}; their clients hold "
+        + (
+            f"{ratios[0]:.2g} to {ratios[-1]:.3g} times their model's median example count "
+            f"(median {float(np.median(ratios)):.2f}); {high} of {len(ratios)} hold at least "
+            "twice it (the `paper003` profile's high-data clients hold about ten times)."
+            if ratios
+            else "none."
+        ),
+    ]
+    if len(recorded) < len(runs):
+        lines.append(f"({len(runs) - len(recorded)} runs were cached before this was recorded.)")
+    out = {"by_task": table, "clipped": len(ratios), "clipped_high_data": high}
+    return out, lines
 
 
 #: The project's target for honest runs (issue 60): at most this share of the
@@ -271,6 +359,9 @@ def main(argv: list[str] | None = None) -> int:
             )
     lines, rows = _table(presets, profiles, seeds, done, margin)
     counts, sentence = summary(rows, margin)
+    over = {(r["preset"], r["profile"]) for r in rows if r["fraction"] > TOUCHED_TARGET}
+    defaults_runs = [done[j[:4]] for j in jobs if j[3]]
+    placed, where_lines = placement(defaults_runs, over)
     text = [
         f"`{command('honest_false_positives', argv)}`",
         "",
@@ -285,11 +376,14 @@ def main(argv: list[str] | None = None) -> int:
         *lines,
         "",
         sentence,
+        "",
+        *where_lines,
     ]
     print("\n".join(text))
     payload = {
         "rows": rows,
         "summary": counts,
+        "where": placed,
         "runs": list(done.values()),
         "seeds": seeds,
         "margin": margin,

@@ -194,6 +194,44 @@ def test_the_false_positive_summary_counts_rows_against_the_targets():
     )
 
 
+def test_the_false_positive_page_says_where_the_bounds_acted():
+    """Hand-made events: per model and kind, over every run and over the rows above the
+    target; a clipped client's examples against its model's median count (by hand:
+    synthetic's counts 5, 10, 40 have median 10, so client c with 40 holds 4 times it,
+    client a with 5 half of it)."""
+    from types import SimpleNamespace as Ev
+
+    import honest_false_positives as FP
+
+    sizes = {"a": {"synthetic": 5, "digits": 7}, "b": {"synthetic": 10}, "c": {"synthetic": 40}}
+    events = [
+        Ev(task="synthetic", kind="clipped", client="c"),
+        Ev(task="synthetic", kind="clipped", client="a"),
+        Ev(task="synthetic", kind="reversed", client="b"),
+        Ev(task="digits", kind="direction", client="a"),
+    ]
+    got = FP.where(events, sizes)
+    assert got["by_task"] == {
+        "synthetic": {"clipped": 2, "reversed": 1},
+        "digits": {"direction": 1},
+    }
+    assert got["clipped_sizes"] == [4.0, 0.5]
+    runs = [
+        {"preset": "x", "profile": "paper003", **got},
+        {"preset": "y", "profile": "uniform", **got},
+        {"preset": "z", "profile": "uniform", "by_kind": {}},  # cached before it was recorded
+    ]
+    placed, lines = FP.placement(runs, {("x", "paper003")})
+    assert placed["by_task"]["synthetic"]["clipped"] == [4, 2]
+    assert placed["by_task"]["digits"] == {"direction": [2, 1]}
+    assert placed["clipped"] == 4 and placed["clipped_high_data"] == 2
+    # columns clipped, direction, reversed; synthetic has no direction event
+    assert "| synthetic | 4 (2) | 0 (0) | 2 (1) |" in lines
+    assert "| digits | 0 (0) | 2 (1) | 0 (0) |" in lines
+    assert any("0.5 to 4 times" in line and "median 2.25" in line for line in lines)
+    assert lines[-1] == "(1 runs were cached before this was recorded.)"
+
+
 @pytest.mark.slow
 def test_the_false_positive_benchmark_counts_touched_updates(tmp_path):
     """honest_false_positives.py at its smallest: MMFL-Group gets one clustered row (not

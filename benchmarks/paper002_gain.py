@@ -609,10 +609,15 @@ def main(argv: list[str] | None = None) -> int:
     # Fig. 1a/1c: similar means at small M (TOST), MFA-RR better at high M (paired)
     small = min((m for m in ms if m > 1), default=mmax)
     eq = E.equivalence(fin_at[small]["mfa-rr"], fin_at[small]["mfa-rand"], margin)
-    similar_verdict = E.equivalence_verdict(eq)
+    # the margin is the project's choice: the verdict at half of it is stated too (issue 61)
+    half = E.equivalence(fin_at[small]["mfa-rr"], fin_at[small]["mfa-rand"], margin / 2)
+    similar_verdict = (
+        f"{E.equivalence_verdict(eq)} within ±{margin:g}; "
+        f"{E.equivalence_verdict(half)} within ±{margin / 2:g} (half the chosen margin)"
+    )
     similar_found = (
         f"at M = {small} MFA-RR − MFA-Rand {eq['mean']:+.4f} (90% interval "
-        f"[{eq['lo']:+.4f}, {eq['hi']:+.4f}]; margin ±{margin:g})"
+        f"[{eq['lo']:+.4f}, {eq['hi']:+.4f}]; margin ±{margin:g}, chosen by this project)"
     )
     hi_d = E.paired_ci(fin_at[mmax]["mfa-rr"], fin_at[mmax]["mfa-rand"])
     high_verdict = {"better": "holds", "worse": "does not hold"}.get(

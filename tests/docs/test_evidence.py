@@ -2228,3 +2228,36 @@ def test_a_post_hoc_setting_gets_no_verdict(tmp_path):
     assert "hold" not in shown and "every pair above 0 at 40 rounds" in shown
     lvr = next(x for x in text.splitlines() if x.startswith("Verdict (MMFL-LVR above"))
     assert "exploratory" not in lvr  # a claim of the paper keeps its verdict
+
+
+def test_a_chosen_margin_states_the_verdict_at_half_of_it(tmp_path):
+    """Issue 61: "similar" rests on a margin this project chose (0.02), so paper 002's
+    equivalence verdict is stated at half of it too (the published CSV re-analysed); each
+    verdict follows from the 90% interval the line reports, by the rule of
+    ``_evidence.equivalence_verdict``."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "paper002_gain.py"),
+            "--full",
+            "--from-csv",
+            str(BENCH.parent / "docs" / "results" / "paper002_gain.csv"),
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = (tmp_path / "paper002_gain.md").read_text()
+    line = next(x for x in text.splitlines() if x.startswith("Verdict (similar mean"))
+    lo, hi = map(float, re.search(r"90% interval \[([-+.\d]+), ([-+.\d]+)\]", line).groups())
+
+    def rule(m: float) -> str:
+        if -m < lo and hi < m:
+            return "holds"
+        return "does not hold" if lo >= m or hi <= -m else "not resolved"
+
+    assert f"{rule(0.02)} within ±0.02; {rule(0.01)} within ±0.01 (half the chosen margin)" in line
+    assert "chosen by this project" in line

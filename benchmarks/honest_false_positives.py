@@ -131,8 +131,7 @@ def where(events: list[Any], sizes: dict[str, dict[str, int]]) -> dict[str, Any]
         kinds[e.kind] = kinds.get(e.kind, 0) + 1
     medians = {}
     for task in {t for held in sizes.values() for t in held}:
-        counts = sorted(held[task] for held in sizes.values() if task in held)
-        medians[task] = float(np.median(counts))
+        medians[task] = float(np.median([held[task] for held in sizes.values() if task in held]))
     clipped = [
         sizes[e.client][e.task] / medians[e.task]
         for e in events

@@ -2202,26 +2202,32 @@ def test_table1_spread_line_by_hand():
     assert "a spread of 0.020" in flat and "spread does not appear" in flat
 
 
-def test_a_post_hoc_setting_gets_no_verdict(tmp_path):
-    """Issue 61: b0 = 0.5 was chosen after StaleVRE's dips were diagnosed on the Table 1
-    seeds, so its claim says what the pairs show and is never said to hold (the published
-    CSV re-analysed, nothing run; before, its verdict read "holds at 40 rounds")."""
+def _reanalysed(name: str, out: Path) -> str:
+    """The fragment ``benchmarks/<name>.py --full`` writes into ``out`` re-analysing the
+    published ``docs/results/<name>.csv`` (nothing runs)."""
     proc = subprocess.run(
         [
             sys.executable,
-            str(BENCH / "paper003_table1.py"),
+            str(BENCH / f"{name}.py"),
             "--full",
             "--from-csv",
-            str(BENCH.parent / "docs" / "results" / "paper003_table1.csv"),
+            str(BENCH.parent / "docs" / "results" / f"{name}.csv"),
             "--out",
-            str(tmp_path),
+            str(out),
         ],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    text = (tmp_path / "paper003_table1.md").read_text()
+    return (out / f"{name}.md").read_text()
+
+
+def test_a_post_hoc_setting_gets_no_verdict(tmp_path):
+    """Issue 61: b0 = 0.5 was chosen after StaleVRE's dips were diagnosed on the Table 1
+    seeds, so its claim says what the pairs show and is never said to hold (the published
+    CSV re-analysed, nothing run; before, its verdict read "holds at 40 rounds")."""
+    text = _reanalysed("paper003_table1", tmp_path)
     line = next(x for x in text.splitlines() if x.startswith("Verdict (StaleVRE with b0 = 0.5"))
     shown = line.split("): ", 1)[1].split(". Found:")[0]
     assert shown.startswith("exploratory, no verdict (b0 = 0.5 was chosen after"), shown
@@ -2235,22 +2241,7 @@ def test_a_chosen_margin_states_the_verdict_at_half_of_it(tmp_path):
     equivalence verdict is stated at half of it too (the published CSV re-analysed); each
     verdict follows from the 90% interval the line reports, by the rule of
     ``_evidence.equivalence_verdict``."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH / "paper002_gain.py"),
-            "--full",
-            "--from-csv",
-            str(BENCH.parent / "docs" / "results" / "paper002_gain.csv"),
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    text = (tmp_path / "paper002_gain.md").read_text()
+    text = _reanalysed("paper002_gain", tmp_path)
     line = next(x for x in text.splitlines() if x.startswith("Verdict (similar mean"))
     lo, hi = map(float, re.search(r"90% interval \[([-+.\d]+), ([-+.\d]+)\]", line).groups())
 

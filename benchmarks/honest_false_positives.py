@@ -219,6 +219,13 @@ def placement(
     median (from each run's :func:`where`; runs cached before it was recorded are
     counted as such)."""
     recorded = [r for r in runs if "by_task" in r]
+    if runs and not recorded:
+        # nothing to place: one line, not an empty table
+        return {"by_task": {}, "clipped": None, "clipped_high_data": None}, [
+            f"Where the bounds acted is not recorded in these runs (all {len(runs)} were "
+            "cached before it was); the page for the presets with a row above the target "
+            "has it."
+        ]
     table: dict[str, dict[str, list[int]]] = {}
     for r in recorded:
         hot = (r["preset"], r["profile"]) in over
@@ -272,6 +279,14 @@ def summary(rows: list[dict[str, Any]], margin: float) -> tuple[dict[str, Any], 
     shown = [r for r in rows if r["difference"]["lo"] > 0 or r["difference"]["hi"] < 0]
     unsure = [r for r in rows if r["equivalence"]["verdict"] != "equivalent"]
     top = max(rows, key=lambda r: r["fraction"]) if rows else None
+    # a lower bound on the rows the clip's touches alone do not explain: an update
+    # touched by several bounds counts once in ``touched``, so the touched updates less
+    # the clipped ones are at most the updates some other bound touched
+    stays = []
+    for r in over:
+        rest = (r["touched"] - r["by_kind"].get("clipped", 0)) / r["received"]
+        if rest > TOUCHED_TARGET:
+            stays.append({"preset": r["preset"], "profile": r["profile"], "at_least": rest})
     out = {
         "rows": len(rows),
         "over_target": len(over),
@@ -279,6 +294,7 @@ def summary(rows: list[dict[str, Any]], margin: float) -> tuple[dict[str, Any], 
         "interval_excludes_0": len(shown),
         "not_shown_equivalent": len(unsure),
         "highest": {k: top[k] for k in ("preset", "profile", "fraction")} if top else None,
+        "over_target_without_clip": stays,
     }
     text = (
         f"Against the targets: {len(over)} of {len(rows)} rows have more than "
@@ -291,6 +307,21 @@ def summary(rows: list[dict[str, Any]], margin: float) -> tuple[dict[str, Any], 
         + f"; {len(shown)} of {len(rows)} paired intervals exclude 0; {len(unsure)} of "
         f"{len(rows)} rows are not shown equivalent within +-{margin:g}."
     )
+    if over:
+        text += (
+            f" Were the norm clip to touch no honest update, at least {len(stays)} of the "
+            f"{len(over)} would stay above {TOUCHED_TARGET:.0%}"
+            + (
+                " ("
+                + "; ".join(
+                    f"{x['preset']} on {x['profile']}, at least {x['at_least']:.3%}" for x in stays
+                )
+                + ": a row's touched updates less its clipped ones)"
+                if stays
+                else ""
+            )
+            + "."
+        )
     return out, text
 
 

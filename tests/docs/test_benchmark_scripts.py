@@ -165,33 +165,58 @@ def test_a_value_the_runs_would_refuse_is_refused_first(
 def test_the_false_positive_summary_counts_rows_against_the_targets():
     """Three rows: 1% touched and equivalent; 3% with an interval above 0; 2.5%
     not shown equivalent: two over 2% (the highest 3%), one interval excluding
-    0, two not shown equivalent."""
+    0, two not shown equivalent. Of the two over 2%, b's 30 touched of 1000 less its
+    20 clipped leave 1.0%, c's 25 of 1000 less 2 clipped leave 2.3% (by hand): were the
+    clip to touch no honest update, at least c would stay above 2%."""
     sys.path.insert(0, str(BENCH))
     import honest_false_positives as FP
 
-    def row(pr, fraction, lo, hi, verdict):
+    def row(pr, fraction, lo, hi, verdict, clipped):
         return {
             "preset": pr,
             "profile": "uniform",
+            "touched": round(fraction * 1000),
+            "received": 1000,
             "fraction": fraction,
+            "by_kind": {"clipped": clipped, "reversed": 3},
             "difference": {"lo": lo, "hi": hi},
             "equivalence": {"verdict": verdict},
         }
 
     rows = [
-        row("a", 0.01, -0.01, 0.01, "equivalent"),
-        row("b", 0.03, 0.001, 0.02, "not shown equivalent"),
-        row("c", 0.025, -0.03, 0.02, "not shown equivalent"),
+        row("a", 0.01, -0.01, 0.01, "equivalent", 1),
+        row("b", 0.03, 0.001, 0.02, "not shown equivalent", 20),
+        row("c", 0.025, -0.03, 0.02, "not shown equivalent", 2),
     ]
     counts, text = FP.summary(rows, 0.02)
     assert counts["over_target"] == 2 and counts["interval_excludes_0"] == 1
     assert counts["not_shown_equivalent"] == 2 and counts["rows"] == 3
     assert counts["highest"] == {"preset": "b", "profile": "uniform", "fraction": 0.03}
+    assert counts["over_target_without_clip"] == [
+        {"preset": "c", "profile": "uniform", "at_least": 0.023}
+    ]
     assert text == (
         "Against the targets: 2 of 3 rows have more than 2% of their honest updates "
         "touched (the highest: b on uniform, 3.000%); 1 of 3 paired intervals exclude 0; "
-        "2 of 3 rows are not shown equivalent within +-0.02."
+        "2 of 3 rows are not shown equivalent within +-0.02. Were the norm clip to touch "
+        "no honest update, at least 1 of the 2 would stay above 2% (c on uniform, at least "
+        "2.300%: a row's touched updates less its clipped ones)."
     )
+
+
+def test_runs_cached_before_placement_was_recorded_get_one_line_not_an_empty_table():
+    """A page made only from runs cached before each action's model was recorded says so
+    in one line (it printed an empty table and "Clipped updates: 0")."""
+    sys.path.insert(0, str(BENCH))
+    import honest_false_positives as FP
+
+    runs = [{"preset": "mfa-rr", "profile": "uniform", "touched": 2, "by_kind": {"clipped": 2}}]
+    placed, lines = FP.placement(runs * 3, {("mfa-rr", "uniform")})
+    assert lines == [
+        "Where the bounds acted is not recorded in these runs (all 3 were cached before it "
+        "was); the page for the presets with a row above the target has it."
+    ]
+    assert placed["clipped"] is None
 
 
 def test_the_false_positive_page_says_where_the_bounds_acted():

@@ -569,6 +569,26 @@ def _key(job: Any) -> str:
 LAST_MACHINES: list[str] = []
 
 
+def code_commit() -> str:
+    """The repository's short commit (``"unknown"`` outside a git checkout); a tree with
+    changes not committed is marked ``+changes``."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        try:
+            with subprocess.Popen(
+                ["git", *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO
+            ) as proc:
+                return proc.communicate()[0].decode().strip()
+        except OSError:
+            return ""
+
+    head = git("rev-parse", "--short", "HEAD")
+    if not head:
+        return "unknown"
+    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def machines_used() -> str:
     """The machine(s) that ran the latest :func:`map_cached` call's jobs: one line, with
     the number of runs per machine where there were several."""

@@ -538,17 +538,12 @@ def field(a: argparse.Namespace, argv: list[str] | None = None) -> int:
                 flush=True,
             )
     rows, worst = [], []
-    import subprocess
+    from _evidence import code_commit, command, machine
 
-    from _evidence import command, machine
-
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE
-    ).stdout.strip()
     table = [
         f"`{command('hostile_clients', argv)}`",
         "",
-        f"Machine: {machine()}; code at commit {head or 'unknown'} (runs re-read from "
+        f"Machine: {machine()}; code at commit {code_commit()} (runs re-read from "
         "`--cache` keep the code they were made with). Tasks digits,synthetic, 12 clients, "
         f"8 rounds, 5 local epochs, in-process engine, seeds {', '.join(map(str, seeds))}.",
         "",

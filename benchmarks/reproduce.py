@@ -32,9 +32,15 @@ names the command, engine and machine that produced it).
 caches (``--cache FILE``) are ignored, so every run is made again, unless
 ``--reuse-cache`` is given; it says which for each command.
 
-``--only NAME[,NAME]`` runs a subset (the other fragments already in the folder are kept
-and assembled too); ``--results PATH`` writes RESULTS.md elsewhere (default: the
-repository's RESULTS.md for the default output folder, else ``<out>/RESULTS.md``).
+``--full`` measures each command it runs (CPU seconds of its processes, wall seconds,
+machine, commit) into the output folder's ``reproduce_times.json``; ``--dry-run`` reads the
+published folder's where a command's fragment and run cache record no run time.
+
+``--only NAME[,NAME]`` runs a subset: sections by name and, with ``--full``, the
+investigation commands of a script no section runs by that script's name (the other
+fragments already in the folder are kept and assembled too); ``--results PATH`` writes
+RESULTS.md elsewhere (default: the repository's RESULTS.md for the default output folder,
+else ``<out>/RESULTS.md``).
 """
 
 from __future__ import annotations
@@ -114,8 +120,8 @@ INVESTIGATIONS: list[str] = [
     # Table 1 on mnist-5k: its 30 runs measured 13.5 hours of summed run time, one core a
     # run (full participation, StaleVR and GVR train every client: 44-58 minutes a run on
     # today's code, 60-83 minutes for the seed-0 runs on older code; StaleVR peaks at about
-    # 9 GiB). Into docs/results it only re-reads its cache; under another --out the cache
-    # moves too, so every run is made again (hours)
+    # 9 GiB). --full drops its cache and makes every run again (hours); --reuse-cache
+    # re-reads it
     "python benchmarks/paper003_table1.py --full --tasks mnist-5k,mnist-5k,mnist-5k "
     "--methods full,random,lvr,gvr,stalevr,stalevre,fedvarp,mifa,scaffold,mifa-uploaded "
     "--seeds 0,1,2 --num-rounds 40 --engine inprocess --out docs/results/mnist5k/table1 "
@@ -123,7 +129,7 @@ INVESTIGATIONS: list[str] = [
     # Table 1 on mnist-5k at paper 003's data sizes (profile paper003-sizes): its 30 runs
     # measured 7.4 hours of summed run time, one core a run, two runs at a time (full
     # participation, StaleVR and GVR 30-35 minutes a run; StaleVR peaks at about 9 GiB).
-    # Into docs/results it only re-reads its cache (hours under another --out)
+    # --full drops its cache (hours); --reuse-cache re-reads it
     "python benchmarks/paper003_table1.py --full --tasks mnist-5k,mnist-5k,mnist-5k "
     "--profile paper003-sizes --methods "
     "full,random,lvr,gvr,stalevr,stalevre,fedvarp,mifa,scaffold,mifa-uploaded --seeds 0,1,2 "
@@ -399,6 +405,47 @@ def _cache_seconds(path: Path) -> float | None:
     return total if seen else None
 
 
+#: reproduce.py's own measurements of the commands ``--full`` ran (only as published: no
+#: ``--engine``/``--workers`` given): per section name or investigation line, the CPU
+#: seconds of the command's processes (one core a run, the unit of the fragments' summed
+#: run times), its wall seconds, the machine and the code. Written into the output folder
+#: the command wrote into; ``--dry-run`` reads the published folder's where a command's
+#: fragment and run cache record no run time.
+TIMES_NAME = "reproduce_times.json"
+PUBLISHED_TIMES = E.DEFAULT_OUT / TIMES_NAME
+
+
+def _measured(key: str) -> tuple[float | None, str]:
+    """What ``--full`` measured for ``key`` (a section name or an investigation line)
+    in :data:`PUBLISHED_TIMES`."""
+    import json
+
+    if not PUBLISHED_TIMES.is_file():
+        return None, ""
+    entry = json.loads(PUBLISHED_TIMES.read_text()).get(key)
+    if not isinstance(entry, dict) or "cpu_seconds" not in entry:
+        return None, ""
+    return float(entry["cpu_seconds"]), (
+        f"CPU time measured by reproduce.py --full on {entry.get('machine', '?')}, code "
+        f"{entry.get('commit', '?')}, wall {float(entry.get('wall_seconds', 0)):.0f} s"
+    )
+
+
+def record_time(folder: Path, key: str, cpu: float, wall: float) -> None:
+    """Add (or replace) ``key``'s measurement in ``folder``'s :data:`TIMES_NAME`."""
+    import json
+
+    path = folder / TIMES_NAME
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    data[key] = {
+        "cpu_seconds": round(cpu, 1),
+        "wall_seconds": round(wall, 1),
+        "machine": E.machine(),
+        "commit": E.code_commit(),
+    }
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
 def _fragment_seconds(path: Path) -> float | None:
     """The ``summed run time N s`` a fragment records (None if it records none)."""
     if not path.is_file():
@@ -407,10 +454,13 @@ def _fragment_seconds(path: Path) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def recorded_seconds(words: list[str], fragments: list[str]) -> tuple[float | None, str]:
+def recorded_seconds(
+    words: list[str], fragments: list[str], key: str = ""
+) -> tuple[float | None, str]:
     """The recorded run time of a command (one core a run, summed over its runs) and
     where it was read: a fragment's "summed run time" (the sections', or the fragment in
-    the command's ``--out`` folder), else its run cache's ``run_seconds``."""
+    the command's ``--out`` folder), else its run cache's ``run_seconds``, else what
+    ``--full`` measured for ``key`` (:data:`PUBLISHED_TIMES`)."""
     repo = E.REPO
     candidates = [repo / E.DEFAULT_OUT.relative_to(repo) / f"{f}.md" for f in fragments]
     if "--out" in words:
@@ -425,12 +475,25 @@ def recorded_seconds(words: list[str], fragments: list[str]) -> tuple[float | No
         seconds = _cache_seconds(cache) if cache.is_file() else None
         if seconds is not None:
             return seconds, f"recorded in {cache.relative_to(repo)}"
+    if key:
+        seconds, where = _measured(key)
+        if seconds is not None:
+            return seconds, where
     return None, "unknown: no recorded run time"
 
 
-def plan(args: argparse.Namespace) -> list[tuple[str, list[str], float | None, str, str]]:
+def investigation_scripts() -> list[str]:
+    """The scripts of :data:`INVESTIGATIONS` that no section runs (``--only`` names them)."""
+    sections = {n for n, _ in EXPERIMENTS}
+    stems = [Path(line.split()[1]).stem for line in INVESTIGATIONS]
+    return [s for s in dict.fromkeys(stems) if s not in sections]
+
+
+def plan(args: argparse.Namespace) -> list[tuple[str, list[str], float | None, str, str, str]]:
     """Every command ``args`` would run, in order: (shown line, argv, recorded seconds,
-    where they were read, the cache note)."""
+    where they were read, the cache note, the key its run time is recorded under).
+    ``--only`` selects sections by name, and the investigations of a script no section
+    runs by that script's name."""
     import shlex
 
     out = Path(args.out)
@@ -442,16 +505,18 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[str], float | None, s
         cmd = command(name, args)
         shown = " ".join(["python", f"benchmarks/{name}.py", *cmd[2:]])
         seconds, where = (
-            recorded_seconds(["python", f"benchmarks/{name}.py"], fragments)
+            recorded_seconds(["python", f"benchmarks/{name}.py"], fragments, name)
             if args.mode == "full"
             else (None, "unknown: run times are recorded for --full only")
         )
-        steps.append((shown, cmd, seconds, where, "no run cache"))
-    if args.mode == "full" and not only:
+        steps.append((shown, cmd, seconds, where, "no run cache", name))
+    if args.mode == "full":
         for line in INVESTIGATIONS:
+            if only and Path(line.split()[1]).stem not in only:
+                continue
             argv, note = without_cache(investigation_command(line, out), args.reuse_cache)
-            seconds, where = recorded_seconds(shlex.split(line), [])
-            steps.append((line, argv, seconds, where, note))
+            seconds, where = recorded_seconds(shlex.split(line), [], line)
+            steps.append((line, argv, seconds, where, note, line))
     return steps
 
 
@@ -465,13 +530,14 @@ def rerun_note() -> str:
         mode="full", engine=None, workers=None, out=str(E.DEFAULT_OUT), only="", reuse_cache=False
     )
     steps = plan(args)
-    known = [s for _, _, s, _, _ in steps if s is not None]
+    known = [s for _, _, s, _, _, _ in steps if s is not None]
     unknown = len(steps) - len(known)
     total = sum(known)
     return (
         f"`python benchmarks/reproduce.py --full` runs {len(steps)} commands (the sections', "
         f"then the investigations'; `--dry-run` lists them) and makes every run again: the "
-        f"{len(known)} whose run time is recorded (in their fragments and run caches) sum "
+        f"{len(known)} whose run time is recorded (in their fragments, run caches or "
+        f"`{TIMES_NAME}`, what `--full` measured) sum "
         f"to {_hours(total)} of one core a run; {unknown} more have no recorded time. The "
         "commands are independent processes (only `table1_details.py` reads the CSV "
         "that `paper003_table1.py` writes), so on 2 cores two can run at a time: at "
@@ -484,7 +550,7 @@ def dry_run(args: argparse.Namespace) -> int:
     """Print every command ``args`` would run with its recorded time; run nothing."""
     total = 0.0
     steps = plan(args)
-    for shown, _, seconds, where, note in steps:
+    for shown, _, seconds, where, note, _ in steps:
         took = _hours(seconds) if seconds is not None else "unknown"
         total += seconds or 0.0
         print(f"[dry-run] {shown}\n          estimate {took} ({where}); {note}")
@@ -578,13 +644,26 @@ def assemble(args: argparse.Namespace, failed: dict[str, str], wall: str) -> Pat
     return results
 
 
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of this process's finished children and theirs."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = E.Parser(description=__doc__.splitlines()[0])
     # each script's own engine and workers unless given: --full reruns exactly the
     # commands the pages show
     E.mode_args(parser, None, "", "default: each script's own")
     parser.set_defaults(workers=None)
-    parser.add_argument("--only", default="", help="comma-separated script names")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated script names: sections (paper002_gain, ...) and, with --full, "
+        "the scripts of investigations that no section runs (stalevre_dips, ...)",
+    )
     parser.add_argument("--results", default="", help="where RESULTS.md goes")
     parser.add_argument(
         "--assemble",
@@ -605,10 +684,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     names = [n for n, _ in EXPERIMENTS]
     only = [n.strip() for n in args.only.split(",") if n.strip()]
-    unknown = [n for n in only if n not in names]
+    unknown = [n for n in only if n not in names + investigation_scripts()]
     if unknown:
         print(
-            f"reproduce.py: unknown experiment(s) {unknown}; choose from {names}", file=sys.stderr
+            f"reproduce.py: unknown experiment(s) {unknown}; choose from {names} or, with "
+            f"--full, the investigations' {investigation_scripts()}",
+            file=sys.stderr,
         )
         return 2
     if args.dry_run:
@@ -619,17 +700,22 @@ def main(argv: list[str] | None = None) -> int:
     failed: dict[str, str] = {}
     failed_investigations: list[str] = []
     steps = [] if args.assemble else plan(args)
-    for k, (shown, cmd, _, _, note) in enumerate(steps):
+    # only the published commands' costs are recorded (no --engine/--workers of one's own)
+    measure = args.mode == "full" and args.engine is None and args.workers is None
+    for k, (shown, cmd, _, _, note, key) in enumerate(steps):
         section = k < len([n for n in names if not only or n in only])
         print(f"[reproduce] {shown}", flush=True)
         if not section:
             print(f"[reproduce] {note}", flush=True)
-        t1 = time.monotonic()
+        t1, before = time.monotonic(), _children_cpu()
         proc = subprocess.run(cmd, check=False, cwd=None if section else E.REPO)
+        took, cpu = time.monotonic() - t1, _children_cpu() - before
         print(
-            f"[reproduce] exit {proc.returncode} after {time.monotonic() - t1:.0f} s",
+            f"[reproduce] exit {proc.returncode} after {took:.0f} s (CPU {cpu:.0f} s)",
             flush=True,
         )
+        if measure and proc.returncode == 0:
+            record_time(out, key, cpu, took)
         if proc.returncode != 0:
             if section:
                 failed[Path(cmd[1]).stem] = f"exit code {proc.returncode}"

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 import sys
@@ -162,3 +163,40 @@ def test_the_header_says_which_sections_ran_in_the_reproduction_mode():
     assert note.index("reproduction mode") < first < note.index("sensitivity") < second
     assert second < note.index("Not yet rerun") < third
     assert "reproduction mode" not in reproduce.defences_note([old]).split("Not yet")[0]
+
+
+def test_full_records_each_commands_cost_and_the_dry_run_reads_it(monkeypatch, capsys, tmp_path):
+    """A command whose fragment and run cache record no run time (most investigations)
+    had no estimate in ``--dry-run``. ``--full`` now measures each command it runs (the
+    CPU seconds of its processes, and its wall time) into the output folder's
+    ``reproduce_times.json``, keyed by the section's name or the investigation's line,
+    and ``--dry-run`` reads the published folder's file where nothing else records a
+    time. ``--only`` names an investigation script too (it ran none of them)."""
+    real_run = subprocess.run
+
+    def fake(cmd, **kwargs):  # a child that burns some CPU, in place of the script
+        return real_run([sys.executable, "-c", "sum(i * i for i in range(3_000_000))"])
+
+    monkeypatch.setattr(reproduce.subprocess, "run", fake)
+    argv = ["--full", "--only", "mifa_seen_share", "--out", str(tmp_path)]
+    assert reproduce.main(argv + ["--results", str(tmp_path / "R.md")]) == 0
+    recorded = json.loads((tmp_path / "reproduce_times.json").read_text())
+    line = "python benchmarks/mifa_seen_share.py"
+    assert list(recorded) == [line]  # only what ran
+    entry = recorded[line]
+    assert entry["cpu_seconds"] > 0 and entry["wall_seconds"] > 0
+    assert entry["machine"] and entry["commit"]
+    # the dry run reads the published folder's measurements
+    monkeypatch.setattr(reproduce, "PUBLISHED_TIMES", tmp_path / "reproduce_times.json")
+    capsys.readouterr()
+    assert reproduce.main(["--full", "--dry-run", "--only", "mifa_seen_share"]) == 0
+    printed = capsys.readouterr().out
+    assert f"[dry-run] {line}\n" in printed and printed.count("estimate ") == 1
+    assert "(CPU time measured by reproduce.py --full on " in printed, printed
+    assert "unknown" not in printed
+
+
+def test_only_refuses_a_name_that_is_neither_a_section_nor_an_investigation(capsys):
+    assert reproduce.main(["--full", "--only", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown experiment(s) ['nope']" in err and "mifa_seen_share" in err

@@ -570,23 +570,30 @@ LAST_MACHINES: list[str] = []
 
 
 def code_commit() -> str:
-    """The repository's short commit (``"unknown"`` outside a git checkout); a tree with
-    changes not committed is marked ``+changes``."""
+    """The short commit of the code (``mmfl_flwr.results._git_commit``, the one place that
+    asks git), marked ``+changes`` when the code (``mmfl_flwr/``, ``benchmarks/``,
+    ``pyproject.toml``) differs from it; outputs (``docs/``, ``RESULTS.md``) do not count,
+    since a rerun rewrites them. ``"unknown"`` outside a git checkout."""
     import subprocess
 
-    def git(*args: str) -> str:
-        try:
-            with subprocess.Popen(
-                ["git", *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO
-            ) as proc:
-                return proc.communicate()[0].decode().strip()
-        except OSError:
-            return ""
+    import mmfl_flwr
+    from mmfl_flwr.results import _git_commit
 
-    head = git("rev-parse", "--short", "HEAD")
-    if not head:
+    head = _git_commit(Path(mmfl_flwr.__file__).resolve().parent)
+    if head is None:
         return "unknown"
-    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+    try:
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--", "mmfl_flwr", "benchmarks", "pyproject.toml"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        changed = ""
+    return head[:7] + ("+changes" if changed else "")
 
 
 def machines_used() -> str:
@@ -1066,6 +1073,22 @@ def equivalence_verdict(d: Mapping[str, Any]) -> str:
     if d["lo"] >= d["margin"] or d["hi"] <= -d["margin"]:
         return "does not hold"
     return "not resolved"
+
+
+def equivalence_at_half(
+    values: Mapping[int, float], reference: Mapping[int, float], margin: float
+) -> tuple[dict[str, Any], str, str]:
+    """An equivalence claim on a margin this project chose, stated with its verdict at
+    half the margin too (issue 61): :func:`equivalence` at ``margin``, the verdict at
+    half of it, and the text "<verdict> within ±m; <verdict> within ±m/2 (half the chosen
+    margin)". The claim counts by the verdict at ``margin``."""
+    d = equivalence(values, reference, margin)
+    half = equivalence_verdict(equivalence(values, reference, margin / 2))
+    text = (
+        f"{equivalence_verdict(d)} within ±{margin:g}; "
+        f"{half} within ±{margin / 2:g} (half the chosen margin)"
+    )
+    return d, half, text
 
 
 def brown_forsythe_greater(x: Sequence[float], y: Sequence[float]) -> dict[str, float]:

@@ -219,12 +219,11 @@ def placement(
     median (from each run's :func:`where`; runs cached before it was recorded are
     counted as such)."""
     recorded = [r for r in runs if "by_task" in r]
-    if runs and not recorded:
+    if not recorded:
         # nothing to place: one line, not an empty table
         return {"by_task": {}, "clipped": None, "clipped_high_data": None}, [
             f"Where the bounds acted is not recorded in these runs (all {len(runs)} were "
-            "cached before it was); the page for the presets with a row above the target "
-            "has it."
+            "cached before it was)."
         ]
     table: dict[str, dict[str, list[int]]] = {}
     for r in recorded:
@@ -309,8 +308,9 @@ def summary(rows: list[dict[str, Any]], margin: float) -> tuple[dict[str, Any], 
     )
     if over:
         text += (
-            f" Were the norm clip to touch no honest update, at least {len(stays)} of the "
-            f"{len(over)} would stay above {TOUCHED_TARGET:.0%}"
+            f" In these runs at least {len(stays)} of the {len(over)} have more than "
+            f"{TOUCHED_TARGET:.0%} of their honest updates touched by a bound other than "
+            "the norm clip"
             + (
                 " ("
                 + "; ".join(

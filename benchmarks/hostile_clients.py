@@ -48,7 +48,6 @@ from typing import Any
 
 from _evidence import Parser, int_list, write_outputs
 
-HERE = Path(__file__).resolve().parent
 HOSTILE = "3"
 ATTACKS = (
     "huge-weights",

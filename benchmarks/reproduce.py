@@ -52,6 +52,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import _evidence as E
 import _results as R
@@ -405,25 +406,34 @@ def _cache_seconds(path: Path) -> float | None:
     return total if seen else None
 
 
-#: reproduce.py's own measurements of the commands ``--full`` ran (only as published: no
-#: ``--engine``/``--workers`` given): per section name or investigation line, the CPU
-#: seconds of the command's processes (one core a run, the unit of the fragments' summed
-#: run times), its wall seconds, the machine and the code. Written into the output folder
-#: the command wrote into; ``--dry-run`` reads the published folder's where a command's
-#: fragment and run cache record no run time.
+#: reproduce.py's own measurements of the commands ``--full`` ran as published (no
+#: ``--engine``/``--workers``/``--reuse-cache`` given, exit code 0): per section name or
+#: investigation line, the CPU seconds (user + system) of the command's processes, its
+#: wall seconds, the machine and the code. CPU seconds are close to, not the same as, the
+#: fragments' summed run times (one core a run): they also count a script's own analysis
+#: and plotting, and every torch thread of a run. Written into reproduce's ``--out``;
+#: ``--dry-run`` reads the published folder's where a command's fragment and run cache
+#: record no run time.
 TIMES_NAME = "reproduce_times.json"
 PUBLISHED_TIMES = E.DEFAULT_OUT / TIMES_NAME
+
+
+def _times(path: Path) -> dict[str, Any]:
+    """A :data:`TIMES_NAME` file's entries ({} if it is missing or not such a file)."""
+    import json
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _measured(key: str) -> tuple[float | None, str]:
     """What ``--full`` measured for ``key`` (a section name or an investigation line)
     in :data:`PUBLISHED_TIMES`."""
-    import json
-
-    if not PUBLISHED_TIMES.is_file():
-        return None, ""
-    entry = json.loads(PUBLISHED_TIMES.read_text()).get(key)
-    if not isinstance(entry, dict) or "cpu_seconds" not in entry:
+    entry = _times(PUBLISHED_TIMES).get(key)
+    if not isinstance(entry, dict) or not isinstance(entry.get("cpu_seconds"), (int, float)):
         return None, ""
     return float(entry["cpu_seconds"]), (
         f"CPU time measured by reproduce.py --full on {entry.get('machine', '?')}, code "
@@ -432,18 +442,27 @@ def _measured(key: str) -> tuple[float | None, str]:
 
 
 def record_time(folder: Path, key: str, cpu: float, wall: float) -> None:
-    """Add (or replace) ``key``'s measurement in ``folder``'s :data:`TIMES_NAME`."""
+    """Add (or replace) ``key``'s measurement in ``folder``'s :data:`TIMES_NAME`
+    (written to a temporary file and moved into place, so a stopped run leaves the old
+    file whole)."""
     import json
 
     path = folder / TIMES_NAME
-    data = json.loads(path.read_text()) if path.is_file() else {}
+    data = _times(path)
     data[key] = {
         "cpu_seconds": round(cpu, 1),
         "wall_seconds": round(wall, 1),
         "machine": E.machine(),
         "commit": E.code_commit(),
     }
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def _run(cmd: list[str], cwd: Path | None) -> int:
+    """Run one command (the seam the tests replace); its exit code."""
+    return subprocess.run(cmd, check=False, cwd=cwd).returncode
 
 
 def _fragment_seconds(path: Path) -> float | None:
@@ -511,8 +530,12 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[str], float | None, s
         )
         steps.append((shown, cmd, seconds, where, "no run cache", name))
     if args.mode == "full":
+        sections = {n for n, _ in EXPERIMENTS}
         for line in INVESTIGATIONS:
-            if only and Path(line.split()[1]).stem not in only:
+            stem = Path(line.split()[1]).stem
+            # a section's name selects the section only, never the investigations
+            # that use its script (hours of mnist-5k runs)
+            if only and (stem not in only or stem in sections):
                 continue
             argv, note = without_cache(investigation_command(line, out), args.reuse_cache)
             seconds, where = recorded_seconds(shlex.split(line), [], line)
@@ -536,8 +559,8 @@ def rerun_note() -> str:
     return (
         f"`python benchmarks/reproduce.py --full` runs {len(steps)} commands (the sections', "
         f"then the investigations'; `--dry-run` lists them) and makes every run again: the "
-        f"{len(known)} whose run time is recorded (in their fragments, run caches or "
-        f"`{TIMES_NAME}`, what `--full` measured) sum "
+        f"{len(known)} whose run time is recorded (in their fragments and run caches, or "
+        f"as CPU seconds in `{TIMES_NAME}`, what `--full` measured) sum "
         f"to {_hours(total)} of one core a run; {unknown} more have no recorded time. The "
         "commands are independent processes (only `table1_details.py` reads the CSV "
         "that `paper003_table1.py` writes), so on 2 cores two can run at a time: at "
@@ -684,7 +707,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     names = [n for n, _ in EXPERIMENTS]
     only = [n.strip() for n in args.only.split(",") if n.strip()]
-    unknown = [n for n in only if n not in names + investigation_scripts()]
+    allowed = names + (investigation_scripts() if args.mode == "full" else [])
+    unknown = [n for n in only if n not in allowed]
     if unknown:
         print(
             f"reproduce.py: unknown experiment(s) {unknown}; choose from {names} or, with "
@@ -701,24 +725,26 @@ def main(argv: list[str] | None = None) -> int:
     failed_investigations: list[str] = []
     steps = [] if args.assemble else plan(args)
     # only the published commands' costs are recorded (no --engine/--workers of one's own)
-    measure = args.mode == "full" and args.engine is None and args.workers is None
+    measure = (
+        args.mode == "full"
+        and args.engine is None
+        and args.workers is None
+        and not args.reuse_cache  # a cache re-read costs nothing like the runs
+    )
     for k, (shown, cmd, _, _, note, key) in enumerate(steps):
         section = k < len([n for n in names if not only or n in only])
         print(f"[reproduce] {shown}", flush=True)
         if not section:
             print(f"[reproduce] {note}", flush=True)
         t1, before = time.monotonic(), _children_cpu()
-        proc = subprocess.run(cmd, check=False, cwd=None if section else E.REPO)
+        code = _run(cmd, None if section else E.REPO)
         took, cpu = time.monotonic() - t1, _children_cpu() - before
-        print(
-            f"[reproduce] exit {proc.returncode} after {took:.0f} s (CPU {cpu:.0f} s)",
-            flush=True,
-        )
-        if measure and proc.returncode == 0:
+        print(f"[reproduce] exit {code} after {took:.0f} s (CPU {cpu:.0f} s)", flush=True)
+        if measure and code == 0:
             record_time(out, key, cpu, took)
-        if proc.returncode != 0:
+        if code != 0:
             if section:
-                failed[Path(cmd[1]).stem] = f"exit code {proc.returncode}"
+                failed[Path(cmd[1]).stem] = f"exit code {code}"
             else:
                 failed_investigations.append(shown)
     wall = "" if args.assemble else f"; wall time {(time.monotonic() - t0) / 60:.1f} min"

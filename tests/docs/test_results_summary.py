@@ -85,11 +85,11 @@ def _main(argv: list[str], monkeypatch) -> list[list[str]]:
     """Run reproduce.main with a fake subprocess.run; the argvs it would have run."""
     ran: list[list[str]] = []
 
-    def fake(cmd, **kwargs):
+    def fake(cmd, cwd):
         ran.append(list(cmd))
-        return subprocess.CompletedProcess(cmd, 0)
+        return 0
 
-    monkeypatch.setattr(reproduce.subprocess, "run", fake)
+    monkeypatch.setattr(reproduce, "_run", fake)
     assert reproduce.main(argv) == 0
     return ran
 
@@ -165,6 +165,20 @@ def test_the_header_says_which_sections_ran_in_the_reproduction_mode():
     assert "reproduction mode" not in reproduce.defences_note([old]).split("Not yet")[0]
 
 
+def _burning(code: int = 0, ran: list | None = None):
+    """A stand-in for ``reproduce._run``: a child that burns about a second of CPU and
+    exits with ``code``."""
+
+    def run(cmd, cwd):
+        if ran is not None:
+            ran.append(list(cmd))
+        burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1: pass"
+        subprocess.run([sys.executable, "-c", burn + f"\nraise SystemExit({code})"])
+        return code
+
+    return run
+
+
 def test_full_records_each_commands_cost_and_the_dry_run_reads_it(monkeypatch, capsys, tmp_path):
     """A command whose fragment and run cache record no run time (most investigations)
     had no estimate in ``--dry-run``. ``--full`` now measures each command it runs (the
@@ -172,19 +186,15 @@ def test_full_records_each_commands_cost_and_the_dry_run_reads_it(monkeypatch, c
     ``reproduce_times.json``, keyed by the section's name or the investigation's line,
     and ``--dry-run`` reads the published folder's file where nothing else records a
     time. ``--only`` names an investigation script too (it ran none of them)."""
-    real_run = subprocess.run
-
-    def fake(cmd, **kwargs):  # a child that burns some CPU, in place of the script
-        return real_run([sys.executable, "-c", "sum(i * i for i in range(3_000_000))"])
-
-    monkeypatch.setattr(reproduce.subprocess, "run", fake)
+    monkeypatch.setattr(reproduce, "_run", _burning())
     argv = ["--full", "--only", "mifa_seen_share", "--out", str(tmp_path)]
     assert reproduce.main(argv + ["--results", str(tmp_path / "R.md")]) == 0
     recorded = json.loads((tmp_path / "reproduce_times.json").read_text())
     line = "python benchmarks/mifa_seen_share.py"
     assert list(recorded) == [line]  # only what ran
     entry = recorded[line]
-    assert entry["cpu_seconds"] > 0 and entry["wall_seconds"] > 0
+    # the child burnt one CPU second: its CPU time is measured, not this process's
+    assert 0.9 <= entry["cpu_seconds"] <= 5 and entry["wall_seconds"] >= 0.9
     assert entry["machine"] and entry["commit"]
     # the dry run reads the published folder's measurements
     monkeypatch.setattr(reproduce, "PUBLISHED_TIMES", tmp_path / "reproduce_times.json")
@@ -194,6 +204,36 @@ def test_full_records_each_commands_cost_and_the_dry_run_reads_it(monkeypatch, c
     assert f"[dry-run] {line}\n" in printed and printed.count("estimate ") == 1
     assert "(CPU time measured by reproduce.py --full on " in printed, printed
     assert "unknown" not in printed
+    # a file cut short is no measurement, not a crash
+    (tmp_path / "reproduce_times.json").write_text('{"python benchmarks/mifa')
+    assert reproduce.main(["--full", "--dry-run", "--only", "mifa_seen_share"]) == 0
+    assert "unknown: no recorded run time" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "extra, code",
+    [([], 3), (["--reuse-cache"], 0), (["--engine", "inprocess"], 0), (["--workers", "1"], 0)],
+)
+def test_full_records_no_cost_it_did_not_measure_as_published(monkeypatch, tmp_path, extra, code):
+    """Nothing is recorded for a command that failed, for a cache re-read
+    (``--reuse-cache``: it costs nothing like the runs), or for a command run with an
+    engine or workers of one's own (not the published command)."""
+    monkeypatch.setattr(reproduce, "_run", _burning(code))
+    argv = ["--full", "--only", "mifa_seen_share", "--out", str(tmp_path), *extra]
+    assert reproduce.main(argv + ["--results", str(tmp_path / "R.md")]) == (1 if code else 0)
+    assert not (tmp_path / "reproduce_times.json").exists()
+
+
+def test_only_a_section_runs_that_section_alone(monkeypatch, tmp_path):
+    """``--only paper003_table1`` runs the section, not the investigations that use its
+    script (mnist-5k Table 1: hours); an investigation script's name needs ``--full``."""
+    ran: list[list[str]] = []
+    monkeypatch.setattr(reproduce, "_run", lambda cmd, cwd: ran.append(cmd) or 0)
+    argv = ["--full", "--only", "paper003_table1", "--out", str(tmp_path)]
+    assert reproduce.main(argv + ["--results", str(tmp_path / "R.md")]) == 0
+    assert len(ran) == 1 and ran[0][1].endswith("paper003_table1.py"), ran
+    assert "--tasks" not in ran[0]
+    assert reproduce.main(["--quick", "--only", "stalevre_dips", "--out", str(tmp_path)]) == 2
 
 
 def test_only_refuses_a_name_that_is_neither_a_section_nor_an_investigation(capsys):

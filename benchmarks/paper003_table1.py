@@ -123,12 +123,13 @@ def spread_text(
     participation's final accuracy against :data:`CEILING`, and the spread of the mean
     relative accuracies of the paper's methods (its Table 1 rows, not the sensitivity
     rows) against the paper's own, which is said to appear when it is at least half as
-    wide."""
+    wide. Empty without full participation as ``ref`` or with fewer than two of the
+    paper's methods (no ceiling to compare, no spread)."""
     L = max(finals_at)
-    full = statistics.fmean(finals_at[L][ref].values())
     ms = [m for m in rel_at[L] if m != ref and m in PAPER_REL and m not in SENSITIVITY]
-    if not ms:
+    if ref != "full" or len(ms) < 2:
         return ""
+    full = statistics.fmean(finals_at[L][ref].values())
     mean = {m: statistics.fmean(rel_at[L][m].values()) for m in ms}
     lo, hi = min(ms, key=mean.__getitem__), max(ms, key=mean.__getitem__)
     p_lo, p_hi = min(ms, key=PAPER_REL.__getitem__), max(ms, key=PAPER_REL.__getitem__)

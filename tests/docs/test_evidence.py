@@ -2204,6 +2204,21 @@ def test_table1_spread_line_by_hand():
     assert "a spread of 0.020" in flat and "spread does not appear" in flat
 
 
+def test_table1_spread_line_needs_full_participation_and_two_methods():
+    """Without full participation among the methods the reference is another method
+    (the synthetic Fig. 2 runs: LVR and GVR only), so there is no "full participation
+    ends at" to state; with one paper method there is no spread: no line either way
+    (it said "full participation ends at 0.377", LVR's accuracy, and "1.045 (gvr) to
+    1.045 (gvr) of full, a spread of 0.000")."""
+    import paper003_table1 as T
+
+    finals = {40: {"lvr": {0: 0.37}, "gvr": {0: 0.39}}}
+    rel = {40: {"lvr": {0: 1.0}, "gvr": {0: 1.05}}}
+    assert T.spread_text(finals, rel, "lvr") == ""
+    one = {40: {"full": {0: 1.0}, "gvr": {0: 1.05}}}
+    assert T.spread_text({40: {"full": {0: 0.4}, "gvr": {0: 0.42}}}, one, "full") == ""
+
+
 def _reanalysed(name: str, out: Path) -> str:
     """The fragment ``benchmarks/<name>.py --full`` writes into ``out`` re-analysing the
     published ``docs/results/<name>.csv`` (nothing runs)."""

@@ -240,3 +240,16 @@ def test_only_refuses_a_name_that_is_neither_a_section_nor_an_investigation(caps
     assert reproduce.main(["--full", "--only", "nope"]) == 2
     err = capsys.readouterr().err
     assert "unknown experiment(s) ['nope']" in err and "mifa_seen_share" in err
+
+
+def test_the_published_measurements_name_only_commands_reproduce_runs():
+    """Every entry of docs/results/reproduce_times.json is a section's name or an
+    investigation's line as :data:`reproduce.INVESTIGATIONS` has it (an edited command
+    leaves no stale estimate behind), with its CPU and wall seconds, machine and commit."""
+    path = ROOT / "docs" / "results" / reproduce.TIMES_NAME
+    keys = {n for n, _ in reproduce.EXPERIMENTS} | set(reproduce.INVESTIGATIONS)
+    recorded = json.loads(path.read_text())
+    assert recorded and set(recorded) <= keys, set(recorded) - keys
+    for entry in recorded.values():
+        assert entry["cpu_seconds"] >= 0 and entry["wall_seconds"] > 0
+        assert entry["machine"] and entry["commit"]

@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     chosen = (
         "chosen by this project"
-        if a.margin == "0.02"
+        if margin == 0.02
         else "given by `--margin` (this project's choice is ±0.02)"
     )
     text = f"""### Paper 004: Multi-FedAvg and the bandit policies with scarce (K = 2) and \

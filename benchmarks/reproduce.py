@@ -52,7 +52,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import _evidence as E
 import _results as R
@@ -429,10 +429,10 @@ def _times(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _measured(key: str) -> tuple[float | None, str]:
-    """What ``--full`` measured for ``key`` (a section name or an investigation line)
-    in :data:`PUBLISHED_TIMES`."""
-    entry = _times(PUBLISHED_TIMES).get(key)
+def _measured(key: str, measured: dict[str, Any]) -> tuple[float | None, str]:
+    """What ``--full`` measured for ``key`` (a section name or an investigation line),
+    from ``measured`` (:data:`PUBLISHED_TIMES`' entries)."""
+    entry = measured.get(key)
     if not isinstance(entry, dict) or not isinstance(entry.get("cpu_seconds"), (int, float)):
         return None, ""
     return float(entry["cpu_seconds"]), (
@@ -474,12 +474,13 @@ def _fragment_seconds(path: Path) -> float | None:
 
 
 def recorded_seconds(
-    words: list[str], fragments: list[str], key: str = ""
+    words: list[str], fragments: list[str], key: str = "", measured: dict[str, Any] | None = None
 ) -> tuple[float | None, str]:
     """The recorded run time of a command (one core a run, summed over its runs) and
     where it was read: a fragment's "summed run time" (the sections', or the fragment in
     the command's ``--out`` folder), else its run cache's ``run_seconds``, else what
-    ``--full`` measured for ``key`` (:data:`PUBLISHED_TIMES`)."""
+    ``--full`` measured for ``key`` (``measured``: :data:`PUBLISHED_TIMES`' entries, read
+    once by the caller)."""
     repo = E.REPO
     candidates = [repo / E.DEFAULT_OUT.relative_to(repo) / f"{f}.md" for f in fragments]
     if "--out" in words:
@@ -494,52 +495,66 @@ def recorded_seconds(
         seconds = _cache_seconds(cache) if cache.is_file() else None
         if seconds is not None:
             return seconds, f"recorded in {cache.relative_to(repo)}"
-    if key:
-        seconds, where = _measured(key)
+    if key and measured:
+        seconds, where = _measured(key, measured)
         if seconds is not None:
             return seconds, where
     return None, "unknown: no recorded run time"
 
 
+def _script(line: str) -> str:
+    """The script name (no ``.py``) of an :data:`INVESTIGATIONS` line."""
+    return Path(line.split()[1]).stem
+
+
 def investigation_scripts() -> list[str]:
     """The scripts of :data:`INVESTIGATIONS` that no section runs (``--only`` names them)."""
     sections = {n for n, _ in EXPERIMENTS}
-    stems = [Path(line.split()[1]).stem for line in INVESTIGATIONS]
-    return [s for s in dict.fromkeys(stems) if s not in sections]
+    return [s for s in dict.fromkeys(map(_script, INVESTIGATIONS)) if s not in sections]
 
 
-def plan(args: argparse.Namespace) -> list[tuple[str, list[str], float | None, str, str, str]]:
-    """Every command ``args`` would run, in order: (shown line, argv, recorded seconds,
-    where they were read, the cache note, the key its run time is recorded under).
-    ``--only`` selects sections by name, and the investigations of a script no section
-    runs by that script's name."""
+class Step(NamedTuple):
+    """One command :func:`plan` would run."""
+
+    shown: str  #: the line printed (and shown on the pages)
+    argv: list[str]
+    seconds: float | None  #: its recorded run time, None if none is
+    where: str  #: where that time was read
+    note: str  #: what is done with its run cache
+    key: str  #: the key its cost is recorded under in :data:`TIMES_NAME`
+    section: bool  #: a section's command (else an investigation's)
+
+
+def plan(args: argparse.Namespace) -> list[Step]:
+    """Every command ``args`` would run, in order. ``--only`` selects sections by name,
+    and the investigations of a script no section runs by that script's name."""
     import shlex
 
     out = Path(args.out)
     only = [n.strip() for n in args.only.split(",") if n.strip()]
-    steps = []
+    measured = _times(PUBLISHED_TIMES)  # read once, not once per command
+    steps: list[Step] = []
     for name, fragments in EXPERIMENTS:
         if only and name not in only:
             continue
         cmd = command(name, args)
         shown = " ".join(["python", f"benchmarks/{name}.py", *cmd[2:]])
         seconds, where = (
-            recorded_seconds(["python", f"benchmarks/{name}.py"], fragments, name)
+            recorded_seconds(["python", f"benchmarks/{name}.py"], fragments, name, measured)
             if args.mode == "full"
             else (None, "unknown: run times are recorded for --full only")
         )
-        steps.append((shown, cmd, seconds, where, "no run cache", name))
+        steps.append(Step(shown, cmd, seconds, where, "no run cache", name, True))
     if args.mode == "full":
-        sections = {n for n, _ in EXPERIMENTS}
+        # a section's name selects the section only, never the investigations that use
+        # its script (hours of mnist-5k runs)
+        chosen = set(investigation_scripts()) & set(only)
         for line in INVESTIGATIONS:
-            stem = Path(line.split()[1]).stem
-            # a section's name selects the section only, never the investigations
-            # that use its script (hours of mnist-5k runs)
-            if only and (stem not in only or stem in sections):
+            if only and _script(line) not in chosen:
                 continue
             argv, note = without_cache(investigation_command(line, out), args.reuse_cache)
-            seconds, where = recorded_seconds(shlex.split(line), [], line)
-            steps.append((line, argv, seconds, where, note, line))
+            seconds, where = recorded_seconds(shlex.split(line), [], line, measured)
+            steps.append(Step(line, argv, seconds, where, note, line, False))
     return steps
 
 
@@ -553,7 +568,7 @@ def rerun_note() -> str:
         mode="full", engine=None, workers=None, out=str(E.DEFAULT_OUT), only="", reuse_cache=False
     )
     steps = plan(args)
-    known = [s for _, _, s, _, _, _ in steps if s is not None]
+    known = [s.seconds for s in steps if s.seconds is not None]
     unknown = len(steps) - len(known)
     total = sum(known)
     return (
@@ -573,10 +588,10 @@ def dry_run(args: argparse.Namespace) -> int:
     """Print every command ``args`` would run with its recorded time; run nothing."""
     total = 0.0
     steps = plan(args)
-    for shown, _, seconds, where, note, _ in steps:
-        took = _hours(seconds) if seconds is not None else "unknown"
-        total += seconds or 0.0
-        print(f"[dry-run] {shown}\n          estimate {took} ({where}); {note}")
+    for step in steps:
+        took = _hours(step.seconds) if step.seconds is not None else "unknown"
+        total += step.seconds or 0.0
+        print(f"[dry-run] {step.shown}\n          estimate {took} ({step.where}); {step.note}")
     print(
         f"[dry-run] {len(steps)} commands; recorded run time {_hours(total)} of one core a "
         "run; nothing was run"
@@ -731,22 +746,21 @@ def main(argv: list[str] | None = None) -> int:
         and args.workers is None
         and not args.reuse_cache  # a cache re-read costs nothing like the runs
     )
-    for k, (shown, cmd, _, _, note, key) in enumerate(steps):
-        section = k < len([n for n in names if not only or n in only])
-        print(f"[reproduce] {shown}", flush=True)
-        if not section:
-            print(f"[reproduce] {note}", flush=True)
+    for step in steps:
+        print(f"[reproduce] {step.shown}", flush=True)
+        if not step.section:
+            print(f"[reproduce] {step.note}", flush=True)
         t1, before = time.monotonic(), _children_cpu()
-        code = _run(cmd, None if section else E.REPO)
+        code = _run(step.argv, None if step.section else E.REPO)
         took, cpu = time.monotonic() - t1, _children_cpu() - before
         print(f"[reproduce] exit {code} after {took:.0f} s (CPU {cpu:.0f} s)", flush=True)
         if measure and code == 0:
-            record_time(out, key, cpu, took)
+            record_time(out, step.key, cpu, took)
         if code != 0:
-            if section:
-                failed[Path(cmd[1]).stem] = f"exit code {code}"
+            if step.section:
+                failed[Path(step.argv[1]).stem] = f"exit code {code}"
             else:
-                failed_investigations.append(shown)
+                failed_investigations.append(step.shown)
     wall = "" if args.assemble else f"; wall time {(time.monotonic() - t0) / 60:.1f} min"
     results = assemble(args, failed, wall)
     for line in failed_investigations:

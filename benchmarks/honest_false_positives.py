@@ -8,7 +8,8 @@ and what that costs (issue 60 item 4).
         --json docs/results/honest_false_positives.json
 
 Every client honest. Each preset runs on each profile twice per seed: with its defaults
-and with ``--defences off`` (every bound off), paired by seed (the same seed gives both
+(or with one of ``hostile_clients.py``'s defence configurations, ``--defences``) and with
+``--defences off`` (every bound off), paired by seed (the same seed gives both
 runs the same federation, initial weights and data). Per preset and profile: the
 fraction of the updates received that some bound rejected or scaled (each update once,
 ``summary.json``'s ``defence_events.updates_touched``), the events per kind, and the
@@ -28,6 +29,16 @@ the target (``docs/results/honest_false_positives_where.md``):
         --cache docs/results/honest_false_positives_where_runs.jsonl \
         --markdown docs/results/honest_false_positives_where.md \
         --json docs/results/honest_false_positives_where.json
+
+The same rows under the looser clip and reversed-update bound (``--defences loose``),
+against the same runs with every bound off, for the trade-off on the defences page:
+
+    python benchmarks/honest_false_positives.py --defences loose \
+        --presets scaffold,mfa-rand,mfa-rr,multi-fedavg,ranklist-ucb,pareto-ucb,group \
+        --profiles paper003,clusters-inconsistent --seeds 0-5 \
+        --cache docs/results/honest_false_positives_where_runs.jsonl \
+        --markdown docs/results/honest_false_positives_loose.md \
+        --json docs/results/honest_false_positives_loose.json
 """
 
 from __future__ import annotations
@@ -55,6 +66,7 @@ from _evidence import (
     paired_ci,
     write_outputs,
 )
+from hostile_clients import AGGREGATOR_DEFENCES, DEFENCES
 
 CLUSTERED = ("clusters-consistent", "clusters-inconsistent")
 
@@ -71,9 +83,10 @@ def profiles_of(preset: str, profiles: list[str]) -> list[str]:
     return list(dict.fromkeys(profile_for(preset, p) for p in profiles))
 
 
-def _run(job: tuple[str, str, int, bool, int, int, int]) -> dict[str, Any]:
-    """One honest in-process run; ``on``: with the preset's default bounds."""
-    preset, profile, seed, on, clients, rounds, epochs = job
+def _run(job: tuple[str, str, int, bool, int, int, int, str]) -> dict[str, Any]:
+    """One honest in-process run; ``on``: with the bounds of ``defence`` (one of
+    ``hostile_clients.DEFENCES``; "default": the preset's defaults), else every bound off."""
+    preset, profile, seed, on, clients, rounds, epochs, defence = job
     from mmfl_flwr.config import Settings
     from mmfl_flwr.runner import run_inprocess
     from mmfl_flwr.strategy import events as E
@@ -86,7 +99,7 @@ def _run(job: tuple[str, str, int, bool, int, int, int]) -> dict[str, Any]:
         local_epochs=epochs,
         seed=seed,
         output_dir="",
-        **({} if on else {"defences": "off"}),
+        **(DEFENCES[defence] if on else {"defences": "off"}),
     )
     logger = logging.getLogger("flwr")
     level = logger.level
@@ -112,6 +125,7 @@ def _run(job: tuple[str, str, int, bool, int, int, int]) -> dict[str, Any]:
         "profile": profile,
         "seed": seed,
         "defaults": on,
+        **({"defence": defence} if on and defence != "default" else {}),
         "accuracy": {t: r["accuracy"] for t, r in result.final().items()},
         "touched": len(E.touched_updates(events)),
         "received": received,
@@ -140,8 +154,15 @@ def where(events: list[Any], sizes: dict[str, dict[str, int]]) -> dict[str, Any]
     return {"by_task": by_task, "clipped_sizes": [round(x, 4) for x in clipped]}
 
 
-def _key(r: dict[str, Any]) -> tuple[str, str, int, bool]:
-    return (r["preset"], r["profile"], r["seed"], r["defaults"])
+def _key(r: dict[str, Any]) -> tuple[str, str, int, str]:
+    """A run's cache key: preset, profile, seed and its bounds ("off", or the defence
+    configuration it ran with; runs recorded before ``--defences`` ran with "default")."""
+    bounds = r.get("defence", "default") if r["defaults"] else "off"
+    return (r["preset"], r["profile"], r["seed"], bounds)
+
+
+def _job_key(job: tuple[str, str, int, bool, int, int, int, str]) -> tuple[str, str, int, str]:
+    return (job[0], job[1], job[2], job[7] if job[3] else "off")
 
 
 def _check(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
@@ -160,33 +181,35 @@ def _table(
     presets: list[str],
     profiles: list[str],
     seeds: list[int],
-    done: dict[tuple[str, str, int, bool], dict[str, Any]],
+    done: dict[tuple[str, str, int, str], dict[str, Any]],
     margin: float,
+    defence: str = "default",
 ) -> tuple[list[str], list[dict[str, Any]]]:
+    on_name = "defaults" if defence == "default" else defence
     lines = [
         "| preset | profile | updates touched (of received) | fraction | events by kind "
-        f"| defaults - off [95% CI] | TOST at +-{margin:g} [90% CI] |",
+        f"| {on_name} - off [95% CI] | TOST at +-{margin:g} [90% CI] |",
         "|---|---|---|---|---|---|---|",
     ]
     rows = []
     for pr in presets:
         for prof in profiles_of(pr, profiles):
 
-            def acc(on: bool, pr: str = pr, prof: str = prof) -> dict[int, float]:
+            def acc(bounds: str, pr: str = pr, prof: str = prof) -> dict[int, float]:
                 out = {}
                 for s in seeds:
-                    a = done[(pr, prof, s, on)]["accuracy"]
+                    a = done[(pr, prof, s, bounds)]["accuracy"]
                     out[s] = sum(a.values()) / len(a)
                 return out
 
-            runs = [done[(pr, prof, s, True)] for s in seeds]
+            runs = [done[(pr, prof, s, defence)] for s in seeds]
             touched = sum(r["touched"] for r in runs)
             received = sum(r["received"] for r in runs)
             kinds: dict[str, int] = {}
             for r in runs:
                 for k, n in r["by_kind"].items():
                     kinds[k] = kinds.get(k, 0) + n
-            on, off = acc(True), acc(False)
+            on, off = acc(defence), acc("off")
             d, eq = paired_ci(on, off), equivalence(on, off, margin)
             fraction = touched / received if received else float("nan")
             rows.append(
@@ -211,9 +234,10 @@ def _table(
 
 
 def placement(
-    runs: list[dict[str, Any]], over: set[tuple[str, str]]
+    runs: list[dict[str, Any]], over: set[tuple[str, str]], on_name: str = "the defaults"
 ) -> tuple[dict[str, Any], list[str]]:
-    """Where the bounds acted in the runs with the defaults: events per model and kind,
+    """Where the bounds acted in the runs with the defaults (``on_name``: what the
+    bounds were, for the page): events per model and kind,
     over every row and over the rows above the target (``over``: their (preset,
     profile)); and the clipped updates' clients' example counts against their model's
     median (from each run's :func:`where`; runs cached before it was recorded are
@@ -236,7 +260,7 @@ def placement(
     ratios = sorted(x for r in recorded for x in r["clipped_sizes"])
     kinds = sorted({k for row in table.values() for k in row})
     lines = [
-        "Where the bounds acted, per model (events in every run with the defaults; in "
+        f"Where the bounds acted, per model (events in every run with {on_name}; in "
         "brackets, in the rows above the target):",
         "",
         "| model | " + " | ".join(kinds) + " |",
@@ -341,6 +365,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--workers", type=int, default=min(2, os.cpu_count() or 1), help="runs in parallel"
     )
+    p.add_argument(
+        "--defences",
+        default="default",
+        help="the bounds of the runs set against every bound off: 'default' (the presets' "
+        "defaults) or another of hostile_clients.py's configurations that keeps the "
+        f"aggregator ({', '.join(d for d in DEFENCES if d not in AGGREGATOR_DEFENCES)})",
+    )
     p.add_argument("--cache", default="", help="JSON-lines file of finished runs (reused)")
     p.add_argument("--json", default="", help="write the runs and the rows here")
     p.add_argument("--markdown", default="", help="write the table here")
@@ -354,10 +385,16 @@ def main(argv: list[str] | None = None) -> int:
     if len(seeds) < 2:
         p.error("--seeds needs at least two seeds (the differences are paired by seed)")
     margin = margin_arg(p, a.margin)
+    if a.defences not in DEFENCES or a.defences in AGGREGATOR_DEFENCES:
+        p.error(
+            "--defences takes one configuration of "
+            + ", ".join(d for d in DEFENCES if d not in AGGREGATOR_DEFENCES)
+            + f" (got {a.defences!r}; the aggregator ones do not apply to every preset)"
+        )
     _check(p, a)
     shape = (a.num_clients, a.num_rounds, a.local_epochs)
     jobs = [
-        (pr, prof, s, on, *shape)
+        (pr, prof, s, on, *shape, a.defences)
         for pr in presets
         for prof in profiles_of(pr, profiles)
         for s in seeds
@@ -370,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
             r = json.loads(line)
             if tuple(r.get("shape", ())) == shape:
                 done[_key(r)] = r
-    todo = [j for j in jobs if j[:4] not in done]
+    todo = [j for j in jobs if _job_key(j) not in done]
     print(f"{len(jobs)} runs, {len(todo)} to do", flush=True)
     from concurrent.futures import ProcessPoolExecutor
 
@@ -383,15 +420,22 @@ def main(argv: list[str] | None = None) -> int:
                     f.write(json.dumps(r) + "\n")
             print(
                 f"  {r['preset']} {r['profile']} seed {r['seed']} "
-                f"{'defaults' if r['defaults'] else 'off'}: touched {r['touched']} of "
+                f"{_key(r)[3]}: touched {r['touched']} of "
                 f"{r['received']}",
                 flush=True,
             )
-    lines, rows = _table(presets, profiles, seeds, done, margin)
+    lines, rows = _table(presets, profiles, seeds, done, margin, a.defences)
     counts, sentence = summary(rows, margin)
     over = {(r["preset"], r["profile"]) for r in rows if r["fraction"] > TOUCHED_TARGET}
-    defaults_runs = [done[j[:4]] for j in jobs if j[3]]
-    placed, where_lines = placement(defaults_runs, over)
+    on_runs = [done[_job_key(j)] for j in jobs if j[3]]
+    on_words = (
+        "the defaults"
+        if a.defences == "default"
+        else f"`{a.defences}` ("
+        + ", ".join(f"{k} {v:g}" for k, v in DEFENCES[a.defences].items())
+        + ", the other bounds at their defaults)"
+    )
+    placed, where_lines = placement(on_runs, over, on_words)
     text = [
         f"`{command('honest_false_positives', argv)}`",
         "",
@@ -399,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Every client honest; {a.num_clients} clients, {a.num_rounds} rounds, "
         f"{a.local_epochs} local epochs, default tasks, in-process engine, seeds "
-        f"{', '.join(map(str, seeds))}; {len(jobs) // 2} runs with the defaults and as many "
+        f"{', '.join(map(str, seeds))}; {len(jobs) // 2} runs with {on_words} and as many "
         "with every bound off. Accuracy: final, mean over the models. MMFL-Group runs on "
         "clustered profiles only (its clusters need them).",
         "",
@@ -417,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": list(done.values()),
         "seeds": seeds,
         "margin": margin,
+        "defence": a.defences,
     }
     write_outputs(a.json, a.markdown, payload, "\n".join(text))
     return 0

@@ -192,12 +192,16 @@ def _reference(name: str) -> bool:
 #: clip alone, without the direction check and the bound on reversed updates;
 #: "no-clip": neither (only the rejection bounds); "collusion": the defaults plus
 #: the collusion check at its measured factor (off by default); "collusion-centered-clip":
-#: the collusion check with centered clipping as the aggregator
+#: the collusion check with centered clipping as the aggregator; "loose": the defaults with
+#: the update clip at 5 and the bound on reversed updates at 8 (the setting that meets the
+#: false-positive target on honest runs, measured against the single attackers:
+#: docs/explanation/defences.md, "The trade-off")
 DEFENCES = {
     "default": {},
     "collusion": {"collusion_factor": 4.0},  # COLLUSION_FACTOR
     "influence-clip": {"influence_clip_factor": 4.0},  # INFLUENCE_CLIP_FACTOR
     "no-reversed": {"reversed_influence_factor": 0.0},
+    "loose": {"update_clip_factor": 5.0, "reversed_influence_factor": 8.0},
     "no-direction": {"direction_factor": 0.0, "reversed_influence_factor": 0.0},
     "no-clip": {
         "update_clip_factor": 0.0,
@@ -663,8 +667,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--defences",
         default="default,no-clip",
-        help="--field: defence configurations (default, influence-clip, "
-        "no-reversed, no-direction, no-clip, median, centered-clip)",
+        help=f"--field: defence configurations ({', '.join(DEFENCES)})",
     )
     p.add_argument("--workers", type=int, default=2, help="--field: parallel runs")
     p.add_argument("--cache", default="", help="--field: JSONL file of finished runs (reused)")

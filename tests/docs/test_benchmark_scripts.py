@@ -257,6 +257,50 @@ def test_the_false_positive_page_says_where_the_bounds_acted():
     assert lines[-1] == "(1 runs were cached before this was recorded.)"
 
 
+def test_the_false_positive_benchmark_runs_the_bounds_it_is_given(monkeypatch):
+    """``--defences loose``: the runs set against every bound off get loose's settings
+    (update clip 5, reversed-update bound 8), the runs with every bound off get
+    ``defences="off"``, and the cache keeps the two apart from the defaults' runs (a run
+    recorded before the option existed ran with the defaults)."""
+    sys.path.insert(0, str(BENCH))
+    import honest_false_positives as FP
+
+    import mmfl_flwr.runner as R
+
+    seen = []
+
+    class Result:
+        events: list = []
+        received: dict = {}
+
+        def final(self):
+            return {"digits": {"accuracy": 0.5}}
+
+    def fake(settings, client_hook=None):
+        seen.append(settings)
+        return Result()
+
+    monkeypatch.setattr(R, "run_inprocess", fake)
+    on = FP._run(("mfa-rr", "uniform", 0, True, 6, 2, 1, "loose"))
+    off = FP._run(("mfa-rr", "uniform", 0, False, 6, 2, 1, "loose"))
+    plain = FP._run(("mfa-rr", "uniform", 0, True, 6, 2, 1, "default"))
+    assert (seen[0].update_clip_factor, seen[0].reversed_influence_factor) == (5.0, 8.0)
+    assert seen[0].defences == "default" and seen[1].defences == "off"
+    assert (seen[2].update_clip_factor, seen[2].reversed_influence_factor) == (3.0, 4.0)
+    assert FP._key(on) == ("mfa-rr", "uniform", 0, "loose")
+    assert FP._key(off) == ("mfa-rr", "uniform", 0, "off")
+    assert FP._key(plain) == ("mfa-rr", "uniform", 0, "default")
+    older = {k: v for k, v in on.items() if k != "defence"}  # recorded before --defences
+    assert FP._key(older) == ("mfa-rr", "uniform", 0, "default")
+
+
+def test_the_false_positive_benchmark_refuses_an_aggregator_configuration():
+    """An aggregator configuration (median) does not apply to every preset: refused in
+    one line, exit 2, before any run."""
+    line = _refused(_run("honest_false_positives.py", "--defences", "median", "--seeds", "0,1"))
+    assert "--defences takes one configuration of" in line and "'median'" in line
+
+
 @pytest.mark.slow
 def test_the_false_positive_benchmark_counts_touched_updates(tmp_path):
     """honest_false_positives.py at its smallest: MMFL-Group gets one clustered row (not

@@ -1,5 +1,5 @@
-"""The bounds' false-positive rate: how many honest updates the default bounds touch,
-and what that costs (issue 60 item 4).
+"""The bounds' false-positive rate: how many honest updates the default bounds (or another
+configuration's, ``--defences``) touch, and what that costs (issue 60 item 4).
 
     python benchmarks/honest_false_positives.py --seeds 0-5 \\
         --profiles uniform,paper003,clusters-consistent,clusters-inconsistent \\
@@ -8,12 +8,14 @@ and what that costs (issue 60 item 4).
         --json docs/results/honest_false_positives.json
 
 Every client honest. Each preset runs on each profile twice per seed: with its defaults
-(or with one of ``hostile_clients.py``'s defence configurations, ``--defences``) and with
+(or with one of ``hostile_clients.py``'s defence configurations that keep the aggregator,
+``--defences``) and with
 ``--defences off`` (every bound off), paired by seed (the same seed gives both
 runs the same federation, initial weights and data). Per preset and profile: the
 fraction of the updates received that some bound rejected or scaled (each update once,
 ``summary.json``'s ``defence_events.updates_touched``), the events per kind, and the
-final accuracy (mean over the models) with the defaults minus with every bound off,
+final accuracy (mean over the models) with the defaults (or the ``--defences``
+configuration) minus with every bound off,
 paired over the seeds with its 95% t interval and a paired TOST against ``--margin``.
 MMFL-Group (``group``) needs clustered clients: a profile without clusters is replaced
 by ``clusters-consistent`` for it (each profile once).
@@ -124,8 +126,10 @@ def _run(job: tuple[str, str, int, bool, int, int, int, str]) -> dict[str, Any]:
         "preset": preset,
         "profile": profile,
         "seed": seed,
+        # True: with bounds (the defaults or ``defence``'s); False: every bound off
         "defaults": on,
         **({"defence": defence} if on and defence != "default" else {}),
+        **({"bounds": DEFENCES[defence]} if on else {}),
         "accuracy": {t: r["accuracy"] for t, r in result.final().items()},
         "touched": len(E.touched_updates(events)),
         "received": received,
@@ -159,6 +163,18 @@ def _key(r: dict[str, Any]) -> tuple[str, str, int, str]:
     configuration it ran with; runs recorded before ``--defences`` ran with "default")."""
     bounds = r.get("defence", "default") if r["defaults"] else "off"
     return (r["preset"], r["profile"], r["seed"], bounds)
+
+
+def _reusable(r: dict[str, Any]) -> bool:
+    """Whether a cached run may stand for its key's configuration today: one with every
+    bound off always; one with bounds only if the settings it ran with (``bounds``; a
+    run recorded before they were ran with the defaults, ``{}``) are still those of its
+    configuration's name, so that a configuration retuned under the same name is run
+    again rather than read from runs made with its old settings."""
+    if not r["defaults"]:
+        return True
+    name = r.get("defence", "default")
+    return name in DEFENCES and r.get("bounds", {}) == DEFENCES[name]
 
 
 def _job_key(job: tuple[str, str, int, bool, int, int, int, str]) -> tuple[str, str, int, str]:
@@ -385,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(seeds) < 2:
         p.error("--seeds needs at least two seeds (the differences are paired by seed)")
     margin = margin_arg(p, a.margin)
-    if a.defences not in DEFENCES or a.defences in AGGREGATOR_DEFENCES:
+    if a.defences not in DEFENCES or a.defences in AGGREGATOR_DEFENCES or a.defences == "off":
         p.error(
             "--defences takes one configuration of "
             + ", ".join(d for d in DEFENCES if d not in AGGREGATOR_DEFENCES)
@@ -400,12 +416,12 @@ def main(argv: list[str] | None = None) -> int:
         for s in seeds
         for on in (True, False)
     ]
-    done: dict[tuple[str, str, int, bool], dict[str, Any]] = {}
+    done: dict[tuple[str, str, int, str], dict[str, Any]] = {}
     cache = Path(a.cache) if a.cache else None
     if cache and cache.exists():
         for line in cache.read_text().splitlines():
             r = json.loads(line)
-            if tuple(r.get("shape", ())) == shape:
+            if tuple(r.get("shape", ())) == shape and _reusable(r):
                 done[_key(r)] = r
     todo = [j for j in jobs if _job_key(j) not in done]
     print(f"{len(jobs)} runs, {len(todo)} to do", flush=True)
@@ -458,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "summary": counts,
         "where": placed,
-        "runs": list(done.values()),
+        "runs": [done[_job_key(j)] for j in jobs],
         "seeds": seeds,
         "margin": margin,
         "defence": a.defences,

@@ -195,13 +195,15 @@ def _reference(name: str) -> bool:
 #: the collusion check with centered clipping as the aggregator; "loose": the defaults with
 #: the update clip at 5 and the bound on reversed updates at 8 (the setting that meets the
 #: false-positive target on honest runs, measured against the single attackers:
-#: docs/explanation/defences.md, "The trade-off")
+#: docs/explanation/defences.md, "The trade-off"); "tight": the defaults with both at 2 (the
+#: other side of that trade-off)
 DEFENCES = {
     "default": {},
     "collusion": {"collusion_factor": 4.0},  # COLLUSION_FACTOR
     "influence-clip": {"influence_clip_factor": 4.0},  # INFLUENCE_CLIP_FACTOR
     "no-reversed": {"reversed_influence_factor": 0.0},
     "loose": {"update_clip_factor": 5.0, "reversed_influence_factor": 8.0},
+    "tight": {"update_clip_factor": 2.0, "reversed_influence_factor": 2.0},
     "no-direction": {"direction_factor": 0.0, "reversed_influence_factor": 0.0},
     "no-clip": {
         "update_clip_factor": 0.0,

@@ -294,11 +294,62 @@ def test_the_false_positive_benchmark_runs_the_bounds_it_is_given(monkeypatch):
     assert FP._key(older) == ("mfa-rr", "uniform", 0, "default")
 
 
-def test_the_false_positive_benchmark_refuses_an_aggregator_configuration():
-    """An aggregator configuration (median) does not apply to every preset: refused in
-    one line, exit 2, before any run."""
-    line = _refused(_run("honest_false_positives.py", "--defences", "median", "--seeds", "0,1"))
-    assert "--defences takes one configuration of" in line and "'median'" in line
+@pytest.mark.parametrize("name", ["median", "off", "bogus"])
+def test_the_false_positive_benchmark_refuses_a_configuration_it_cannot_run(name):
+    """An aggregator configuration (median) does not apply to every preset, "off" is
+    the side every row is set against, an unknown name is unknown: each refused in one
+    line, exit 2, before any run."""
+    line = _refused(_run("honest_false_positives.py", "--defences", name, "--seeds", "0,1"))
+    assert "--defences takes one configuration of" in line and f"'{name}'" in line
+
+
+def test_the_false_positive_page_reads_the_runs_of_its_configuration(tmp_path, capsys):
+    """One cache holding, for one preset and profile and two seeds, runs with the defaults
+    (recorded before --defences existed: no ``defence``, no ``bounds``), with ``loose``
+    and with every bound off, each configuration with its own touched count: the page
+    of each configuration reads its own runs and the off ones (nothing to run), and its
+    JSON holds exactly those. A ``loose`` run made with other settings than loose's
+    today is not reused."""
+    import json
+
+    sys.path.insert(0, str(BENCH))
+    import honest_false_positives as FP
+
+    def rec(seed, on, touched, **extra):
+        return {
+            "preset": "mfa-rr", "profile": "uniform", "seed": seed, "defaults": on,
+            "accuracy": {"digits": 0.5 + touched / 100}, "touched": touched,
+            "received": 100, "by_kind": {"clipped": touched} if touched else {},
+            "shape": [20, 10, 2], **extra,
+        }  # fmt: skip
+
+    loose = dict(FP.DEFENCES["loose"])
+    runs = [
+        r
+        for s in (0, 1)
+        for r in (
+            rec(s, True, 3),
+            rec(s, True, 1, defence="loose", bounds=loose),
+            rec(s, False, 0),
+        )
+    ]
+    cache = tmp_path / "runs.jsonl"
+    cache.write_text("".join(json.dumps(r) + "\n" for r in runs))
+    args = ["--presets", "mfa-rr", "--profiles", "uniform", "--seeds", "0,1", "--cache", str(cache)]
+    for name, touched, header in (("loose", 1, "loose - off"), ("default", 3, "defaults - off")):
+        out = tmp_path / f"{name}.json"
+        assert FP.main([*args, "--defences", name, "--json", str(out)]) == 0
+        printed = capsys.readouterr().out
+        assert printed.startswith("4 runs, 0 to do") and f"| {header} [95% CI]" in printed
+        page = json.loads(out.read_text())
+        assert page["rows"][0]["touched"] == 2 * touched and page["defence"] == name
+        assert sorted((r["seed"], r["touched"]) for r in page["runs"]) == [
+            (0, 0), (0, touched), (1, 0), (1, touched),
+        ]  # fmt: skip
+    retuned = rec(0, True, 1, defence="loose", bounds={**loose, "update_clip_factor": 9.0})
+    assert FP._reusable(runs[1]) and FP._reusable(runs[0]) and FP._reusable(runs[2])
+    assert not FP._reusable(retuned)
+    assert not FP._reusable({**runs[1], "bounds": {}})  # loose's name, the defaults' settings
 
 
 @pytest.mark.slow

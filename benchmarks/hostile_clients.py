@@ -308,6 +308,17 @@ def field_settings(preset: str, defence: str, seed: int, rounds: int = 8) -> Any
     )
 
 
+def reusable(r: dict[str, Any]) -> bool:
+    """Whether a cached field run may stand for its configuration today: its settings
+    (``bounds``, recorded since the configurations ``loose`` and ``tight`` were added)
+    are still its configuration's, so that a configuration retuned under its name runs
+    again. A run recorded before has none and is kept: its page's header says the code it
+    was made with."""
+    if "bounds" not in r:
+        return True
+    return r["defence"] in DEFENCES and r["bounds"] == _defence(r["preset"], r["defence"])
+
+
 def _field_run(job: tuple[str, str, str, int]) -> dict[str, Any]:
     preset, defence, attack, seed = job
     from mmfl_flwr.runner import run_inprocess
@@ -347,6 +358,7 @@ def _field_run(job: tuple[str, str, str, int]) -> dict[str, Any]:
     return {
         "preset": preset,
         "defence": defence,
+        "bounds": _defence(preset, defence),
         "attack": attack,
         "seed": seed,
         "accuracy": {t: r["accuracy"] for t, r in result.final().items()},
@@ -527,7 +539,8 @@ def field(a: argparse.Namespace, argv: list[str] | None = None) -> int:
     if cache and cache.exists():
         for line in cache.read_text().splitlines():
             r = json.loads(line)
-            done[(r["preset"], r["defence"], r["attack"], r["seed"])] = r
+            if reusable(r):
+                done[(r["preset"], r["defence"], r["attack"], r["seed"])] = r
     todo = [j for j in jobs if j not in done]
     print(f"{len(jobs)} runs, {len(todo)} to do", flush=True)
     with ProcessPoolExecutor(a.workers) as ex:

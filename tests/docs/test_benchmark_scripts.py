@@ -382,6 +382,24 @@ def test_the_false_positive_benchmark_counts_touched_updates(tmp_path):
         assert all(not x["by_kind"] for x in mine if not x["defaults"])  # off: no event
 
 
+def test_a_field_run_made_with_other_settings_than_its_configurations_is_run_again():
+    """A cached field run is reused while the settings it recorded are still its
+    configuration's; one recorded with loose's name and other numbers is not, nor one of a
+    configuration no longer defined; a run recorded before settings were recorded is kept."""
+    sys.path.insert(0, str(BENCH))
+    import hostile_clients as HC
+
+    run = {"preset": "mfa-rr", "defence": "loose", "attack": "x50", "seed": 0}
+    assert HC.reusable({**run, "bounds": dict(HC.DEFENCES["loose"])})
+    assert not HC.reusable({**run, "bounds": {**HC.DEFENCES["loose"], "update_clip_factor": 9.0}})
+    assert not HC.reusable({**run, "defence": "gone", "bounds": {}})
+    assert HC.reusable(run)
+    # centered clipping keeps the preset's weights: LVR's runs record the unbiased variant
+    lvr = {**run, "preset": "lvr", "defence": "centered-clip"}
+    assert HC.reusable({**lvr, "bounds": {"aggregator": "unbiased-centered-clip"}})
+    assert not HC.reusable({**lvr, "bounds": {"aggregator": "centered-clip"}})
+
+
 def test_the_field_states_its_rows_against_the_targets():
     """Hand-made rows: a single flipper whose others' drop (0.06) exceeds the
     absent run's upper bound (0.03) + 0.02 by 0.01 while its server drop (0.07)

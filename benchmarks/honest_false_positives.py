@@ -68,7 +68,7 @@ from _evidence import (
     paired_ci,
     write_outputs,
 )
-from hostile_clients import AGGREGATOR_DEFENCES, DEFENCES
+from hostile_clients import AGGREGATOR_DEFENCES, DEFENCES, reusable
 
 CLUSTERED = ("clusters-consistent", "clusters-inconsistent")
 
@@ -173,8 +173,8 @@ def _reusable(r: dict[str, Any]) -> bool:
     again rather than read from runs made with its old settings."""
     if not r["defaults"]:
         return True
-    name = r.get("defence", "default")
-    return name in DEFENCES and r.get("bounds", {}) == DEFENCES[name]
+    # the field's rule (hostile_clients.reusable), with this page's record of the defaults
+    return reusable({**r, "defence": r.get("defence", "default"), "bounds": r.get("bounds", {})})
 
 
 def _job_key(job: tuple[str, str, int, bool, int, int, int, str]) -> tuple[str, str, int, str]:

@@ -103,7 +103,7 @@ INVESTIGATIONS: list[str] = [
     "docs/results/mnist5k/clients_9seeds/runs.jsonl",
     "python benchmarks/paper001_group.py --task mnist-5k --scenarios consistent --seeds "
     "0,1,2,3,4,5,6,7,8 --num-rounds 20 --out docs/results/mnist5k/consistent_9seeds --cache "
-    "docs/results/mnist5k/defence_cost_runs.jsonl",
+    "docs/results/mnist5k/consistent_9seeds/runs.jsonl",
     "python benchmarks/paper001_group.py --task mnist-5k --scenarios inconsistent --seeds "
     "0,1,2,3,4,5,6,7,8 --num-rounds 20 --out docs/results/mnist5k/inconsistent_9seeds "
     "--cache docs/results/mnist5k/inconsistent_9seeds/runs.jsonl",

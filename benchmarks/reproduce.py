@@ -118,11 +118,10 @@ INVESTIGATIONS: list[str] = [
     "python benchmarks/honest_defence_cost.py --task mnist-5k --scenarios consistent --seeds "
     "0-8 --num-rounds 20 --defences no-clip --cache docs/results/mnist5k/defence_cost_runs.jsonl "
     "--markdown docs/results/mnist5k/defence_cost.md",
-    # Table 1 on mnist-5k: its 30 runs measured 13.5 hours of summed run time, one core a
-    # run (full participation, StaleVR and GVR train every client: 44-58 minutes a run on
-    # today's code, 60-83 minutes for the seed-0 runs on older code; StaleVR peaks at about
-    # 9 GiB). --full drops its cache and makes every run again (hours); --reuse-cache
-    # re-reads it
+    # Table 1 on mnist-5k: its 30 runs measured 9.6 hours of summed run time, one core a
+    # run, two runs at a time (full participation, StaleVR and GVR train every client:
+    # 35-52 minutes a run; StaleVR peaks at about 9 GiB). --full drops its cache and makes
+    # every run again (hours); --reuse-cache re-reads it
     "python benchmarks/paper003_table1.py --full --tasks mnist-5k,mnist-5k,mnist-5k "
     "--methods full,random,lvr,gvr,stalevr,stalevre,fedvarp,mifa,scaffold,mifa-uploaded "
     "--seeds 0,1,2 --num-rounds 40 --engine inprocess --out docs/results/mnist5k/table1 "

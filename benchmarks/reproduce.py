@@ -120,7 +120,7 @@ INVESTIGATIONS: list[str] = [
     "--markdown docs/results/mnist5k/defence_cost.md",
     # Table 1 on mnist-5k: its 30 runs measured 9.6 hours of summed run time, one core a
     # run, two runs at a time (full participation, StaleVR and GVR train every client:
-    # 35-52 minutes a run; StaleVR peaks at about 9 GiB). --full drops its cache and makes
+    # 34-51 minutes a run; StaleVR peaks at about 9 GiB). --full drops its cache and makes
     # every run again (hours); --reuse-cache re-reads it
     "python benchmarks/paper003_table1.py --full --tasks mnist-5k,mnist-5k,mnist-5k "
     "--methods full,random,lvr,gvr,stalevr,stalevre,fedvarp,mifa,scaffold,mifa-uploaded "

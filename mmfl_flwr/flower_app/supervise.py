@@ -10,6 +10,14 @@ leaves those running. So the supervisor ends the whole tree (every descendant,
 found with ``ps``) on SIGTERM/SIGINT, and also when its parent dies, even by
 SIGKILL (it polls its parent id), so a killed ``mmfl run`` leaves no simulation
 behind writing into its output folder.
+
+The process running the ServerApp (``flwr-simulation``; ``flwr-serverapp`` on a
+SuperLink) is ended first, with SIGKILL, and only then the rest: Flower runs the
+ServerApp in a thread that a SIGTERM does not stop, so with Ray's workers ending
+under it, the round in progress would get failed replies, and the ServerApp
+could still finish that round and checkpoint it. A resumed run then continues
+from the last round that finished with its clients, as a run that was never
+stopped does.
 """
 
 from __future__ import annotations
@@ -20,6 +28,32 @@ import subprocess
 import sys
 import time
 from types import FrameType
+
+#: The commands that run the ServerApp (which writes the checkpoint).
+WRITERS = ("flwr-simulation", "flwr-serverapp")
+
+
+def is_writer(command: str) -> bool:
+    """Whether the command line ``command`` (``ps``'s ``args``) runs a ServerApp:
+    its program, or the script its Python runs, is one of :data:`WRITERS`."""
+    words = command.split()[:2]
+    return any(os.path.basename(w) in WRITERS for w in words)
+
+
+def _commands() -> dict[int, str]:
+    """The command line of every process, from ``ps``."""
+    out = subprocess.run(
+        ["ps", "-A", "-ww", "-o", "pid=", "-o", "args="],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    found = {}
+    for line in out.splitlines():
+        pid, _, command = line.strip().partition(" ")
+        if pid.isdigit():
+            found[int(pid)] = command.strip()
+    return found
 
 
 def descendants(root: int) -> list[int]:
@@ -42,10 +76,18 @@ def descendants(root: int) -> list[int]:
 
 
 def end_tree(root: int, grace: float = 10.0) -> None:
-    """SIGTERM ``root`` and all its descendants, SIGKILL whatever is left after
-    ``grace`` seconds. The tree is listed first: a child whose parent ends
-    first is re-parented and could not be found afterwards."""
+    """SIGKILL the ServerApp processes below ``root`` (:func:`is_writer`) and wait
+    for them, then SIGTERM ``root`` and all its other descendants, SIGKILL whatever
+    is left after ``grace`` seconds. The tree is listed first: a child whose
+    parent ends first is re-parented and could not be found afterwards."""
     tree = [root, *descendants(root)]
+    commands = _commands()
+    writers = [p for p in tree if is_writer(commands.get(p, ""))]
+    for pid in writers:
+        _signal(pid, signal.SIGKILL)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_alive(p) for p in writers):
+        time.sleep(0.05)
     for pid in tree:
         _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
@@ -73,7 +115,13 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    if not os.path.isdir("/proc/self"):  # no /proc (macOS): alive as far as we can tell
+        return True
+    try:  # a zombie (ended, not yet reaped by its parent) is gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):  # it ended meanwhile
+        return False
 
 
 def main(argv: list[str]) -> int:

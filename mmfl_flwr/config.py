@@ -564,16 +564,18 @@ class Settings:
             except ValueError as err:  # json.JSONDecodeError is one too
                 raise ValueError(f"{path}: {err}") from err
 
-    def check_resumes(self, stored: Settings, where: str) -> None:
+    def check_resumes(self, stored: Settings, where: str, base: str | None = None) -> None:
         """Raise ValueError unless these settings may continue the run that
         ``stored`` (its ``config.json``, in folder ``where``) describes: every
-        setting but :data:`RESUME_MAY_CHANGE` and the locations must be equal."""
+        setting but :data:`RESUME_MAY_CHANGE` and the locations must be equal.
+        A relative folder in ``stored`` names one from ``base`` (default: the
+        working folder)."""
         for f in dataclasses.fields(self):
             if f.name in ("extra", *RESUME_MAY_CHANGE, *_LOCATION):
                 continue
             old, new = getattr(stored, f.name), getattr(self, f.name)
             if f.name in _PATHS and old and new:  # 'data' and /abs/data may be one folder
-                same = os.path.realpath(old) == os.path.realpath(new)
+                same = os.path.realpath(os.path.join(base or "", old)) == os.path.realpath(new)
             else:
                 same = old == new
             if not same:

@@ -74,16 +74,24 @@ def app_pyproject(run_config: dict[str, Any]) -> str:
 #: (recorded in config.json's ``effective``).
 CLIENTS_PER_NODE_USED_KEY = "mmfl-clients-per-node-used"
 
+#: Run-config key (not a setting) by which a resumed run on mmfl run's simulation
+#: engine tells the ServerApp, which runs in another working folder, the folder
+#: mmfl run was started in: a relative folder in the resumed run's config.json
+#: (``data-root``) names a folder from there.
+LAUNCH_DIR_KEY = "mmfl-launch-dir"
+
 
 def launched_run_config(settings: Settings, out: Path, clients_per_node: int) -> dict[str, Any]:
     """The run config that :func:`run_on_superlink` submits: the settings
     (``clients-per-node`` as typed: config.json, resume and mmfl compare read
-    it), absolute output, resume, data and TensorBoard folders, and with ``auto`` the
-    ``clients_per_node`` chosen (:data:`CLIENTS_PER_NODE_USED_KEY`)."""
+    it), absolute output, resume, data and TensorBoard folders, with ``auto`` the
+    ``clients_per_node`` chosen (:data:`CLIENTS_PER_NODE_USED_KEY`), and when
+    resuming the working folder (:data:`LAUNCH_DIR_KEY`)."""
     config = settings.to_run_config()
     config["output-dir"] = str(out)
     if settings.resume_from:
         config["resume-from"] = str(Path(settings.resume_from).resolve())
+        config[LAUNCH_DIR_KEY] = os.getcwd()
     if settings.data_root:
         config["data-root"] = str(Path(settings.data_root).resolve())
     if settings.log_dir:  # TensorBoard's folder, as the user's working folder names it

@@ -30,6 +30,7 @@ from mmfl_flwr.checkpoint import checkpoint_file
 from mmfl_flwr.config import Settings
 from mmfl_flwr.core.card import card, check_unused_settings
 from mmfl_flwr.core.scaffold import ScaffoldAggregator
+from mmfl_flwr.flower_app.app_folder import LAUNCH_DIR_KEY
 from mmfl_flwr.flower_app.data import effective_settings, resolved_budget, warn_if_few_uploads
 from mmfl_flwr.flower_app.run_files import PLOT_EVERY_SECONDS as PLOT_EVERY_SECONDS
 from mmfl_flwr.flower_app.run_files import RUN_FILES as RUN_FILES
@@ -132,7 +133,11 @@ def check_resume(s: Settings, strategy: Any) -> int:
     target = checkpoint_file(s.resume_from)
     stored = target.parent / "config.json"
     if stored.is_file():
-        s.check_resumes(Settings.load(str(stored)), str(target.parent))
+        # mmfl run's simulation engine runs this in another folder than its own
+        base = s.extra.get(LAUNCH_DIR_KEY)
+        s.check_resumes(
+            Settings.load(str(stored)), str(target.parent), base if isinstance(base, str) else None
+        )
     done = int(strategy.check_resumable(s.resume_from)["round"])
     if s.num_rounds < done:
         raise ValueError(

@@ -331,3 +331,19 @@ def test_resume_takes_two_spellings_of_one_data_folder_as_equal(tmp_path, monkey
     Settings(data_root="./data/").check_resumes(stored, "run")
     with pytest.raises(ValueError, match="data-root"):
         Settings(data_root=str(tmp_path / "other")).check_resumes(stored, "run")
+
+
+def test_a_stored_relative_data_folder_names_one_from_the_given_base(tmp_path, monkeypatch):
+    """The ServerApp of mmfl run's simulation engine runs in another folder: a
+    relative data-root in config.json names a folder from the one mmfl run was
+    started in (``base``), not from the ServerApp's."""
+    (tmp_path / "user" / "data").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    stored = Settings(data_root="data")
+    given = Settings(data_root=str(tmp_path / "user" / "data"))
+    with pytest.raises(ValueError, match="data-root"):
+        given.check_resumes(stored, "run")
+    given.check_resumes(stored, "run", base=str(tmp_path / "user"))
+    with pytest.raises(ValueError, match="data-root"):
+        given.check_resumes(stored, "run", base=str(tmp_path / "elsewhere"))

@@ -29,6 +29,7 @@ Slow: each Ray run costs ~15-30 s on 2 cores.
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 import re
@@ -161,6 +162,50 @@ def test_interrupted_and_killed_runs_resume_on_the_simulation_engine(tmp_path: P
     assert [(r["round"], r["task"], r["uploads"]) for r in rows] == [
         (r["round"], r["task"], r["uploads"]) for r in _rows(tmp_path / "inp" / "metrics.csv")
     ]
+
+
+def test_an_in_process_run_resumes_on_the_simulation_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run started on the in-process engine with its data folder relative (the
+    default ``data``) continues on the simulation engine (``--resume`` without
+    ``--engine``) from the folder it was started in, with the assignments of the
+    run made in one go: the ServerApp runs in another working folder and resolves
+    the stored relative folder from the one ``mmfl run`` was started in."""
+    monkeypatch.chdir(tmp_path)
+    args = ["--num-clients", "4", "--local-epochs", "1", "--strategy", "stalevre"]
+    assert (
+        cli.main(
+            ["run", *args, "--num-rounds", "1", "--output-dir", "run", "--engine", "inprocess"]
+        )
+        == 0
+    )
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["data-root"] == "data"
+    marker = new_marker()
+    env = flower_env(tmp_path / "home", marker)
+    try:
+        res = run_cmd(
+            [sys.executable, "-m", "mmfl_flwr.cli", "run", "--resume", "run", "--num-rounds", "3"],
+            env=env,
+            cwd=tmp_path,
+            timeout=300,
+        )
+    finally:
+        for pid in pids_with_marker(marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert res.returncode == 0, describe(res)
+    assert (
+        cli.main(
+            ["run", *args, "--num-rounds", "3", "--output-dir", "ref", "--engine", "inprocess"]
+        )
+        == 0
+    )
+    assert (tmp_path / "run" / "assignments.csv").read_text() == (
+        tmp_path / "ref" / "assignments.csv"
+    ).read_text()
 
 
 def test_user_task_example_runs_on_the_simulation_engine(tmp_path: Path) -> None:

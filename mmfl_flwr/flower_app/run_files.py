@@ -222,6 +222,19 @@ def _with_round_files(
     return callback
 
 
+def files_after_a_stop(s: Settings) -> None:
+    """After mmfl run ended the simulation engine's processes (Ctrl-C, SIGTERM),
+    whose ServerApp never saw the interrupt: what the in-process engine's
+    interrupt leaves. No half-written file (``*.tmp`` of the run's files), the
+    CSVs holding exactly the checkpoint's rounds, and ``report.html`` of them."""
+    if not s.output_dir:
+        return
+    for name in (*RUN_FILES, CHECKPOINT_FILE, "config.json"):
+        Path(s.output_dir, f"{name}.tmp").unlink(missing_ok=True)
+    _files_of_finished_rounds(s.output_dir)
+    _report(s)
+
+
 def _files_of_finished_rounds(output_dir: str) -> None:
     """After an interrupt: ``metrics.csv``, ``assignments.csv`` and ``events.csv`` hold exactly the
     rounds of the checkpoint (the interrupt may have come between a round's

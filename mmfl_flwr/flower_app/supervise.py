@@ -27,17 +27,32 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from types import FrameType
 
 #: The commands that run the ServerApp (which writes the checkpoint).
 WRITERS = ("flwr-simulation", "flwr-serverapp")
 
 
-def is_writer(command: str) -> bool:
-    """Whether the command line ``command`` (``ps``'s ``args``) runs a ServerApp:
-    its program, or the script its Python runs, is one of :data:`WRITERS`."""
-    words = command.split()[:2]
-    return any(os.path.basename(w) in WRITERS for w in words)
+def is_writer(argv: Sequence[str]) -> bool:
+    """Whether the command ``argv`` runs a ServerApp: its program, or the script
+    its interpreter runs (the first argument that is not an option), is one of
+    :data:`WRITERS`."""
+    if not argv:
+        return False
+    script = next((a for a in argv[1:] if not a.startswith("-")), "")
+    return os.path.basename(argv[0]) in WRITERS or os.path.basename(script) in WRITERS
+
+
+def _argv(pid: int, listed: Mapping[int, str]) -> list[str]:
+    """The command of ``pid``: its arguments from ``/proc`` (exact, spaces and
+    all), else its line in ``listed`` (``ps``'s, split at spaces)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return listed.get(pid, "").split()
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
 def _commands() -> dict[int, str]:
@@ -81,8 +96,8 @@ def end_tree(root: int, grace: float = 10.0) -> None:
     is left after ``grace`` seconds. The tree is listed first: a child whose
     parent ends first is re-parented and could not be found afterwards."""
     tree = [root, *descendants(root)]
-    commands = _commands()
-    writers = [p for p in tree if is_writer(commands.get(p, ""))]
+    listed = {} if os.path.isdir("/proc/self") else _commands()
+    writers = [p for p in tree if is_writer(_argv(p, listed))]
     for pid in writers:
         _signal(pid, signal.SIGKILL)
     deadline = time.monotonic() + grace
@@ -115,9 +130,13 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    if not os.path.isdir("/proc/self"):  # no /proc (macOS): alive as far as we can tell
-        return True
-    try:  # a zombie (ended, not yet reaped by its parent) is gone
+    # a zombie (ended, not yet reaped by its parent) is gone
+    if not os.path.isdir("/proc/self"):  # no /proc (macOS): ask ps
+        state = subprocess.run(
+            ["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        return bool(state) and not state.startswith("Z")
+    try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rpartition(")")[2].split()[0] != "Z"
     except (OSError, IndexError):  # it ended meanwhile

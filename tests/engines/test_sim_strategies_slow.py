@@ -117,6 +117,12 @@ def test_interrupted_and_killed_runs_resume_on_the_simulation_engine(tmp_path: P
         assert lines[0].startswith(f"mmfl run: interrupted after round {done} of 5;"), err
         resume = lines[0].split("continue with: ")[1]
         assert resume == f"mmfl run --resume {out}", resume
+        # the folder it names holds the finished rounds, as an in-process run's does
+        assert sorted({int(r["round"]) for r in _rows(out / "metrics.csv")}) == list(
+            range(done + 1)
+        )
+        assert "report.html" in lines[0] and (out / "report.html").is_file()
+        assert not list(out.glob("*.tmp"))
         # 2. the printed command, killed hard after a later round
         proc = subprocess.Popen(
             ["bash", "-c", resume],
@@ -135,10 +141,9 @@ def test_interrupted_and_killed_runs_resume_on_the_simulation_engine(tmp_path: P
         deadline = time.monotonic() + 60
         while pids_with_marker(marker) and time.monotonic() < deadline:
             time.sleep(0.2)
-        state = load_checkpoint(out)
-        done2 = state["round"]
+        killed = load_checkpoint(out)
+        done2 = killed["round"]
         assert done < done2 <= 5
-        assert not any(state["rejections"].values()), state["rejections"]
         # 3. and once more to the end
         res = run_cmd(["bash", "-c", resume], env=env, timeout=300)
         assert res.returncode == 0, describe(res)
@@ -159,6 +164,9 @@ def test_interrupted_and_killed_runs_resume_on_the_simulation_engine(tmp_path: P
     assert (out / "assignments.csv").read_text() == (
         tmp_path / "inp" / "assignments.csv"
     ).read_text()
+    # what the kill left was the uninterrupted run's rounds, rejections included
+    reference = load_checkpoint(tmp_path / "inp")
+    assert killed["rejections"] == {r: reference["rejections"][r] for r in range(1, done2 + 1)}
     assert [(r["round"], r["task"], r["uploads"]) for r in rows] == [
         (r["round"], r["task"], r["uploads"]) for r in _rows(tmp_path / "inp" / "metrics.csv")
     ]

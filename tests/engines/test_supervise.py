@@ -26,7 +26,7 @@ import os, subprocess, sys, time
 folder = sys.argv[1]
 read, write = os.pipe()
 worker = subprocess.Popen(
-    [sys.executable, "-c", "import time; time.sleep(120)"], pass_fds=(write,)
+    [sys.executable, "-c", "import time; time.sleep(120)", folder], pass_fds=(write,)
 )
 writer = subprocess.Popen(
     [sys.executable, os.path.join(folder, "flwr-simulation"), folder, str(read)],
@@ -51,7 +51,7 @@ with open(os.path.join(folder, "degraded-round"), "w") as f:
 def _start(tmp_path: Path) -> subprocess.Popen[bytes]:
     (tmp_path / "tree.py").write_text(TREE)
     (tmp_path / "flwr-simulation").write_text(WRITER)
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -63,27 +63,24 @@ def _start(tmp_path: Path) -> subprocess.Popen[bytes]:
         ],
         start_new_session=True,
     )
-    deadline = time.monotonic() + 60
-    while not (tmp_path / "ready").exists():
-        assert time.monotonic() < deadline and proc.poll() is None, "the tree did not start"
-        time.sleep(0.05)
-    return proc
 
 
 def _tree_pids(tmp_path: Path) -> list[int]:
+    """The supervisor and every process of the tree (each names ``tmp_path``)."""
     out = subprocess.run(
         ["ps", "-A", "-ww", "-o", "pid=", "-o", "args="], capture_output=True, text=True
     )
-    return [
-        int(line.split()[0])
-        for line in out.stdout.splitlines()
-        if str(tmp_path) in line and "supervise" not in line
-    ]
+    return [int(line.split()[0]) for line in out.stdout.splitlines() if str(tmp_path) in line]
 
 
 def test_a_stopped_tree_ends_the_serverapp_process_before_its_clients(tmp_path):
     proc = _start(tmp_path)
     try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "ready").exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "the tree did not start"
+            time.sleep(0.05)
+        assert len(_tree_pids(tmp_path)) == 4  # supervisor, tree, worker, writer
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
         time.sleep(1.0)  # a writer left running would have written by now
@@ -95,10 +92,25 @@ def test_a_stopped_tree_ends_the_serverapp_process_before_its_clients(tmp_path):
 
 
 def test_the_serverapp_processes_are_told_by_their_command():
-    assert supervise.is_writer("/venv/bin/python3 /venv/bin/flwr-simulation --token x")
-    assert supervise.is_writer("/venv/bin/flwr-serverapp --insecure")
-    assert not supervise.is_writer("/venv/bin/python3 /venv/bin/flower-superlink --simulation")
-    assert not supervise.is_writer("ray::ClientAppActor")
+    assert supervise.is_writer(["/venv/bin/python3", "/venv/bin/flwr-simulation", "--token", "x"])
+    assert supervise.is_writer(["/venv/bin/flwr-serverapp", "--insecure"])
+    assert supervise.is_writer(["/my dir/.venv/bin/python3", "/my dir/.venv/bin/flwr-simulation"])
+    assert supervise.is_writer(["python3", "-s", "/venv/bin/flwr-simulation", "--token", "x"])
     assert not supervise.is_writer(
-        "/venv/bin/python3 -m mmfl_flwr.cli run --output-dir flwr-simulation"
+        ["/venv/bin/python3", "/venv/bin/flower-superlink", "--simulation"]
     )
+    assert not supervise.is_writer(["ray::ClientAppActor"])
+    assert not supervise.is_writer(
+        ["/venv/bin/python3", "-m", "mmfl_flwr.cli", "run", "--output-dir", "flwr-simulation"]
+    )
+    assert not supervise.is_writer([])
+
+
+def test_a_process_is_told_by_its_exact_arguments():
+    """On Linux the arguments come from /proc, spaces included."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "a b"])
+    try:
+        assert supervise._argv(proc.pid, {})[-2:] == ["import time; time.sleep(30)", "a b"]
+    finally:
+        proc.kill()
+        proc.wait()

@@ -132,12 +132,19 @@ def run_simulation_engine(
     SuperNodes, each hosting ``clients_per_node`` = K clients (``auto``: one
     node per CPU Ray sees; :mod:`mmfl_flwr.flower_app.launch`). The result
     is read back from the run's checkpoint in its output folder (a temporary
-    one when ``output_dir`` is empty)."""
+    one when ``output_dir`` is empty). Interrupted (KeyboardInterrupt), it
+    leaves the output folder as the in-process engines do
+    (:func:`~mmfl_flwr.flower_app.run_files.files_after_a_stop`)."""
     from mmfl_flwr.checkpoint import CHECKPOINT_FILE, load_checkpoint
     from mmfl_flwr.flower_app.launch import run_on_superlink
+    from mmfl_flwr.flower_app.run_files import files_after_a_stop
     from mmfl_flwr.records import numpy_to_arrays
 
-    out = run_on_superlink(settings, num_cpus=num_cpus, verbose=verbose, **ray)
+    try:
+        out = run_on_superlink(settings, num_cpus=num_cpus, verbose=verbose, **ray)
+    except KeyboardInterrupt:  # the processes are ended, the ServerApp's never saw it
+        files_after_a_stop(settings)
+        raise
     state = load_checkpoint(out / CHECKPOINT_FILE)
     from mmfl_flwr.strategy.events import DefenceLog
 

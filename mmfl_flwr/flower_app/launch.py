@@ -69,7 +69,6 @@ from mmfl_flwr.flower_app.app_folder import app_pyproject as app_pyproject
 from mmfl_flwr.flower_app.app_folder import launched_run_config as launched_run_config
 from mmfl_flwr.flower_app.app_folder import remove_run_files, superlink_env, write_app
 from mmfl_flwr.flower_app.app_folder import remove_stale_shared_data as remove_stale_shared_data
-from mmfl_flwr.flower_app.run_files import files_after_a_stop
 from mmfl_flwr.flower_app.run_log import _ANSI, _last_line, _status
 from mmfl_flwr.flower_app.run_log import RESULTS_LINE as RESULTS_LINE
 from mmfl_flwr.flower_app.run_log import SimulationError as SimulationError
@@ -476,7 +475,6 @@ def run_on_superlink(
     link_log = work / "superlink.log"
     link = _start_superlink(port, env, work, link_log)
     stream: subprocess.Popen[str] | None = None
-    interrupted = False
     try:
         _wait_healthy(port, link, link_log, timeout=60)
         flwr = _exe("flwr")
@@ -492,17 +490,12 @@ def run_on_superlink(
             errors="replace",
         )
         _follow_to_the_end(stream, flwr, env, work, verbose, timeout)
-    except KeyboardInterrupt:
-        interrupted = True
-        raise
     finally:
         if stream is not None and stream.poll() is None:  # interrupted: not left behind
             stream.kill()
             stream.wait(timeout=30)
         _stop(link)
         remove_run_files(work, verbose)
-        if interrupted:  # the ServerApp's process was ended: its folder, as in-process
-            files_after_a_stop(settings)
     return out
 
 

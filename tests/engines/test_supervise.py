@@ -108,9 +108,11 @@ def test_the_serverapp_processes_are_told_by_their_command():
 
 def test_a_process_is_told_by_its_exact_arguments():
     """On Linux the arguments come from /proc, spaces included."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "a b"])
+    code = "import time; print('up', flush=True); time.sleep(30)"
+    proc = subprocess.Popen([sys.executable, "-c", code, "a b"], stdout=subprocess.PIPE)
     try:
-        assert supervise._argv(proc.pid, {})[-2:] == ["import time; time.sleep(30)", "a b"]
+        assert proc.stdout is not None and proc.stdout.readline() == b"up\n"  # it runs
+        assert supervise._argv(proc.pid, {})[-2:] == [code, "a b"]
     finally:
         proc.kill()
         proc.wait()

@@ -52,6 +52,15 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def _kill_marked(marker: str) -> None:
+    """SIGKILL every process a test's command left (its environment's marker)."""
+    for pid in pids_with_marker(marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def _wait_for_round(proc: subprocess.Popen, out: Path, at_least: int) -> None:
     """Wait until the checkpoint in ``out`` is of round ``at_least`` or later."""
     from mmfl_flwr.checkpoint import load_checkpoint
@@ -148,11 +157,7 @@ def test_interrupted_and_killed_runs_resume_on_the_simulation_engine(tmp_path: P
         res = run_cmd(["bash", "-c", resume], env=env, timeout=300)
         assert res.returncode == 0, describe(res)
     finally:
-        for pid in pids_with_marker(marker):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill_marked(marker)
     rows = _rows(out / "metrics.csv")
     assert sorted({int(r["round"]) for r in rows}) == [0, 1, 2, 3, 4, 5]
     assert all(math.isfinite(float(r["accuracy"])) for r in rows)
@@ -199,11 +204,7 @@ def test_an_in_process_run_resumes_on_the_simulation_engine(
             timeout=300,
         )
     finally:
-        for pid in pids_with_marker(marker):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill_marked(marker)
     assert res.returncode == 0, describe(res)
     assert (
         cli.main(
@@ -232,11 +233,7 @@ def test_user_task_example_runs_on_the_simulation_engine(tmp_path: Path) -> None
             ["bash", "-c", "python examples/user_task/run.py"], env=env, cwd=tmp_path, timeout=900
         )
     finally:
-        for pid in pids_with_marker(marker):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill_marked(marker)
     assert res.returncode == 0, describe(res)
     rows = _rows(tmp_path / "results" / "user_task" / "metrics.csv")
     assert {r["task"] for r in rows} == {"digits", "blobs"}

@@ -127,8 +127,8 @@ INVESTIGATIONS: list[str] = [
     "--seeds 0,1,2 --num-rounds 40 --engine inprocess --out docs/results/mnist5k/table1 "
     "--cache docs/results/mnist5k/table1/runs.jsonl",
     # Table 1 on mnist-5k at paper 003's data sizes (profile paper003-sizes): its 30 runs
-    # measured 7.4 hours of summed run time, one core a run, two runs at a time (full
-    # participation, StaleVR and GVR 30-35 minutes a run; StaleVR peaks at about 9 GiB).
+    # measured 8.7 hours of summed run time, one core a run, two runs at a time (full
+    # participation, StaleVR and GVR 31-56 minutes a run; StaleVR peaks at about 9 GiB).
     # --full drops its cache (hours); --reuse-cache re-reads it
     "python benchmarks/paper003_table1.py --full --tasks mnist-5k,mnist-5k,mnist-5k "
     "--profile paper003-sizes --methods "
@@ -299,8 +299,12 @@ def defences_note(fragments: list[str]) -> str:
             + names(groups["old"])
             + ". These "
             + OLD_DEFENCES
-            + ". The mnist-5k defence-cost runs without the clip are on the papers 000/001 "
-            "page."
+            + "."
+        )
+    if parts:
+        parts.append(
+            "What the project's defaults cost honest clients on mnist-5k (the same runs with "
+            "and without the update clip) is on the papers 000/001 page."
         )
     return " ".join(parts)
 

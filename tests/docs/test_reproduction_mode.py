@@ -200,7 +200,7 @@ def test_a_table1_run_records_its_mode_in_its_csv(tmp_path):
 #: reproduction runs: made with the project's defences of their day before runs recorded
 #: their settings, waiting for their rerun (issue 61). A rerun section leaves this set;
 #: none may join it. RESULTS.md's header lists the same sections as not yet rerun.
-NOT_YET_RERUN: set[str] = {"mnist5k/table1_sizes/paper003_table1"}
+NOT_YET_RERUN: set[str] = set()
 
 
 def test_no_published_section_ran_with_a_defence_but_those_waiting_for_their_rerun():

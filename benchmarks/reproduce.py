@@ -574,12 +574,15 @@ def rerun_note() -> str:
     known = [s.seconds for s in steps if s.seconds is not None]
     unknown = len(steps) - len(known)
     total = sum(known)
+    missing = {0: "every command has one", 1: "1 more has no recorded time"}.get(
+        unknown, f"{unknown} more have no recorded time"
+    )
     return (
         f"`python benchmarks/reproduce.py --full` runs {len(steps)} commands (the sections', "
         f"then the investigations'; `--dry-run` lists them) and makes every run again: the "
         f"{len(known)} whose run time is recorded (in their fragments and run caches, or "
         f"as CPU seconds in `{TIMES_NAME}`, what `--full` measured) sum "
-        f"to {_hours(total)} of one core a run; {unknown} more have no recorded time. The "
+        f"to {_hours(total)} of one core a run; {missing}. The "
         "commands are independent processes (only `table1_details.py` reads the CSV "
         "that `paper003_table1.py` writes), so on 2 cores two can run at a time: at "
         f"least {_hours(total / 2)} of wall time for the recorded ones, memory allowing "

@@ -128,7 +128,7 @@ INVESTIGATIONS: list[str] = [
     "--cache docs/results/mnist5k/table1/runs.jsonl",
     # Table 1 on mnist-5k at paper 003's data sizes (profile paper003-sizes): its 30 runs
     # measured 8.7 hours of summed run time, one core a run, two runs at a time (full
-    # participation, StaleVR and GVR 31-56 minutes a run; StaleVR peaks at about 9 GiB).
+    # participation, StaleVR and GVR 32-56 minutes a run; StaleVR peaks at about 9 GiB).
     # --full drops its cache (hours); --reuse-cache re-reads it
     "python benchmarks/paper003_table1.py --full --tasks mnist-5k,mnist-5k,mnist-5k "
     "--profile paper003-sizes --methods "
@@ -574,9 +574,7 @@ def rerun_note() -> str:
     known = [s.seconds for s in steps if s.seconds is not None]
     unknown = len(steps) - len(known)
     total = sum(known)
-    missing = {0: "every command has one", 1: "1 more has no recorded time"}.get(
-        unknown, f"{unknown} more have no recorded time"
-    )
+    missing = f"{unknown} more {'has' if unknown == 1 else 'have'} no recorded time"
     return (
         f"`python benchmarks/reproduce.py --full` runs {len(steps)} commands (the sections', "
         f"then the investigations'; `--dry-run` lists them) and makes every run again: the "
